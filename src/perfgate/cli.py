@@ -1,0 +1,171 @@
+"""The ``perfgate`` command line.
+
+Heavy imports (the MCP SDK, uvicorn) happen inside the subcommands, so ``perfgate --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = ["main"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _workspace_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workspace",
+        type=Path,
+        default=Path(os.environ.get("PERFGATE_WORKSPACE", ".")),
+        help="directory the server serves; evidence lives in WORKSPACE/.perfgate (default: cwd, or $PERFGATE_WORKSPACE)",
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from perfgate.server import build_server
+    from perfgate.tools._runtime import ServerConfig
+
+    workspace: Path = args.workspace
+    if not workspace.is_dir():
+        print(f"perfgate: workspace {workspace} is not a directory", file=sys.stderr)
+        return 2
+    config = ServerConfig.create(workspace, read_only=args.read_only, read_roots=args.read_root)
+    server = build_server(config)
+    if args.transport == "stdio":
+        server.run("stdio")
+        return 0
+    token: str | None = args.token or os.environ.get("PERFGATE_TOKEN") or None
+    if not _is_loopback(args.host) and not token:
+        print(
+            f"perfgate: refusing to bind {args.host} without a bearer token; pass --token or set "
+            "PERFGATE_TOKEN (clients then send 'Authorization: Bearer TOKEN'), or bind 127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
+    from perfgate._http import serve_http
+
+    serve_http(server, host=args.host, port=args.port, token=token)
+    return 0
+
+
+def _cmd_ledger(args: argparse.Namespace) -> int:
+    from perfgate.evidence import STATE_DIR_NAME, Ledger
+
+    workspace: Path = args.workspace
+    if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
+        print(f"perfgate: no ledger in {workspace / STATE_DIR_NAME}", file=sys.stderr)
+        return 2
+    ledger = Ledger(workspace)
+    if args.ledger_command == "verify":
+        report = ledger.verify()
+        for err in report.errors:
+            print(f"ERROR {err}")
+        for warn in report.warnings:
+            print(f"warning {warn}")
+        print(f"{'ok' if report.ok else 'FAILED'}: {report.records} records checked")
+        return 0 if report.ok else 1
+    if args.id:
+        record = ledger.get(args.id)
+        if record is None:
+            print(f"perfgate: no evidence {args.id!r}", file=sys.stderr)
+            return 2
+        print(json.dumps(record.model_dump(mode="json"), indent=2, sort_keys=True))
+        return 0
+    for record in ledger.records(tool=args.tool, limit=args.limit):
+        flag = " profiled" if record.profiled else ""
+        print(
+            f"{record.seq:>5}  {record.id}  {record.tool:<22} {record.state.value:<11} {record.created_at}{flag}"
+        )
+    return 0
+
+
+def _cmd_schemas(args: argparse.Namespace) -> int:
+    from perfgate.schemas import check_schemas, write_schemas
+
+    if args.check:
+        drift = check_schemas()
+        for line in drift:
+            print(line)
+        if drift:
+            print("schemas drifted: run `perfgate schemas` and commit the result", file=sys.stderr)
+            return 1
+        print("schemas match")
+        return 0
+    for path in write_schemas():
+        print(path)
+    return 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    from perfgate import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="perfgate", description="MCP tool server for training speedups with evidence"
+    )
+    parser.add_argument("--version", action="version", version=f"perfgate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the MCP server (stdio by default)")
+    _workspace_arg(serve)
+    serve.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback)")
+    serve.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
+    serve.add_argument(
+        "--token", default=None, help="bearer token required on every HTTP request ($PERFGATE_TOKEN)"
+    )
+    serve.add_argument(
+        "--read-only", action="store_true", help="do not register tools that run commands or write decisions"
+    )
+    serve.add_argument(
+        "--read-root",
+        type=Path,
+        action="append",
+        default=[],
+        help="extra directory tools may read inputs from (repeatable); writes stay in the workspace",
+    )
+    serve.set_defaults(handler=_cmd_serve)
+
+    ledger = sub.add_parser("ledger", help="inspect and verify the evidence ledger")
+    ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True)
+    verify = ledger_sub.add_parser("verify", help="check the hash chain and artifacts; exit 1 on any edit")
+    _workspace_arg(verify)
+    show = ledger_sub.add_parser("show", help="list records, or print one record in full")
+    _workspace_arg(show)
+    show.add_argument("id", nargs="?", help="evidence id to print in full")
+    show.add_argument("--tool", help="only this tool's records")
+    show.add_argument("--limit", type=int, default=None, help="only the newest N records")
+    ledger.set_defaults(handler=_cmd_ledger)
+
+    schemas = sub.add_parser(
+        "schemas", help="write JSON Schemas and the tools/list snapshot into the package"
+    )
+    schemas.add_argument("--check", action="store_true", help="fail when the checked-in schemas drifted")
+    schemas.set_defaults(handler=_cmd_schemas)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``perfgate`` console script."""
+    args = _build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

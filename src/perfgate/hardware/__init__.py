@@ -1,0 +1,1 @@
+"""Hardware facts: the sourced peak table and device lookups."""

@@ -1,0 +1,72 @@
+"""Generated JSON Schemas of every tool (checked in; `perfgate schemas --check` fails on drift).
+
+Files: ``<tool>.input.json``, ``<tool>.output.json`` and ``tools_list.json`` (the exact ``tools/list``
+answer of a default server: names, order, descriptions, schemas, annotations).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+__all__ = ["SCHEMA_DIR", "check_schemas", "render_schemas", "write_schemas"]
+
+SCHEMA_DIR = Path(__file__).resolve().parent
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+async def _tools_list() -> list[dict[str, Any]]:
+    from perfgate.server import build_server
+    from perfgate.tools._runtime import ServerConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = build_server(ServerConfig.create(Path(tmp)))
+        tools = await server.list_tools()
+    return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
+
+
+def render_schemas() -> dict[str, str]:
+    """File name -> content for every generated schema file."""
+    tools = anyio.run(_tools_list)
+    files = {"tools_list.json": _dump(tools)}
+    for tool in tools:
+        files[f"{tool['name']}.input.json"] = _dump(tool["inputSchema"])
+        files[f"{tool['name']}.output.json"] = _dump(tool.get("outputSchema"))
+    return files
+
+
+def write_schemas() -> list[Path]:
+    """Regenerate the schema files (removing stale ones); returns the paths written."""
+    files = render_schemas()
+    for stale in SCHEMA_DIR.glob("*.json"):
+        if stale.name not in files:
+            stale.unlink()
+    written: list[Path] = []
+    for name, content in files.items():
+        path = SCHEMA_DIR / name
+        path.write_text(content, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def check_schemas() -> list[str]:
+    """Differences between the checked-in files and freshly generated ones (empty when in sync)."""
+    files = render_schemas()
+    drift: list[str] = []
+    for name, content in files.items():
+        path = SCHEMA_DIR / name
+        if not path.exists():
+            drift.append(f"missing: {name}")
+        elif path.read_text(encoding="utf-8") != content:
+            drift.append(f"changed: {name}")
+    for path in SCHEMA_DIR.glob("*.json"):
+        if path.name not in files:
+            drift.append(f"stale: {path.name}")
+    return drift

@@ -1,0 +1,1 @@
+"""The bundled skill (markdown), served as MCP resources and prompts."""

@@ -1,0 +1,15 @@
+"""The ordered tool registry: the server registers exactly these, in this order."""
+
+from __future__ import annotations
+
+from perfgate.tools import compute_mfu
+from perfgate.tools._spec import AnySpec, ToolSpec
+
+__all__ = ["REGISTRY", "ToolSpec", "registered_specs"]
+
+REGISTRY: tuple[AnySpec, ...] = (compute_mfu.SPEC,)
+
+
+def registered_specs(read_only: bool) -> list[AnySpec]:
+    """The specs a server exposes: read-only servers drop tools that run commands or write decisions."""
+    return [s for s in REGISTRY if not (read_only and (s.runs_commands or s.writes))]

@@ -1,0 +1,95 @@
+"""Turn a `ToolSpec` into the function the MCP SDK registers.
+
+The SDK derives a tool's input schema from the function signature. Each tool declares one pydantic
+input model; here its fields become flat keyword parameters (so the schema is flat, not nested under
+one argument), and the call re-validates them through the model so cross-field validators run too.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import Context
+from pydantic import BaseModel, Field, ValidationError
+
+from perfgate.errors import ToolError
+from perfgate.evidence import Ledger
+from perfgate.tools._runtime import ServerConfig, ToolRuntime
+from perfgate.tools._spec import AnySpec
+
+__all__ = ["AppState", "make_tool_function", "validation_message"]
+
+
+class AppState:
+    """Server-lifetime state, created in the server lifespan."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.ledger = Ledger(config.workspace)
+
+
+def validation_message(exc: ValidationError) -> str:
+    """Pydantic's errors as one line per problem, prefixed with the field path."""
+    lines: list[str] = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "input"
+        lines.append(f"{where}: {err['msg']}")
+    return "invalid input: " + "; ".join(lines)
+
+
+def _parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
+    params: list[inspect.Parameter] = []
+    for name, info in model.model_fields.items():
+        described = Field(
+            description=info.description,
+            title=info.title,
+            examples=info.examples,
+            json_schema_extra=info.json_schema_extra,
+        )
+        annotation: Any = Annotated[(info.annotation, *info.metadata, described)]  # pyright: ignore[reportInvalidTypeArguments]
+        if info.is_required():
+            default: Any = inspect.Parameter.empty
+        else:
+            default = info.get_default(call_default_factory=True)
+        params.append(
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+        )
+    return params
+
+
+def make_tool_function(spec: AnySpec, get_state: Any) -> Any:
+    """Build the async function registered with the SDK for ``spec``.
+
+    ``get_state(ctx)`` returns the `AppState` of the running server.
+    """
+
+    async def tool_function(ctx: Context, **kwargs: Any) -> Any:
+        try:
+            inp = spec.input_model.model_validate(kwargs)
+        except ValidationError as exc:
+            raise ToolError(validation_message(exc)) from exc
+        state: AppState = get_state(ctx)
+
+        async def report(progress: float, total: float | None, message: str | None) -> None:
+            await ctx.report_progress(progress, total, message)
+
+        runtime = ToolRuntime(
+            config=state.config,
+            ledger=state.ledger,
+            tool=spec.name,
+            inputs=inp.model_dump(mode="json"),
+            report=report,
+        )
+        return await spec.run(inp, runtime)
+
+    params = [
+        inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context),
+        *_parameters(spec.input_model),
+    ]
+    tool_function.__name__ = spec.name
+    tool_function.__qualname__ = spec.name
+    tool_function.__doc__ = spec.description
+    tool_function.__signature__ = inspect.Signature(params, return_annotation=spec.output_model)  # type: ignore[attr-defined]  # the SDK reads the signature
+    tool_function.__annotations__ = {p.name: p.annotation for p in params} | {"return": spec.output_model}
+    return tool_function

@@ -1,0 +1,196 @@
+"""What a tool gets for one call: the workspace, the ledger, path confinement and progress.
+
+The runtime knows nothing about MCP: the server adapts the SDK's context into it, and tests can build
+one directly around a temporary workspace.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio.to_thread
+from pydantic import BaseModel
+
+from perfgate.errors import ToolError
+from perfgate.evidence import EvidenceDraft, EvidenceRecord, Ledger
+
+__all__ = ["EvidenceBuilder", "ProgressFn", "ServerConfig", "ToolRuntime"]
+
+ProgressFn = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+OutT = TypeVar("OutT", bound=BaseModel)
+
+
+async def _no_progress(progress: float, total: float | None, message: str | None) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Server-wide settings fixed at start-up (from the command line), shared by every call."""
+
+    workspace: Path
+    read_only: bool = False
+    read_roots: tuple[Path, ...] = ()
+
+    @classmethod
+    def create(
+        cls, workspace: Path, read_only: bool = False, read_roots: Sequence[Path] = ()
+    ) -> ServerConfig:
+        return cls(
+            workspace=workspace.resolve(),
+            read_only=read_only,
+            read_roots=tuple(p.resolve() for p in read_roots),
+        )
+
+
+@dataclass
+class EvidenceBuilder:
+    """A record being assembled: its id is fixed up front so artifacts can be written under it."""
+
+    id: str
+    tool: str
+    dir: Path
+    started_at: str
+    artifact_names: list[str] = field(default_factory=list[str])
+
+    def path(self, name: str) -> Path:
+        """Where to write artifact ``name`` (a plain file name); it is recorded on commit."""
+        if not name or name != Path(name).name or name.startswith("."):
+            raise ValueError(f"artifact name must be a plain file name, got {name!r}")
+        if name not in self.artifact_names:
+            self.artifact_names.append(name)
+        return self.dir / name
+
+    def write_text(self, name: str, text: str) -> Path:
+        path = self.path(name)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def write_json(self, name: str, value: Any) -> Path:
+        return self.write_text(name, json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n")
+
+    def write_bytes(self, name: str, data: bytes) -> Path:
+        path = self.path(name)
+        path.write_bytes(data)
+        return path
+
+
+@dataclass
+class ToolRuntime:
+    """Per-call services for a tool."""
+
+    config: ServerConfig
+    ledger: Ledger
+    tool: str
+    inputs: dict[str, Any] = field(default_factory=dict[str, Any])
+    report: ProgressFn = _no_progress
+    extras: dict[str, Any] = field(default_factory=dict[str, Any])
+
+    @property
+    def workspace(self) -> Path:
+        return self.config.workspace
+
+    async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Send a progress notification to the client (a no-op when it did not ask for progress)."""
+        await self.report(done, total, message)
+
+    def resolve_path(self, raw: str, *, kind: str = "any", must_exist: bool = True) -> Path:
+        """Resolve a user-supplied path (relative to the workspace) and confine it.
+
+        Symlinks are resolved before the check, so a link pointing outside the workspace is refused.
+        ``kind`` is ``file``, ``dir`` or ``any``.
+
+        Raises:
+            ToolError: the path escapes the workspace and the extra read roots, or does not exist.
+        """
+        if "\x00" in raw:
+            raise ToolError("path contains a NUL byte")
+        candidate = Path(raw).expanduser()
+        if not candidate.is_absolute():
+            candidate = self.workspace / candidate
+        resolved = candidate.resolve()
+        roots = (self.workspace, *self.config.read_roots)
+        if not any(resolved == root or root in resolved.parents for root in roots):
+            allowed = ", ".join(str(r) for r in roots)
+            raise ToolError(
+                f"path {raw!r} resolves to {resolved}, outside the workspace ({allowed}). Copy or link the "
+                "file into the workspace, or start the server with --read-root for that folder."
+            )
+        if must_exist and not resolved.exists():
+            raise ToolError(f"path {raw!r} does not exist (resolved to {resolved})")
+        if must_exist and kind == "file" and not resolved.is_file():
+            raise ToolError(f"path {raw!r} is not a regular file")
+        if must_exist and kind == "dir" and not resolved.is_dir():
+            raise ToolError(f"path {raw!r} is not a directory")
+        return resolved
+
+    def relative(self, path: Path) -> str:
+        """A path as shown in results: relative to the workspace when inside it."""
+        try:
+            return str(path.relative_to(self.workspace))
+        except ValueError:
+            return str(path)
+
+    def evidence(self) -> EvidenceBuilder:
+        """Start a record for this call: reserves an id and its artifact folder."""
+        evidence_id = Ledger.new_id()
+        return EvidenceBuilder(
+            id=evidence_id,
+            tool=self.tool,
+            dir=self.ledger.artifact_dir(evidence_id),
+            started_at=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+        )
+
+    async def commit(
+        self,
+        builder: EvidenceBuilder,
+        output: OutT,
+        *,
+        profiled: bool = False,
+        command: list[str] | None = None,
+        exit_code: int | None = None,
+        environment_id: str | None = None,
+    ) -> OutT:
+        """Append the record (state and result taken from ``output``) and return ``output``.
+
+        The output must carry ``evidence_id == builder.id`` and a ``state``; the whole output is stored
+        as the record's result so later tools (comparisons, decisions, reports) can read it back.
+        """
+        result = output.model_dump(mode="json")
+        assert result.get("evidence_id") == builder.id, "output.evidence_id must be the builder's id"
+        state = result.get("state")
+        assert state is not None, "tool outputs carry a state"
+        draft = EvidenceDraft(
+            id=builder.id,
+            tool=builder.tool,
+            state=state,
+            inputs=self.inputs,
+            result=result,
+            profiled=profiled,
+            command=command,
+            exit_code=exit_code,
+            environment_id=environment_id,
+            artifact_names=list(builder.artifact_names),
+            started_at=builder.started_at,
+        )
+        await anyio.to_thread.run_sync(self.ledger.append, draft)
+        return output
+
+    async def load(self, evidence_id: str) -> EvidenceRecord:
+        """A committed record by id.
+
+        Raises:
+            ToolError: no such record in this workspace's ledger.
+        """
+        record = await anyio.to_thread.run_sync(self.ledger.get, evidence_id)
+        if record is None:
+            raise ToolError(
+                f"no evidence {evidence_id!r} in the ledger of {self.workspace}; list records with "
+                "`perfgate ledger show` or use an evidence_id returned by an earlier tool call"
+            )
+        return record
