@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
@@ -29,16 +29,13 @@ class Bucket(BaseModel):
     """One step shape: FLOPs and step time per device per optimizer step, weighted by ``steps``."""
 
     name: str = Field(description="Label of this shape bucket, e.g. 'seq2048'.")
-    flops_per_step: float = Field(gt=0, description="FLOPs per device per optimizer step for this bucket.")
-    step_time_s: float = Field(gt=0, description="Measured wall time of one optimizer step, seconds.")
+    flops_per_step: float = Field(
+        gt=0, allow_inf_nan=False, description="FLOPs per device per optimizer step for this bucket."
+    )
+    step_time_s: float = Field(
+        gt=0, allow_inf_nan=False, description="Measured wall time of one optimizer step, seconds."
+    )
     steps: int = Field(default=1, ge=1, description="How many steps of this bucket the mixture holds.")
-
-    @field_validator("flops_per_step", "step_time_s")
-    @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
-            raise ValueError("must be a finite number")
-        return value
 
 
 class ComputeMfuInput(BaseModel):
@@ -70,7 +67,11 @@ class ComputeMfuInput(BaseModel):
     ] = None
     peak_tflops: Annotated[
         float | None,
-        Field(gt=0, description="Explicit dense peak per device in TFLOP/s; overrides the table."),
+        Field(
+            gt=0,
+            allow_inf_nan=False,
+            description="Explicit dense peak per device in TFLOP/s; overrides the table.",
+        ),
     ] = None
     training_precision: Annotated[
         Precision | None,

@@ -1,0 +1,52 @@
+"""Shared fixtures: a temporary workspace, a server on it, and the shared real traces when present."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from perfgate.server import build_server
+from perfgate.tools._runtime import ServerConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=["auto", "legacy"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """Both protocol generations: 2026-07-28 (per-request) and 2025-11-25 (initialize handshake)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws
+
+
+@pytest.fixture
+def server(workspace: Path):
+    return build_server(ServerConfig.create(workspace))
+
+
+def shared_dir() -> Path | None:
+    """The read-only shared folder beside the repo (or $PERFGATE_SHARED_DIR), if present."""
+    candidate = Path(os.environ.get("PERFGATE_SHARED_DIR", REPO.parent / "shared"))
+    return candidate if candidate.is_dir() else None
+
+
+@pytest.fixture
+def hta_traces() -> Path:
+    """The shared real Kineto traces; the test is skipped when they are absent."""
+    base = shared_dir()
+    traces = base / "data" / "traces" / "hta" if base else None
+    if traces is None or not traces.is_dir():
+        pytest.skip("shared traces (../shared/data/traces/hta) are not present")
+    return traces

@@ -1,0 +1,104 @@
+"""Real transports: stdio in a subprocess, streamable HTTP with its bearer token rule, the CLI."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from perfgate.cli import main as cli_main
+from perfgate.evidence import Ledger
+
+pytestmark = pytest.mark.anyio
+
+MFU_ARGS = {
+    "buckets": [{"name": "b", "flops_per_step": 1e14, "step_time_s": 0.5}],
+    "flops_kind": "model",
+    "peak_tflops": 400.0,
+}
+
+
+async def test_stdio_server_lists_tools_and_records_evidence(workspace: Path, mode: str) -> None:
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "perfgate", "serve", "--workspace", str(workspace)]
+    )
+    async with Client(params, mode=mode) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert "compute_mfu" in names
+        result = await client.call_tool("compute_mfu", MFU_ARGS)
+    assert not result.is_error
+    assert result.structured_content is not None
+    assert result.structured_content["utilization"] == pytest.approx(0.5)
+    assert Ledger(workspace).get(result.structured_content["evidence_id"]) is not None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "server exited early"
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError("server did not start listening")
+
+
+async def test_http_requires_the_bearer_token_on_every_request(workspace: Path) -> None:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "perfgate", "serve", "--workspace", str(workspace), "--transport", "http"]
+    with subprocess.Popen(
+        [*cmd, "--port", str(port), "--token", "s3cret"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    ) as proc:
+        try:
+            _wait_for_port(port, proc)
+            url = f"http://127.0.0.1:{port}/mcp"
+            async with httpx2.AsyncClient() as anon:
+                denied = await anon.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+            assert denied.status_code == 401
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer wrong"}) as bad:
+                assert (await bad.post(url, json={})).status_code == 401
+            http = httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret"}, timeout=30)
+            async with http, Client(streamable_http_client(url, http_client=http)) as client:
+                result = await client.call_tool("compute_mfu", MFU_ARGS)
+            assert not result.is_error
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def test_http_refuses_a_non_loopback_bind_without_a_token(
+    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PERFGATE_TOKEN", raising=False)
+    code = cli_main(["serve", "--workspace", str(workspace), "--transport", "http", "--host", "0.0.0.0"])
+    assert code == 2
+    assert "bearer token" in capsys.readouterr().err
+
+
+def test_schemas_are_in_sync_with_the_code(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["schemas", "--check"]) == 0, capsys.readouterr().out
+
+
+def test_ledger_show_lists_and_prints_records(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from perfgate.evidence import EvidenceDraft, EvidenceState
+
+    ledger = Ledger(workspace)
+    ledger.append(EvidenceDraft(id="ev-1", tool="compute_mfu", state=EvidenceState.EXECUTED, result={"x": 1}))
+    assert cli_main(["ledger", "show", "--workspace", str(workspace)]) == 0
+    assert "ev-1" in capsys.readouterr().out
+    assert cli_main(["ledger", "show", "ev-1", "--workspace", str(workspace)]) == 0
+    assert '"x": 1' in capsys.readouterr().out
+    assert cli_main(["ledger", "show", "ev-404", "--workspace", str(workspace)]) == 2
