@@ -111,6 +111,37 @@ def _cmd_schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_approve(args: argparse.Namespace) -> int:
+    from perfgate.execution.approve_cli import approve
+
+    return approve(args.workspace, args.id, deny=args.deny)
+
+
+def _cmd_approvals(args: argparse.Namespace) -> int:
+    from perfgate.execution.approve_cli import list_approvals
+
+    return list_approvals(args.workspace, include_closed=args.all, as_json=args.json)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from perfgate.decisions.experiments import load_experiment
+    from perfgate.decisions.export import export_experiment
+    from perfgate.evidence import STATE_DIR_NAME, Ledger
+
+    workspace: Path = args.workspace
+    if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
+        print(f"perfgate: no ledger in {workspace / STATE_DIR_NAME}", file=sys.stderr)
+        return 2
+    ledger = Ledger(workspace)
+    exp = load_experiment(ledger, args.experiment)
+    if exp is None:
+        print(f"perfgate: no experiment {args.experiment!r} in {workspace}", file=sys.stderr)
+        return 2
+    for path in export_experiment(ledger, exp, args.out):
+        print(path)
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from perfgate import __version__
 
@@ -157,6 +188,25 @@ def _build_parser() -> argparse.ArgumentParser:
     schemas.add_argument("--check", action="store_true", help="fail when the checked-in schemas drifted")
     schemas.set_defaults(handler=_cmd_schemas)
 
+    approve = sub.add_parser(
+        "approve", help="approve a command an agent asked to run (interactive: needs a terminal)"
+    )
+    _workspace_arg(approve)
+    approve.add_argument("id", help="the pending approval id the agent reported (ap-...)")
+    approve.add_argument("--deny", action="store_true", help="refuse it instead (needs no terminal)")
+    approve.set_defaults(handler=_cmd_approve)
+
+    approvals = sub.add_parser("approvals", help="list pending and granted command approvals")
+    _workspace_arg(approvals)
+    approvals.add_argument("--all", action="store_true", help="include denied and expired ones")
+    approvals.add_argument("--json", action="store_true", help="print JSON")
+    approvals.set_defaults(handler=_cmd_approvals)
+
+    export = sub.add_parser("export", help="write an experiment as a run directory (environment.json, ...)")
+    _workspace_arg(export)
+    export.add_argument("experiment", help="experiment id (exp-...)")
+    export.add_argument("out", type=Path, help="directory to create")
+    export.set_defaults(handler=_cmd_export)
     return parser
 
 

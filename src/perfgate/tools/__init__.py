@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from perfgate.tools import compute_mfu
+from perfgate.tools import compute_mfu, record_decision
 from perfgate.tools._spec import AnySpec, ToolSpec
 
 __all__ = ["REGISTRY", "ToolSpec", "registered_specs"]
 
-REGISTRY: tuple[AnySpec, ...] = (compute_mfu.SPEC,)
+REGISTRY: tuple[AnySpec, ...] = (compute_mfu.SPEC, record_decision.SPEC)
 
 
 def registered_specs(read_only: bool) -> list[AnySpec]:

@@ -1,0 +1,1 @@
+"""Experiments, their evidence, and the gates a `keep` decision must pass."""

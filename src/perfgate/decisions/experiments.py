@@ -1,0 +1,122 @@
+"""Experiments are folded from the ledger: each open/attach/decide is an append-only record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from perfgate.evidence import EvidenceRecord, Ledger
+from perfgate.evidence.access import as_dict, as_list
+
+__all__ = [
+    "TOOL_NAME",
+    "Classification",
+    "Decision",
+    "DecisionEntry",
+    "Experiment",
+    "Link",
+    "Role",
+    "load_experiment",
+    "load_experiments",
+]
+
+TOOL_NAME = "record_decision"
+Classification = Literal["correctness_repair", "system_optimization", "training_change"]
+Decision = Literal["keep", "revert", "inconclusive", "blocked"]
+Role = Literal[
+    "environment", "baseline", "candidate", "comparison", "correctness", "profile", "audit", "quality", "note"
+]
+
+
+@dataclass(frozen=True)
+class Link:
+    """Evidence attached to an experiment in a role, by the record that attached it."""
+
+    evidence_id: str
+    role: Role
+    attached_by: str
+
+
+@dataclass(frozen=True)
+class DecisionEntry:
+    """One decide call: accepted decisions and refused keep attempts alike."""
+
+    decision: str
+    rationale: str
+    accepted: bool
+    gates: list[dict[str, Any]]
+    label: str | None
+    evidence_id: str
+    at: str
+
+
+@dataclass
+class Experiment:
+    """The current view of one experiment (derived, never stored mutable)."""
+
+    id: str
+    hypothesis: str
+    classification: Classification
+    changed_variable: str
+    touches_data: bool
+    memory_budget_bytes: int | None
+    opened_at: str
+    links: list[Link] = field(default_factory=list[Link])
+    decisions: list[DecisionEntry] = field(default_factory=list[DecisionEntry])
+    attempts: list[DecisionEntry] = field(default_factory=list[DecisionEntry])
+
+    def ids(self, role: Role) -> list[str]:
+        return [link.evidence_id for link in self.links if link.role == role]
+
+    @property
+    def decision(self) -> DecisionEntry | None:
+        return self.decisions[-1] if self.decisions else None
+
+
+def _apply(experiments: dict[str, Experiment], record: EvidenceRecord) -> None:
+    action = record.inputs.get("action")
+    result = record.result
+    exp_id = result.get("experiment_id")
+    if not isinstance(exp_id, str):
+        return
+    if action == "open":
+        experiments[exp_id] = Experiment(
+            id=exp_id,
+            hypothesis=record.inputs["hypothesis"],
+            classification=record.inputs["classification"],
+            changed_variable=record.inputs["changed_variable"],
+            touches_data=bool(record.inputs.get("touches_data")),
+            memory_budget_bytes=record.inputs.get("memory_budget_bytes"),
+            opened_at=record.created_at,
+        )
+    exp = experiments.get(exp_id)
+    if exp is None:
+        return
+    if action in {"open", "attach", "decide"}:
+        for item in map(as_dict, as_list(record.inputs.get("evidence"))):
+            link = Link(evidence_id=str(item["id"]), role=item["role"], attached_by=record.id)
+            if all((x.evidence_id, x.role) != (link.evidence_id, link.role) for x in exp.links):
+                exp.links.append(link)
+    if action == "decide":
+        entry = DecisionEntry(
+            decision=str(record.inputs.get("decision")),
+            rationale=str(record.inputs.get("rationale")),
+            accepted=bool(result.get("accepted")),
+            gates=[as_dict(g) for g in as_list(result.get("gates"))],
+            label=result.get("label"),
+            evidence_id=record.id,
+            at=record.created_at,
+        )
+        (exp.decisions if entry.accepted else exp.attempts).append(entry)
+
+
+def load_experiments(ledger: Ledger) -> dict[str, Experiment]:
+    """Every experiment in the ledger, in the order they were opened."""
+    experiments: dict[str, Experiment] = {}
+    for record in ledger.records(tool=TOOL_NAME):
+        _apply(experiments, record)
+    return experiments
+
+
+def load_experiment(ledger: Ledger, experiment_id: str) -> Experiment | None:
+    return load_experiments(ledger).get(experiment_id)

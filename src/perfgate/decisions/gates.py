@@ -1,0 +1,363 @@
+"""The gates a `keep` must pass, evaluated from ledger evidence only (never from what the agent says)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from perfgate.decisions.experiments import Experiment
+from perfgate.evidence import EvidenceRecord, Ledger
+from perfgate.evidence.access import as_dict, str_list
+
+__all__ = ["MIN_WINDOWS", "Gate", "GateStatus", "evaluate_keep", "summarize"]
+
+MIN_WINDOWS = 3
+GateStatus = Literal["passed", "failed", "not_applicable"]
+_OK_STATES = {"executed", "passed"}
+
+
+class Gate(BaseModel):
+    name: str
+    status: GateStatus
+    reason: str
+    evidence_ids: list[str]
+    satisfy_with: str | None
+
+
+def _gate(name: str, ok: bool, reason: str, ids: Iterable[str] = (), fix: str | None = None) -> Gate:
+    return Gate(
+        name=name,
+        status="passed" if ok else "failed",
+        reason=reason,
+        evidence_ids=list(ids),
+        satisfy_with=None if ok else fix,
+    )
+
+
+def _na(name: str, reason: str) -> Gate:
+    return Gate(name=name, status="not_applicable", reason=reason, evidence_ids=[], satisfy_with=None)
+
+
+def _attach(exp: Experiment, role: str) -> str:
+    return f"record_decision(action='attach', experiment_id='{exp.id}', evidence=[{{'id': ..., 'role': '{role}'}}])"
+
+
+class _Evidence:
+    """Records looked up once per evaluation."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.cache: dict[str, EvidenceRecord | None] = {}
+
+    def get(self, evidence_id: str) -> EvidenceRecord | None:
+        if evidence_id not in self.cache:
+            self.cache[evidence_id] = self.ledger.get(evidence_id)
+        return self.cache[evidence_id]
+
+
+def _environment_gate(exp: Experiment, ev: _Evidence) -> Gate:
+    ids = exp.ids("environment")
+    good = [i for i in ids if (r := ev.get(i)) and r.tool == "collect_env" and r.state.value in _OK_STATES]
+    if good:
+        return _gate("environment", True, "environment recorded by collect_env", good)
+    return _gate(
+        "environment",
+        False,
+        "no collect_env record is attached"
+        if not ids
+        else "attached environment evidence is not a usable collect_env record",
+        ids,
+        "collect_env(), then " + _attach(exp, "environment"),
+    )
+
+
+def _fingerprint(record: EvidenceRecord, ev: _Evidence) -> dict[str, Any] | None:
+    value = as_dict(record.result.get("environment_fingerprint"))
+    if value:
+        return value
+    if record.environment_id and (env := ev.get(record.environment_id)) is not None:
+        return as_dict(env.result.get("fingerprint")) or None
+    return None
+
+
+def _window_gates(
+    exp: Experiment, comparison: EvidenceRecord, ev: _Evidence, fewer_reason: str | None
+) -> list[Gate]:
+    baseline = str_list(comparison.inputs.get("baseline"))
+    candidate = str_list(comparison.inputs.get("candidate"))
+    problems: list[str] = []
+    windows: list[EvidenceRecord] = []
+    for side, ids in (("baseline", baseline), ("candidate", candidate)):
+        for wid in ids:
+            record = ev.get(wid)
+            if record is None:
+                problems.append(f"{side} window {wid} is not in the ledger")
+            elif record.tool != "run_benchmark_window":
+                problems.append(f"{side} evidence {wid} is a {record.tool} record, not a benchmark window")
+            elif record.profiled:
+                problems.append(
+                    f"{side} window {wid} was profiled: profiled runs are never throughput evidence"
+                )
+            elif record.state.value not in _OK_STATES:
+                problems.append(f"{side} window {wid} is {record.state.value}, not executed")
+            else:
+                windows.append(record)
+    rerun = "run_benchmark_window(..., repeats=3) without profiling, then compare_benchmarks(...)"
+    gates = [
+        _gate(
+            "windows_valid",
+            not problems,
+            "; ".join(problems) or "all windows executed, none profiled",
+            baseline + candidate,
+            rerun,
+        )
+    ]
+
+    few = [side for side, ids in (("baseline", baseline), ("candidate", candidate)) if len(ids) < MIN_WINDOWS]
+    if not few:
+        gates.append(
+            _gate("window_count", True, f"at least {MIN_WINDOWS} windows per side", baseline + candidate)
+        )
+    elif fewer_reason:
+        gates.append(
+            _gate(
+                "window_count",
+                True,
+                f"fewer than {MIN_WINDOWS} windows on {', '.join(few)}: stated reason: {fewer_reason}",
+            )
+        )
+    else:
+        gates.append(
+            _gate(
+                "window_count",
+                False,
+                f"fewer than {MIN_WINDOWS} windows on {', '.join(few)} and no reason stated",
+                baseline + candidate,
+                f"more windows (repeats>={MIN_WINDOWS}) and a new compare_benchmarks, or decide with fewer_windows_reason",
+            )
+        )
+
+    invariants = {_canonical(as_dict(w.inputs.get("contract")).get("invariants")) for w in windows}
+    gates.append(
+        _gate(
+            "invariants_match",
+            len(invariants) <= 1,
+            "every window declares the same invariants"
+            if len(invariants) <= 1
+            else "windows declare different invariants",
+            [w.id for w in windows],
+            "re-run the candidate with the baseline's contract invariants (only execution settings may change)",
+        )
+    )
+
+    prints = {w.id: _fingerprint(w, ev) for w in windows}
+    missing = [wid for wid, fp in prints.items() if fp is None]
+    distinct = {_canonical(fp) for fp in prints.values() if fp is not None}
+    if missing:
+        gates.append(
+            _gate(
+                "same_environment",
+                False,
+                f"windows without an environment fingerprint: {', '.join(missing)}",
+                missing,
+                rerun,
+            )
+        )
+    else:
+        diff = _fingerprint_diff([fp for fp in prints.values() if fp is not None])
+        gates.append(
+            _gate(
+                "same_environment",
+                len(distinct) <= 1,
+                "baseline and candidate ran in the same hardware/software environment"
+                if len(distinct) <= 1
+                else f"windows ran in different environments ({diff})",
+                list(prints),
+                "re-run baseline and candidate windows on the same machine and software stack",
+            )
+        )
+
+    if exp.memory_budget_bytes is None:
+        gates.append(_na("memory_budget", "no memory budget was declared"))
+    else:
+        base_peak = _max_peak(ev, baseline)
+        cand_peak = _max_peak(ev, candidate)
+        if base_peak is None or cand_peak is None:
+            gates.append(
+                _gate(
+                    "memory_budget",
+                    False,
+                    "peak memory is missing from the windows",
+                    baseline + candidate,
+                    rerun,
+                )
+            )
+        else:
+            growth = cand_peak - base_peak
+            gates.append(
+                _gate(
+                    "memory_budget",
+                    growth <= exp.memory_budget_bytes,
+                    f"candidate peak {cand_peak} B vs baseline {base_peak} B: growth {growth} B, budget {exp.memory_budget_bytes} B",
+                    baseline + candidate,
+                    "reduce the candidate's memory or revert",
+                )
+            )
+    return gates
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _fingerprint_diff(prints: list[dict[str, Any]]) -> str:
+    keys = sorted({k for fp in prints for k in fp})
+    changed = [k for k in keys if len({_canonical(fp.get(k)) for fp in prints}) > 1]
+    return "differs in " + ", ".join(changed) if changed else "differs"
+
+
+def _max_peak(ev: _Evidence, ids: list[str]) -> int | None:
+    peaks: list[int] = []
+    for wid in ids:
+        record = ev.get(wid)
+        value = record.result.get("peak_memory_bytes") if record else None
+        if not isinstance(value, int):
+            return None
+        peaks.append(value)
+    return max(peaks) if peaks else None
+
+
+def _comparison_gates(exp: Experiment, ev: _Evidence, fewer_reason: str | None) -> list[Gate]:
+    ids = exp.ids("comparison")
+    fix = "compare_benchmarks(baseline=[...], candidate=[...]), then " + _attach(exp, "comparison")
+    comparisons = [r for i in ids if (r := ev.get(i)) is not None and r.tool == "compare_benchmarks"]
+    if not comparisons:
+        return [_gate("comparison", False, "no compare_benchmarks evidence is attached", ids, fix)]
+    latest = comparisons[-1]
+    verdict = latest.result.get("verdict")
+    status = latest.result.get("status")
+    if latest.state.value != "passed":
+        reasons = str_list(latest.result.get("reasons"))
+        why = f"the comparison is {latest.state.value} (status {status})" + (
+            f": {'; '.join(reasons)}" if reasons else ""
+        )
+        gates = [_gate("comparison", False, why, [latest.id], fix)]
+    elif verdict != "improved":
+        gates = [
+            _gate(
+                "comparison",
+                False,
+                f"verdict is {verdict}: the speedup is not beyond noise"
+                if verdict == "within_noise"
+                else f"verdict is {verdict}",
+                [latest.id],
+                "more windows to narrow the interval, or decide 'revert'/'inconclusive'",
+            )
+        ]
+    else:
+        speedup = latest.result.get("speedup")
+        gates = [_gate("comparison", True, f"improved: speedup {speedup}", [latest.id])]
+    return gates + _window_gates(exp, latest, ev, fewer_reason)
+
+
+def _passed_by(exp: Experiment, ev: _Evidence, role: str, tool: str | None, name: str, fix: str) -> Gate:
+    ids = exp.ids(role)  # type: ignore[arg-type]  # role names are checked by the input model
+    records = [(i, ev.get(i)) for i in ids]
+    failed = [i for i, r in records if r is not None and r.state.value == "failed"]
+    good = [
+        i
+        for i, r in records
+        if r is not None and r.state.value == "passed" and (tool is None or r.tool == tool)
+    ]
+    if failed:
+        return _gate(name, False, f"attached {role} evidence failed: {', '.join(failed)}", failed, fix)
+    if not good:
+        what = f"passed {tool} evidence" if tool else f"passed {role} evidence"
+        return _gate(name, False, f"no {what} is attached in role {role}", ids, fix)
+    return _gate(name, True, f"{role} evidence passed", good)
+
+
+def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | None = None) -> list[Gate]:
+    """Every gate for keeping ``exp``, each with its status; the keep is accepted when none failed."""
+    ev = _Evidence(ledger)
+    gates = [_environment_gate(exp, ev)]
+    tensors = _passed_by(
+        exp,
+        ev,
+        "correctness",
+        "compare_tensors",
+        "correctness",
+        "compare_tensors(reference=..., candidate=..., atol=..., rtol=...), then "
+        + _attach(exp, "correctness"),
+    )
+    if exp.classification == "correctness_repair":
+        gates.append(tensors)
+        gates.append(_new_baseline_gate(exp, ev))
+    else:
+        gates.extend(_comparison_gates(exp, ev, fewer_windows_reason))
+        if exp.classification == "system_optimization":
+            gates.append(tensors)
+        else:
+            gates.append(
+                _na("correctness", "a training change alters numerics by design; task quality decides")
+            )
+            gates.append(
+                _passed_by(
+                    exp,
+                    ev,
+                    "quality",
+                    None,
+                    "task_quality",
+                    "a passed task-quality result (e.g. eval loss parity), then " + _attach(exp, "quality"),
+                )
+            )
+    if exp.touches_data:
+        gates.append(
+            _passed_by(
+                exp,
+                ev,
+                "audit",
+                "audit_samples",
+                "sample_audit",
+                "audit_samples(observed=..., expected_range=[...]), then " + _attach(exp, "audit"),
+            )
+        )
+    else:
+        gates.append(_na("sample_audit", "the change does not touch data loading or sharding"))
+    report = ledger.verify()
+    gates.append(
+        _gate(
+            "ledger_integrity",
+            report.ok,
+            "the ledger verifies: no record or artifact was edited"
+            if report.ok
+            else "; ".join(report.errors[:5]),
+            [],
+            "restore the edited evidence or re-measure; an edited ledger cannot support a keep",
+        )
+    )
+    return gates
+
+
+def _new_baseline_gate(exp: Experiment, ev: _Evidence) -> Gate:
+    ids = exp.ids("candidate") or exp.ids("baseline")
+    windows = [r for i in ids if (r := ev.get(i)) is not None and r.tool == "run_benchmark_window"]
+    good = [w.id for w in windows if not w.profiled and w.state.value in _OK_STATES]
+    return _gate(
+        "new_baseline",
+        bool(good),
+        "the repaired run's windows become the new baseline"
+        if good
+        else "no executed, non-profiled windows of the repaired run",
+        good or ids,
+        "run_benchmark_window(...) on the repaired code, then " + _attach(exp, "candidate"),
+    )
+
+
+def summarize(gates: list[Gate]) -> str:
+    failed = [g for g in gates if g.status == "failed"]
+    lines = [f"- {g.name}: {g.reason}" + (f" -> {g.satisfy_with}" if g.satisfy_with else "") for g in failed]
+    return "\n".join(lines)

@@ -1,0 +1,214 @@
+"""record_decision: experiments, evidence links by role, and gated decisions."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime, timezone
+from typing import Annotated, Literal
+
+import anyio.to_thread
+from pydantic import BaseModel, Field, model_validator
+
+from perfgate.decisions.experiments import Classification, Decision, Experiment, Link, Role, load_experiments
+from perfgate.decisions.gates import Gate, evaluate_keep, summarize
+from perfgate.decisions.render import render_decisions
+from perfgate.errors import ToolError
+from perfgate.evidence import EvidenceState, Ledger
+from perfgate.tools._runtime import ToolRuntime
+from perfgate.tools._spec import ToolSpec
+
+__all__ = ["SPEC", "EvidenceLink", "RecordDecisionInput", "RecordDecisionOutput", "run"]
+
+Action = Literal["open", "attach", "decide", "show"]
+
+
+class EvidenceLink(BaseModel):
+    id: str = Field(description="An evidence_id returned by an earlier perfgate tool call.")
+    role: Role = Field(description="What the evidence is for this experiment.")
+
+
+class RecordDecisionInput(BaseModel):
+    action: Annotated[
+        Action,
+        Field(
+            description="'open' a new experiment, 'attach' evidence to it, 'decide' (keep/revert/inconclusive/"
+            "blocked), or 'show' its state and what a keep still needs."
+        ),
+    ]
+    experiment_id: Annotated[str | None, Field(description="The experiment (required except for open).")] = (
+        None
+    )
+    hypothesis: Annotated[str | None, Field(description="open: what should get faster, and why.")] = None
+    classification: Annotated[
+        Classification | None,
+        Field(
+            description="open: 'system_optimization' (same math, faster), 'training_change' (changes "
+            "numerics or the recipe; needs a task-quality result), 'correctness_repair' (fixes a bug; its "
+            "runs become the new baseline)."
+        ),
+    ] = None
+    changed_variable: Annotated[
+        str | None, Field(description="open: the one setting or code path changed.")
+    ] = None
+    touches_data: Annotated[
+        bool,
+        Field(
+            description="open: the change touches data loading or sharding (a sample audit is then required)."
+        ),
+    ] = False
+    memory_budget_bytes: Annotated[
+        int | None,
+        Field(
+            ge=0, description="open: allowed growth of peak device memory, candidate over baseline, in bytes."
+        ),
+    ] = None
+    evidence: Annotated[
+        list[EvidenceLink],
+        Field(description="open/attach/decide: evidence ids with their roles to link to the experiment."),
+    ] = []
+    decision: Annotated[
+        Decision | None, Field(description="decide: keep, revert, inconclusive or blocked.")
+    ] = None
+    rationale: Annotated[str | None, Field(description="decide: why, in a sentence or two.")] = None
+    fewer_windows_reason: Annotated[
+        str | None,
+        Field(description="decide: why fewer than 3 windows per side are enough (e.g. 30-minute steps)."),
+    ] = None
+
+    @model_validator(mode="after")
+    def _fields_for_action(self) -> RecordDecisionInput:
+        need: dict[str, list[str]] = {
+            "open": ["hypothesis", "classification", "changed_variable"],
+            "attach": ["experiment_id"],
+            "decide": ["experiment_id", "decision", "rationale"],
+            "show": ["experiment_id"],
+        }
+        missing = [name for name in need[self.action] if getattr(self, name) in (None, "")]
+        if missing:
+            raise ValueError(f"action '{self.action}' needs {', '.join(missing)}")
+        if self.action == "attach" and not self.evidence:
+            raise ValueError("action 'attach' needs at least one evidence link")
+        return self
+
+
+class RecordDecisionOutput(BaseModel):
+    evidence_id: str
+    state: EvidenceState
+    experiment_id: str
+    action: Action
+    accepted: bool = Field(description="decide: the decision was recorded; other actions: true.")
+    decision: Decision | None
+    label: str | None = Field(description="How a kept result may be described, e.g. 'equivalent speedup'.")
+    gates: list[Gate] = Field(description="The keep gates as they stand now, with what would satisfy each.")
+    evidence: list[EvidenceLink]
+    decisions_md: str = Field(description="Path of the rendered decision log, relative to the workspace.")
+
+
+_LABELS = {
+    "system_optimization": "equivalent speedup (same numerics within the declared tolerances)",
+    "training_change": "training change: faster, with a recorded task-quality result; not an equivalent speedup",
+    "correctness_repair": "correctness repair: its windows are the new baseline, not a speedup",
+}
+
+
+def _check_links(ledger: Ledger, links: list[EvidenceLink]) -> None:
+    for link in links:
+        record = ledger.get(link.id)
+        if record is None:
+            raise ToolError(
+                f"evidence {link.id!r} is not in the ledger; attach ids returned by perfgate tools"
+            )
+        if record.tool == "record_decision":
+            raise ToolError(f"{link.id} is a decision record; attach the evidence itself")
+
+
+def _new_experiment_id() -> str:
+    return f"exp-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def _render(ledger: Ledger) -> str:
+    experiments = list(load_experiments(ledger).values())
+    path = ledger.state_dir / "decisions.md"
+    tmp = path.with_name(f".decisions.{secrets.token_hex(4)}.md")
+    tmp.write_text(render_decisions(experiments), encoding="utf-8")
+    tmp.replace(path)
+    return str(path.relative_to(ledger.workspace))
+
+
+def _evaluate(
+    inp: RecordDecisionInput, ledger: Ledger
+) -> tuple[str, list[Gate], list[EvidenceLink], Experiment | None]:
+    """Validate the action against the ledger and evaluate the gates (runs in a worker thread)."""
+    _check_links(ledger, inp.evidence)
+    if inp.action == "open":
+        return _new_experiment_id(), [], inp.evidence, None
+    assert inp.experiment_id is not None
+    experiments = load_experiments(ledger)
+    exp = experiments.get(inp.experiment_id)
+    if exp is None:
+        known = ", ".join(list(experiments)[-5:]) or "none yet"
+        raise ToolError(f"no experiment {inp.experiment_id!r} (recent: {known}); open one with action='open'")
+    for item in inp.evidence:
+        exp.links.append(Link(evidence_id=item.id, role=item.role, attached_by="(this call)"))
+    links = [EvidenceLink(id=link.evidence_id, role=link.role) for link in exp.links]
+    return exp.id, evaluate_keep(exp, ledger, inp.fewer_windows_reason), links, exp
+
+
+async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput:
+    exp_id, gates, links, exp = await anyio.to_thread.run_sync(_evaluate, inp, rt.ledger)
+    accepted = True
+    label: str | None = None
+    state = EvidenceState.EXECUTED
+    if inp.action == "decide":
+        assert exp is not None
+        if exp.decision is not None and exp.decision.decision == "keep":
+            raise ToolError(f"{exp_id} was already kept; open a new experiment for a further change")
+        if inp.decision == "keep":
+            accepted = all(g.status != "failed" for g in gates)
+            label = _LABELS[exp.classification] if accepted else None
+            state = EvidenceState.PASSED if accepted else EvidenceState.FAILED
+    ev = rt.evidence()
+    out = RecordDecisionOutput(
+        evidence_id=ev.id,
+        state=state,
+        experiment_id=exp_id,
+        action=inp.action,
+        accepted=accepted,
+        decision=inp.decision if inp.action == "decide" else None,
+        label=label,
+        gates=gates,
+        evidence=links,
+        decisions_md=str(rt.ledger.state_dir.relative_to(rt.workspace) / "decisions.md"),
+    )
+    await rt.commit(ev, out)
+    await anyio.to_thread.run_sync(_render, rt.ledger)
+    if not accepted:
+        raise ToolError(
+            f"keep refused for {exp_id}: the evidence does not support it (refusal recorded as {ev.id}).\n"
+            + summarize(gates)
+            + "\nDecide 'revert', 'inconclusive' or 'blocked' instead, or add the evidence named above."
+        )
+    return out
+
+
+SPEC = ToolSpec(
+    name="record_decision",
+    title="Record an experiment and its decision",
+    description=(
+        "Record optimization experiments and gate their decisions on ledger evidence. 'open' one per "
+        "change (hypothesis, classification, the one changed variable), 'attach' evidence ids by role "
+        "(environment, baseline, candidate, comparison, correctness, profile, audit, quality, note), then "
+        "'decide'. A 'keep' is refused unless the ledger holds: an environment record, a passed "
+        "compare_benchmarks of non-profiled windows from one environment with an improvement beyond noise, "
+        "passed correctness evidence (and a sample audit when data loading changed), and an intact ledger. "
+        "'revert', 'inconclusive' and 'blocked' are always recorded. Use 'show' to see what is missing."
+    ),
+    input_model=RecordDecisionInput,
+    output_model=RecordDecisionOutput,
+    run=run,
+    read_only=False,
+    destructive=False,
+    idempotent=False,
+    open_world=False,
+    writes=True,
+)

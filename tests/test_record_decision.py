@@ -1,0 +1,367 @@
+"""record_decision through the protocol: every cheating attempt refused for the right reason, an honest keep accepted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from perfgate.cli import main as cli_main
+from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
+
+pytestmark = pytest.mark.anyio
+
+FP = {"device": "cpu", "torch": "2.13.0", "python": "3.11.7", "hostname_sha": "abc"}
+INVARIANTS = {"model": "tiny-mlp", "global_batch": 64, "precision": "fp32", "seed": 0}
+
+
+class Evidence:
+    """Writes records as the real tools would (same tool names, inputs and result fields)."""
+
+    def __init__(self, workspace: Path) -> None:
+        self.ledger = Ledger(workspace)
+
+    def add(
+        self,
+        tool: str,
+        state: str,
+        result: dict[str, Any] | None = None,
+        inputs: dict[str, Any] | None = None,
+        profiled: bool = False,
+        artifact: bytes | None = None,
+    ) -> str:
+        eid = Ledger.new_id()
+        names: list[str] = []
+        if artifact is not None:
+            (self.ledger.artifact_dir(eid) / "series.json").write_bytes(artifact)
+            names.append("series.json")
+        self.ledger.append(
+            EvidenceDraft(
+                id=eid,
+                tool=tool,
+                state=EvidenceState(state),
+                inputs=inputs or {},
+                result={"evidence_id": eid, "state": state, **(result or {})},
+                profiled=profiled,
+                artifact_names=names,
+            )
+        )
+        return eid
+
+    def env(self) -> str:
+        return self.add("collect_env", "executed", {"fingerprint": FP})
+
+    def window(
+        self,
+        *,
+        profiled: bool = False,
+        fp: dict[str, Any] | None = None,
+        invariants: dict[str, Any] | None = None,
+        peak: int = 1000,
+    ) -> str:
+        return self.add(
+            "run_benchmark_window",
+            "executed",
+            {"median_step_ms": 10.0, "peak_memory_bytes": peak, "environment_fingerprint": fp or FP},
+            {
+                "command": ["python", "train.py"],
+                "contract": {"invariants": invariants or INVARIANTS, "execution": {}},
+            },
+            profiled=profiled,
+            artifact=b"[10.0, 10.1]",
+        )
+
+    def comparison(
+        self,
+        baseline: list[str],
+        candidate: list[str],
+        *,
+        verdict: str = "improved",
+        state: str = "passed",
+        reasons: list[str] | None = None,
+    ) -> str:
+        return self.add(
+            "compare_benchmarks",
+            state,
+            {
+                "status": "comparable" if state == "passed" else "incomparable",
+                "verdict": verdict,
+                "speedup": 1.4,
+                "reasons": reasons or [],
+            },
+            {"baseline": baseline, "candidate": candidate, "declared_changes": ["num_workers"]},
+        )
+
+    def tensors(self, passed: bool = True) -> str:
+        return self.add(
+            "compare_tensors", "passed" if passed else "failed", {"status": "match" if passed else "mismatch"}
+        )
+
+
+async def _open(client: Client, **extra: Any) -> str:
+    result = await client.call_tool(
+        "record_decision",
+        {
+            "action": "open",
+            "hypothesis": "more loader workers hide data waits",
+            "classification": "system_optimization",
+            "changed_variable": "num_workers",
+            **extra,
+        },
+    )
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return str(result.structured_content["experiment_id"])
+
+
+async def _keep(client: Client, exp: str, links: list[dict[str, str]], **extra: Any) -> Any:
+    return await client.call_tool(
+        "record_decision",
+        {
+            "action": "decide",
+            "experiment_id": exp,
+            "decision": "keep",
+            "rationale": "faster",
+            "evidence": links,
+            **extra,
+        },
+    )
+
+
+def _text(result: Any) -> str:
+    return " ".join(getattr(c, "text", "") for c in result.content)
+
+
+def _honest(ev: Evidence) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    base = [ev.window() for _ in range(3)]
+    cand = [ev.window() for _ in range(3)]
+    comp = ev.comparison(base, cand)
+    links = [
+        {"id": ev.env(), "role": "environment"},
+        {"id": comp, "role": "comparison"},
+        {"id": ev.tensors(), "role": "correctness"},
+    ]
+    return links, {"base": base, "cand": cand, "comp": comp}
+
+
+async def test_an_honest_experiment_is_kept_and_logged(server: Any, workspace: Path, mode: str) -> None:
+    ev = Evidence(workspace)
+    links, _ = _honest(ev)
+    async with Client(server, mode=mode) as client:
+        exp = await _open(client)
+        result = await _keep(client, exp, links)
+    assert not result.is_error, _text(result)
+    out = result.structured_content
+    assert out is not None
+    assert out["accepted"] is True
+    assert out["state"] == "passed"
+    assert "equivalent speedup" in out["label"]
+    assert {g["status"] for g in out["gates"]} <= {"passed", "not_applicable"}
+    log = (workspace / ".perfgate" / "decisions.md").read_text()
+    assert exp in log
+    assert "KEEP" in log
+
+
+CHEATS = {
+    "no comparison": (
+        "no compare_benchmarks evidence",
+        lambda ev, links, ids: [link for link in links if link["role"] != "comparison"],
+    ),
+    "profiled window as throughput": (
+        "profiled runs are never throughput evidence",
+        lambda ev, links, ids: _swap_comparison(
+            ev, links, ids["base"], [ev.window(profiled=True)] + ids["cand"][1:]
+        ),
+    ),
+    "invariants differ": (
+        "windows declare different invariants",
+        lambda ev, links, ids: _swap_comparison(
+            ev,
+            links,
+            ids["base"],
+            [ev.window(invariants={**INVARIANTS, "global_batch": 32}) for _ in range(3)],
+        ),
+    ),
+    "within noise": (
+        "not beyond noise",
+        lambda ev, links, ids: [
+            *_drop(links, "comparison"),
+            {"id": ev.comparison(ids["base"], ids["cand"], verdict="within_noise"), "role": "comparison"},
+        ],
+    ),
+    "incomparable comparison": (
+        "invariant model differs",
+        lambda ev, links, ids: [
+            *_drop(links, "comparison"),
+            {
+                "id": ev.comparison(
+                    ids["base"],
+                    ids["cand"],
+                    state="failed",
+                    verdict="incomparable",
+                    reasons=["invariant model differs"],
+                ),
+                "role": "comparison",
+            },
+        ],
+    ),
+    "failed tensor comparison": (
+        "attached correctness evidence failed",
+        lambda ev, links, ids: [*links, {"id": ev.tensors(passed=False), "role": "correctness"}],
+    ),
+    "different environments": (
+        "different environments (differs in torch)",
+        lambda ev, links, ids: _swap_comparison(
+            ev, links, ids["base"], [ev.window(fp={**FP, "torch": "2.14.1"}) for _ in range(3)]
+        ),
+    ),
+    "a single window": (
+        "fewer than 3 windows",
+        lambda ev, links, ids: _swap_comparison(ev, links, ids["base"][:1], ids["cand"][:1]),
+    ),
+}
+
+
+def _drop(links: list[dict[str, str]], role: str) -> list[dict[str, str]]:
+    return [link for link in links if link["role"] != role]
+
+
+def _swap_comparison(
+    ev: Evidence, links: list[dict[str, str]], base: list[str], cand: list[str]
+) -> list[dict[str, str]]:
+    return [*_drop(links, "comparison"), {"id": ev.comparison(base, cand), "role": "comparison"}]
+
+
+@pytest.mark.parametrize("cheat", sorted(CHEATS))
+async def test_cheating_attempts_are_refused_with_the_reason(
+    server: Any, workspace: Path, mode: str, cheat: str
+) -> None:
+    ev = Evidence(workspace)
+    links, ids = _honest(ev)
+    expected, tamper = CHEATS[cheat]
+    async with Client(server, mode=mode) as client:
+        exp = await _open(client)
+        result = await _keep(client, exp, tamper(ev, links, ids))
+        assert result.is_error
+        assert expected in _text(result)
+        assert (
+            "record_decision" in _text(result)
+            or "compare_benchmarks" in _text(result)
+            or "run_benchmark_window" in _text(result)
+        )
+        revert = await client.call_tool(
+            "record_decision",
+            {"action": "decide", "experiment_id": exp, "decision": "revert", "rationale": "not proven"},
+        )
+    assert not revert.is_error
+    assert revert.structured_content is not None
+    assert revert.structured_content["accepted"] is True
+    assert any(g["status"] == "failed" for g in revert.structured_content["gates"])
+    log = (workspace / ".perfgate" / "decisions.md").read_text()
+    assert "REVERT" in log
+    assert "Refused attempts:** 1" in log
+
+
+async def test_an_artifact_edited_on_disk_blocks_the_keep(server: Any, workspace: Path, mode: str) -> None:
+    ev = Evidence(workspace)
+    links, ids = _honest(ev)
+    (workspace / ".perfgate" / "artifacts" / ids["cand"][0] / "series.json").write_bytes(b"[5.0, 5.0]")
+    async with Client(server, mode=mode) as client:
+        exp = await _open(client)
+        result = await _keep(client, exp, links)
+    assert result.is_error
+    assert "modified after it was recorded" in _text(result)
+
+
+async def test_data_changes_need_a_sample_audit_and_memory_budgets_are_enforced(
+    server: Any, workspace: Path
+) -> None:
+    ev = Evidence(workspace)
+    links, ids = _honest(ev)
+    async with Client(server) as client:
+        exp = await _open(client, touches_data=True)
+        result = await _keep(client, exp, links)
+        assert "no passed audit_samples evidence" in _text(result)
+        audit = ev.add("audit_samples", "passed", {"status": "passed"})
+        result = await _keep(client, exp, [{"id": audit, "role": "audit"}])
+        assert not result.is_error, _text(result)
+
+        exp2 = await _open(client, memory_budget_bytes=100)
+        fat = [ev.window(peak=5000) for _ in range(3)]
+        comp = ev.comparison(ids["base"], fat)
+        result = await _keep(client, exp2, [*_drop(links, "comparison"), {"id": comp, "role": "comparison"}])
+        assert result.is_error
+        assert "growth 4000 B, budget 100 B" in _text(result)
+
+
+async def test_training_changes_need_task_quality_and_are_not_called_equivalent(
+    server: Any, workspace: Path
+) -> None:
+    ev = Evidence(workspace)
+    links, _ = _honest(ev)
+    async with Client(server) as client:
+        opened = await client.call_tool(
+            "record_decision",
+            {
+                "action": "open",
+                "hypothesis": "bf16 autocast",
+                "classification": "training_change",
+                "changed_variable": "precision",
+            },
+        )
+        assert opened.structured_content is not None
+        exp = opened.structured_content["experiment_id"]
+        refused = await _keep(client, exp, _drop(links, "correctness"))
+        assert "task_quality" in _text(refused)
+        quality = ev.add("compare_tensors", "passed", {"status": "match"})
+        kept = await _keep(client, exp, [{"id": quality, "role": "quality"}])
+    assert kept.structured_content is not None
+    assert "not an equivalent speedup" in kept.structured_content["label"]
+
+
+async def test_unknown_ids_and_missing_fields_are_clear_errors(server: Any, workspace: Path) -> None:
+    async with Client(server) as client:
+        r1 = await client.call_tool("record_decision", {"action": "open", "hypothesis": "x"})
+        assert "needs classification, changed_variable" in _text(r1)
+        r2 = await client.call_tool("record_decision", {"action": "show", "experiment_id": "exp-nope"})
+        assert "no experiment 'exp-nope'" in _text(r2)
+        exp = await _open(client)
+        r3 = await client.call_tool(
+            "record_decision",
+            {
+                "action": "attach",
+                "experiment_id": exp,
+                "evidence": [{"id": "ev-missing", "role": "baseline"}],
+            },
+        )
+        assert "not in the ledger" in _text(r3)
+        shown = await client.call_tool("record_decision", {"action": "show", "experiment_id": exp})
+        assert shown.structured_content is not None
+        failing = [g["name"] for g in shown.structured_content["gates"] if g["status"] == "failed"]
+        assert "environment" in failing
+        assert "comparison" in failing
+
+
+async def test_export_writes_the_run_directory(server: Any, workspace: Path, tmp_path: Path) -> None:
+    ev = Evidence(workspace)
+    links, _ = _honest(ev)
+    async with Client(server) as client:
+        exp = await _open(client)
+        await _keep(client, exp, links)
+    out = tmp_path / "run"
+    assert cli_main(["export", exp, str(out), "--workspace", str(workspace)]) == 0
+    for name in (
+        "environment.json",
+        "command.txt",
+        "source.txt",
+        "baseline.json",
+        "candidate.json",
+        "comparison.json",
+        "correctness.json",
+        "decisions.md",
+    ):
+        assert (out / name).is_file(), name
+    assert (out / "profiles" / "framework").is_dir()
+    assert "python train.py" in (out / "command.txt").read_text()
