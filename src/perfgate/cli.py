@@ -142,6 +142,25 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from perfgate.evidence import STATE_DIR_NAME, Ledger
+    from perfgate.report.html import write_report
+
+    workspace: Path = args.workspace
+    if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
+        print(f"perfgate: no ledger in {workspace / STATE_DIR_NAME}", file=sys.stderr)
+        return 2
+    out: Path = args.out or workspace / STATE_DIR_NAME / "report"
+    try:
+        written = write_report(Ledger(workspace), args.experiment, out)
+    except KeyError:
+        print(f"perfgate: no experiment {args.experiment!r}; try `perfgate report all`", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from perfgate import __version__
 
@@ -207,6 +226,14 @@ def _build_parser() -> argparse.ArgumentParser:
     export.add_argument("experiment", help="experiment id (exp-...)")
     export.add_argument("out", type=Path, help="directory to create")
     export.set_defaults(handler=_cmd_export)
+
+    report = sub.add_parser(
+        "report", help="self-contained HTML pages per experiment, with plots, and an index"
+    )
+    _workspace_arg(report)
+    report.add_argument("experiment", nargs="?", default="all", help="experiment id, or 'all' (default)")
+    report.add_argument("--out", type=Path, default=None, help="output directory (default .perfgate/report)")
+    report.set_defaults(handler=_cmd_report)
     return parser
 
 

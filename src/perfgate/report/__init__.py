@@ -1,0 +1,1 @@
+"""Plots (optional matplotlib) and the self-contained HTML report."""

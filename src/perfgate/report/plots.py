@@ -1,0 +1,206 @@
+"""PNG plots for evidence records (matplotlib, optional: the `plots` extra).
+
+Every function returns PNG bytes, or raises `PlotsUnavailable` when matplotlib is missing; callers
+record "plots are off" and carry on. Figures use the Agg backend and are closed after rendering, so
+plotting from a server's worker threads neither opens windows nor leaks memory.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "DPI",
+    "FIGSIZE_IN",
+    "PlotsUnavailable",
+    "ab_distribution_png",
+    "breakdown_png",
+    "coverage_png",
+    "plots_available",
+    "step_times_png",
+    "tensor_errors_png",
+]
+
+FIGSIZE_IN = (8.0, 4.5)
+DPI = 100  # 800 x 450 pixels: readable in a report, small enough to hand to an agent
+_COLORS = {
+    "compute": "#4C72B0",
+    "communication": "#DD8452",
+    "memory": "#55A868",
+    "idle": "#C7C7C7",
+}
+
+
+class PlotsUnavailable(RuntimeError):
+    """matplotlib is not installed: ``pip install 'perfgate[plots]'``."""
+
+
+def plots_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401  # pyright: ignore[reportUnusedImport]
+    except ImportError:
+        return False
+    return True
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise PlotsUnavailable(
+            "plots are off: install the plots extra (pip install 'perfgate[plots]')"
+        ) from exc
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _render(fig: Any) -> bytes:
+    plt = _pyplot()
+    buf = io.BytesIO()
+    try:
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=DPI)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def step_times_png(
+    series: Mapping[int, Sequence[float]], warmup_steps: int, title: str = "Step time per step"
+) -> bytes:
+    """Step time (ms) against step index, one line per rank; warm-up shaded, measured window marked."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
+    longest = 0
+    for rank in sorted(series):
+        values = list(series[rank])
+        longest = max(longest, len(values))
+        ax.plot(range(len(values)), values, marker=".", linewidth=1, label=f"rank {rank}")
+    if warmup_steps > 0:
+        ax.axvspan(-0.5, warmup_steps - 0.5, color="#EEEEEE", label="warm-up (excluded)")
+    if longest > warmup_steps:
+        ax.axvline(warmup_steps - 0.5, color="#333333", linestyle="--", linewidth=1)
+        ax.annotate(
+            "measured window",
+            xy=(warmup_steps, 1.0),
+            xycoords=("data", "axes fraction"),
+            va="top",
+            fontsize=8,
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(alpha=0.3)
+    return _render(fig)
+
+
+def ab_distribution_png(
+    baseline_ms: Sequence[float],
+    candidate_ms: Sequence[float],
+    speedup: float | None,
+    interval: tuple[float, float] | None,
+    title: str = "Baseline vs candidate step times",
+) -> bytes:
+    """Step-time distributions side by side, with the speedup and its bootstrap interval in the title."""
+    plt = _pyplot()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=FIGSIZE_IN, gridspec_kw={"width_ratios": [3, 1]})
+    data = [list(baseline_ms), list(candidate_ms)]
+    ax.boxplot(data, showfliers=True)
+    ax.set_xticks([1, 2], ["baseline", "candidate"])
+    ax.set_ylabel("step time (ms)")
+    ax.grid(alpha=0.3, axis="y")
+    if speedup is not None and interval is not None:
+        lo, hi = interval
+        ax2.errorbar(
+            [0], [speedup], yerr=[[speedup - lo], [hi - speedup]], fmt="o", capsize=6, color="#4C72B0"
+        )
+        ax2.axhline(1.0, color="#999999", linestyle="--", linewidth=1)
+        ax2.set_xticks([])
+        ax2.set_ylabel("speedup (95% interval)")
+        ax.set_title(f"{title}: speedup {speedup:.3f} [{lo:.3f}, {hi:.3f}]")
+    else:
+        ax2.axis("off")
+        ax.set_title(title)
+    return _render(fig)
+
+
+def breakdown_png(
+    ranks: Sequence[Mapping[str, Any]], title: str = "Where device time goes, per rank"
+) -> bytes:
+    """Stacked bars per rank: compute, non-overlapped communication and memory, idle (fractions of span)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
+    labels = [f"rank {r.get('rank', i)}" for i, r in enumerate(ranks)]
+    bottoms = [0.0] * len(ranks)
+    for key in ("compute", "communication", "memory", "idle"):
+        values: list[float] = []
+        for r in ranks:
+            span = float(r.get("span_us") or 0.0)
+            values.append(float(r.get(f"{key}_us") or 0.0) / span if span > 0 else 0.0)
+        ax.bar(labels, values, bottom=bottoms, color=_COLORS[key], label=key)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    ax.set_ylim(0, max(1.0, *bottoms) if bottoms else 1.0)
+    ax.set_ylabel("fraction of device-active span")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper right")
+    return _render(fig)
+
+
+def tensor_errors_png(
+    histograms: Mapping[str, tuple[Sequence[float], Sequence[int]]], title: str = "Absolute error"
+) -> bytes:
+    """Histogram of |candidate - reference| per mismatching tensor (log-spaced bin edges, counts)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
+    for key, (edges, counts) in list(histograms.items())[:8]:
+        centers = [math.sqrt(max(edges[i], 1e-300) * max(edges[i + 1], 1e-300)) for i in range(len(counts))]
+        ax.step(centers, list(counts), where="mid", label=key)
+    ax.set_xscale("log")
+    ax.set_yscale("symlog")
+    ax.set_xlabel("|candidate - reference|")
+    ax.set_ylabel("elements")
+    ax.set_title(title)
+    if histograms:
+        ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _render(fig)
+
+
+def coverage_png(
+    matrix: Sequence[Sequence[float]],
+    epochs: Sequence[int],
+    ranks: Sequence[int],
+    title: str = "Sample coverage",
+) -> bytes:
+    """Heat map of the fraction of expected samples seen, epoch x rank (1.0 = full coverage)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
+    image = ax.imshow(
+        [list(row) for row in matrix],
+        vmin=0.0,
+        vmax=max(1.0, *(v for row in matrix for v in row)),
+        cmap="viridis",
+        aspect="auto",
+    )
+    ax.set_yticks(range(len(epochs)), [f"epoch {e}" for e in epochs])
+    ax.set_xticks(range(len(ranks)), [f"rank {r}" for r in ranks])
+    for i, row in enumerate(matrix):
+        for j, value in enumerate(row):
+            ax.text(
+                j,
+                i,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                color="white" if value < 0.6 else "black",
+                fontsize=8,
+            )
+    fig.colorbar(image, ax=ax, label="fraction of the rank's expected share")
+    ax.set_title(title)
+    return _render(fig)
