@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from perfgate.tools import compute_mfu, record_decision
+from perfgate.tools import compute_mfu, estimate_flops, plan_parallel_layout, record_decision
 from perfgate.tools._spec import AnySpec, ToolSpec
 
 __all__ = ["REGISTRY", "ToolSpec", "registered_specs"]
 
-REGISTRY: tuple[AnySpec, ...] = (compute_mfu.SPEC, record_decision.SPEC)
+REGISTRY: tuple[AnySpec, ...] = (
+    estimate_flops.SPEC,
+    compute_mfu.SPEC,
+    plan_parallel_layout.SPEC,
+    record_decision.SPEC,
+)
 
 
 def registered_specs(read_only: bool) -> list[AnySpec]:
