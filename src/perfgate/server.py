@@ -38,7 +38,11 @@ def build_server(config: ServerConfig) -> MCPServer[AppState]:
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[AppState]) -> AsyncGenerator[AppState]:
-        yield AppState(config)
+        state = AppState(config)
+        try:
+            yield state
+        finally:
+            await state.aclose()  # stop any command still running: no orphan outlives the server
 
     server: MCPServer[AppState] = MCPServer(
         "perfgate",

@@ -15,6 +15,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
+from perfgate.execution.service import ExecutionService
+from perfgate.tools._gating import APPROVAL_PARAM, PREPARED_PARAM, gate_parameters, settle
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
 from perfgate.tools._spec import AnySpec
 
@@ -27,6 +29,11 @@ class AppState:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.ledger = Ledger(config.workspace)
+        self.execution = ExecutionService(config.workspace, self.ledger)
+
+    async def aclose(self) -> None:
+        """Stop command process groups still running (call when the lifespan ends)."""
+        await self.execution.aclose()
 
 
 def validation_message(exc: ValidationError) -> str:
@@ -64,12 +71,27 @@ def make_tool_function(spec: AnySpec, get_state: Any) -> Any:
     ``get_state(ctx)`` returns the `AppState` of the running server.
     """
 
-    async def tool_function(ctx: Context, **kwargs: Any) -> Any:
+    def validate(kwargs: dict[str, Any]) -> BaseModel:
         try:
-            inp = spec.input_model.model_validate(kwargs)
+            return spec.input_model.model_validate(kwargs)
         except ValidationError as exc:
             raise ToolError(validation_message(exc)) from exc
+
+    def make_runtime(ctx: Context, inp: BaseModel) -> ToolRuntime:
         state: AppState = get_state(ctx)
+        return ToolRuntime(
+            config=state.config, ledger=state.ledger, tool=spec.name, inputs=inp.model_dump(mode="json")
+        )
+
+    async def tool_function(ctx: Context, **kwargs: Any) -> Any:
+        state: AppState = get_state(ctx)
+        grant = None
+        if spec.command is not None:
+            prepared = kwargs.pop(PREPARED_PARAM)
+            grant = await settle(spec, prepared, kwargs.pop(APPROVAL_PARAM), ctx, state.execution)
+            inp = prepared.inp
+        else:
+            inp = validate(kwargs)
 
         async def report(progress: float, total: float | None, message: str | None) -> None:
             await ctx.report_progress(progress, total, message)
@@ -80,6 +102,7 @@ def make_tool_function(spec: AnySpec, get_state: Any) -> Any:
             tool=spec.name,
             inputs=inp.model_dump(mode="json"),
             report=report,
+            commands=state.execution.runner(grant, report) if spec.command is not None else None,
         )
         return await spec.run(inp, runtime)
 
@@ -87,6 +110,8 @@ def make_tool_function(spec: AnySpec, get_state: Any) -> Any:
         inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context),
         *_parameters(spec.input_model),
     ]
+    if spec.command is not None:
+        params += gate_parameters(spec, validate, make_runtime, lambda ctx: get_state(ctx).execution)
     tool_function.__name__ = spec.name
     tool_function.__qualname__ = spec.name
     tool_function.__doc__ = spec.description

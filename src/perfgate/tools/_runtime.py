@@ -18,6 +18,9 @@ from pydantic import BaseModel
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, Ledger
+from perfgate.execution.executor import CommandResult
+from perfgate.execution.request import CommandRequest
+from perfgate.execution.service import CommandRunner, UnapprovedCommandError
 
 __all__ = ["EvidenceBuilder", "ProgressFn", "ServerConfig", "ToolRuntime"]
 
@@ -90,6 +93,7 @@ class ToolRuntime:
     inputs: dict[str, Any] = field(default_factory=dict[str, Any])
     report: ProgressFn = _no_progress
     extras: dict[str, Any] = field(default_factory=dict[str, Any])
+    commands: CommandRunner | None = None
 
     @property
     def workspace(self) -> Path:
@@ -98,6 +102,24 @@ class ToolRuntime:
     async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Send a progress notification to the client (a no-op when it did not ask for progress)."""
         await self.report(done, total, message)
+
+    async def run_command(
+        self, request: CommandRequest, evidence: EvidenceBuilder, *, label: str = ""
+    ) -> CommandResult:
+        """Run the command this call was approved for; its logs become artifacts of ``evidence``.
+
+        ``request`` must equal what the spec's ``command`` function returned for this input. Output goes
+        to ``{label}stdout.log`` / ``{label}stderr.log``; progress is reported while it runs. A non-zero
+        exit is a result (``exit_code``, ``signal``, ``timed_out``), not an exception: record it as
+        ``failed`` evidence, with ``command=result.argv, exit_code=result.exit_code``.
+
+        Raises:
+            ToolError: outside the operator's limits, or the program/cwd does not exist.
+            UnapprovedCommandError: not the approved request, or the tool declares no command.
+        """
+        if self.commands is None:
+            raise UnapprovedCommandError(f"{self.tool} declares no ToolSpec.command; it cannot run commands")
+        return await self.commands.run(request, evidence, label=label)
 
     def resolve_path(self, raw: str, *, kind: str = "any", must_exist: bool = True) -> Path:
         """Resolve a user-supplied path (relative to the workspace) and confine it.

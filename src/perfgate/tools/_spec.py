@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
+from perfgate.execution.request import CommandRequest
 from perfgate.tools._runtime import ToolRuntime
 
 __all__ = ["ToolSpec"]
@@ -26,6 +27,11 @@ class ToolSpec(Generic[InT, OutT]):
 
     ``runs_commands`` tools are not registered on a ``--read-only`` server, nor are ``writes``
     tools (those that change decisions or other non-evidence state).
+
+    A tool that runs commands declares ``command``: it returns the `CommandRequest` a call wants to run
+    (None when that call runs nothing). It must be deterministic in its input: the approval gate calls it
+    before the tool body (possibly once per protocol round), and the body may run only that request,
+    through ``rt.run_command``.
     """
 
     name: str
@@ -40,6 +46,12 @@ class ToolSpec(Generic[InT, OutT]):
     open_world: bool
     runs_commands: bool = False
     writes: bool = False
+    command: Callable[[InT, ToolRuntime], CommandRequest | None] | None = None
+
+    def __post_init__(self) -> None:
+        assert self.runs_commands == (self.command is not None), (
+            f"{self.name}: runs_commands=True needs a command function, and only then"
+        )
 
 
 AnySpec = ToolSpec[Any, Any]

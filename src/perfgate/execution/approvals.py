@@ -1,0 +1,229 @@
+"""Pending approvals and human grants, kept in ``<workspace>/.perfgate/approvals.db``.
+
+A row is created when a command needs a human and the client cannot ask one (no elicitation). A human
+grants or denies it with ``perfgate approve ID`` in a terminal; the grant then lets the same digest run
+until it expires. Rows change state (pending -> granted | denied | expired), so they live in their own
+SQLite file rather than in the append-only evidence ledger; every decision is also a ledger record.
+
+Each method opens its own connection and writes in one ``BEGIN IMMEDIATE`` transaction, so the server
+and the ``perfgate`` command line can use the store at the same time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Generator
+from enum import Enum
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from perfgate.execution.request import CommandRequest
+
+__all__ = ["Approval", "ApprovalStatus", "ApprovalStore", "ApprovalStoreError"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS approvals (
+    id TEXT PRIMARY KEY,
+    digest TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    request TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    decided_at REAL,
+    decided_by TEXT,
+    uses INTEGER NOT NULL DEFAULT 0,
+    evidence_id TEXT
+);
+CREATE INDEX IF NOT EXISTS approvals_digest ON approvals(digest, status);
+"""
+_COLUMNS = (
+    "id, digest, tool, request, status, created_at, expires_at, decided_at, decided_by, uses, evidence_id"
+)
+
+
+class ApprovalStoreError(ValueError):
+    """An approval id is unknown, or the approval is not in a state that allows the operation."""
+
+
+class ApprovalStatus(str, Enum):
+    PENDING = "pending"
+    GRANTED = "granted"
+    DENIED = "denied"
+    EXPIRED = "expired"
+
+
+class Approval(BaseModel):
+    """One approval: the request it is for, its status, and who decided (epoch seconds for times)."""
+
+    id: str
+    digest: str
+    tool: str
+    request: CommandRequest
+    status: ApprovalStatus
+    created_at: float
+    expires_at: float
+    decided_at: float | None = None
+    decided_by: str | None = None
+    uses: int = 0
+    evidence_id: str | None = None
+
+
+def _row(row: tuple[object, ...]) -> Approval:
+    keys = _COLUMNS.split(", ")
+    data = dict(zip(keys, row, strict=True))
+    data["request"] = CommandRequest.model_validate_json(str(data["request"]))
+    return Approval.model_validate(data)
+
+
+class ApprovalStore:
+    """Approvals of one workspace. ``clock`` returns epoch seconds (injectable for expiry tests)."""
+
+    def __init__(self, state_dir: Path, clock: Callable[[], float] = time.time) -> None:
+        self.db_path = state_dir / "approvals.db"
+        self.clock = clock
+        state_dir.mkdir(parents=True, exist_ok=True)
+        with self._connect() as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+
+    @contextlib.contextmanager
+    def _connect(self) -> Generator[sqlite3.Connection, None, None]:
+        conn = sqlite3.connect(self.db_path, timeout=30.0, isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout=30000")
+            yield conn
+        finally:
+            conn.close()
+
+    @contextlib.contextmanager
+    def _write(self) -> Generator[sqlite3.Connection, None, None]:
+        with self._connect() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _select(self, conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> list[Approval]:
+        rows = conn.execute(f"SELECT {_COLUMNS} FROM approvals WHERE {where} ORDER BY created_at", params)
+        return [_row(r) for r in rows.fetchall()]
+
+    def expire_due(self) -> list[Approval]:
+        """Mark pending and granted approvals past their expiry as expired; returns those just expired."""
+        now = self.clock()
+        with self._write() as conn:
+            due = self._select(conn, "status IN ('pending', 'granted') AND expires_at <= ?", (now,))
+            conn.execute(
+                "UPDATE approvals SET status = 'expired' WHERE status IN ('pending', 'granted') AND expires_at <= ?",
+                (now,),
+            )
+        return [a.model_copy(update={"status": ApprovalStatus.EXPIRED}) for a in due]
+
+    def get(self, approval_id: str) -> Approval | None:
+        with self._connect() as conn:
+            found = self._select(conn, "id = ?", (approval_id,))
+        return found[0] if found else None
+
+    def list(self, statuses: tuple[ApprovalStatus, ...] = tuple(ApprovalStatus)) -> list[Approval]:
+        """Approvals with one of ``statuses``, oldest first."""
+        marks = ", ".join("?" for _ in statuses)
+        with self._connect() as conn:
+            return self._select(conn, f"status IN ({marks})", tuple(s.value for s in statuses))
+
+    def live_for(self, digest: str) -> Approval | None:
+        """The newest unexpired pending, granted or denied approval for ``digest``."""
+        now = self.clock()
+        with self._connect() as conn:
+            found = self._select(
+                conn,
+                "digest = ? AND status IN ('pending', 'granted', 'denied') AND expires_at > ?",
+                (digest, now),
+            )
+        return found[-1] if found else None
+
+    def use_grant(self, digest: str) -> Approval | None:
+        """Count one use of an unexpired grant for ``digest`` and return it (None when there is none)."""
+        now = self.clock()
+        with self._write() as conn:
+            found = self._select(conn, "digest = ? AND status = 'granted' AND expires_at > ?", (digest, now))
+            if not found:
+                return None
+            grant = found[-1]
+            conn.execute("UPDATE approvals SET uses = uses + 1 WHERE id = ?", (grant.id,))
+        return grant.model_copy(update={"uses": grant.uses + 1})
+
+    def open_pending(self, request: CommandRequest, tool: str, ttl_s: float) -> tuple[Approval, bool]:
+        """The pending approval for this request, created if there is none; True when created now.
+
+        Repeating a call before the human answered returns the same id instead of piling up new ones.
+        """
+        now = self.clock()
+        with self._write() as conn:
+            found = self._select(
+                conn, "digest = ? AND status = 'pending' AND expires_at > ?", (request.digest, now)
+            )
+            if found:
+                return found[-1], False
+            approval = Approval(
+                id=f"ap-{secrets.token_hex(4)}",
+                digest=request.digest,
+                tool=tool,
+                request=request,
+                status=ApprovalStatus.PENDING,
+                created_at=now,
+                expires_at=now + ttl_s,
+            )
+            conn.execute(
+                f"INSERT INTO approvals ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL)",
+                (
+                    approval.id,
+                    approval.digest,
+                    tool,
+                    request.model_dump_json(),
+                    approval.status.value,
+                    approval.created_at,
+                    approval.expires_at,
+                ),
+            )
+        return approval, True
+
+    def decide(self, approval_id: str, *, grant: bool, who: str, grant_ttl_s: float) -> Approval:
+        """Grant or deny a pending approval.
+
+        A grant stays valid for ``grant_ttl_s`` from now; a denial keeps the pending row's expiry, so the
+        same command is refused until then.
+
+        Raises:
+            ApprovalStoreError: the id is unknown, or the approval is no longer pending (or just expired).
+        """
+        now = self.clock()
+        with self._write() as conn:
+            found = self._select(conn, "id = ?", (approval_id,))
+            if not found:
+                raise ApprovalStoreError(f"no approval {approval_id!r}; list them with `perfgate approvals`")
+            current = found[0]
+            if current.status is not ApprovalStatus.PENDING:
+                raise ApprovalStoreError(f"approval {approval_id} is already {current.status.value}")
+            if current.expires_at <= now:
+                raise ApprovalStoreError(f"approval {approval_id} has expired; the agent must ask again")
+            status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
+            expires_at = now + grant_ttl_s if grant else current.expires_at
+            conn.execute(
+                "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?, expires_at = ? WHERE id = ?",
+                (status.value, now, who, expires_at, approval_id),
+            )
+        return current.model_copy(
+            update={"status": status, "decided_at": now, "decided_by": who, "expires_at": expires_at}
+        )
+
+    def set_evidence(self, approval_id: str, evidence_id: str) -> None:
+        """Link the ledger record of the latest decision on this approval."""
+        with self._write() as conn:
+            conn.execute("UPDATE approvals SET evidence_id = ? WHERE id = ?", (evidence_id, approval_id))

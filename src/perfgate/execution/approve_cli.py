@@ -1,0 +1,194 @@
+"""``perfgate approve ID`` and ``perfgate approvals``: a human grants pending commands in a terminal.
+
+``approve`` shows the full request and reads the confirmation from the controlling terminal
+(``/dev/tty``), never from stdin, and refuses when stdin is not a terminal or there is no controlling
+terminal. An agent's shell tool runs commands without a terminal, so it cannot approve its own requests.
+This is a speed bump against an agent, not a sandbox: an agent that can run arbitrary programs with a
+pseudo-terminal, or write ``.perfgate/``, is outside what a local check can stop (sandbox such agents).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TextIO
+
+from perfgate.evidence import STATE_DIR_NAME, Ledger
+from perfgate.execution.approvals import Approval, ApprovalStatus, ApprovalStore, ApprovalStoreError
+from perfgate.execution.audit import Decision, How, operator_identity, record_decision
+from perfgate.execution.gate import ApprovalGate, approve_command
+from perfgate.execution.policy import PolicyError, load_policy
+
+__all__ = ["EXIT_NO_TTY", "approve", "list_approvals"]
+
+EXIT_NO_TTY = 3
+"""Exit status when ``approve`` refuses because no human terminal is attached."""
+
+
+def _utc(epoch_s: float | None) -> str:
+    if epoch_s is None:
+        return "-"
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
+
+
+def _open(workspace: Path) -> tuple[ApprovalStore, Ledger] | None:
+    if not (workspace / STATE_DIR_NAME).is_dir():
+        return None
+    return ApprovalStore(workspace / STATE_DIR_NAME), Ledger(workspace)
+
+
+def _expire(workspace: Path, store: ApprovalStore, ledger: Ledger) -> None:
+    try:
+        policy = load_policy(workspace)
+    except PolicyError as exc:
+        ApprovalGate(workspace, ledger, store, None, str(exc)).expire_due()
+        return
+    ApprovalGate(workspace, ledger, store, policy).expire_due()
+
+
+def _show(approval: Approval) -> str:
+    return (
+        f"approval {approval.id} ({approval.status.value}), requested {_utc(approval.created_at)}, "
+        f"expires {_utc(approval.expires_at)}\n{approval.request.describe(approval.tool)}\n"
+        f"full digest: {approval.digest}\n"
+    )
+
+
+def approve(
+    workspace: Path,
+    approval_id: str,
+    *,
+    deny: bool = False,
+    stdin: TextIO | None = None,
+    tty_path: str = "/dev/tty",
+) -> int:
+    """Grant (or with ``deny``, refuse) one pending approval; returns the process exit status.
+
+    A grant needs a human at a terminal: stdin must be a TTY and the confirmation is read from
+    ``tty_path``. A denial needs no terminal (refusing is always safe).
+    """
+    stdin = stdin if stdin is not None else sys.stdin
+    workspace = workspace.resolve()
+    opened = _open(workspace)
+    if opened is None:
+        print(f"perfgate: no perfgate state in {workspace} (is --workspace right?)", file=sys.stderr)
+        return 2
+    store, ledger = opened
+    _expire(workspace, store, ledger)
+    approval = store.get(approval_id)
+    if approval is None:
+        print(
+            f"perfgate: no approval {approval_id!r} in {workspace}; see `perfgate approvals`", file=sys.stderr
+        )
+        return 2
+    if approval.status is not ApprovalStatus.PENDING:
+        print(f"perfgate: approval {approval_id} is {approval.status.value}, not pending", file=sys.stderr)
+        return 2
+    try:
+        grant_ttl_s = load_policy(workspace).grant_ttl_s
+    except PolicyError as exc:
+        print(f"perfgate: {exc}", file=sys.stderr)
+        return 2
+
+    if deny:
+        return _decide(workspace, store, ledger, approval, grant=False, grant_ttl_s=grant_ttl_s)
+
+    if stdin is None or not stdin.isatty():  # sys.stdin is None when there is no stdin at all
+        print(
+            "perfgate: refusing to approve without a terminal: a human must run `perfgate approve` "
+            "interactively (stdin is not a TTY).",
+            file=sys.stderr,
+        )
+        return EXIT_NO_TTY
+    try:
+        # Two handles: a terminal is not seekable, which a single read-write text file requires.
+        with open(tty_path, encoding="utf-8") as tty_in, open(tty_path, "w", encoding="utf-8") as tty_out:
+            tty_out.write(_show(approval))
+            tty_out.write(
+                '\nRun this command when the agent repeats its call? Type "yes" to approve, "no" to deny,\n'
+            )
+            tty_out.write("anything else leaves it pending: ")
+            tty_out.flush()
+            answer = tty_in.readline().strip().lower()
+    except OSError as exc:
+        print(f"perfgate: refusing to approve: no controlling terminal ({exc}).", file=sys.stderr)
+        return EXIT_NO_TTY
+    if answer == "yes":
+        return _decide(workspace, store, ledger, approval, grant=True, grant_ttl_s=grant_ttl_s)
+    if answer == "no":
+        return _decide(workspace, store, ledger, approval, grant=False, grant_ttl_s=grant_ttl_s)
+    print(f"perfgate: approval {approval.id} left pending")
+    return 1
+
+
+def _decide(
+    workspace: Path,
+    store: ApprovalStore,
+    ledger: Ledger,
+    approval: Approval,
+    *,
+    grant: bool,
+    grant_ttl_s: float,
+) -> int:
+    who = operator_identity()
+    try:
+        decided = store.decide(approval.id, grant=grant, who=who, grant_ttl_s=grant_ttl_s)
+    except ApprovalStoreError as exc:
+        print(f"perfgate: {exc}", file=sys.stderr)
+        return 2
+    evidence_id = record_decision(
+        ledger,
+        tool=decided.tool,
+        request=decided.request,
+        decision=Decision.APPROVED if grant else Decision.DENIED,
+        how=How.CLI_GRANT,
+        who=who,
+        approval_id=decided.id,
+        detail={"event": "granted" if grant else "denied", "valid_until": _utc(decided.expires_at)},
+    )
+    store.set_evidence(decided.id, evidence_id)
+    if grant:
+        print(
+            f"approved {decided.id} (evidence {evidence_id}); the agent can now repeat the same call. "
+            f"Valid for this exact command until {_utc(decided.expires_at)}."
+        )
+    else:
+        print(f"denied {decided.id} (evidence {evidence_id}); the same command is refused until it expires.")
+    return 0
+
+
+def list_approvals(
+    workspace: Path, *, include_closed: bool = False, as_json: bool = False, out: TextIO | None = None
+) -> int:
+    """Print pending and granted approvals (all of them with ``include_closed``); returns the exit status."""
+    out = out if out is not None else sys.stdout
+    if out is None:  # sys.stdout is None when there is no stdout
+        return 2
+    workspace = workspace.resolve()
+    opened = _open(workspace)
+    if opened is None:
+        rows: list[Approval] = []
+    else:
+        store, ledger = opened
+        _expire(workspace, store, ledger)
+        statuses = (
+            tuple(ApprovalStatus) if include_closed else (ApprovalStatus.PENDING, ApprovalStatus.GRANTED)
+        )
+        rows = store.list(statuses)
+    if as_json:
+        out.write(json.dumps([r.model_dump(mode="json") for r in rows], indent=2) + "\n")
+        return 0
+    if not rows:
+        out.write("no approvals" + ("" if include_closed else " pending or granted") + f" in {workspace}\n")
+        return 0
+    for r in rows:
+        who = f" by {r.decided_by}" if r.decided_by else ""
+        out.write(
+            f"{r.id}  {r.status.value:<8} {r.tool:<22} expires {_utc(r.expires_at)}  uses {r.uses}{who}\n"
+            f"    {json.dumps(list(r.request.argv))}  cwd {r.request.cwd}  digest {r.digest[:12]}\n"
+        )
+        if r.status is ApprovalStatus.PENDING:
+            out.write(f"    approve with: {approve_command(r.id, workspace)}\n")
+    return 0

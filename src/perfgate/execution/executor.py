@@ -1,0 +1,405 @@
+"""Run one approved command: argv only, its own process group, a timeout, captured output.
+
+The child gets ``stdin=/dev/null`` and pipes for stdout and stderr, so it can never read from or write to
+a stdio MCP stream. It starts a new session (``setsid``), which makes it the leader of a process group
+holding everything it spawns; every stop (timeout, client cancellation, server shutdown, processes left
+behind after a normal exit) sends SIGTERM to the whole group, waits ``kill_grace_s``, then SIGKILLs it.
+A process that calls ``setsid`` itself leaves the group and is out of reach (documented limitation).
+
+Output streams to ``stdout_path`` / ``stderr_path`` in full (up to ``max_log_bytes`` each) while only the
+last ``tail_bytes`` stay in memory for the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import anyio
+import anyio.abc
+from pydantic import BaseModel, Field
+
+from perfgate.execution.request import CommandRequest
+
+__all__ = [
+    "CommandError",
+    "CommandProgress",
+    "CommandResult",
+    "ExecLimits",
+    "ProcessRegistry",
+    "StreamCapture",
+    "execute",
+]
+
+_POLL_S = 0.02
+
+
+class CommandError(RuntimeError):
+    """The command could not be started (program missing, not executable, bad cwd)."""
+
+
+@dataclass(frozen=True)
+class ExecLimits:
+    """Output and shutdown limits that do not change what the command is (not part of the digest)."""
+
+    tail_bytes: int = 16 * 1024
+    max_log_bytes: int = 256 * 1024 * 1024
+    kill_grace_s: float = 5.0
+    progress_interval_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class CommandProgress:
+    """A progress snapshot while the command runs; ``elapsed_s`` never decreases."""
+
+    elapsed_s: float
+    stdout_lines: int
+    stderr_lines: int
+    last_line: str
+    pid: int
+
+
+ProgressCallback = Callable[[CommandProgress], Awaitable[None]]
+
+
+class StreamCapture(BaseModel):
+    """One output stream: the full log on disk and the tail kept for the result."""
+
+    path: str = Field(description="Absolute path of the log file.")
+    bytes_total: int = Field(description="Bytes the command wrote to this stream.")
+    bytes_logged: int = Field(description="Bytes written to the log file (less than total when capped).")
+    lines: int = Field(description="Newline-terminated lines seen.")
+    tail: str = Field(description="The last bytes of the stream, UTF-8 decoded with replacement.")
+    tail_truncated: bool = Field(description="True when the tail is shorter than the whole stream.")
+
+
+class CommandResult(BaseModel):
+    """What happened to one command."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str] = Field(description="Variables set on top of the server's environment.")
+    digest: str = Field(description="Digest of the request that ran (what its approval bound to).")
+    pid: int
+    exit_code: int | None = Field(description="Exit status; None when a signal ended it.")
+    signal: str | None = Field(description="Name of the signal that ended it (e.g. SIGKILL), if any.")
+    timed_out: bool
+    duration_s: float = Field(description="Wall-clock seconds from start to the group's end.")
+    stragglers_killed: bool = Field(
+        description="Processes of its group outlived it and were terminated when it exited."
+    )
+    stdout: StreamCapture
+    stderr: StreamCapture
+    approved_how: str | None = Field(default=None, description="Gate path that approved it (allowlist, ...).")
+    approval_evidence_id: str | None = Field(default=None, description="Ledger record of that approval.")
+
+    @property
+    def succeeded(self) -> bool:
+        """Exited by itself with status 0 within its timeout."""
+        return self.exit_code == 0 and not self.timed_out
+
+    def summary(self) -> str:
+        if self.timed_out:
+            how = f"timed out after {self.duration_s:.1f} s and was killed ({self.signal or 'exited'})"
+        elif self.signal:
+            how = f"was killed by {self.signal}"
+        else:
+            how = f"exited with status {self.exit_code}"
+        return f"command {self.argv[0]!r} {how}"
+
+
+# Signal dispositions are process-wide, so the registries a fatal signal must clean up are too.
+_LIVE_REGISTRIES: weakref.WeakSet[ProcessRegistry] = weakref.WeakSet()
+_FATAL_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _on_fatal_signal(signum: int, frame: object) -> None:
+    """Stop every running group, then die of the same signal as if no handler had been installed."""
+    for registry in list(_LIVE_REGISTRIES):
+        registry.stop_all_blocking(grace_s=1.0)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _guard_fatal_signals() -> None:
+    """Make SIGTERM/SIGHUP of the server stop its commands first.
+
+    Commands run in their own sessions, so a signal that kills the server does not reach them. Only
+    default dispositions are replaced (never an application's own handler), and only from the main
+    thread, where Python allows it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in _FATAL_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _on_fatal_signal)
+
+
+class ProcessRegistry:
+    """The process groups a server has running, so shutdown can stop every one of them."""
+
+    def __init__(self) -> None:
+        self._groups: set[int] = set()
+
+    def add(self, pgid: int) -> None:
+        self._groups.add(pgid)
+        _LIVE_REGISTRIES.add(self)
+        _guard_fatal_signals()
+
+    def discard(self, pgid: int) -> None:
+        self._groups.discard(pgid)
+
+    @property
+    def groups(self) -> frozenset[int]:
+        return frozenset(self._groups)
+
+    def kill_all(self) -> None:
+        """SIGKILL every registered group now (the last resort at interpreter exit)."""
+        for pgid in list(self._groups):
+            _signal_group(pgid, signal.SIGKILL)
+        self._groups.clear()
+
+    def stop_all_blocking(self, grace_s: float) -> None:
+        """TERM every group, wait up to ``grace_s`` (blocking), KILL the rest: for signal handlers."""
+        groups = list(self._groups)
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
+            time.sleep(_POLL_S)
+        self.kill_all()
+
+    async def aclose(self, grace_s: float = 5.0) -> None:
+        """TERM every running group, then KILL what is left after ``grace_s``."""
+        groups = list(self._groups)
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGTERM)
+        with anyio.move_on_after(grace_s):
+            while any(_group_alive(g) for g in groups):
+                await anyio.sleep(_POLL_S)
+        self.kill_all()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while the group has a member that is not a zombie.
+
+    ``killpg(pgid, 0)`` also succeeds for zombies awaiting their reaper, so on Linux the members'
+    states are read from /proc; elsewhere the signal probe is the best available answer.
+    """
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised command: state, ppid, pgrp, ...
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if len(rest) > 2 and int(rest[2]) == pgid and rest[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _resolve_program(request: CommandRequest, env: dict[str, str]) -> None:
+    program = request.argv[0]
+    if "/" in program:
+        path = Path(program) if Path(program).is_absolute() else request.cwd / program
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise CommandError(f"program {program!r} is not an executable file (looked at {path})")
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise CommandError(f"program {program!r} was not found on PATH; give its full path in argv[0]")
+
+
+@dataclass
+class _Stream:
+    path: Path
+    tail_bytes: int
+    max_log_bytes: int
+    file: BinaryIO
+    bytes_total: int = 0
+    bytes_logged: int = 0
+    lines: int = 0
+    tail: bytearray = field(default_factory=bytearray)
+    last_line: bytes = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self.bytes_total += len(chunk)
+        self.lines += chunk.count(b"\n")
+        room = self.max_log_bytes - self.bytes_logged
+        if room > 0:
+            piece = chunk[:room]
+            self.file.write(piece)
+            self.bytes_logged += len(piece)
+        self.tail += chunk
+        if len(self.tail) > self.tail_bytes:
+            del self.tail[: len(self.tail) - self.tail_bytes]
+        stripped = chunk.rstrip(b"\n")
+        if stripped:
+            self.last_line = stripped.rsplit(b"\n", 1)[-1][-500:]
+
+    def capture(self) -> StreamCapture:
+        return StreamCapture(
+            path=str(self.path),
+            bytes_total=self.bytes_total,
+            bytes_logged=self.bytes_logged,
+            lines=self.lines,
+            tail=bytes(self.tail).decode("utf-8", errors="replace"),
+            tail_truncated=self.bytes_total > len(self.tail),
+        )
+
+
+async def _pump(source: anyio.abc.ByteReceiveStream, sink: _Stream) -> None:
+    try:
+        async for chunk in source:
+            sink.feed(chunk)
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+        return
+
+
+async def _stop_group(process: anyio.abc.Process, pgid: int, grace_s: float) -> bool:
+    """TERM the group, wait up to ``grace_s`` for the leader and every member, then KILL.
+
+    Returns True when anything had to be signalled.
+    """
+    if process.returncode is not None and not _group_alive(pgid):
+        return False
+    _signal_group(pgid, signal.SIGTERM)
+    with anyio.move_on_after(grace_s):
+        await process.wait()
+        while _group_alive(pgid):
+            await anyio.sleep(_POLL_S)
+    if process.returncode is None or _group_alive(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+        await process.wait()
+    return True
+
+
+async def execute(
+    request: CommandRequest,
+    *,
+    stdout_path: Path,
+    stderr_path: Path,
+    limits: ExecLimits | None = None,
+    on_progress: ProgressCallback | None = None,
+    registry: ProcessRegistry | None = None,
+) -> CommandResult:
+    """Run ``request`` to completion, timeout or cancellation.
+
+    The caller is responsible for having approved ``request`` and checked the policy's limits;
+    this function only refuses what cannot be started.
+
+    Raises:
+        CommandError: the working directory or the program does not exist or cannot be executed.
+    """
+    limits = limits or ExecLimits()
+    cwd = request.cwd
+    if not cwd.is_dir():
+        raise CommandError(f"working directory {cwd} does not exist or is not a directory")
+    env = {**os.environ, **request.env}
+    _resolve_program(request, env)
+
+    started = time.monotonic()
+    with stdout_path.open("wb") as out_file, stderr_path.open("wb") as err_file:
+        out = _Stream(stdout_path, limits.tail_bytes, limits.max_log_bytes, out_file)
+        err = _Stream(stderr_path, limits.tail_bytes, limits.max_log_bytes, err_file)
+        try:
+            process = await anyio.open_process(
+                list(request.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise CommandError(f"cannot start {request.argv[0]!r}: {exc.strerror or exc}") from exc
+        # After setsid the child's pid is its process group id.
+        pgid = process.pid
+        if registry is not None:
+            registry.add(pgid)
+
+        async def report() -> None:
+            if on_progress is None:
+                return
+            last = (out.last_line or err.last_line).decode("utf-8", errors="replace")
+            await on_progress(
+                CommandProgress(time.monotonic() - started, out.lines, err.lines, last, process.pid)
+            )
+
+        async def progress_loop() -> None:
+            while True:
+                await anyio.sleep(limits.progress_interval_s)
+                await report()
+
+        timed_out = False
+        stragglers = False
+        try:
+            await report()
+            async with anyio.create_task_group() as tg:
+                pumps_done = anyio.Event()
+
+                async def pumps() -> None:
+                    assert process.stdout is not None and process.stderr is not None
+                    async with anyio.create_task_group() as inner:
+                        inner.start_soon(_pump, process.stdout, out)
+                        inner.start_soon(_pump, process.stderr, err)
+                    pumps_done.set()
+
+                tg.start_soon(pumps)
+                tg.start_soon(progress_loop)
+                with anyio.move_on_after(request.timeout_s) as deadline:
+                    await process.wait()
+                timed_out = deadline.cancelled_caught
+                signalled = await _stop_group(process, pgid, limits.kill_grace_s)
+                stragglers = signalled and not timed_out
+                # A process that left the group may still hold the pipes; do not wait on it forever.
+                with anyio.move_on_after(limits.kill_grace_s):
+                    await pumps_done.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _stop_group(process, pgid, limits.kill_grace_s)
+                if registry is not None:
+                    registry.discard(pgid)
+                await process.aclose()
+        await report()
+
+    code = process.returncode
+    assert code is not None
+    return CommandResult(
+        argv=list(request.argv),
+        cwd=str(cwd),
+        env=dict(request.env),
+        digest=request.digest,
+        pid=process.pid,
+        exit_code=code if code >= 0 else None,
+        signal=signal.Signals(-code).name if code < 0 else None,
+        timed_out=timed_out,
+        duration_s=time.monotonic() - started,
+        stragglers_killed=stragglers,
+        stdout=out.capture(),
+        stderr=err.capture(),
+    )

@@ -1,0 +1,245 @@
+"""The approval gate, without the protocol: allowlist, human grants, elicitation outcomes, pending ids.
+
+Order for one request (read-only servers never get here: they do not register command tools):
+
+1. the operator's limits (max timeout, cwd roots) bind every request; a violation is refused outright;
+2. an allowlist rule that matches -> approved (``how=allowlist``);
+3. a human's unexpired denial of the same digest -> refused;
+4. a human's unexpired grant of the same digest -> approved (``how=cli_grant``);
+5. otherwise the protocol layer asks through elicitation when the client supports it (`elicitation_message`,
+   then `settle_elicitation`), or calls `require_human`, which opens a pending approval and raises a
+   `ToolError` telling the agent the exact ``perfgate approve`` command for the human.
+
+Every decision is appended to the ledger (`perfgate.execution.audit`). The methods are synchronous (SQLite);
+the protocol layer calls them from a worker thread.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal, NoReturn
+
+from pydantic import BaseModel, Field
+
+from perfgate.errors import ToolError
+from perfgate.evidence import Ledger
+from perfgate.execution.approvals import ApprovalStatus, ApprovalStore
+from perfgate.execution.audit import Decision, How, record_decision
+from perfgate.execution.policy import ExecutionPolicy
+from perfgate.execution.request import CommandRequest
+
+__all__ = ["ApprovalGate", "ConsentForm", "Grant", "approve_command"]
+
+ElicitAction = Literal["accept", "decline", "cancel"]
+
+
+class ConsentForm(BaseModel):
+    """What the human fills in when asked through elicitation: accepting is the approval itself."""
+
+    note: str = Field(
+        default="",
+        max_length=500,
+        title="Note (optional)",
+        description="Kept with the decision in the evidence ledger.",
+    )
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Permission for one tool call to run exactly the request with this digest."""
+
+    digest: str
+    how: How
+    who: str
+    evidence_id: str
+    approval_id: str | None = None
+
+
+def approve_command(approval_id: str, workspace: Path) -> str:
+    """The exact shell line a human runs to approve ``approval_id`` in ``workspace``."""
+    return f"perfgate approve {approval_id} --workspace {shlex.quote(str(workspace))}"
+
+
+def _utc(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
+
+
+class ApprovalGate:
+    """Decides whether a request may run, and records each decision in the ledger."""
+
+    def __init__(
+        self,
+        workspace: Path,
+        ledger: Ledger,
+        store: ApprovalStore,
+        policy: ExecutionPolicy | None,
+        policy_error: str | None = None,
+    ) -> None:
+        assert (policy is None) != (policy_error is None), "either a policy or the reason it failed to load"
+        self.workspace = workspace
+        self.ledger = ledger
+        self.store = store
+        self._policy = policy
+        self._policy_error = policy_error
+
+    @property
+    def policy(self) -> ExecutionPolicy:
+        """The loaded policy.
+
+        Raises:
+            ToolError: the operator's policy file is invalid (nothing may run until it is fixed).
+        """
+        if self._policy is None:
+            raise ToolError(
+                f"commands are disabled: the operator's execution policy is invalid ({self._policy_error}). "
+                "Ask the user to fix it and restart the perfgate server."
+            )
+        return self._policy
+
+    def check_limits(self, request: CommandRequest) -> None:
+        """Refuse a request outside the operator's limits, whoever would approve it.
+
+        Raises:
+            ToolError: timeout above the maximum, or a working directory outside the allowed roots.
+        """
+        problems = self.policy.limit_violations(request)
+        if problems:
+            raise ToolError(
+                "this command cannot run here: "
+                + "; ".join(problems)
+                + f" (operator policy: {self.policy.describe_source()}). Change the request to fit, or ask "
+                "the user to change the policy."
+            )
+
+    def expire_due(self) -> list[str]:
+        """Expire overdue approvals and record each expiry; returns the evidence ids written."""
+        ids: list[str] = []
+        for approval in self.store.expire_due():
+            ids.append(
+                record_decision(
+                    self.ledger,
+                    tool=approval.tool,
+                    request=approval.request,
+                    decision=Decision.EXPIRED,
+                    how=How.EXPIRY,
+                    who="perfgate (approval expired unused or past its validity)",
+                    approval_id=approval.id,
+                    detail={"status_before": "granted" if approval.decided_at else "pending"},
+                )
+            )
+        return ids
+
+    def preapproved(self, request: CommandRequest, tool: str) -> Grant | None:
+        """A grant that needs no question (allowlist, or a human's CLI grant), else None.
+
+        Raises:
+            ToolError: the request is outside the limits, or a human denied this exact command.
+        """
+        self.expire_due()
+        self.check_limits(request)
+        rule = self.policy.match(request)
+        if rule is not None:
+            who = f"operator policy {self.policy.describe_source()}"
+            evidence_id = record_decision(
+                self.ledger,
+                tool=tool,
+                request=request,
+                decision=Decision.APPROVED,
+                how=How.ALLOWLIST,
+                who=who,
+                detail={"rule": rule.label(), "rule_argv": list(rule.argv)},
+            )
+            return Grant(request.digest, How.ALLOWLIST, who, evidence_id)
+        live = self.store.live_for(request.digest)
+        if live is not None and live.status is ApprovalStatus.DENIED:
+            raise ToolError(
+                f"a human denied this exact command (approval {live.id}, by {live.decided_by}). Do not repeat "
+                "it unchanged; ask the user what to change."
+            )
+        grant = self.store.use_grant(request.digest)
+        if grant is None:
+            return None
+        who = grant.decided_by or "unknown"
+        evidence_id = record_decision(
+            self.ledger,
+            tool=tool,
+            request=request,
+            decision=Decision.APPROVED,
+            how=How.CLI_GRANT,
+            who=who,
+            approval_id=grant.id,
+            detail={"event": "used", "use": grant.uses, "grant_evidence_id": grant.evidence_id},
+        )
+        return Grant(request.digest, How.CLI_GRANT, who, evidence_id, grant.id)
+
+    def elicitation_message(self, request: CommandRequest, tool: str) -> str:
+        """The question shown to the human. Deterministic: a retried round must render the same text."""
+        return (
+            "An AI agent asks perfgate to run this command on your machine:\n\n"
+            f"{request.describe(tool)}\n\n"
+            "It runs exactly as shown (argv list, no shell), in its own process group, killed at the timeout. "
+            "Accept to run it; decline to refuse."
+        )
+
+    def settle_elicitation(
+        self, request: CommandRequest, tool: str, action: ElicitAction, who: str, note: str = ""
+    ) -> Grant:
+        """Record the human's answer; return the grant on accept.
+
+        Raises:
+            ToolError: the human declined or cancelled (recorded first).
+        """
+        decision = {"accept": Decision.APPROVED, "decline": Decision.DECLINED, "cancel": Decision.CANCELLED}[
+            action
+        ]
+        evidence_id = record_decision(
+            self.ledger,
+            tool=tool,
+            request=request,
+            decision=decision,
+            how=How.ELICITATION,
+            who=who,
+            detail={"note": note} if note else None,
+        )
+        if action == "accept":
+            return Grant(request.digest, How.ELICITATION, who, evidence_id)
+        if action == "decline":
+            raise ToolError(
+                f"the user declined to run this command (recorded as {evidence_id}). Do not repeat it "
+                "unchanged; ask the user what they would accept instead."
+            )
+        raise ToolError(
+            f"the user dismissed the approval question without deciding (recorded as {evidence_id}); the "
+            "command did not run. Ask the user before trying again."
+        )
+
+    def require_human(self, request: CommandRequest, tool: str) -> NoReturn:
+        """Open (or reuse) a pending approval and raise the `ToolError` that tells the agent what to do.
+
+        Raises:
+            ToolError: always; it carries the approval id and the exact ``perfgate approve`` command.
+        """
+        approval, created = self.store.open_pending(request, tool, self.policy.pending_ttl_s)
+        if created:
+            evidence_id = record_decision(
+                self.ledger,
+                tool=tool,
+                request=request,
+                decision=Decision.PENDING,
+                how=How.CLI_PENDING,
+                who="perfgate (client has no elicitation; waiting for `perfgate approve`)",
+                approval_id=approval.id,
+                detail={"expires_at": _utc(approval.expires_at)},
+            )
+            self.store.set_evidence(approval.id, evidence_id)
+        raise ToolError(
+            f"this command needs a human's approval, and this MCP client cannot ask for it. Pending approval "
+            f"id: {approval.id} (expires {_utc(approval.expires_at)}). Ask the user to run, in a terminal:\n\n"
+            f"    {approve_command(approval.id, self.workspace)}\n\n"
+            "then repeat this exact tool call with the same arguments; it runs once approved. Any change to "
+            "argv, cwd, env or timeout needs a new approval.\n\n"
+            f"{request.describe(tool)}"
+        )

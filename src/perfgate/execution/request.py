@@ -1,0 +1,113 @@
+"""A command a tool wants to run, and the digest an approval binds to.
+
+A request is an argv list (never a shell string), an absolute working directory, the environment
+variables it sets on top of the server's environment, and its limits. The digest covers exactly those;
+the agent's stated reason is shown to the human but not bound, so rewording it does not need a new
+approval while any change to what runs does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["DIGEST_VERSION", "CommandRequest"]
+
+DIGEST_VERSION = 1
+"""Bumped when the digested fields change, so an old approval can never match a new meaning."""
+
+_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class CommandRequest(BaseModel):
+    """One command to execute, as the human will see it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    argv: tuple[str, ...] = Field(min_length=1, description="Program and arguments; no shell is involved.")
+    cwd: Path = Field(description="Absolute working directory.")
+    env: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="Environment variables set on top of the server's environment (changes only).",
+    )
+    timeout_s: float = Field(
+        gt=0, description="Wall-clock limit in seconds; the process group is killed after it."
+    )
+    reason: str = Field(
+        default="", max_length=2000, description="Why the agent wants to run it (not digested)."
+    )
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_tokens(cls, argv: tuple[str, ...]) -> tuple[str, ...]:
+        if not argv[0]:
+            raise ValueError("argv[0] (the program) is empty")
+        for token in argv:
+            if "\x00" in token:
+                raise ValueError("argv tokens cannot contain NUL bytes")
+        return argv
+
+    @field_validator("cwd")
+    @classmethod
+    def _absolute_cwd(cls, cwd: Path) -> Path:
+        if not cwd.is_absolute():
+            raise ValueError(f"cwd must be absolute, got {str(cwd)!r}")
+        if "\x00" in str(cwd):
+            raise ValueError("cwd contains a NUL byte")
+        return cwd
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            if not _ENV_KEY.fullmatch(key):
+                raise ValueError(f"environment variable name {key!r} is not a valid identifier")
+            if "\x00" in value:
+                raise ValueError(f"environment variable {key} contains a NUL byte")
+        return env
+
+    def bound_fields(self) -> dict[str, Any]:
+        """The fields an approval binds to, in canonical JSON-ready form."""
+        return {
+            "v": DIGEST_VERSION,
+            "argv": list(self.argv),
+            "cwd": str(self.cwd),
+            "env": dict(sorted(self.env.items())),
+            "timeout_s": float(self.timeout_s),
+        }
+
+    @property
+    def digest(self) -> str:
+        """sha256 (hex) of the canonical JSON of `bound_fields`."""
+        text = json.dumps(self.bound_fields(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @property
+    def short_digest(self) -> str:
+        return self.digest[:12]
+
+    def describe(self, tool: str | None = None) -> str:
+        """A plain-text rendering for a human deciding whether to run it.
+
+        Deterministic (no clock, no ids) so the same request renders the same question on every round
+        of a multi-round elicitation. argv is shown as a JSON list: unambiguous about token boundaries.
+        """
+        lines = [f"tool:     {tool}"] if tool else []
+        lines += [
+            f"argv:     {json.dumps(list(self.argv), ensure_ascii=False)}",
+            f"cwd:      {self.cwd}",
+            "env:      "
+            + (
+                ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(self.env.items()))
+                or "(none)"
+            ),
+            f"timeout:  {self.timeout_s:g} s",
+            f"reason:   {self.reason or '(none given)'}",
+            f"digest:   {self.short_digest}",
+        ]
+        return "\n".join(lines)

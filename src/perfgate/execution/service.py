@@ -1,0 +1,136 @@
+"""Server-lifetime execution state, and the per-call runner tools use to run their approved command.
+
+`ExecutionService` is created once in the server lifespan: it loads the operator's policy (once: a run
+cannot widen its own allowlist by editing the policy file), opens the approval store, and tracks the
+process groups it started so shutdown stops them. `CommandRunner` is handed to one tool call; it runs
+only the request whose digest that call's gate approved.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Protocol
+
+import anyio.to_thread
+
+from perfgate.errors import ToolError
+from perfgate.evidence import Ledger
+from perfgate.execution.approvals import ApprovalStore
+from perfgate.execution.executor import (
+    CommandError,
+    CommandProgress,
+    CommandResult,
+    ExecLimits,
+    ProcessRegistry,
+    execute,
+)
+from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant
+from perfgate.execution.policy import PolicyError, load_policy
+from perfgate.execution.request import CommandRequest
+
+__all__ = ["ArtifactSink", "CommandRunner", "ExecutionService", "ReportFn", "UnapprovedCommandError"]
+
+ReportFn = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+"""``(progress, total, message)``: the shape of an MCP progress notification."""
+
+
+class ArtifactSink(Protocol):
+    """Where a record's artifact files go (the tool's evidence builder)."""
+
+    def path(self, name: str) -> Path: ...
+
+
+class UnapprovedCommandError(RuntimeError):
+    """A tool tried to run a command its call was not approved for: a bug in the tool, never the agent's."""
+
+
+class ExecutionService:
+    """Policy, approvals and running process groups of one server."""
+
+    def __init__(self, workspace: Path, ledger: Ledger, limits: ExecLimits | None = None) -> None:
+        self.workspace = workspace.resolve()
+        self.limits = limits or ExecLimits()
+        try:
+            gate = ApprovalGate(
+                self.workspace, ledger, ApprovalStore(ledger.state_dir), load_policy(self.workspace)
+            )
+        except PolicyError as exc:
+            gate = ApprovalGate(self.workspace, ledger, ApprovalStore(ledger.state_dir), None, str(exc))
+        self.gate = gate
+        self.registry = ProcessRegistry()
+        # Last resort when the interpreter exits without running the lifespan's cleanup.
+        atexit.register(self.registry.kill_all)
+
+    async def aclose(self) -> None:
+        """Stop every process group still running (TERM, then KILL after the grace period)."""
+        await self.registry.aclose(self.limits.kill_grace_s)
+        atexit.unregister(self.registry.kill_all)
+
+    async def preapproved(self, request: CommandRequest, tool: str) -> Grant | None:
+        return await anyio.to_thread.run_sync(self.gate.preapproved, request, tool)
+
+    async def settle_elicitation(
+        self, request: CommandRequest, tool: str, action: ElicitAction, who: str, note: str = ""
+    ) -> Grant:
+        return await anyio.to_thread.run_sync(self.gate.settle_elicitation, request, tool, action, who, note)
+
+    async def require_human(self, request: CommandRequest, tool: str) -> None:
+        await anyio.to_thread.run_sync(self.gate.require_human, request, tool)
+
+    def runner(self, grant: Grant | None, report: ReportFn) -> CommandRunner:
+        return CommandRunner(self, grant, report)
+
+
+class CommandRunner:
+    """Runs the one request a tool call was approved for."""
+
+    def __init__(self, service: ExecutionService, grant: Grant | None, report: ReportFn) -> None:
+        self._service = service
+        self.grant = grant
+        self._report = report
+
+    async def run(
+        self, request: CommandRequest, artifacts: ArtifactSink, *, label: str = ""
+    ) -> CommandResult:
+        """Run ``request`` after checking it is the approved one; logs go to ``{label}stdout.log`` etc.
+
+        Progress is reported as elapsed seconds out of the timeout, with lines seen and the last line.
+
+        Raises:
+            UnapprovedCommandError: ``request`` is not the request this call's gate approved.
+            ToolError: the request is outside the operator's limits, or cannot be started.
+        """
+        if self.grant is None or self.grant.digest != request.digest:
+            raise UnapprovedCommandError(
+                f"refusing to run {list(request.argv)!r}: its digest {request.short_digest} is not the one "
+                "approved for this call"
+            )
+        self._service.gate.check_limits(request)
+
+        async def on_progress(p: CommandProgress) -> None:
+            line = p.last_line[:160]
+            await self._report(
+                p.elapsed_s,
+                request.timeout_s,
+                f"pid {p.pid}: {p.elapsed_s:.0f} s, {p.stdout_lines} stdout / {p.stderr_lines} stderr lines"
+                + (f"; last: {line}" if line else ""),
+            )
+
+        try:
+            result = await execute(
+                request,
+                stdout_path=artifacts.path(f"{label}stdout.log"),
+                stderr_path=artifacts.path(f"{label}stderr.log"),
+                limits=self._service.limits,
+                on_progress=on_progress,
+                registry=self._service.registry,
+            )
+        except CommandError as exc:
+            raise ToolError(
+                f"{exc}. Fix argv or cwd and call again (a changed command needs a new approval)."
+            ) from exc
+        return result.model_copy(
+            update={"approved_how": self.grant.how.value, "approval_evidence_id": self.grant.evidence_id}
+        )

@@ -1,0 +1,16 @@
+"""A stdio perfgate server with the test-only command tool registered: ``python THIS WORKSPACE``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import perfgate.tools
+from _gated_tool import SPEC
+from perfgate.server import build_server
+from perfgate.tools._runtime import ServerConfig
+
+perfgate.tools.REGISTRY = (*perfgate.tools.REGISTRY, SPEC)
+build_server(ServerConfig.create(Path(sys.argv[1]))).run("stdio")
