@@ -161,6 +161,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_skill_install(args: argparse.Namespace) -> int:
+    from perfgate.skills.install import SkillConflictError, install_skill
+
+    try:
+        result = install_skill(Path(args.dir).expanduser(), force=args.force)
+    except (SkillConflictError, OSError) as exc:
+        print(f"perfgate: {exc}", file=sys.stderr)
+        return 1
+    for line in result.lines():
+        print(line)
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from perfgate import __version__
 
@@ -234,6 +247,17 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("experiment", nargs="?", default="all", help="experiment id, or 'all' (default)")
     report.add_argument("--out", type=Path, default=None, help="output directory (default .perfgate/report)")
     report.set_defaults(handler=_cmd_report)
+
+    skill = sub.add_parser("skill", help="the bundled agent skill (SKILL.md and references)")
+    skill_sub = skill.add_subparsers(dest="skill_command", required=True)
+    skill_install = skill_sub.add_parser(
+        "install", help="write the skill into DIR as an agent skill folder (e.g. ~/.claude/skills/perfgate)"
+    )
+    skill_install.add_argument("dir", type=Path, help="the skill folder to create or update")
+    skill_install.add_argument(
+        "--force", action="store_true", help="overwrite files that differ (another skill, or local edits)"
+    )
+    skill_install.set_defaults(handler=_cmd_skill_install)
     return parser
 
 

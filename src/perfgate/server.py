@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from importlib import resources
-from pathlib import Path
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -70,15 +68,36 @@ def build_server(config: ServerConfig) -> MCPServer[AppState]:
 
 
 def _add_skill(server: MCPServer[AppState]) -> None:
+    """SKILL.md and every reference as listed resources; the workflow prompts."""
+    from mcp.server.mcpserver.prompts import Prompt
     from mcp.server.mcpserver.resources import FileResource
 
-    skill = resources.files("perfgate.skills").joinpath("SKILL.md")
+    from perfgate.skills.catalog import REFERENCES, SKILL_DIR, SKILL_FILE, SKILL_URI
+    from perfgate.skills.prompts import PROMPTS
+
     server.add_resource(
         FileResource(
-            uri="skill://perfgate/SKILL.md",
+            uri=SKILL_URI,
             name="perfgate-skill",
             title="perfgate skill: how to optimize training with evidence",
+            description="Start here: the optimization loop, which tool answers which question, evidence states.",
             mime_type="text/markdown",
-            path=Path(str(skill)),
+            path=SKILL_DIR / SKILL_FILE,
         )
     )
+    for ref in REFERENCES:
+        server.add_resource(
+            FileResource(
+                uri=ref.uri,
+                name=f"perfgate-{ref.name}",
+                title=f"perfgate skill reference: {ref.title}",
+                description=ref.summary,
+                mime_type="text/markdown",
+                path=ref.path,
+            )
+        )
+    for spec in PROMPTS:
+        # Prompt arguments come from each render function's own signature (no closures involved).
+        server.add_prompt(
+            Prompt.from_function(spec.render, name=spec.name, title=spec.title, description=spec.description)
+        )
