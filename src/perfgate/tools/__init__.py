@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from perfgate.tools import compute_mfu, estimate_flops, plan_parallel_layout, record_decision
+from perfgate.tools import collect_env, compute_mfu, estimate_flops, plan_parallel_layout, record_decision
 from perfgate.tools._spec import AnySpec, ToolSpec
 
 __all__ = ["REGISTRY", "ToolSpec", "registered_specs"]
 
 REGISTRY: tuple[AnySpec, ...] = (
+    collect_env.SPEC,
     estimate_flops.SPEC,
     compute_mfu.SPEC,
     plan_parallel_layout.SPEC,

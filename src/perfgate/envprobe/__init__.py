@@ -1,0 +1,87 @@
+"""The training environment as the training process sees it: probe, system tools, provenance, redaction.
+
+- `probe`: the stdlib-only probe script run by the *training* interpreter, and its JSON Lines output.
+- `systools`: nvidia-smi / NVML / mthreads-gmi / rocm-smi / nsys / ncu / msys / mcu, found and parsed.
+- `provenance`: git commit, dirty state and diff; container facts.
+- `visibility`: devices the process sees against the visibility variables and the host.
+- `redact`: secrets removed and host identity sanitised in everything recorded.
+- `fingerprint`: the facts that decide whether two measurements are comparable.
+- `collect`: all of the above merged into one sanitised record.
+
+Nothing here imports torch; the probe imports it in its own process.
+"""
+
+from perfgate.envprobe.collect import (
+    SCHEMA_VERSION,
+    Assembled,
+    assemble,
+    format_cudnn_version,
+    learn_host,
+    sanitize_probe_log,
+)
+from perfgate.envprobe.fingerprint import FINGERPRINT_VERSION, compare_fingerprints, make_fingerprint
+from perfgate.envprobe.models import (
+    Backend,
+    ContainerProvenance,
+    Device,
+    EnvironmentSummary,
+    Fingerprint,
+    FingerprintDifference,
+    GitProvenance,
+    Provenance,
+    SystemDevice,
+    SystemTool,
+    Unavailable,
+    Visibility,
+)
+from perfgate.envprobe.probe import (
+    ProbeOutput,
+    is_server_interpreter,
+    parse_probe_output,
+    probe_script,
+    probe_sha256,
+    probe_source,
+)
+from perfgate.envprobe.provenance import GitSnapshot, container_provenance, git_snapshot
+from perfgate.envprobe.redact import REDACTED, Redactor, is_secret_name
+from perfgate.envprobe.systools import collect_system_tools
+from perfgate.envprobe.visibility import count_listed, visibility
+
+__all__ = [
+    "FINGERPRINT_VERSION",
+    "REDACTED",
+    "SCHEMA_VERSION",
+    "Assembled",
+    "Backend",
+    "ContainerProvenance",
+    "Device",
+    "EnvironmentSummary",
+    "Fingerprint",
+    "FingerprintDifference",
+    "GitProvenance",
+    "GitSnapshot",
+    "ProbeOutput",
+    "Provenance",
+    "Redactor",
+    "SystemDevice",
+    "SystemTool",
+    "Unavailable",
+    "Visibility",
+    "assemble",
+    "collect_system_tools",
+    "compare_fingerprints",
+    "container_provenance",
+    "count_listed",
+    "format_cudnn_version",
+    "git_snapshot",
+    "is_secret_name",
+    "is_server_interpreter",
+    "learn_host",
+    "make_fingerprint",
+    "parse_probe_output",
+    "probe_script",
+    "probe_sha256",
+    "probe_source",
+    "sanitize_probe_log",
+    "visibility",
+]

@@ -1,0 +1,234 @@
+"""Provenance: the source tree (git) and the container a run starts from.
+
+git runs with a fixed argv and settings that keep a repository's own configuration from executing
+programs: no fsmonitor, no hooks, no external diff drivers or text conversion, no optional locks (status
+does not rewrite the index), no pager, no prompts. Clean filters a repository configures (git-lfs, for
+example) still run, exactly as they do on any ``git status`` the user types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from perfgate.envprobe.models import ContainerProvenance
+from perfgate.envprobe.systools import RawRun, run_fixed
+
+__all__ = ["GitSnapshot", "container_provenance", "git_snapshot"]
+
+_GIT_SAFETY = (
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.pager=cat",
+    "-c",
+    "diff.external=",
+    "--no-pager",
+)
+_GIT_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_PAGER": "cat"}
+_STATE_DIR = ".perfgate/"
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_CONTAINER_ID = re.compile(
+    r"(?:docker[-/]|cri-containerd-|containerd[-/]|crio-|libpod-|/containers/)([0-9a-f]{64})"
+)
+
+
+@dataclass(frozen=True)
+class GitSnapshot:
+    """What git said about the workspace; ``diff`` holds the raw bytes of ``git diff --binary HEAD``."""
+
+    root: str
+    commit: str | None
+    branch: str | None
+    changed_files: int
+    untracked_files: int
+    diff: bytes
+    notes: tuple[str, ...] = ()
+
+    @property
+    def dirty(self) -> bool:
+        return self.changed_files > 0 or self.untracked_files > 0
+
+    @property
+    def diff_sha256(self) -> str:
+        return hashlib.sha256(self.diff).hexdigest()
+
+
+def _git(
+    git: str,
+    workspace: Path,
+    args: list[str],
+    timeout_s: float,
+    env: Mapping[str, str],
+    max_bytes: int = 1 << 20,
+) -> RawRun:
+    return run_fixed([git, "-C", str(workspace), *_GIT_SAFETY, *args], timeout_s, env, max_bytes)
+
+
+def git_snapshot(
+    workspace: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
+    max_diff_bytes: int = 64 * 1024 * 1024,
+) -> tuple[GitSnapshot | None, str | None]:
+    """Commit, branch, dirty state and diff of the repository holding ``workspace``.
+
+    Returns (snapshot, None) or (None, reason) when there is no git, no repository, or git refuses it
+    (for example a repository owned by another user).
+    """
+    base_env = dict(os.environ if env is None else env)
+    git = shutil.which("git", path=base_env.get("PATH"))
+    if git is None:
+        return None, "git is not installed (not found on PATH)"
+    git_env = {**base_env, **_GIT_ENV}
+    top = _git(git, workspace, ["rev-parse", "--show-toplevel"], timeout_s, git_env)
+    if not top.ok:
+        reason = top.describe_failure()
+        if "not a git repository" in (top.stderr + top.stdout).lower():
+            return None, f"the workspace {workspace} is not inside a git repository"
+        return None, f"git could not read the workspace: {reason}"
+    root = top.stdout.strip()
+    notes: list[str] = []
+    head = _git(git, workspace, ["rev-parse", "--verify", "-q", "HEAD"], timeout_s, git_env)
+    commit = head.stdout.strip() if head.ok and head.stdout.strip() else None
+    if commit is None:
+        notes.append("the repository has no commit yet (unborn HEAD)")
+    branch_run = _git(git, workspace, ["symbolic-ref", "-q", "--short", "HEAD"], timeout_s, git_env)
+    branch = branch_run.stdout.strip() if branch_run.ok and branch_run.stdout.strip() else None
+    status = _git(
+        git,
+        workspace,
+        ["status", "--porcelain=v1", "-z", "--untracked-files=normal"],
+        timeout_s,
+        git_env,
+    )
+    changed = untracked = 0
+    if status.ok:
+        for entry in status.stdout.split("\0"):
+            if len(entry) < 4:
+                continue
+            code, path = entry[:2], entry[3:]
+            if code == "??":
+                if not path.startswith(_STATE_DIR):
+                    untracked += 1
+            elif code[0] in "MADRCUT" or code[1] in "MADRCUT":
+                changed += 1
+    else:
+        notes.append(f"git status failed: {status.describe_failure()}")
+    diff = b""
+    if commit is not None:
+        diff_run = _git(
+            git,
+            workspace,
+            ["diff", "--binary", "--no-ext-diff", "--no-textconv", "HEAD"],
+            timeout_s,
+            git_env,
+        )
+        if diff_run.ok:
+            diff = diff_run.stdout_bytes
+            if len(diff) >= max_diff_bytes:
+                notes.append(f"the diff reached the {max_diff_bytes}-byte capture limit and may be truncated")
+        else:
+            notes.append(f"git diff failed: {diff_run.describe_failure()}")
+    return GitSnapshot(root, commit, branch, changed, untracked, diff, tuple(notes)), None
+
+
+def container_provenance(probe_container: Mapping[str, Any] | None) -> tuple[ContainerProvenance, list[str]]:
+    """Container facts from the probe's raw observations (marker files, cgroup, mounts, variables).
+
+    Returns (provenance, reasons for what stayed unknown). The image digest is reported only when a
+    runtime file or a variable states one; it is never derived from a container id.
+    """
+    data: Mapping[str, Any] = probe_container or {}
+    sources: list[str] = []
+    runtime: str | None = None
+    container_id: str | None = None
+    image: str | None = None
+    digest: str | None = None
+    cgroup = str(data.get("cgroup") or "")
+    containerenv = data.get("containerenv")
+    image_env: Mapping[str, Any] = data.get("image_env") or {}
+
+    if data.get("dockerenv"):
+        runtime = "docker"
+        sources.append("/.dockerenv exists")
+    if isinstance(containerenv, str):
+        runtime = "podman"
+        sources.append("/run/.containerenv exists")
+        fields = dict(re.findall(r'^(\w+)="([^"]*)"', containerenv, re.MULTILINE))
+        if fields.get("image"):
+            image = fields["image"]
+            sources.append("image from /run/.containerenv")
+        if fields.get("id"):
+            container_id = fields["id"]
+    if "kubepods" in cgroup:
+        runtime = "kubernetes"
+        sources.append("/proc/self/cgroup mentions kubepods")
+    elif "cri-containerd" in cgroup or "containerd" in cgroup:
+        runtime = runtime or "containerd"
+    elif "crio-" in cgroup:
+        runtime = runtime or "cri-o"
+    if data.get("singularity"):
+        runtime = "apptainer"
+        sources.append("SINGULARITY_CONTAINER/APPTAINER_CONTAINER is set")
+    match = _CONTAINER_ID.search(cgroup)
+    if match and container_id is None:
+        container_id = match.group(1)
+        sources.append("container id from /proc/self/cgroup")
+    ids: Any = data.get("mountinfo_container_ids")
+    if container_id is None and isinstance(ids, list) and ids:
+        container_id = str(cast("list[Any]", ids)[0])
+        sources.append("container id from /proc/self/mountinfo")
+    for name in (
+        "CONTAINER_IMAGE",
+        "DOCKER_IMAGE",
+        "IMAGE_NAME",
+        "ENROOT_IMAGE",
+        "SINGULARITY_NAME",
+        "APPTAINER_NAME",
+    ):
+        value = image_env.get(name)
+        if value and image is None:
+            image = str(value)
+            sources.append(f"image from ${name}")
+    for name, value in sorted(image_env.items()):
+        found = _DIGEST.search(str(value))
+        if found and digest is None:
+            digest = found.group(0)
+            sources.append(f"image digest from ${name}")
+    if digest is None and image is not None:
+        found = _DIGEST.search(image)
+        digest = found.group(0) if found else None
+    if image is None and image_env.get("NVIDIA_PYTORCH_VERSION"):
+        sources.append(
+            f"NGC PyTorch container release {image_env['NVIDIA_PYTORCH_VERSION']} ($NVIDIA_PYTORCH_VERSION)"
+        )
+    in_container = runtime is not None or container_id is not None
+    missing: list[str] = []
+    if not in_container:
+        missing.append("no container marker (/.dockerenv, /run/.containerenv, container cgroup) was found")
+    elif digest is None:
+        missing.append(
+            "the image digest is not visible from inside the container; export it to the job (e.g. "
+            "CONTAINER_IMAGE=repo@sha256:...) or record `docker inspect --format '{{.Image}}'` from the host"
+        )
+    return (
+        ContainerProvenance(
+            in_container=in_container,
+            runtime=runtime,
+            container_id=container_id,
+            image=image,
+            image_digest=digest,
+            sources=sources,
+        ),
+        missing,
+    )
