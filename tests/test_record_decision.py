@@ -89,6 +89,8 @@ class Evidence:
                 "status": "comparable" if state == "passed" else "incomparable",
                 "verdict": verdict,
                 "speedup": 1.4,
+                "baseline_windows": len(baseline),
+                "candidate_windows": len(candidate),
                 "reasons": reasons or [],
             },
             {"baseline": baseline, "candidate": candidate, "declared_changes": ["num_workers"]},

@@ -116,7 +116,12 @@ def _window_gates(
         )
     ]
 
-    few = [side for side, ids in (("baseline", baseline), ("candidate", candidate)) if len(ids) < MIN_WINDOWS]
+    # one run_benchmark_window call may hold several windows (repeats): count windows, not ids
+    counts = {
+        "baseline": _window_count(comparison.result.get("baseline_windows"), baseline, ev),
+        "candidate": _window_count(comparison.result.get("candidate_windows"), candidate, ev),
+    }
+    few = [f"{side} ({n})" for side, n in counts.items() if n < MIN_WINDOWS]
     if not few:
         gates.append(
             _gate("window_count", True, f"at least {MIN_WINDOWS} windows per side", baseline + candidate)
@@ -207,6 +212,17 @@ def _window_gates(
                 )
             )
     return gates
+
+
+def _window_count(reported: Any, ids: list[str], ev: _Evidence) -> int:
+    if isinstance(reported, int):
+        return reported
+    total = 0
+    for wid in ids:
+        record = ev.get(wid)
+        measured = record.result.get("windows_measured") if record else None
+        total += measured if isinstance(measured, int) else 1
+    return total
 
 
 def _canonical(value: Any) -> str:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from perfgate.tools import collect_env, compute_mfu, estimate_flops, plan_parallel_layout, record_decision
+from perfgate.tools import (
+    collect_env,
+    compare_benchmarks,
+    compute_mfu,
+    estimate_flops,
+    plan_parallel_layout,
+    record_decision,
+    run_benchmark_window,
+)
 from perfgate.tools._spec import AnySpec, ToolSpec
 
 __all__ = ["REGISTRY", "ToolSpec", "registered_specs"]
 
 REGISTRY: tuple[AnySpec, ...] = (
     collect_env.SPEC,
+    run_benchmark_window.SPEC,
+    compare_benchmarks.SPEC,
     estimate_flops.SPEC,
     compute_mfu.SPEC,
     plan_parallel_layout.SPEC,

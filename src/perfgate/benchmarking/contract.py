@@ -1,0 +1,187 @@
+"""The measurement contract: what must stay fixed (invariants) and how the run executes (execution).
+
+Invariants name the workload (model, data, precision, shapes, global batch, seed, hardware, software,
+...); execution settings are what an optimization may change (microbatch, accumulation, world size,
+compile, workers, ...). Keys are free-form; the ones below have meaning to the cross-check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfgate.benchmarking.errors import ContractError
+
+__all__ = [
+    "Contract",
+    "ContractDiff",
+    "check_contract",
+    "check_observed",
+    "data_parallel_size",
+    "diff_contracts",
+    "same_contract",
+]
+
+_MODEL_PARALLEL_KEYS = ("tensor_parallel", "pipeline_parallel", "context_parallel")
+
+
+@dataclass(frozen=True)
+class Contract:
+    invariants: dict[str, Any] = field(default_factory=dict[str, Any])
+    execution: dict[str, Any] = field(default_factory=dict[str, Any])
+
+    @classmethod
+    def from_mapping(cls, value: Mapping[str, Any] | None) -> Contract:
+        if not value:
+            return cls()
+        return cls(dict(value.get("invariants") or {}), dict(value.get("execution") or {}))
+
+
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _positive_int(section: Mapping[str, Any], key: str, where: str) -> int | None:
+    if key not in section:
+        return None
+    value = section[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ContractError(f"contract.{where}.{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def data_parallel_size(execution: Mapping[str, Any]) -> int | None:
+    """``data_parallel`` if declared, else ``world_size`` divided by the model-parallel degrees.
+
+    Raises:
+        ContractError: a size is not a positive integer, or the degrees do not divide the world size.
+    """
+    dp = _positive_int(execution, "data_parallel", "execution")
+    if dp is not None:
+        return dp
+    world = _positive_int(execution, "world_size", "execution")
+    if world is None:
+        return None
+    model = math.prod(_positive_int(execution, k, "execution") or 1 for k in _MODEL_PARALLEL_KEYS)
+    if world % model:
+        raise ContractError(
+            f"world_size {world} is not divisible by the model-parallel degrees (product {model}); "
+            "declare execution.data_parallel explicitly"
+        )
+    return world // model
+
+
+def check_contract(contract: Contract) -> list[str]:
+    """Contradictions within one contract, as sentences; empty when it is consistent.
+
+    ``invariants.global_batch`` must equal ``execution.microbatch x accumulation x data-parallel size``
+    whenever any of them is declared (accumulation defaults to 1 only when the rest is complete).
+
+    Raises:
+        ContractError: a batch or parallelism entry is not a positive integer.
+    """
+    problems: list[str] = []
+    overlap = sorted(set(contract.invariants) & set(contract.execution))
+    if overlap:
+        problems.append(f"keys declared both as invariant and as execution setting: {overlap}")
+    inv, exe = contract.invariants, contract.execution
+    global_batch = _positive_int(inv, "global_batch", "invariants")
+    micro = _positive_int(exe, "microbatch", "execution")
+    accumulation = _positive_int(exe, "accumulation", "execution")
+    dp = data_parallel_size(exe)
+    if global_batch is None and micro is None:
+        return problems
+    missing = [
+        name
+        for name, value in (
+            ("invariants.global_batch", global_batch),
+            ("execution.microbatch", micro),
+            ("execution.data_parallel (or execution.world_size)", dp),
+        )
+        if value is None
+    ]
+    if missing:
+        problems.append(
+            "global batch cannot be cross-checked: declare "
+            + ", ".join(missing)
+            + " (global_batch = microbatch x accumulation x data_parallel)"
+        )
+        return problems
+    assert global_batch is not None and micro is not None and dp is not None
+    product = micro * (accumulation or 1) * dp
+    if product != global_batch:
+        problems.append(
+            f"global_batch {global_batch} != microbatch {micro} x accumulation {accumulation or 1} x "
+            f"data_parallel {dp} = {product}"
+        )
+    return problems
+
+
+def check_observed(contract: Contract, world_size: int, samples_per_step: int | None) -> list[str]:
+    """Contradictions between the contract and what the run showed (ranks that wrote records, samples)."""
+    problems: list[str] = []
+    declared_world = contract.execution.get("world_size")
+    if isinstance(declared_world, int) and declared_world != world_size:
+        problems.append(f"contract declares world_size {declared_world} but {world_size} rank(s) ran")
+    global_batch = contract.invariants.get("global_batch")
+    if isinstance(global_batch, int) and samples_per_step is not None and samples_per_step != global_batch:
+        problems.append(
+            f"contract declares global_batch {global_batch} but the ranks processed {samples_per_step} "
+            "samples per optimizer step"
+        )
+    return problems
+
+
+def same_contract(contracts: Sequence[Contract]) -> list[str]:
+    """Keys on which repeated windows of one side disagree (they should be one measurement)."""
+    problems: list[str] = []
+    for section in ("invariants", "execution"):
+        keys = sorted({k for c in contracts for k in getattr(c, section)})
+        for key in keys:
+            values = {_canon(getattr(c, section).get(key, "<absent>")) for c in contracts}
+            if len(values) > 1:
+                problems.append(f"{section}.{key} differs between windows of the same side")
+    return problems
+
+
+@dataclass(frozen=True)
+class ContractDiff:
+    """How a candidate's contract differs from the baseline's, against the declared changes."""
+
+    changed_invariants: list[str]
+    actual_changes: list[str]
+    undeclared_changes: list[str]
+    declared_but_absent: list[str]
+
+    @property
+    def comparable(self) -> bool:
+        return not (self.changed_invariants or self.undeclared_changes or self.declared_but_absent)
+
+    def reasons(self) -> list[str]:
+        out = [f"invariant {k!r} changed" for k in self.changed_invariants]
+        out += [f"execution setting {k!r} changed but was not declared" for k in self.undeclared_changes]
+        out += [
+            f"declared change {k!r} did not happen (same value on both sides)"
+            for k in self.declared_but_absent
+        ]
+        return out
+
+
+def _changed(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    keys = sorted(set(a) | set(b))
+    return [k for k in keys if k not in a or k not in b or _canon(a[k]) != _canon(b[k])]
+
+
+def diff_contracts(baseline: Contract, candidate: Contract, declared_changes: Iterable[str]) -> ContractDiff:
+    """Changed invariants, and execution changes compared with ``declared_changes`` (setting names)."""
+    declared = sorted(set(declared_changes))
+    actual = _changed(baseline.execution, candidate.execution)
+    return ContractDiff(
+        changed_invariants=_changed(baseline.invariants, candidate.invariants),
+        actual_changes=actual,
+        undeclared_changes=[k for k in actual if k not in declared],
+        declared_but_absent=[k for k in declared if k not in actual],
+    )

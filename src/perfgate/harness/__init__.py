@@ -1,0 +1,77 @@
+"""In-process harness: times training steps from inside the user's training process.
+
+Importing this package is cheap: it never imports mcp, and imports torch only where a function needs
+it. ``dump_tensors`` (tensor dumps for parity checks) and the DataLoader sample recorder are loaded on
+first attribute access.
+
+Zero code change::
+
+    python -m perfgate.harness --warmup-steps 5 --measure-steps 20 -- train.py ARGS
+    torchrun --nproc-per-node 2 -m perfgate.harness -- train.py ARGS
+
+Explicit, for loops without a torch optimizer::
+
+    window = perfgate.harness.Window(warmup_steps=5, measure_steps=20, record_dir="records")
+    for batch in loader:
+        with window.step(samples=len(batch)):
+            train_step(batch)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from perfgate.harness.config import ConfigError, HarnessConfig, ProfileConfig
+from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path
+from perfgate.harness.window import Window, WindowComplete
+
+if TYPE_CHECKING:
+    from perfgate.harness.dump import dump_tensors
+    from perfgate.harness.samples import (
+        RecordingDataset,
+        RecordingSampler,
+        SampleLog,
+        record_iterable,
+        sample_log_path,
+    )
+
+__all__ = [
+    "RECORD_SCHEMA",
+    "RECORD_VERSION",
+    "ConfigError",
+    "HarnessConfig",
+    "ProfileConfig",
+    "RecordingDataset",
+    "RecordingSampler",
+    "SampleLog",
+    "Window",
+    "WindowComplete",
+    "dump_tensors",
+    "record_iterable",
+    "record_path",
+    "sample_log_path",
+]
+
+# Names served lazily: attribute -> module that defines it.
+_LAZY: dict[str, str] = {
+    "dump_tensors": "perfgate.harness.dump",
+    "RecordingDataset": "perfgate.harness.samples",
+    "RecordingSampler": "perfgate.harness.samples",
+    "SampleLog": "perfgate.harness.samples",
+    "record_iterable": "perfgate.harness.samples",
+    "sample_log_path": "perfgate.harness.samples",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

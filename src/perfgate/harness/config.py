@@ -1,0 +1,222 @@
+"""Harness settings, read from ``PERFGATE_*`` environment variables and overridable by CLI flags.
+
+The environment is the channel a launcher (perfgate's run tools, torchrun children) uses to pass the
+same settings to every rank; :meth:`HarnessConfig.to_env` is its exact inverse.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+__all__ = ["ENV_PREFIX", "ConfigError", "HarnessConfig", "ProfileConfig", "TimingMode"]
+
+ENV_PREFIX = "PERFGATE_"
+TimingMode = Literal["optimizer", "explicit"]
+_TIMING_MODES: tuple[TimingMode, ...] = ("optimizer", "explicit")
+
+
+class ConfigError(ValueError):
+    """A harness setting has an invalid value; the message names the variable or flag to fix."""
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """A ``torch.profiler`` schedule (in optimizer steps) and what to record; one trace per rank."""
+
+    trace_dir: str
+    skip_first: int = 1
+    wait: int = 0
+    warmup: int = 1
+    active: int = 2
+    record_shapes: bool = False
+    with_flops: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+
+    def __post_init__(self) -> None:
+        if self.warmup < 1:
+            raise ConfigError("profile warmup must be >= 1: the first profiled steps carry start-up skew")
+        if self.active < 1:
+            raise ConfigError("profile active must be >= 1")
+        if self.skip_first < 0 or self.wait < 0:
+            raise ConfigError("profile skip_first and wait must be >= 0")
+
+    @property
+    def total_steps(self) -> int:
+        """Steps the schedule needs before its single trace is complete."""
+        return self.skip_first + self.wait + self.warmup + self.active
+
+
+@dataclass(frozen=True)
+class HarnessConfig:
+    """What the harness measures and where it writes. Step counts are optimizer updates."""
+
+    record_dir: str | None = None
+    warmup_steps: int = 5
+    measure_steps: int = 20
+    windows: int = 1
+    stop: bool = True
+    timing: TimingMode = "optimizer"
+    samples_per_step: int | None = None
+    tokens_per_step: int | None = None
+    data_wait: bool = True
+    backward: bool = True
+    device_events: bool | None = None
+    progress_every: int = 0
+    label: str | None = None
+    profile: ProfileConfig | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0:
+            raise ConfigError("warmup_steps must be >= 0")
+        if self.measure_steps < 1:
+            raise ConfigError("measure_steps must be >= 1")
+        if self.windows < 1:
+            raise ConfigError("windows must be >= 1")
+        if self.timing not in _TIMING_MODES:
+            raise ConfigError(f"timing must be one of {_TIMING_MODES}, got {self.timing!r}")
+        for name in ("samples_per_step", "tokens_per_step"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"{name} must be >= 0")
+        if self.progress_every < 0:
+            raise ConfigError("progress_every must be >= 0")
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps after which every requested window (and profile) is complete."""
+        steps = self.warmup_steps + self.measure_steps * self.windows
+        if self.profile is not None:
+            steps = max(steps, self.profile.total_steps)
+        return steps
+
+    def with_overrides(self, **changes: object) -> HarnessConfig:
+        """A copy with the given fields replaced (``None`` values are ignored)."""
+        kept = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, **kept)  # pyright: ignore[reportArgumentType] -- names checked by replace()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> HarnessConfig:
+        """Build a config from ``PERFGATE_*`` variables; unset ones keep their defaults.
+
+        Raises:
+            ConfigError: a variable holds a value of the wrong kind.
+        """
+        src = os.environ if env is None else env
+        reader = _EnvReader(src)
+        profile: ProfileConfig | None = None
+        trace_dir = reader.text("PROFILE_DIR")
+        if trace_dir is not None:
+            profile = ProfileConfig(
+                trace_dir=trace_dir,
+                skip_first=reader.integer("PROFILE_SKIP_FIRST", 1),
+                wait=reader.integer("PROFILE_WAIT", 0),
+                warmup=reader.integer("PROFILE_WARMUP", 1),
+                active=reader.integer("PROFILE_ACTIVE", 2),
+                record_shapes=reader.flag("PROFILE_RECORD_SHAPES", False),
+                with_flops=reader.flag("PROFILE_WITH_FLOPS", False),
+                profile_memory=reader.flag("PROFILE_MEMORY", False),
+                with_stack=reader.flag("PROFILE_WITH_STACK", False),
+            )
+        timing = reader.text("TIMING") or "optimizer"
+        if timing not in _TIMING_MODES:
+            raise ConfigError(f"{ENV_PREFIX}TIMING must be one of {_TIMING_MODES}, got {timing!r}")
+        events = reader.text("DEVICE_EVENTS")
+        return cls(
+            record_dir=reader.text("RECORD_DIR"),
+            warmup_steps=reader.integer("WARMUP_STEPS", 5),
+            measure_steps=reader.integer("MEASURE_STEPS", 20),
+            windows=reader.integer("WINDOWS", 1),
+            stop=reader.flag("STOP", True),
+            timing=timing,  # pyright: ignore[reportArgumentType] -- membership checked above
+            samples_per_step=reader.optional_integer("SAMPLES_PER_STEP"),
+            tokens_per_step=reader.optional_integer("TOKENS_PER_STEP"),
+            data_wait=reader.flag("DATA_WAIT", True),
+            backward=reader.flag("BACKWARD", True),
+            device_events=None if events is None or events == "auto" else reader.flag("DEVICE_EVENTS", True),
+            progress_every=reader.integer("PROGRESS_EVERY", 0),
+            label=reader.text("LABEL"),
+            profile=profile,
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The ``PERFGATE_*`` variables that make :meth:`from_env` return this config."""
+        out: dict[str, str] = {
+            "WARMUP_STEPS": str(self.warmup_steps),
+            "MEASURE_STEPS": str(self.measure_steps),
+            "WINDOWS": str(self.windows),
+            "STOP": _flag(self.stop),
+            "TIMING": self.timing,
+            "DATA_WAIT": _flag(self.data_wait),
+            "BACKWARD": _flag(self.backward),
+            "DEVICE_EVENTS": "auto" if self.device_events is None else _flag(self.device_events),
+            "PROGRESS_EVERY": str(self.progress_every),
+        }
+        if self.record_dir is not None:
+            out["RECORD_DIR"] = self.record_dir
+        if self.samples_per_step is not None:
+            out["SAMPLES_PER_STEP"] = str(self.samples_per_step)
+        if self.tokens_per_step is not None:
+            out["TOKENS_PER_STEP"] = str(self.tokens_per_step)
+        if self.label is not None:
+            out["LABEL"] = self.label
+        p = self.profile
+        if p is not None:
+            out.update(
+                {
+                    "PROFILE_DIR": p.trace_dir,
+                    "PROFILE_SKIP_FIRST": str(p.skip_first),
+                    "PROFILE_WAIT": str(p.wait),
+                    "PROFILE_WARMUP": str(p.warmup),
+                    "PROFILE_ACTIVE": str(p.active),
+                    "PROFILE_RECORD_SHAPES": _flag(p.record_shapes),
+                    "PROFILE_WITH_FLOPS": _flag(p.with_flops),
+                    "PROFILE_MEMORY": _flag(p.profile_memory),
+                    "PROFILE_WITH_STACK": _flag(p.with_stack),
+                }
+            )
+        return {ENV_PREFIX + k: v for k, v in out.items()}
+
+
+def _flag(value: bool) -> str:
+    return "1" if value else "0"
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+class _EnvReader:
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+
+    def text(self, name: str) -> str | None:
+        value = self._env.get(ENV_PREFIX + name)
+        return value if value else None
+
+    def integer(self, name: str, default: int) -> int:
+        value = self.optional_integer(name)
+        return default if value is None else value
+
+    def optional_integer(self, name: str) -> int | None:
+        value = self.text(name)
+        if value is None:
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}{name} must be an integer, got {value!r}") from None
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self.text(name)
+        if value is None:
+            return default
+        lowered = value.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise ConfigError(f"{ENV_PREFIX}{name} must be 1 or 0, got {value!r}")

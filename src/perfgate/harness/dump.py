@@ -1,0 +1,177 @@
+"""Dump tensors from a trusted training process to a safetensors file, for compare_tensors.
+
+Runs inside the user's process: no mcp import, and torch is only touched when a value is a torch
+tensor (torch is then already imported by the caller). Tensors are written one at a time, so the host
+memory needed is the largest single tensor, not the whole mapping; device tensors are copied to the
+host (which synchronizes their stream). The file appears atomically: it is written under a temporary
+name in the same folder and renamed, so a crash never leaves a truncated dump behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from perfgate.tensors.dtypes import safetensors_name
+
+__all__ = ["dump_tensors"]
+
+_TORCH_DTYPES = {
+    "torch.float64": "F64",
+    "torch.float32": "F32",
+    "torch.float16": "F16",
+    "torch.bfloat16": "BF16",
+    "torch.int64": "I64",
+    "torch.int32": "I32",
+    "torch.int16": "I16",
+    "torch.int8": "I8",
+    "torch.uint8": "U8",
+    "torch.uint16": "U16",
+    "torch.uint32": "U32",
+    "torch.uint64": "U64",
+    "torch.bool": "BOOL",
+    "torch.complex64": "C64",
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "torch.float8_e5m2": "F8_E5M2",
+    "torch.float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "torch.float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "torch.float8_e8m0fnu": "F8_E8M0",
+}
+
+
+@dataclass(frozen=True)
+class _Pending:
+    key: str
+    dtype: str
+    shape: list[int]
+    size_bytes: int
+    data: Callable[[], NDArray[np.uint8]]
+    """Produces the little-endian row-major bytes when the tensor's turn to be written comes."""
+
+
+def _torch_tensor_type() -> type | None:
+    torch = sys.modules.get("torch")  # a torch tensor can only exist if the caller imported torch
+    return None if torch is None else torch.Tensor
+
+
+def _from_torch(key: str, tensor: Any) -> _Pending:
+    if sys.byteorder != "little":
+        raise ValueError("dump_tensors writes torch tensors on little-endian hosts only")
+    dtype = _TORCH_DTYPES.get(str(tensor.dtype))
+    if dtype is None:
+        raise TypeError(f"tensor {key!r}: dtype {tensor.dtype} cannot be stored in safetensors")
+    if str(tensor.layout) != "torch.strided":
+        raise TypeError(f"tensor {key!r}: layout {tensor.layout} is not supported; densify it first")
+    shape = [int(d) for d in tensor.shape]
+    size = math.prod(shape) * int(tensor.element_size())
+
+    def data() -> NDArray[np.uint8]:
+        torch = sys.modules["torch"]
+        host = tensor.detach().to("cpu").contiguous().reshape(-1)
+        raw: NDArray[np.uint8] = host.view(torch.uint8).numpy()
+        return raw
+
+    return _Pending(key, dtype, shape, size, data)
+
+
+def _from_numpy(key: str, value: Any) -> _Pending:
+    array = np.asarray(value)
+    dtype = safetensors_name(array.dtype)
+    if dtype is None:
+        raise TypeError(
+            f"tensor {key!r}: numpy dtype {array.dtype} cannot be stored in safetensors (numeric, bool, "
+            "bfloat16 and float8 types can)"
+        )
+    shape = [int(d) for d in array.shape]
+    size = math.prod(shape) * array.dtype.itemsize
+
+    def data() -> NDArray[np.uint8]:
+        contiguous: NDArray[Any] = np.ascontiguousarray(array)
+        order = contiguous.dtype.byteorder
+        if contiguous.dtype.itemsize > 1 and (order == ">" or (order == "=" and sys.byteorder == "big")):
+            # Swap to little-endian bytes, as safetensors stores them. numpy's stubs leave the results of
+            # byteswap and view partly unknown for a dtype[Any] array, hence the casts.
+            contiguous = cast("NDArray[Any]", contiguous.byteswap())  # pyright: ignore[reportUnknownMemberType]
+        return cast("NDArray[np.uint8]", contiguous.reshape(-1).view(np.uint8))  # pyright: ignore[reportUnknownMemberType]
+
+    return _Pending(key, dtype, shape, size, data)
+
+
+def _pending(mapping: Mapping[str, Any]) -> list[_Pending]:
+    tensor_type = _torch_tensor_type()
+    items: list[_Pending] = []
+    for key, value in mapping.items():
+        if not isinstance(key, str) or not key:  # pyright: ignore[reportUnnecessaryIsInstance]  # callers may pass anything
+            raise TypeError(f"tensor names must be non-empty strings, got {key!r}")
+        if key == "__metadata__":
+            raise ValueError("'__metadata__' is reserved by the safetensors format; rename that tensor")
+        if tensor_type is not None and isinstance(value, tensor_type):
+            items.append(_from_torch(key, value))
+        else:
+            items.append(_from_numpy(key, value))
+    return items
+
+
+def _header(items: list[_Pending], metadata: Mapping[str, str] | None) -> bytes:
+    header: dict[str, Any] = {}
+    if metadata:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):  # pyright: ignore[reportUnnecessaryIsInstance]  # runtime check of caller input
+            raise TypeError("metadata must map strings to strings")
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    for item in items:
+        header[item.key] = {
+            "dtype": item.dtype,
+            "shape": item.shape,
+            "data_offsets": [offset, offset + item.size_bytes],
+        }
+        offset += item.size_bytes
+    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    # Pad with spaces so tensor data starts 8-byte aligned, as other safetensors writers do.
+    raw += b" " * (-(8 + len(raw)) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def dump_tensors(
+    path: str | os.PathLike[str], mapping: Mapping[str, Any], *, metadata: Mapping[str, str] | None = None
+) -> Path:
+    """Write ``mapping`` (name -> torch tensor or numpy array) to the safetensors file ``path``.
+
+    Shapes and dtypes are kept exactly (bfloat16 and float8 included); torch tensors may live on any
+    device and are copied to the host one at a time. Parent folders are created. Returns the path.
+
+    Raises:
+        TypeError: a name is not a string, or a value's dtype or layout has no safetensors encoding.
+        ValueError: a name is reserved.
+    """
+    target = Path(path)
+    items = _pending(mapping)
+    header = _header(items, metadata)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with temporary.open("wb") as f:
+            f.write(header)
+            for item in items:
+                data = item.data()
+                assert data.nbytes == item.size_bytes, (
+                    f"{item.key}: wrote {data.nbytes} bytes, expected {item.size_bytes}"
+                )
+                f.write(data.data)
+                del data
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,137 @@
+"""Global torch hooks that feed the active :class:`~perfgate.harness.window.Window`.
+
+Three probes, each installed at most once per process and routed to whichever window is active:
+
+* a global optimizer step post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``):
+  every update of the first optimizer that steps is one step boundary;
+* a wrapper around ``_BaseDataLoaderIter.__next__``: the host time the training loop blocked waiting
+  for a batch, and the batch size (leading dimension of the first tensor found);
+* a wrapper around ``torch.autograd.backward``: host time inside backward, which under data-parallel
+  training also holds the wait for the other ranks' gradients.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from perfgate.harness.window import Window
+
+__all__ = ["activate", "active_window", "batch_size", "deactivate", "install_optimizer_hook"]
+
+_now = time.perf_counter_ns
+_active: Window | None = None
+_optimizer_handle: Any = None
+_data_loader_patched = False
+_backward_patched = False
+
+
+def active_window() -> Window | None:
+    return _active
+
+
+def activate(window: Window, *, data_wait: bool = True, backward: bool = True) -> None:
+    """Route the probes to ``window``; installs the DataLoader and backward probes if torch is loaded.
+
+    torch is never imported here: a script that does not use torch gets no probes.
+    """
+    global _active
+    _active = window
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    if data_wait:
+        _patch_data_loader()
+    if backward:
+        _patch_backward(torch)
+
+
+def deactivate(window: Window) -> None:
+    global _active
+    if _active is window:
+        _active = None
+
+
+def install_optimizer_hook() -> None:
+    """Count optimizer updates as steps of the active window (imports torch)."""
+    global _optimizer_handle
+    if _optimizer_handle is not None:
+        return
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    _optimizer_handle = register_optimizer_step_post_hook(_on_optimizer_step)
+
+
+def _on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
+    window = _active
+    if window is not None and window.timing == "optimizer":
+        window.optimizer_step(optimizer)
+
+
+def batch_size(batch: object) -> int | None:
+    """Leading dimension of the first tensor in a (nested) batch, or ``None`` if there is none."""
+    item: Any = batch  # an arbitrary user batch: tensors, sequences, mappings
+    for _ in range(8):  # bounded descent into nested containers
+        shape: Any = getattr(item, "shape", None)
+        if shape is not None:
+            return int(shape[0]) if len(shape) else None
+        if isinstance(item, (list, tuple)):
+            seq = cast("Sequence[Any]", item)
+            if not seq:
+                return None
+            item = seq[0]
+        elif isinstance(item, dict):
+            mapping = cast("Mapping[Any, Any]", item)
+            if not mapping:
+                return None
+            item = next(iter(mapping.values()))
+        else:
+            return None
+    return None
+
+
+def _patch_data_loader() -> None:
+    global _data_loader_patched
+    if _data_loader_patched:
+        return
+    from torch.utils.data import dataloader
+
+    base = dataloader._BaseDataLoaderIter  # pyright: ignore[reportPrivateUsage] -- the one class every loader iterator shares
+    original = base.__next__
+
+    def timed_next(self: Any) -> Any:
+        window = _active
+        if window is None:
+            return original(self)
+        start = _now()
+        batch = original(self)
+        window.add_data_wait(_now() - start, batch_size(batch))
+        return batch
+
+    base.__next__ = timed_next
+    _data_loader_patched = True
+
+
+def _patch_backward(torch: Any) -> None:
+    global _backward_patched
+    if _backward_patched:
+        return
+    autograd = torch.autograd
+    original = autograd.backward
+
+    def timed_backward(*args: Any, **kwargs: Any) -> Any:
+        window = _active
+        if window is None:
+            return original(*args, **kwargs)
+        start = _now()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            window.add_backward(_now() - start)
+
+    # Tensor.backward looks this attribute up at call time, so loss.backward() is covered too.
+    autograd.backward = timed_backward
+    _backward_patched = True

@@ -1,0 +1,489 @@
+"""A measurement window over training steps, timed from inside the training process.
+
+A *step* is the interval between two consecutive step boundaries: optimizer updates (the
+zero-code-change launcher calls :meth:`Window.optimizer_step` from a global optimizer hook) or the end
+of each ``with window.step():`` block. Boundaries are host timestamps from ``time.perf_counter_ns``;
+the device is synchronised only at window edges, so the sum of a window's step times equals its
+synchronised elapsed time. Where the device has timing events, one is recorded per boundary (no
+synchronisation) and read back once the window has ended.
+
+The first ``warmup_steps`` steps are kept in the record (for plots) but belong to no window; then
+``windows`` consecutive windows of ``measure_steps`` steps each follow.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from perfgate.harness import _state
+from perfgate.harness._host import host_peak_rss_bytes, host_rss_bytes
+from perfgate.harness._rank import RankInfo, rank_from_env
+from perfgate.harness.config import ENV_PREFIX, HarnessConfig, ProfileConfig
+from perfgate.harness.device import DeviceBackend, detect_backend
+from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path, write_record
+
+__all__ = ["Window", "WindowComplete"]
+
+_now = time.perf_counter_ns
+
+# One tuple per step: (end_ns, data_wait_ns, backward_ns, samples, tokens).
+_Step = tuple[int, int, int, "int | None", "int | None"]
+
+
+class WindowComplete(SystemExit):
+    """Ends the training script once every window is measured (stop mode).
+
+    A ``SystemExit`` with status 0: a script's ``except Exception`` does not swallow it, ``finally``
+    blocks still run, and uncaught it ends the process quietly and successfully. The launcher catches
+    it to close the record first.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+class _StepScope:
+    """The reusable context manager that ``Window.step`` returns (one per window, not per step)."""
+
+    __slots__ = ("samples", "tokens", "window")
+
+    def __init__(self, window: Window) -> None:
+        self.window = window
+        self.samples: int | None = None
+        self.tokens: int | None = None
+
+    def __enter__(self) -> _StepScope:
+        w = self.window
+        if not w._begun:  # pyright: ignore[reportPrivateUsage] -- the scope is part of Window
+            w.begin()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.window.mark_step(self.samples, self.tokens)
+
+
+class Window:
+    """Time ``warmup_steps`` + ``windows`` x ``measure_steps`` training steps on this rank.
+
+    Arguments left as ``None`` come from ``config`` (default: the launcher's settings, else the
+    ``PERFGATE_*`` environment). ``synchronize`` is an extra callable run at window edges for device
+    work torch does not know about. ``stop`` raises :class:`WindowComplete` after the last window
+    (default: under ``python -m perfgate.harness`` or when ``PERFGATE_STOP`` is set).
+
+    Use as ``with window.step(samples=32, tokens=32 * 512): ...`` per step, or call
+    :meth:`mark_step` at the end of each step. Records go to ``record_dir/rank<N>.json``.
+    """
+
+    def __init__(
+        self,
+        warmup_steps: int | None = None,
+        measure_steps: int | None = None,
+        *,
+        windows: int | None = None,
+        record_dir: str | Path | None = None,
+        samples_per_step: int | None = None,
+        tokens_per_step: int | None = None,
+        stop: bool | None = None,
+        synchronize: Callable[[], object] | None = None,
+        label: str | None = None,
+        config: HarnessConfig | None = None,
+        instrument: bool = True,
+        _optimizer_mode: bool = False,
+    ) -> None:
+        base = config if config is not None else _state.current_config()
+        self.config = base.with_overrides(
+            warmup_steps=warmup_steps,
+            measure_steps=measure_steps,
+            windows=windows,
+            record_dir=None if record_dir is None else str(record_dir),
+            samples_per_step=samples_per_step,
+            tokens_per_step=tokens_per_step,
+            label=label,
+        )
+        cfg = self.config
+        # Stopping a script is only the default when someone asked for it: the launcher, or a tool
+        # that set PERFGATE_STOP for an explicitly timed script.
+        asked = _state.launcher_active() or os.environ.get(ENV_PREFIX + "STOP") is not None
+        self.stop = stop if stop is not None else (cfg.stop and asked)
+        self.rank: RankInfo = rank_from_env()
+        self.timing = "optimizer" if _optimizer_mode else "explicit"
+        self._user_sync = synchronize
+        self._backend: DeviceBackend | None = None
+        self._origin_ns = _now()
+        self._origin_unix_ns = time.time_ns()
+        self._begun = False
+        self._first_start_ns = self._origin_ns
+        self._count = 0
+        self._steps: list[_Step] = []
+        self._window_starts: dict[int, int] = {}
+        self._cur_wait = 0
+        self._cur_backward = 0
+        self._cur_samples: int | None = None
+        self._fixed_samples = cfg.samples_per_step
+        self._fixed_tokens = cfg.tokens_per_step
+        self._events: list[Any] | None = None
+        self._event_base = 0
+        self._open: dict[str, Any] | None = None
+        self._windows: list[dict[str, Any]] = []
+        self._total = cfg.total_steps
+        self._edges = {cfg.warmup_steps + k * cfg.measure_steps for k in range(cfg.windows + 1)}
+        self._next_special = 0
+        self._done = False
+        self._closed = False
+        self._stop_reason: str | None = None
+        self._error: str | None = None
+        self._first_optimizer: int | None = None
+        self._other_optimizer_steps = 0
+        self._notes: list[str] = []
+        self._written: Path | None = None
+        self._scope = _StepScope(self)
+        self._profiler: Any = None
+        if cfg.profile is not None:
+            self._profiler = _start_profiler(cfg.profile, self.rank.rank)
+        self._instrument = instrument
+        self._activate_probes()
+        if cfg.record_dir is not None:
+            atexit.register(self._close_at_exit)
+        self._schedule_next()
+        if _optimizer_mode:
+            self.begin()
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def done(self) -> bool:
+        """True once every window (and the profile schedule, if any) is complete."""
+        return self._done
+
+    @property
+    def steps_completed(self) -> int:
+        return self._count
+
+    @property
+    def record_file(self) -> Path | None:
+        """The record path once written, else ``None``."""
+        return self._written
+
+    def begin(self) -> None:
+        """Mark the start of step 0 (done implicitly by the first ``step()`` block)."""
+        if not self._begun:
+            self._begin(_now())
+
+    def _activate_probes(self) -> None:
+        if self._instrument:
+            from perfgate.harness import hooks
+
+            hooks.activate(self, data_wait=self.config.data_wait, backward=self.config.backward)
+
+    def _begin(self, start_ns: int) -> None:
+        # Again at the first step: a script may import torch after creating its window.
+        self._activate_probes()
+        self._begun = True
+        self._first_start_ns = start_ns
+        if self.config.warmup_steps == 0:
+            self._first_start_ns = self._start_window(0, synced=False, start_ns=start_ns)
+        self._schedule_next()
+
+    def step(self, samples: int | None = None, tokens: int | None = None) -> _StepScope:
+        """Context manager around one training step; ``samples``/``tokens`` it processed (this rank)."""
+        scope = self._scope
+        scope.samples = samples
+        scope.tokens = tokens
+        return scope
+
+    def mark_step(self, samples: int | None = None, tokens: int | None = None) -> None:
+        """Record a step boundary: the step that began at the previous boundary ends now."""
+        n = self._count + 1
+        if n >= self._next_special:
+            self._special_boundary(n, samples, tokens)
+            return
+        t = _now()
+        self._count = n
+        events = self._events
+        if events is not None:
+            events[n - self._event_base].record()
+        if samples is None:
+            samples = self._fixed_samples if self._fixed_samples is not None else self._cur_samples
+        self._steps.append(
+            (t, self._cur_wait, self._cur_backward, samples, self._fixed_tokens if tokens is None else tokens)
+        )
+        self._cur_wait = 0
+        self._cur_backward = 0
+        self._cur_samples = None
+
+    def optimizer_step(self, optimizer: object) -> None:
+        """Global optimizer post-hook target: the first optimizer that steps delimits steps."""
+        key = id(optimizer)
+        if self._first_optimizer != key:
+            if self._first_optimizer is not None:
+                self._other_optimizer_steps += 1
+                return
+            self._first_optimizer = key
+        self.mark_step()
+
+    def add_data_wait(self, wait_ns: int, samples: int | None) -> None:
+        """Called by the DataLoader hook with the time one ``next()`` blocked and its batch size."""
+        self._cur_wait += wait_ns
+        if samples is not None:
+            self._cur_samples = samples if self._cur_samples is None else self._cur_samples + samples
+
+    def add_backward(self, elapsed_ns: int) -> None:
+        """Called by the backward hook with the host time one ``backward()`` call took."""
+        self._cur_backward += elapsed_ns
+
+    def close(self, reason: str = "closed", error: str | None = None) -> Path | None:
+        """Finish: stop a running profile, write the record (complete or not), detach hooks."""
+        if self._closed:
+            return self._written
+        self._closed = True
+        if self._profiler is not None:
+            self._profiler.stop()
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        if error is not None:
+            self._error = error
+        from perfgate.harness import hooks
+
+        hooks.deactivate(self)
+        return self._write()
+
+    def __enter__(self) -> Window:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        error = None if exc is None or isinstance(exc, WindowComplete) else f"{type(exc).__name__}: {exc}"
+        self.close("window_complete" if self._done else "closed", error)
+
+    def to_record(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict (schema ``perfgate.harness.record`` version 1).
+
+        Times ending in ``_ns`` are integers relative to the window's origin (``origin_unix_ns`` on
+        the wall clock); ``steps`` holds one column per field, warm-up steps included
+        (``steps.warmup`` counts them); ``windows`` lists the measured windows, each with its step
+        range (``first_step``..``last_step`` inclusive), synchronised ``elapsed_ns``, optional device
+        times in milliseconds and peak memory in bytes.
+        """
+        origin = self._origin_ns
+        ends = [s[0] - origin for s in self._steps]
+        starts: list[int] = []
+        prev = self._first_start_ns - origin
+        for i, end in enumerate(ends):
+            start = self._window_starts.get(i)
+            starts.append(prev if start is None else start)
+            prev = end
+        backend = self._backend
+        profile = None if self._profiler is None else self._profiler.describe()
+        return {
+            "schema": RECORD_SCHEMA,
+            "version": RECORD_VERSION,
+            "label": self.config.label,
+            "rank": self.rank.rank,
+            "local_rank": self.rank.local_rank,
+            "world_size": self.rank.world_size,
+            "hostname": self.rank.hostname,
+            "pid": self.rank.pid,
+            "timing": self.timing,
+            "warmup_steps": self.config.warmup_steps,
+            "measure_steps": self.config.measure_steps,
+            "windows_requested": self.config.windows,
+            "complete": len(self._windows) == self.config.windows,
+            "stop_reason": self._stop_reason,
+            "error": self._error,
+            "profiled": self._profiler is not None,
+            "profile": profile,
+            "device": asdict(backend.info) if backend is not None else None,
+            "origin_unix_ns": self._origin_unix_ns,
+            "steps": {
+                "count": len(ends),
+                "warmup": min(self.config.warmup_steps, len(ends)),
+                "start_ns": starts,
+                "end_ns": ends,
+                "step_time_ns": [e - s for s, e in zip(starts, ends, strict=True)],
+                "data_wait_ns": [s[1] for s in self._steps],
+                "backward_ns": [s[2] for s in self._steps],
+                "samples": [s[3] for s in self._steps],
+                "tokens": [s[4] for s in self._steps],
+            },
+            "windows": list(self._windows),
+            "other_optimizer_steps": self._other_optimizer_steps,
+            "notes": list(self._notes),
+            "python": sys.version.split()[0],
+            "torch_version": getattr(sys.modules.get("torch"), "__version__", None),
+        }
+
+    # ------------------------------------------------------------------ internals
+
+    def _schedule_next(self) -> None:
+        """Set the step count at which the next boundary leaves the fast path."""
+        if self._done:
+            self._next_special = 0
+            return
+        if not self._begun:
+            self._next_special = 1
+            return
+        n = self._count
+        if self._profiler is not None or self.config.progress_every:
+            self._next_special = n + 1
+            return
+        upcoming = [e for e in self._edges if e > n]
+        self._next_special = min(upcoming) if upcoming else self._total
+
+    def _special_boundary(self, n: int, samples: int | None, tokens: int | None) -> None:
+        if self._done:
+            return
+        if not self._begun:
+            # mark_step() without begin(): step 0 started when the window was created.
+            self._begin(self._origin_ns)
+        t = _now()
+        is_edge = n in self._edges
+        events = self._events
+        if is_edge:
+            if events is not None:
+                events[n - self._event_base].record()
+            self._sync()
+            t = _now()
+        elif events is not None:
+            events[n - self._event_base].record()
+        self._count = n
+        if samples is None:
+            samples = self._fixed_samples if self._fixed_samples is not None else self._cur_samples
+        self._steps.append(
+            (t, self._cur_wait, self._cur_backward, samples, self._fixed_tokens if tokens is None else tokens)
+        )
+        self._cur_wait = 0
+        self._cur_backward = 0
+        self._cur_samples = None
+        if is_edge:
+            if self._open is not None:
+                self._end_window(t)
+            if len(self._windows) < self.config.windows:
+                self._start_window(n, synced=True)
+        if self._profiler is not None:
+            self._profiler.step()
+        every = self.config.progress_every
+        if every and (n % every == 0 or n == self._total) and self.rank.rank == 0:
+            print(f"[perfgate] progress step={n} total={self._total}", file=sys.stderr, flush=True)
+        if n >= self._total and self._open is None and (self._profiler is None or self._profiler.finished):
+            self._finish()
+            return
+        self._schedule_next()
+
+    def _device(self) -> DeviceBackend:
+        # Re-detected while no accelerator was found: the script may initialise one after the first edge.
+        if self._backend is None or self._backend.kind in ("cpu", "custom"):
+            self._backend = detect_backend(self._user_sync, self.config.device_events)
+        return self._backend
+
+    def _sync(self) -> None:
+        self._device().synchronize()
+
+    def _start_window(self, n: int, synced: bool, start_ns: int | None = None) -> int:
+        """Open a window whose first step is step ``n``; returns its start (perf_counter ns).
+
+        ``start_ns`` backdates the start (a window opened at creation time): no synchronisation then.
+        """
+        if not synced and start_ns is None:
+            self._sync()
+        backend = self._device()
+        backend.reset_peak_memory()
+        events: list[Any] | None = None
+        if backend.events:
+            events = [backend.new_event() for _ in range(self.config.measure_steps + 1)]
+        start = _now() if start_ns is None else start_ns
+        if events is not None:
+            events[0].record()
+        self._events = events
+        self._event_base = n
+        self._window_starts[n] = start - self._origin_ns
+        self._open = {
+            "index": len(self._windows),
+            "first_step": n,
+            "start_ns": start - self._origin_ns,
+            "start_unix_ns": time.time_ns(),
+        }
+        return start
+
+    def _end_window(self, t: int) -> None:
+        win = self._open
+        backend = self._backend
+        assert win is not None and backend is not None
+        events = self._events
+        device_step_ms: list[float] | None = None
+        device_elapsed_ms: float | None = None
+        if events is not None:
+            # The edge synchronisation has run, so every event has completed.
+            device_step_ms = [float(a.elapsed_time(b)) for a, b in itertools.pairwise(events)]
+            device_elapsed_ms = float(events[0].elapsed_time(events[-1]))
+        allocated, reserved = backend.peak_memory_bytes()
+        end_ns = t - self._origin_ns
+        win.update(
+            {
+                "last_step": self._count - 1,
+                "steps": self._count - win["first_step"],
+                "end_ns": end_ns,
+                "end_unix_ns": time.time_ns(),
+                "elapsed_ns": end_ns - win["start_ns"],
+                "device_elapsed_ms": device_elapsed_ms,
+                "device_step_ms": device_step_ms,
+                "peak_allocated_bytes": allocated,
+                "peak_reserved_bytes": reserved,
+                "host_rss_bytes": host_rss_bytes(),
+                "host_peak_rss_bytes": host_peak_rss_bytes(),
+            }
+        )
+        self._windows.append(win)
+        self._open = None
+        self._events = None
+
+    def _finish(self) -> None:
+        self._done = True
+        self._next_special = 0
+        self._stop_reason = "window_complete"
+        if self._profiler is not None:
+            self._profiler.stop()
+        if self._other_optimizer_steps:
+            self._notes.append(
+                f"{self._other_optimizer_steps} steps of other optimizers were not counted as steps"
+            )
+        self._write()
+        if self.stop:
+            raise WindowComplete
+
+    def _write(self) -> Path | None:
+        record_dir = self.config.record_dir
+        if record_dir is None:
+            return None
+        self._written = write_record(record_path(record_dir, self.rank.rank), self.to_record())
+        return self._written
+
+    def _close_at_exit(self) -> None:
+        if not self._closed:
+            self.close("process_exit")
+
+
+def _start_profiler(cfg: ProfileConfig, rank: int) -> Any:
+    from perfgate.harness.profiling import ProfilerDriver
+
+    driver = ProfilerDriver(cfg, rank)
+    driver.start()
+    return driver

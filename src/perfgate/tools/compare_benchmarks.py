@@ -1,0 +1,233 @@
+"""compare_benchmarks: A/B over benchmark evidence, refusing apples-to-oranges and calling noise noise."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import anyio.to_thread
+from pydantic import BaseModel, Field
+
+from perfgate.benchmarking import BenchmarkError, Contract, WindowSample, compare_windows, diff_contracts
+from perfgate.benchmarking.compare import DEFAULT_MIN_EFFECT
+from perfgate.benchmarking.contract import same_contract
+from perfgate.benchmarking.series import SERIES_NAME, samples_from_series
+from perfgate.errors import ToolError
+from perfgate.evidence import EvidenceRecord, EvidenceState, sha256_file
+from perfgate.evidence.access import as_dict
+from perfgate.tools._runtime import ToolRuntime
+from perfgate.tools._spec import ToolSpec
+
+__all__ = ["SPEC", "CompareBenchmarksInput", "CompareBenchmarksOutput", "run"]
+
+BENCHMARK_TOOL = "run_benchmark_window"
+_USABLE = {EvidenceState.EXECUTED, EvidenceState.PASSED}
+_OBSERVED_EXECUTION = ("world_size",)
+_OBSERVED_INVARIANTS = ("device_kind", "device_name")
+Verdict = Literal["improved", "regressed", "within_noise", "incomparable"]
+
+
+class CompareBenchmarksInput(BaseModel):
+    baseline: Annotated[
+        list[str], Field(min_length=1, description="run_benchmark_window evidence ids of the baseline.")
+    ]
+    candidate: Annotated[
+        list[str], Field(min_length=1, description="run_benchmark_window evidence ids of the candidate.")
+    ]
+    declared_changes: Annotated[
+        list[str],
+        Field(
+            description="Names of the contract execution settings the candidate changed on purpose (e.g. "
+            "['microbatch', 'accumulation']). Every actual change must be declared and every declared one must "
+            "have happened."
+        ),
+    ] = Field(default_factory=list[str])
+    min_effect: Annotated[
+        float,
+        Field(
+            ge=0, le=0.5, description="Smallest relative change reported as improved/regressed (fraction)."
+        ),
+    ] = DEFAULT_MIN_EFFECT
+
+
+class CompareBenchmarksOutput(BaseModel):
+    evidence_id: str
+    state: EvidenceState = Field(
+        description="passed: comparable and decisive (improved/regressed); executed: comparable, within "
+        "noise; failed: incomparable."
+    )
+    status: Literal["comparable", "incomparable"]
+    verdict: Verdict
+    reasons: list[str] = Field(description="Why the sides are incomparable (empty when comparable).")
+    speedup: float | None = Field(description="Candidate / baseline pooled throughput (>1 is faster).")
+    ci_low: float | None = Field(description="Lower end of the bootstrap interval of the speedup.")
+    ci_high: float | None
+    confidence: float
+    unit: Literal["samples", "tokens", "steps"] | None = Field(description="Work unit of the throughput.")
+    baseline_throughput: float | None = Field(description="Units per second, total work / total time.")
+    candidate_throughput: float | None
+    baseline_windows: int
+    candidate_windows: int
+    actual_changes: list[str] = Field(description="Execution settings whose values differ between the sides.")
+    declared_changes: list[str]
+    warnings: list[str]
+    method: str
+
+
+def _contract(record: EvidenceRecord) -> Contract:
+    return Contract.from_mapping(as_dict(record.inputs.get("contract")))
+
+
+def _observed(record: EvidenceRecord) -> dict[str, object]:
+    fp = as_dict(record.result.get("environment_fingerprint"))
+    out: dict[str, object] = {k: fp.get(k) for k in _OBSERVED_INVARIANTS}
+    out["world_size"] = record.result.get("world_size")
+    return out
+
+
+def _side_reasons(side: str, records: list[EvidenceRecord]) -> list[str]:
+    reasons: list[str] = []
+    for r in records:
+        if r.profiled:
+            reasons.append(
+                f"{side} evidence {r.id} is profiled: profiler overhead makes it useless for throughput"
+            )
+        elif r.state not in _USABLE:
+            why = r.result.get("failure_reason")
+            reasons.append(f"{side} evidence {r.id} is {r.state.value}" + (f" ({why})" if why else ""))
+    contracts = [_contract(r) for r in records]
+    reasons += [f"{side}: {p}" for p in same_contract(contracts)]
+    if not any(c.invariants for c in contracts):
+        reasons.append(
+            f"{side} declares no contract invariants: re-run with contract.invariants (model, data, precision, "
+            "shapes, global_batch, ...) so the comparison can show the workload stayed the same"
+        )
+    observed = {str(sorted(_observed(r).items())) for r in records}
+    if len(observed) > 1:
+        reasons.append(f"{side} windows ran on different devices or world sizes")
+    return reasons
+
+
+async def _load(rt: ToolRuntime, ids: list[str]) -> list[EvidenceRecord]:
+    records: list[EvidenceRecord] = []
+    for evidence_id in ids:
+        record = await rt.load(evidence_id)
+        if record.tool != BENCHMARK_TOOL and not record.profiled:
+            raise ToolError(
+                f"evidence {evidence_id} comes from {record.tool}, not {BENCHMARK_TOOL}: pass benchmark window ids"
+            )
+        records.append(record)
+    return records
+
+
+def _samples(rt: ToolRuntime, record: EvidenceRecord) -> list[WindowSample]:
+    artifact = next((a for a in record.artifacts if a.name == SERIES_NAME), None)
+    if artifact is None:
+        raise ToolError(f"evidence {record.id} has no {SERIES_NAME} artifact: re-run run_benchmark_window")
+    path = rt.workspace / artifact.path
+    if not path.is_file() or sha256_file(path) != artifact.sha256:
+        raise ToolError(
+            f"artifact {artifact.path} of {record.id} is missing or was modified after it was recorded "
+            "(`perfgate ledger verify`): re-measure the window"
+        )
+    try:
+        return samples_from_series(path.read_bytes(), artifact.path)
+    except BenchmarkError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarksOutput:
+    overlap = sorted(set(inp.baseline) & set(inp.candidate))
+    if overlap:
+        raise ToolError(f"evidence {overlap} is on both sides: a window cannot be its own baseline")
+    base = await _load(rt, inp.baseline)
+    cand = await _load(rt, inp.candidate)
+    reasons = _side_reasons("baseline", base) + _side_reasons("candidate", cand)
+    diff = diff_contracts(_contract(base[0]), _contract(cand[0]), inp.declared_changes)
+    reasons += diff.reasons()
+    b_obs, c_obs = _observed(base[0]), _observed(cand[0])
+    for key in _OBSERVED_INVARIANTS:
+        if b_obs.get(key) != c_obs.get(key):
+            reasons.append(f"measured {key} differs: {b_obs.get(key)!r} vs {c_obs.get(key)!r}")
+    actual = list(diff.actual_changes)
+    for key in _OBSERVED_EXECUTION:
+        declared_in_contract = key in _contract(base[0]).execution or key in _contract(cand[0]).execution
+        if b_obs.get(key) != c_obs.get(key) and not declared_in_contract:
+            actual.append(key)
+            if key not in inp.declared_changes:
+                reasons.append(
+                    f"measured {key} changed ({b_obs.get(key)} -> {c_obs.get(key)}) but was not declared"
+                )
+    ev = rt.evidence()
+    common: dict[str, Any] = {
+        "evidence_id": ev.id,
+        "confidence": 0.95,
+        "actual_changes": sorted(set(actual)),
+        "declared_changes": sorted(set(inp.declared_changes)),
+        "method": "speedup = candidate / baseline throughput, each pooled as total work / total time over its "
+        "windows; 95% percentile interval from a two-level bootstrap (windows, then steps; 2000 resamples, "
+        f"seed 0); improved/regressed when the interval excludes 1 and the effect is at least {inp.min_effect:g}",
+    }
+    if reasons:
+        out = CompareBenchmarksOutput(
+            **common,
+            state=EvidenceState.FAILED,
+            status="incomparable",
+            verdict="incomparable",
+            reasons=reasons,
+            speedup=None,
+            ci_low=None,
+            ci_high=None,
+            unit=None,
+            baseline_throughput=None,
+            candidate_throughput=None,
+            baseline_windows=0,
+            candidate_windows=0,
+            warnings=[],
+        )
+        return await rt.commit(ev, out)
+    base_windows = [w for r in base for w in _samples(rt, r)]
+    cand_windows = [w for r in cand for w in _samples(rt, r)]
+    try:
+        result = await anyio.to_thread.run_sync(
+            lambda: compare_windows(base_windows, cand_windows, min_effect=inp.min_effect)
+        )
+    except BenchmarkError as exc:
+        raise ToolError(str(exc)) from exc
+    decisive = result.verdict in ("improved", "regressed")
+    out = CompareBenchmarksOutput(
+        **common,
+        state=EvidenceState.PASSED if decisive else EvidenceState.EXECUTED,
+        status="comparable",
+        verdict=result.verdict,
+        reasons=[],
+        speedup=result.speedup,
+        ci_low=result.ci_low,
+        ci_high=result.ci_high,
+        unit=result.unit,
+        baseline_throughput=result.baseline_throughput,
+        candidate_throughput=result.candidate_throughput,
+        baseline_windows=result.baseline_windows,
+        candidate_windows=result.candidate_windows,
+        warnings=result.warnings,
+    )
+    return await rt.commit(ev, out)
+
+
+SPEC = ToolSpec(
+    name="compare_benchmarks",
+    title="Compare benchmark windows (A/B)",
+    description=(
+        "Compare baseline and candidate run_benchmark_window evidence: speedup of pooled throughput with a "
+        "bootstrap 95% interval and a verdict (improved / regressed / within_noise). Refuses (incomparable, "
+        "with reasons) when contract invariants differ, when the changed execution settings differ from "
+        "declared_changes (undeclared or declared-but-absent), or when any window is profiled or failed. "
+        "Warns under 3 windows per side. Its evidence is what record_decision needs for a 'keep'."
+    ),
+    input_model=CompareBenchmarksInput,
+    output_model=CompareBenchmarksOutput,
+    run=run,
+    read_only=True,
+    destructive=False,
+    idempotent=True,
+    open_world=False,
+)

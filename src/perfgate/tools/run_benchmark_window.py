@@ -1,0 +1,583 @@
+"""run_benchmark_window: launch the training command and time steady-state windows per rank."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import anyio.to_thread
+from pydantic import BaseModel, Field, model_validator
+
+from perfgate.benchmarking import (
+    BenchmarkError,
+    Contract,
+    RecordError,
+    WindowSummary,
+    check_contract,
+    load_records,
+    summarize_run,
+    summarize_window,
+)
+from perfgate.benchmarking.aggregate import RunSummary, windows_from_series
+from perfgate.benchmarking.contract import check_observed
+from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path, wrap_command
+from perfgate.benchmarking.logparse import compile_pattern, log_window, parse_step_log
+from perfgate.benchmarking.records import RankRecord
+from perfgate.benchmarking.series import SERIES_NAME, series_document
+from perfgate.errors import ToolError
+from perfgate.evidence import EvidenceState
+from perfgate.execution.executor import CommandResult
+from perfgate.execution.request import CommandRequest
+from perfgate.harness import HarnessConfig
+from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
+from perfgate.tools._spec import ToolSpec
+
+__all__ = [
+    "SPEC",
+    "BenchmarkContract",
+    "RunBenchmarkWindowInput",
+    "RunBenchmarkWindowOutput",
+    "command",
+    "run",
+]
+
+Timing = Literal["harness", "explicit", "log"]
+
+
+class BenchmarkContract(BaseModel):
+    invariants: dict[str, Any] = Field(
+        default_factory=dict[str, Any],
+        description="What must stay fixed between baseline and candidate: model, data, precision, shapes, "
+        "global_batch, seed, hardware, software, loss, optimizer, ... (free-form keys, JSON values).",
+    )
+    execution: dict[str, Any] = Field(
+        default_factory=dict[str, Any],
+        description="Execution settings an optimization may change: microbatch, accumulation, world_size, "
+        "data_parallel, tensor_parallel, pipeline_parallel, compile, workers, pin_memory, ... Checked: "
+        "global_batch = microbatch x accumulation x data_parallel.",
+    )
+
+
+class RunBenchmarkWindowInput(BaseModel):
+    command: Annotated[
+        list[str],
+        Field(
+            min_length=1,
+            description="Training command as an argv list, e.g. ['python', 'train.py', '--steps', '200'] or "
+            "['torchrun', '--nproc-per-node', '8', 'train.py']. With timing='harness' it is run under "
+            "`python -m perfgate.harness`; the script should run at least warmup + measure optimizer steps.",
+        ),
+    ]
+    cwd: Annotated[str, Field(description="Working directory, relative to the workspace.")] = "."
+    env: Annotated[
+        dict[str, str], Field(description="Environment variables to set for the run (changes only).")
+    ] = Field(default_factory=dict[str, str])
+    warmup_steps: Annotated[int, Field(ge=0, description="Optimizer steps excluded before each window.")] = 5
+    measure_steps: Annotated[int, Field(ge=1, description="Optimizer steps per measured window.")] = 20
+    repeats: Annotated[
+        int,
+        Field(ge=1, le=50, description="Independent windows; each is a separate launch unless same_process."),
+    ] = 3
+    same_process: Annotated[
+        bool,
+        Field(
+            description="Measure the repeats as consecutive windows of one launch (faster, but blind to "
+            "launch-to-launch variation)."
+        ),
+    ] = False
+    timeout_s: Annotated[float, Field(gt=0, description="Wall-clock limit per launch, seconds.")] = 600.0
+    timing: Annotated[
+        Timing,
+        Field(
+            description="'harness': optimizer updates are steps, no code change; 'explicit': the script "
+            "times itself with perfgate.harness.Window; 'log': parse step times from stdout (last resort)."
+        ),
+    ] = "harness"
+    log_pattern: Annotated[
+        str | None,
+        Field(
+            description="timing='log': regex with named groups `step` and `step_time_ms`, searched per line."
+        ),
+    ] = None
+    samples_per_step: Annotated[
+        int | None,
+        Field(
+            ge=1, description="Global samples per optimizer step (all ranks); default: counted from batches."
+        ),
+    ] = None
+    tokens_per_step: Annotated[
+        int | None, Field(ge=1, description="Global tokens per optimizer step (all ranks).")
+    ] = None
+    label: Annotated[
+        str | None, Field(description="Free-form label, e.g. 'baseline' or 'bf16-autocast'.")
+    ] = None
+    contract: Annotated[
+        BenchmarkContract,
+        Field(description="Declared invariants and execution settings; compare_benchmarks relies on them."),
+    ] = Field(default_factory=BenchmarkContract)
+    environment_id: Annotated[
+        str | None, Field(description="collect_env evidence id of the environment this runs in.")
+    ] = None
+    harness_on_path: Annotated[
+        bool,
+        Field(
+            description="Put a copy of perfgate on PYTHONPATH for a training interpreter that lacks it "
+            "(otherwise `pip install perfgate` there)."
+        ),
+    ] = False
+    reason: Annotated[
+        str, Field(max_length=2000, description="Why this run is needed (shown to the approver).")
+    ] = ""
+
+    @model_validator(mode="after")
+    def _pattern_matches_timing(self) -> RunBenchmarkWindowInput:
+        if (self.timing == "log") != (self.log_pattern is not None):
+            raise ValueError("log_pattern is required with timing='log' and only used with it")
+        return self
+
+
+class Throughput(BaseModel):
+    samples_per_s: float | None = Field(description="Global samples per second; null when not counted.")
+    tokens_per_s: float | None = Field(description="Global tokens per second; null when not given.")
+    steps_per_s: float = Field(description="Optimizer steps per second.")
+    basis: str = Field(description="How it was computed.")
+
+
+class RankResult(BaseModel):
+    rank: int
+    median_step_ms: float
+    p95_step_ms: float
+    iqr_ratio: float
+    steps_measured: int
+    elapsed_s: float
+    data_wait_fraction: float = Field(
+        description="Share of the rank's window spent blocked on the DataLoader."
+    )
+    collective_wait_fraction: float = Field(
+        description="Estimated share spent waiting for other ranks (backward time above the fastest rank's)."
+    )
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    host_peak_rss_bytes: int | None
+    step_time_source: str = Field(description="'device_events', 'host' or 'log'.")
+
+
+class WindowResult(BaseModel):
+    launch: int
+    index: int
+    median_step_ms: float
+    p95_step_ms: float
+    iqr_ratio: float
+    noisy: bool
+    steps: int
+    elapsed_s: float
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    steps_per_s: float
+    slowest_rank: int
+    rank_skew: float
+
+
+class RunBenchmarkWindowOutput(BaseModel):
+    evidence_id: str
+    state: EvidenceState
+    exit_code: int | None = Field(
+        description="Exit status of the last launch (0 when the harness stopped it)."
+    )
+    failure_reason: str | None = Field(description="Why the evidence is failed, when it is.")
+    label: str | None
+    timing: Timing
+    world_size: int | None
+    device: str | None = Field(description="Device kind and name the ranks timed (rank 0).")
+    windows_measured: int
+    steps_measured: int = Field(description="Measured steps over all windows (warm-up excluded).")
+    median_step_ms: float | None = Field(
+        description="Median step time of the slowest rank, pooled over windows."
+    )
+    p95_step_ms: float | None
+    iqr_ratio: float | None = Field(description="IQR / median of the pooled step times.")
+    noisy: bool | None = Field(
+        description="iqr_ratio >= 0.10: re-measure on a quieter machine or longer windows."
+    )
+    throughput: Throughput | None
+    peak_memory_bytes: int | None = Field(description="Max over ranks of the window's peak memory.")
+    peak_memory_kind: Literal["device_allocated", "host_rss"] | None
+    data_wait_fraction: float | None = Field(
+        description="Worst rank's share of time blocked on data loading."
+    )
+    slowest_rank: int | None
+    rank_skew: float | None = Field(description="Busy time of the slowest rank over the fastest's, minus 1.")
+    ranks: list[RankResult]
+    windows: list[WindowResult]
+    step_series_artifact: str | None = Field(description="Artifact with every window's per-step times.")
+    artifacts: list[str]
+    contract_problems: list[str] = Field(description="Where the run contradicted the declared contract.")
+    environment_fingerprint: dict[str, str | None]
+    warnings: list[str]
+    profiled: bool = False
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _run_dir(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> Path:
+    # Deterministic in the input: the approved request must be identical on every gate round.
+    key = hashlib.sha256(json.dumps(inp.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+    return rt.ledger.state_dir / "bench-runs" / key
+
+
+def _windows_per_launch(inp: RunBenchmarkWindowInput) -> int:
+    return inp.repeats if inp.same_process else 1
+
+
+def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
+    """The launch this call runs (once per launch, identically); validates the contract first.
+
+    Raises:
+        ToolError: an inconsistent contract, or a command the harness cannot be inserted into.
+    """
+    contract = Contract(dict(inp.contract.invariants), dict(inp.contract.execution))
+    try:
+        problems = check_contract(contract)
+        argv = wrap_command(inp.command) if inp.timing == "harness" else list(inp.command)
+        if inp.timing == "log":
+            compile_pattern(inp.log_pattern or "")
+    except BenchmarkError as exc:
+        raise ToolError(str(exc)) from exc
+    global_batch = contract.invariants.get("global_batch")
+    if (
+        inp.samples_per_step is not None
+        and isinstance(global_batch, int)
+        and inp.samples_per_step != global_batch
+    ):
+        problems.append(f"samples_per_step {inp.samples_per_step} != contract global_batch {global_batch}")
+    if problems:
+        raise ToolError(
+            "the contract is inconsistent: " + "; ".join(problems) + ". Fix the contract and call again."
+        )
+    cwd = rt.resolve_path(inp.cwd, kind="dir")
+    env = dict(inp.env)
+    if inp.timing != "log":
+        cfg = HarnessConfig(
+            record_dir=str(_run_dir(inp, rt) / "records"),
+            warmup_steps=inp.warmup_steps,
+            measure_steps=inp.measure_steps,
+            windows=_windows_per_launch(inp),
+            timing="optimizer" if inp.timing == "harness" else "explicit",
+            progress_every=max(1, (inp.warmup_steps + inp.measure_steps) // 5),
+            label=inp.label,
+        )
+        env.update(cfg.to_env())
+    if inp.harness_on_path:
+        path = str(harness_pythonpath(rt.ledger.state_dir))
+        existing = inp.env.get("PYTHONPATH")
+        env["PYTHONPATH"] = path if not existing else f"{path}:{existing}"
+    launches = 1 if inp.same_process else inp.repeats
+    return CommandRequest(
+        argv=tuple(argv),
+        cwd=cwd,
+        env=env,
+        timeout_s=inp.timeout_s,
+        reason=inp.reason
+        or f"run_benchmark_window: {launches} launch(es), {inp.repeats} window(s) of {inp.measure_steps} steps "
+        f"after {inp.warmup_steps} warm-up steps ({inp.timing} timing)",
+    )
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class _Failure(Exception):
+    """A launch did not yield the windows asked for; the evidence is recorded as failed."""
+
+
+def _launch_failure(result: CommandResult) -> str:
+    tail = result.stderr.tail
+    if "No module named perfgate" in tail or "No module named 'perfgate'" in tail:
+        return (
+            "the training interpreter cannot import perfgate: `pip install perfgate` in that environment, or "
+            "call again with harness_on_path=true"
+        )
+    last = tail.strip().splitlines()[-1] if tail.strip() else ""
+    return f"{result.summary()}" + (f"; last stderr line: {last[:300]}" if last else "")
+
+
+def _harness_windows(
+    inp: RunBenchmarkWindowInput, records: list[RankRecord], problems: list[str]
+) -> list[WindowSummary]:
+    if problems:
+        raise _Failure("; ".join(problems))
+    want = _windows_per_launch(inp)
+    for r in records:
+        if r.profiled:
+            raise _Failure(f"rank {r.rank} ran under the profiler: profiled runs are not throughput evidence")
+        if len(r.windows) < want:
+            measured = max(0, r.steps.count - r.warmup_steps)
+            why = r.error or r.stop_reason or "unknown"
+            raise _Failure(
+                f"rank {r.rank} measured {measured} of {want * r.measure_steps} steps after warm-up "
+                f"(the script ended: {why}); run more steps or lower warmup_steps/measure_steps"
+            )
+    return [summarize_window(records, k, inp.samples_per_step, inp.tokens_per_step) for k in range(want)]
+
+
+def _log_windows(inp: RunBenchmarkWindowInput, stdout: Path) -> list[WindowSummary]:
+    pattern = compile_pattern(inp.log_pattern or "")
+    with stdout.open(encoding="utf-8", errors="replace") as fh:
+        entries = parse_step_log(fh, pattern)
+    out: list[WindowSummary] = []
+    for k in range(_windows_per_launch(inp)):
+        window = log_window(entries, inp.warmup_steps + k * inp.measure_steps, inp.measure_steps)
+        if len(window.step_ms) < inp.measure_steps:
+            raise _Failure(
+                f"the log holds {len(window.step_ms)} of {inp.measure_steps} steps for window {k}: run more steps"
+            )
+        out.append(windows_from_series(window.step_ms, inp.samples_per_step, inp.tokens_per_step, index=k))
+    return out
+
+
+def _fingerprint(record: RankRecord | None) -> dict[str, str | None]:
+    device = record.device if record is not None else None
+    return {
+        "device_kind": device.kind if device else None,
+        "device_name": device.name if device else None,
+        "device_runtime": device.runtime_version if device else None,
+        "torch_version": record.torch_version if record else None,
+        "python_version": record.python if record else None,
+    }
+
+
+def _collect_records(
+    ev: EvidenceBuilder, record_dir: Path, launch: int
+) -> tuple[list[RankRecord], list[str]]:
+    try:
+        found = load_records(record_dir)
+    except RecordError as exc:
+        raise _Failure(str(exc)) from exc
+    for path in sorted(record_dir.glob("rank*.json")):
+        shutil.copyfile(path, ev.path(f"launch{launch}_{path.name}"))
+    return found.records, found.problems
+
+
+async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWindowOutput:
+    request = command(inp, rt)
+    ev = rt.evidence()
+    run_dir = _run_dir(inp, rt)
+    record_dir = run_dir / "records"
+    if inp.harness_on_path:
+        await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.state_dir))
+    launches = 1 if inp.same_process else inp.repeats
+    windows: list[tuple[int, WindowSummary]] = []
+    first_record: RankRecord | None = None
+    world: int | None = None
+    exit_code: int | None = None
+    failure: str | None = None
+    warnings: list[str] = []
+    contract = Contract(dict(inp.contract.invariants), dict(inp.contract.execution))
+    contract_problems: list[str] = []
+    try:
+        for launch in range(launches):
+            shutil.rmtree(record_dir, ignore_errors=True)
+            record_dir.mkdir(parents=True)
+            label = f"launch{launch}_" if launches > 1 else ""
+            result = await rt.run_command(request, ev, label=label)
+            exit_code = result.exit_code
+            if not result.succeeded:
+                raise _Failure(f"launch {launch}: {_launch_failure(result)}")
+            if inp.timing == "log":
+                got = _log_windows(inp, ev.path(f"{label}stdout.log"))
+                world = 1
+            else:
+                records, problems = _collect_records(ev, record_dir, launch)
+                got = _harness_windows(inp, records, problems)
+                first_record = first_record or records[0]
+                world = records[0].world_size
+                warnings.extend(f"rank {r.rank}: {note}" for r in records for note in r.notes)
+            windows.extend((launch, w) for w in got)
+    except _Failure as exc:
+        failure = str(exc)
+    except BenchmarkError as exc:
+        failure = str(exc)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+    summary: RunSummary | None = (
+        summarize_run([w for _, w in windows]) if windows and failure is None else None
+    )
+    if summary is not None and world is not None:
+        per_step = {w.samples // w.steps for _, w in windows if w.samples is not None}
+        contract_problems = check_observed(contract, world, per_step.pop() if len(per_step) == 1 else None)
+        for problem in contract_problems:
+            if "world_size" in problem:
+                failure = f"the run contradicts its contract: {problem}"
+            else:
+                warnings.append(problem)
+    series_name: str | None = None
+    if windows:
+        series_name = SERIES_NAME
+        ev.write_json(series_name, series_document(windows))
+    if summary is not None and summary.stats.noisy:
+        warnings.append(
+            f"noisy windows (IQR/median {summary.stats.iqr_ratio:.2f} >= 0.10): other load on the machine, "
+            "too few steps, or periodic work (logging, checkpoints) inside the window"
+        )
+    out = _output(inp, ev, rt, summary, windows, world, first_record, exit_code, failure, warnings)
+    out.contract_problems = contract_problems
+    out.step_series_artifact = series_name
+    return await rt.commit(
+        ev, out, command=list(request.argv), exit_code=exit_code, environment_id=inp.environment_id
+    )
+
+
+def _output(
+    inp: RunBenchmarkWindowInput,
+    ev: EvidenceBuilder,
+    rt: ToolRuntime,
+    summary: RunSummary | None,
+    windows: list[tuple[int, WindowSummary]],
+    world: int | None,
+    first: RankRecord | None,
+    exit_code: int | None,
+    failure: str | None,
+    warnings: list[str],
+) -> RunBenchmarkWindowOutput:
+    device = first.device if first is not None else None
+    common: dict[str, Any] = {
+        "evidence_id": ev.id,
+        "exit_code": exit_code,
+        "label": inp.label,
+        "timing": inp.timing,
+        "world_size": world,
+        "device": f"{device.kind} {device.name or ''}".strip() if device else None,
+        "step_series_artifact": None,
+        "artifacts": [rt.relative(ev.dir / name) for name in ev.artifact_names],
+        "contract_problems": [],
+        "environment_fingerprint": _fingerprint(first),
+        "warnings": warnings,
+    }
+    if summary is None or failure is not None:
+        return RunBenchmarkWindowOutput(
+            **common,
+            state=EvidenceState.FAILED,
+            failure_reason=failure or "no window was measured",
+            windows_measured=0,
+            steps_measured=0,
+            median_step_ms=None,
+            p95_step_ms=None,
+            iqr_ratio=None,
+            noisy=None,
+            throughput=None,
+            peak_memory_bytes=None,
+            peak_memory_kind=None,
+            data_wait_fraction=None,
+            slowest_rank=None,
+            rank_skew=None,
+            ranks=[],
+            windows=[],
+        )
+    s = summary.stats
+    has_device_peak = any(r.peak_allocated_bytes is not None for _, w in windows for r in w.ranks)
+    return RunBenchmarkWindowOutput(
+        **common,
+        state=EvidenceState.EXECUTED,
+        failure_reason=None,
+        windows_measured=len(windows),
+        steps_measured=summary.steps,
+        median_step_ms=s.median_ms,
+        p95_step_ms=s.p95_ms,
+        iqr_ratio=s.iqr_ratio,
+        noisy=s.noisy,
+        throughput=Throughput(
+            samples_per_s=summary.samples_per_s,
+            tokens_per_s=summary.tokens_per_s,
+            steps_per_s=summary.steps_per_s,
+            basis="global work over the aligned steps / the longest rank's elapsed time, summed over windows",
+        ),
+        peak_memory_bytes=summary.peak_memory_bytes,
+        peak_memory_kind=None
+        if summary.peak_memory_bytes is None
+        else ("device_allocated" if has_device_peak else "host_rss"),
+        data_wait_fraction=summary.data_wait_fraction,
+        slowest_rank=summary.slowest_rank,
+        rank_skew=summary.rank_skew,
+        ranks=_rank_results([w for _, w in windows]),
+        windows=[
+            WindowResult(
+                launch=launch,
+                index=w.index,
+                median_step_ms=w.stats.median_ms,
+                p95_step_ms=w.stats.p95_ms,
+                iqr_ratio=w.stats.iqr_ratio,
+                noisy=w.stats.noisy,
+                steps=w.steps,
+                elapsed_s=w.elapsed_s,
+                samples_per_s=w.samples_per_s,
+                tokens_per_s=w.tokens_per_s,
+                steps_per_s=w.steps_per_s,
+                slowest_rank=w.slowest_rank,
+                rank_skew=w.rank_skew,
+            )
+            for launch, w in windows
+        ],
+    )
+
+
+def _rank_results(windows: list[WindowSummary]) -> list[RankResult]:
+    from perfgate.benchmarking import step_stats
+
+    ranks = sorted({r.rank for w in windows for r in w.ranks})
+    out: list[RankResult] = []
+    for rank in ranks:
+        rows = [r for w in windows for r in w.ranks if r.rank == rank]
+        stats = step_stats([v for r in rows for v in r.step_ms])
+        elapsed_ms = sum(r.elapsed_ms for r in rows)
+
+        def peak(values: list[int | None]) -> int | None:
+            known = [v for v in values if v is not None]
+            return max(known) if known else None
+
+        out.append(
+            RankResult(
+                rank=rank,
+                median_step_ms=stats.median_ms,
+                p95_step_ms=stats.p95_ms,
+                iqr_ratio=stats.iqr_ratio,
+                steps_measured=sum(r.steps_measured for r in rows),
+                elapsed_s=elapsed_ms / 1e3,
+                data_wait_fraction=sum(r.data_wait_ms for r in rows) / elapsed_ms if elapsed_ms else 0.0,
+                collective_wait_fraction=sum(r.collective_wait_ms for r in rows) / elapsed_ms
+                if elapsed_ms
+                else 0.0,
+                peak_allocated_bytes=peak([r.peak_allocated_bytes for r in rows]),
+                peak_reserved_bytes=peak([r.peak_reserved_bytes for r in rows]),
+                host_peak_rss_bytes=peak([r.host_peak_rss_bytes for r in rows]),
+                step_time_source=rows[0].step_time_source,
+            )
+        )
+    return out
+
+
+SPEC = ToolSpec(
+    name="run_benchmark_window",
+    title="Time steady-state training windows",
+    description=(
+        "Launch the training command (needs approval) and time steady-state windows of optimizer steps per "
+        "rank: warm-up excluded, device synchronized only at window edges, one window per launch times "
+        "`repeats`. Returns median/p95 step time, IQR noise, global throughput over the slowest rank's "
+        "aligned window, peak memory, data-wait share, the slowest rank and rank skew, and the step series "
+        "as an artifact. Declare a `contract` (invariants vs execution settings): compare_benchmarks refuses "
+        "comparisons without one. Use repeats>=3 for evidence a decision can rest on; never profile here."
+    ),
+    input_model=RunBenchmarkWindowInput,
+    output_model=RunBenchmarkWindowOutput,
+    run=run,
+    read_only=False,
+    destructive=False,
+    idempotent=False,
+    open_world=True,
+    runs_commands=True,
+    command=command,
+)

@@ -1,0 +1,77 @@
+"""Inserting the harness into training commands, and the importable copy of perfgate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfgate.benchmarking import BenchmarkError
+from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path, wrap_command
+
+H = ["-m", "perfgate.harness", "--"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["python", "train.py", "--lr", "1"], ["python", *H, "train.py", "--lr", "1"]),
+        (
+            ["/usr/bin/python3.11", "-u", "-X", "dev", "train.py"],
+            ["/usr/bin/python3.11", "-u", "-X", "dev", *H, "train.py"],
+        ),
+        (["python", "-m", "pkg.train", "-m", "x"], ["python", *H, "-m", "pkg.train", "-m", "x"]),
+        (
+            ["torchrun", "--nproc-per-node", "2", "--standalone", "train.py", "--steps", "3"],
+            ["torchrun", "--nproc-per-node", "2", "--standalone", *H, "train.py", "--steps", "3"],
+        ),
+        (
+            ["torchrun", "--nproc_per_node=8", "-m", "pkg.train"],
+            ["torchrun", "--nproc_per_node=8", *H, "-m", "pkg.train"],
+        ),
+        (
+            ["python", "-m", "torch.distributed.run", "--nnodes", "1", "train.py"],
+            ["python", "-m", "torch.distributed.run", "--nnodes", "1", *H, "train.py"],
+        ),
+        (
+            ["python", "-m", "perfgate.harness", "--", "t.py"],
+            ["python", "-m", "perfgate.harness", "--", "t.py"],
+        ),
+    ],
+)
+def test_commands_are_wrapped_with_the_harness(argv: list[str], expected: list[str]) -> None:
+    assert wrap_command(argv) == expected
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["accelerate", "launch", "train.py"], "timing='explicit'"),
+        (["python", "-c", "print(1)"], "script file"),
+        (["python"], "no script"),
+        (["torchrun", "--nproc-per-node", "2"], "no training script"),
+        (["torchrun", "--no-python", "bash", "x.sh"], "non-Python"),
+    ],
+)
+def test_unwrappable_commands_say_what_to_do(argv: list[str], fragment: str) -> None:
+    with pytest.raises(BenchmarkError, match=fragment):
+        wrap_command(argv)
+
+
+def test_the_copy_of_perfgate_is_importable_without_the_installed_package(tmp_path: Path) -> None:
+    target = harness_pythonpath(tmp_path)
+    assert harness_pythonpath(tmp_path) == target  # content-addressed, stable
+    prepare_harness_path(target)
+    prepare_harness_path(target)  # idempotent
+    code = "import perfgate.harness, sys; print(perfgate.harness.__file__)"
+    out = subprocess.run(
+        [sys.executable, "-S", "-c", code],  # -S: no site-packages, so no installed perfgate
+        env={"PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip().startswith(str(target))

@@ -1,0 +1,344 @@
+"""run_benchmark_window and compare_benchmarks through the MCP protocol, on tiny real CPU runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+import perfgate.tools
+from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
+from perfgate.server import build_server
+from perfgate.tools import compare_benchmarks, run_benchmark_window
+from perfgate.tools._runtime import ServerConfig
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+PY = sys.executable
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "examples" / "tiny_train.py")
+PACED = str(REPO / "examples" / "paced_loop.py")
+CONTRACT = {
+    "invariants": {"model": "tiny-mlp", "data": "synthetic", "precision": "fp32", "global_batch": 32},
+    "execution": {"microbatch": 32, "accumulation": 1, "world_size": 1},
+}
+
+
+@pytest.fixture(autouse=True)
+def registry_with_benchmark_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    specs = [
+        s for s in (run_benchmark_window.SPEC, compare_benchmarks.SPEC) if s not in perfgate.tools.REGISTRY
+    ]
+    monkeypatch.setattr(perfgate.tools, "REGISTRY", (*perfgate.tools.REGISTRY, *specs))
+
+
+@pytest.fixture
+def allowed(workspace: Path) -> Path:
+    """An operator allowlist for the commands these tests run (so no human is asked)."""
+    torchrun = shutil.which("torchrun", path=str(Path(PY).parent)) or "torchrun"
+    rules = [[PY, "-m", "perfgate.harness"], [PY, PACED], [PY, TINY], [torchrun]]
+    text = "[execution]\n" + "".join(f"\n[[execution.allow]]\nargv = {json.dumps(r)}\n" for r in rules)
+    (workspace / "perfgate.toml").write_text(text)
+    return workspace
+
+
+async def call(workspace: Path, tool: str, args: dict[str, Any], mode: str = "auto") -> dict[str, Any]:
+    async with Client(build_server(ServerConfig.create(workspace)), mode=mode) as client:
+        result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content[0].text  # type: ignore[union-attr]
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def call_error(workspace: Path, tool: str, args: dict[str, Any]) -> str:
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        result = await client.call_tool(tool, args)
+    assert result.is_error
+    return result.content[0].text  # type: ignore[union-attr]
+
+
+def paced(step_ms: float, **kw: Any) -> dict[str, Any]:
+    contract = {"invariants": {"workload": "paced"}, "execution": {"step_ms": step_ms}}
+    return {
+        "command": [PY, PACED, "--steps", "1000", "--step-ms", str(step_ms), "--samples", "8"],
+        "timing": "explicit",
+        "warmup_steps": 2,
+        "measure_steps": 15,
+        "repeats": 3,
+        "same_process": True,
+        "timeout_s": 60,
+        "contract": contract,
+        **kw,
+    }
+
+
+async def test_harness_timed_tiny_training_through_the_protocol(allowed: Path, mode: str) -> None:
+    out = await call(
+        allowed,
+        "run_benchmark_window",
+        {
+            "command": [PY, TINY, "--steps", "100000"],
+            "warmup_steps": 3,
+            "measure_steps": 8,
+            "repeats": 2,
+            "contract": CONTRACT,
+            "label": "baseline",
+        },
+        mode,
+    )
+    assert out["state"] == "executed" and out["failure_reason"] is None
+    assert out["exit_code"] == 0 and out["world_size"] == 1 and out["device"] == "cpu"
+    assert out["windows_measured"] == 2 and out["steps_measured"] == 16
+    assert [w["launch"] for w in out["windows"]] == [0, 1]  # two separate launches
+    assert out["median_step_ms"] > 0 and out["p95_step_ms"] >= out["median_step_ms"]
+    thr = out["throughput"]
+    assert thr["samples_per_s"] == pytest.approx(32 * thr["steps_per_s"])
+    assert out["peak_memory_kind"] == "host_rss" and out["peak_memory_bytes"] > 0
+    assert 0 < out["data_wait_fraction"] < 1 and out["slowest_rank"] == 0
+    assert out["contract_problems"] == [] and out["profiled"] is False
+    assert any(a.endswith("step_series.json") for a in out["artifacts"])
+    assert any(a.endswith("launch1_rank0.json") for a in out["artifacts"])
+    record = Ledger(allowed).get(out["evidence_id"])
+    assert record is not None and record.command is not None and "perfgate.harness" in record.command
+    assert record.inputs["contract"]["invariants"]["model"] == "tiny-mlp"
+
+
+async def test_a_known_step_time_is_measured_within_two_percent(allowed: Path) -> None:
+    out = await call(allowed, "run_benchmark_window", paced(10.0))
+    assert out["state"] == "executed" and out["windows_measured"] == 3
+    assert out["median_step_ms"] == pytest.approx(10.0, rel=0.02)
+    assert out["throughput"]["samples_per_s"] == pytest.approx(800, rel=0.05)
+    assert out["iqr_ratio"] is not None and out["noisy"] == (out["iqr_ratio"] >= 0.10)
+
+
+async def test_a_two_times_faster_training_is_improved_with_speedup_near_two(allowed: Path) -> None:
+    def tiny(step_ms: int) -> dict[str, Any]:
+        contract = {**CONTRACT, "execution": {**CONTRACT["execution"], "step_ms": step_ms}}
+        return {
+            "command": [PY, TINY, "--steps", "1000", "--step-ms", str(step_ms)],
+            "warmup_steps": 3,
+            "measure_steps": 12,
+            "repeats": 3,
+            "same_process": True,
+            "contract": contract,
+        }
+
+    base = await call(allowed, "run_benchmark_window", tiny(24))
+    cand = await call(allowed, "run_benchmark_window", tiny(12))
+    cmp = await call(
+        allowed,
+        "compare_benchmarks",
+        {
+            "baseline": [base["evidence_id"]],
+            "candidate": [cand["evidence_id"]],
+            "declared_changes": ["step_ms"],
+        },
+    )
+    assert cmp["status"] == "comparable" and cmp["verdict"] == "improved" and cmp["state"] == "passed"
+    assert cmp["speedup"] == pytest.approx(2.0, rel=0.05)
+    assert cmp["ci_low"] > 1.0 and cmp["unit"] == "samples"
+    assert cmp["baseline_windows"] == 3 and cmp["candidate_windows"] == 3 and cmp["warnings"] == []
+
+
+async def test_the_same_command_twice_is_within_noise(allowed: Path) -> None:
+    a = await call(allowed, "run_benchmark_window", paced(8.0))
+    b = await call(allowed, "run_benchmark_window", paced(8.0))
+    cmp = await call(
+        allowed, "compare_benchmarks", {"baseline": [a["evidence_id"]], "candidate": [b["evidence_id"]]}
+    )
+    assert cmp["verdict"] == "within_noise" and cmp["state"] == "executed"
+    assert cmp["status"] == "comparable" and cmp["reasons"] == []
+
+
+async def test_torchrun_over_two_ranks_reports_the_slow_rank(allowed: Path) -> None:
+    torchrun = shutil.which("torchrun", path=str(Path(PY).parent))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed next to this interpreter")
+    contract = {
+        "invariants": {"model": "tiny-mlp", "global_batch": 64},
+        "execution": {"microbatch": 32, "world_size": 2},
+    }
+    out = await call(
+        allowed,
+        "run_benchmark_window",
+        {
+            "command": [
+                torchrun,
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                "29641",
+                TINY,
+                "--ddp",
+                "--steps",
+                "1000",
+                "--slow-rank",
+                "1",
+                "--slow-ms",
+                "15",
+            ],
+            "warmup_steps": 3,
+            "measure_steps": 10,
+            "repeats": 1,
+            "contract": contract,
+        },
+    )
+    assert out["state"] == "executed", out["failure_reason"]
+    assert out["world_size"] == 2 and out["slowest_rank"] == 1 and out["rank_skew"] > 0.2
+    assert [r["rank"] for r in out["ranks"]] == [0, 1]
+    assert out["ranks"][0]["collective_wait_fraction"] > out["ranks"][1]["collective_wait_fraction"]
+    assert out["throughput"]["samples_per_s"] == pytest.approx(64 * out["throughput"]["steps_per_s"])
+    assert out["contract_problems"] == []
+
+
+async def test_log_timing_parses_step_times_from_stdout(allowed: Path) -> None:
+    out = await call(
+        allowed,
+        "run_benchmark_window",
+        {
+            "command": [PY, TINY, "--steps", "14", "--step-ms", "10", "--log-every", "1"],
+            "timing": "log",
+            "log_pattern": r"step (?P<step>\d+) .*step_time_ms (?P<step_time_ms>[0-9.]+)",
+            "warmup_steps": 4,
+            "measure_steps": 10,
+            "repeats": 1,
+            "samples_per_step": 32,
+        },
+    )
+    assert out["state"] == "executed" and out["steps_measured"] == 10
+    assert out["median_step_ms"] == pytest.approx(10.0, rel=0.05)
+    assert out["ranks"][0]["step_time_source"] == "log"
+
+
+async def test_a_run_that_ends_before_the_window_is_failed_evidence(allowed: Path) -> None:
+    out = await call(
+        allowed, "run_benchmark_window", paced(1.0, command=[PY, PACED, "--steps", "10", "--step-ms", "1"])
+    )
+    assert out["state"] == "failed" and out["windows_measured"] == 0
+    assert "measured 8 of 45 steps" in out["failure_reason"]
+
+
+async def test_a_crashing_run_is_failed_evidence_with_its_exit_status(allowed: Path) -> None:
+    out = await call(allowed, "run_benchmark_window", paced(1.0, command=[PY, PACED, "--steps", "-x"]))
+    assert out["state"] == "failed" and out["exit_code"] == 2
+    assert "exited with status 2" in out["failure_reason"]
+
+
+async def test_an_inconsistent_contract_is_refused_before_anything_runs(allowed: Path) -> None:
+    bad = {
+        "invariants": {"global_batch": 64},
+        "execution": {"microbatch": 16, "accumulation": 2, "world_size": 1},
+    }
+    message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=bad))
+    assert "global_batch 64 != microbatch 16 x accumulation 2 x data_parallel 1 = 32" in message
+    assert Ledger(allowed).records(tool="run_benchmark_window") == []
+
+
+async def test_a_declared_world_size_that_did_not_run_fails_the_evidence(allowed: Path) -> None:
+    contract = {"invariants": {"workload": "paced"}, "execution": {"world_size": 4}}
+    out = await call(allowed, "run_benchmark_window", paced(1.0, contract=contract))
+    assert out["state"] == "failed" and "world_size 4 but 1 rank(s) ran" in out["failure_reason"]
+
+
+# ---------------------------------------------------------------- refusals, on ledger records
+
+
+def _window(
+    ledger: Ledger,
+    invariants: dict[str, Any],
+    execution: dict[str, Any],
+    *,
+    state: EvidenceState = EvidenceState.EXECUTED,
+    profiled: bool = False,
+    tool: str = "run_benchmark_window",
+) -> str:
+    evidence_id = Ledger.new_id()
+    ledger.artifact_dir(evidence_id)
+    ledger.append(
+        EvidenceDraft(
+            id=evidence_id,
+            tool=tool,
+            state=state,
+            inputs={"contract": {"invariants": invariants, "execution": execution}},
+            result={"world_size": 1, "environment_fingerprint": {"device_kind": "cpu", "device_name": None}},
+            profiled=profiled,
+        )
+    )
+    return evidence_id
+
+
+INV = {"model": "m", "precision": "bf16", "global_batch": 64}
+EXE = {"microbatch": 16, "accumulation": 4, "world_size": 1, "compile": False}
+
+
+async def _refusal(workspace: Path, base: str, cand: str, declared: list[str]) -> dict[str, Any]:
+    out = await call(
+        workspace,
+        "compare_benchmarks",
+        {"baseline": [base], "candidate": [cand], "declared_changes": declared},
+    )
+    assert out["status"] == "incomparable" and out["verdict"] == "incomparable" and out["state"] == "failed"
+    return out
+
+
+async def test_a_changed_invariant_is_refused(workspace: Path) -> None:
+    ledger = Ledger(workspace)
+    out = await _refusal(
+        workspace, _window(ledger, INV, EXE), _window(ledger, {**INV, "precision": "fp8"}, EXE), []
+    )
+    assert out["reasons"] == ["invariant 'precision' changed"]
+
+
+async def test_an_undeclared_change_is_refused(workspace: Path) -> None:
+    ledger = Ledger(workspace)
+    out = await _refusal(
+        workspace, _window(ledger, INV, EXE), _window(ledger, INV, {**EXE, "compile": True}), []
+    )
+    assert out["reasons"] == ["execution setting 'compile' changed but was not declared"]
+    assert out["actual_changes"] == ["compile"]
+
+
+async def test_a_declared_but_absent_change_is_refused(workspace: Path) -> None:
+    ledger = Ledger(workspace)
+    out = await _refusal(workspace, _window(ledger, INV, EXE), _window(ledger, INV, EXE), ["compile"])
+    assert out["reasons"] == ["declared change 'compile' did not happen (same value on both sides)"]
+
+
+async def test_profiled_evidence_is_refused(workspace: Path) -> None:
+    ledger = Ledger(workspace)
+    profiled = _window(ledger, INV, EXE, profiled=True, tool="profile_segment")
+    out = await _refusal(workspace, _window(ledger, INV, EXE), profiled, [])
+    assert any("is profiled" in r for r in out["reasons"])
+
+
+async def test_failed_evidence_is_refused(workspace: Path) -> None:
+    ledger = Ledger(workspace)
+    failed = _window(ledger, INV, EXE, state=EvidenceState.FAILED)
+    out = await _refusal(workspace, failed, _window(ledger, INV, EXE), [])
+    assert any("is failed" in r for r in out["reasons"])
+
+
+async def test_windows_without_a_contract_are_refused(workspace: Path) -> None:
+    ledger = Ledger(workspace)
+    out = await _refusal(workspace, _window(ledger, {}, {}), _window(ledger, {}, {}), [])
+    assert any("declares no contract invariants" in r for r in out["reasons"])
+
+
+async def test_evidence_of_another_tool_or_unknown_ids_are_errors(workspace: Path) -> None:
+    ledger = Ledger(workspace)
+    other = _window(ledger, INV, EXE, tool="compute_mfu")
+    assert "comes from compute_mfu" in await call_error(
+        workspace, "compare_benchmarks", {"baseline": [other], "candidate": [_window(ledger, INV, EXE)]}
+    )
+    assert "no evidence 'ev-nope'" in await call_error(
+        workspace, "compare_benchmarks", {"baseline": ["ev-nope"], "candidate": [other]}
+    )
+    same = _window(ledger, INV, EXE)
+    assert "on both sides" in await call_error(
+        workspace, "compare_benchmarks", {"baseline": [same], "candidate": [same]}
+    )

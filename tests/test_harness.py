@@ -1,0 +1,350 @@
+"""The in-process harness, driven directly: windows, step columns, probes, device edges, config."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import perfgate.harness as harness_pkg
+from perfgate.harness import ConfigError, HarnessConfig, ProfileConfig, Window, WindowComplete
+from perfgate.harness import window as window_mod
+from perfgate.harness.device import DeviceBackend
+from perfgate.harness.hooks import batch_size
+from perfgate.harness.record import RECORD_SCHEMA, record_path
+
+
+class FakeClock:
+    """Stands in for time.perf_counter_ns so step durations are exact."""
+
+    def __init__(self) -> None:
+        self.ns = 1_000_000_000
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance_ms(self, ms: float) -> None:
+        self.ns += int(ms * 1e6)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(window_mod, "_now", fake)
+    return fake
+
+
+def _config(**kw: Any) -> HarnessConfig:
+    return HarnessConfig(**{"warmup_steps": 2, "measure_steps": 4, **kw})
+
+
+def test_warmup_steps_are_recorded_but_excluded_from_the_window(clock: FakeClock) -> None:
+    w = Window(config=_config(), instrument=False)
+    durations = [50, 30, 10, 11, 12, 13]
+    for ms in durations:
+        with w.step(samples=8):
+            clock.advance_ms(ms)
+    rec = w.to_record()
+    assert w.done
+    assert rec["steps"]["count"] == 6 and rec["steps"]["warmup"] == 2
+    assert [t / 1e6 for t in rec["steps"]["step_time_ns"]] == pytest.approx(durations)
+    (win,) = rec["windows"]
+    assert (win["first_step"], win["last_step"], win["steps"]) == (2, 5, 4)
+    assert win["elapsed_ns"] == sum(rec["steps"]["step_time_ns"][2:])
+    assert rec["steps"]["samples"] == [8] * 6
+    assert rec["complete"] and rec["stop_reason"] == "window_complete"
+
+
+def test_steps_after_the_last_window_are_ignored(clock: FakeClock) -> None:
+    w = Window(config=_config(warmup_steps=1, measure_steps=2), instrument=False)
+    for _ in range(10):
+        w.mark_step()
+        clock.advance_ms(1)
+    assert w.steps_completed == 3
+    assert w.to_record()["steps"]["count"] == 3
+
+
+def test_consecutive_windows_cover_disjoint_step_ranges(clock: FakeClock) -> None:
+    w = Window(config=_config(windows=3), instrument=False)
+    for _ in range(2 + 4 * 3):
+        with w.step():
+            clock.advance_ms(5)
+    wins = w.to_record()["windows"]
+    assert [(x["first_step"], x["last_step"]) for x in wins] == [(2, 5), (6, 9), (10, 13)]
+    assert all(x["elapsed_ns"] == 20_000_000 for x in wins)
+
+
+def test_mark_step_measures_boundary_to_boundary_including_gaps(clock: FakeClock) -> None:
+    # The time between two `with` blocks (data loading in the loop, logging) belongs to the next step.
+    w = Window(config=_config(warmup_steps=0, measure_steps=3), instrument=False)
+    for _ in range(3):
+        clock.advance_ms(2)  # outside the block
+        with w.step():
+            clock.advance_ms(8)
+    rec = w.to_record()
+    assert [t / 1e6 for t in rec["steps"]["step_time_ns"]] == pytest.approx([8, 10, 10])
+    assert rec["windows"][0]["first_step"] == 0
+
+
+def test_stop_raises_window_complete_after_the_last_window(clock: FakeClock) -> None:
+    w = Window(config=_config(warmup_steps=0, measure_steps=2), stop=True, instrument=False)
+    w.mark_step()
+    with pytest.raises(WindowComplete):
+        w.mark_step()
+    # WindowComplete is not an Exception: `except Exception` in a training script cannot swallow it
+    assert not issubclass(WindowComplete, Exception)
+
+
+def test_a_failed_step_is_not_counted(clock: FakeClock) -> None:
+    w = Window(config=_config(), instrument=False)
+    with pytest.raises(RuntimeError), w.step():
+        raise RuntimeError("boom")
+    assert w.steps_completed == 0
+
+
+def test_the_record_file_is_written_at_completion_and_is_valid_json(clock: FakeClock, tmp_path: Path) -> None:
+    w = Window(config=_config(record_dir=str(tmp_path)), instrument=False)
+    for _ in range(6):
+        w.mark_step(tokens=128)
+        clock.advance_ms(3)
+    path = record_path(tmp_path, 0)
+    assert w.record_file == path
+    data = json.loads(path.read_text())
+    assert data["schema"] == RECORD_SCHEMA and data["version"] == 1
+    assert data["steps"]["tokens"] == [128] * 6
+    assert not list(tmp_path.glob("*.tmp"))  # atomic write leaves no temporary file
+
+
+def test_an_unfinished_window_is_written_as_incomplete_on_close(clock: FakeClock, tmp_path: Path) -> None:
+    w = Window(config=_config(record_dir=str(tmp_path)), instrument=False)
+    for _ in range(3):
+        w.mark_step()
+    w.close("script_exit", error="ValueError: data ran out")
+    data = json.loads(record_path(tmp_path, 0).read_text())
+    assert not data["complete"] and data["windows"] == []
+    assert data["stop_reason"] == "script_exit" and data["error"] == "ValueError: data ran out"
+
+
+def test_the_rank_comes_from_the_launcher_environment(
+    clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    w = Window(config=_config(record_dir=str(tmp_path), warmup_steps=0, measure_steps=1), instrument=False)
+    w.mark_step()
+    data = json.loads((tmp_path / "rank3.json").read_text())
+    assert (data["rank"], data["local_rank"], data["world_size"]) == (3, 1, 4)
+
+
+def test_only_the_first_optimizer_delimits_steps(clock: FakeClock) -> None:
+    w = Window(config=_config(warmup_steps=0, measure_steps=3), instrument=False, _optimizer_mode=True)
+    gen, disc = object(), object()
+    for _ in range(3):
+        clock.advance_ms(4)
+        w.optimizer_step(gen)
+        w.optimizer_step(disc)
+    rec = w.to_record()
+    assert rec["steps"]["count"] == 3
+    assert rec["other_optimizer_steps"] == 3
+    assert rec["notes"] and "other optimizers" in rec["notes"][0]
+
+
+class _FakeEvent:
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.at: int | None = None
+
+    def record(self) -> None:
+        self.at = self.clock.ns
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        assert self.at is not None and end.at is not None
+        return (end.at - self.at) / 1e6
+
+
+class _FakeAccelerator:
+    """The slice of a torch device module (torch.cuda, torch.musa, ...) the harness uses."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.syncs = 0
+        self.resets = 0
+        self.peak = 0
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+    def current_device(self) -> int:
+        return 0
+
+    def get_device_name(self, index: int) -> str:
+        return "Fake Accelerator"
+
+    def Event(self, enable_timing: bool = False) -> _FakeEvent:
+        return _FakeEvent(self.clock)
+
+    def reset_peak_memory_stats(self) -> None:
+        self.resets += 1
+        self.peak = 0
+
+    def max_memory_allocated(self) -> int:
+        return self.peak
+
+    def max_memory_reserved(self) -> int:
+        return self.peak * 2
+
+
+def test_the_device_is_synchronised_only_at_window_edges(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _FakeAccelerator(clock)
+    monkeypatch.setattr(window_mod, "detect_backend", lambda *a: DeviceBackend("cuda", fake))
+    w = Window(config=_config(warmup_steps=3, measure_steps=5), instrument=False)
+    for i in range(8):
+        with w.step():
+            clock.advance_ms(10 + i)
+            if i == 5:
+                fake.peak = 4096  # allocated during the window
+    rec = w.to_record()
+    assert fake.syncs == 2  # window start and window end, never per step
+    assert fake.resets == 1  # peak memory reset at the window start
+    (win,) = rec["windows"]
+    assert win["peak_allocated_bytes"] == 4096 and win["peak_reserved_bytes"] == 8192
+    assert win["device_step_ms"] == pytest.approx([13, 14, 15, 16, 17])
+    assert win["device_elapsed_ms"] == pytest.approx(75)
+    assert rec["device"]["kind"] == "cuda" and rec["device"]["name"] == "Fake Accelerator"
+
+
+def test_a_custom_synchronize_callable_runs_at_edges(clock: FakeClock) -> None:
+    calls: list[int] = []
+    w = Window(
+        config=_config(warmup_steps=1, measure_steps=2), synchronize=lambda: calls.append(1), instrument=False
+    )
+    for _ in range(3):
+        w.mark_step()
+    assert len(calls) == 2
+    assert w.to_record()["device"]["kind"] == "custom"
+
+
+@pytest.mark.parametrize(
+    ("batch", "expected"),
+    [
+        ([[1, 2]], None),
+        ({"x": type("T", (), {"shape": (16, 3)})()}, 16),
+        ((type("T", (), {"shape": (4,)})(), 0), 4),
+        (type("T", (), {"shape": ()})(), None),
+        ("text", None),
+        ([], None),
+    ],
+)
+def test_batch_size_is_the_leading_dimension_of_the_first_tensor(batch: object, expected: int | None) -> None:
+    assert batch_size(batch) == expected
+
+
+def test_data_loader_waits_and_batch_sizes_are_recorded() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.zeros(40, 3)), batch_size=5)
+    with Window(config=_config(warmup_steps=1, measure_steps=3)) as w:
+        batches = iter(loader)
+        for _ in range(4):
+            with w.step():
+                next(batches)
+                next(batches)  # two micro-batches in one step
+    steps = w.to_record()["steps"]
+    assert steps["samples"] == [10, 10, 10, 10]
+    assert all(ns > 0 for ns in steps["data_wait_ns"])
+
+
+def test_backward_time_is_recorded_per_step() -> None:
+    torch = pytest.importorskip("torch")
+    x = torch.ones(4, requires_grad=True)
+    with Window(config=_config(warmup_steps=0, measure_steps=2)) as w:
+        for _ in range(2):
+            with w.step():
+                (x * 2).sum().backward()
+    assert all(ns > 0 for ns in w.to_record()["steps"]["backward_ns"])
+
+
+def test_config_round_trips_through_the_environment() -> None:
+    cfg = HarnessConfig(
+        record_dir="/tmp/r",
+        warmup_steps=3,
+        measure_steps=7,
+        windows=2,
+        stop=False,
+        timing="explicit",
+        samples_per_step=32,
+        tokens_per_step=4096,
+        data_wait=False,
+        device_events=False,
+        progress_every=5,
+        label="baseline",
+        profile=ProfileConfig(trace_dir="/tmp/t", skip_first=2, wait=1, warmup=2, active=3, with_flops=True),
+    )
+    assert HarnessConfig.from_env(cfg.to_env()) == cfg
+    assert HarnessConfig.from_env({}) == HarnessConfig()
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"PERFGATE_WARMUP_STEPS": "five"}, "PERFGATE_WARMUP_STEPS must be an integer"),
+        ({"PERFGATE_STOP": "maybe"}, "PERFGATE_STOP must be 1 or 0"),
+        ({"PERFGATE_TIMING": "wall"}, "PERFGATE_TIMING must be one of"),
+        ({"PERFGATE_MEASURE_STEPS": "0"}, "measure_steps must be >= 1"),
+        ({"PERFGATE_PROFILE_DIR": "/t", "PERFGATE_PROFILE_WARMUP": "0"}, "warmup must be >= 1"),
+    ],
+)
+def test_bad_settings_name_what_to_fix(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        HarnessConfig.from_env(env)
+
+
+def test_importing_the_harness_loads_neither_torch_nor_mcp() -> None:
+    code = (
+        "import sys, perfgate.harness, perfgate.harness.launch;"
+        "print(sorted(m for m in ('torch', 'mcp', 'numpy', 'pydantic') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]"
+
+
+def test_lazy_exports_resolve_on_first_access() -> None:
+    for module in (
+        importlib.import_module("perfgate.harness.dump"),
+        importlib.import_module("perfgate.harness.samples"),
+    ):
+        for name in module.__all__:
+            assert name in harness_pkg.__all__
+            assert getattr(harness_pkg, name) is getattr(module, name)
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        _ = harness_pkg.not_a_name  # pyright: ignore[reportAttributeAccessIssue] -- the point of the test
+
+
+def test_an_accelerator_initialised_after_the_first_edge_is_still_synchronised(
+    clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Optimizer mode with no warm-up opens the window before the script has touched the device.
+    fake = _FakeAccelerator(clock)
+    in_use: list[bool] = [False]
+    monkeypatch.setattr(
+        window_mod,
+        "detect_backend",
+        lambda *a: DeviceBackend("cuda", fake) if in_use[0] else DeviceBackend("cpu"),
+    )
+    w = Window(config=_config(warmup_steps=0, measure_steps=3), instrument=False, _optimizer_mode=True)
+    in_use[0] = True  # the script now initialises the accelerator
+    opt = object()
+    for _ in range(3):
+        clock.advance_ms(5)
+        w.optimizer_step(opt)
+    assert fake.syncs == 1  # the window's end edge
+    assert w.to_record()["device"]["kind"] == "cuda"
