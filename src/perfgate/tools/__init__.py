@@ -5,6 +5,7 @@ from __future__ import annotations
 from perfgate.tools import (
     collect_env,
     compare_benchmarks,
+    compare_tensors,
     compute_mfu,
     estimate_flops,
     plan_parallel_layout,
@@ -21,6 +22,7 @@ REGISTRY: tuple[AnySpec, ...] = (
     compare_benchmarks.SPEC,
     estimate_flops.SPEC,
     compute_mfu.SPEC,
+    compare_tensors.SPEC,
     plan_parallel_layout.SPEC,
     record_decision.SPEC,
 )

@@ -1,0 +1,291 @@
+"""The per-tensor numerics: closeness and error statistics of one chunk, folded over a tensor.
+
+Closeness is torch.testing.assert_close's rule, ``|candidate - reference| <= atol + rtol * |reference|``
+(the reference scales the tolerance), with torch.isclose's treatment of non-finite values: equal
+infinities match, any other infinity or NaN mismatches, and NaN matches NaN only with ``equal_nan``.
+Values are widened to float64 (complex128 for complex data) before anything is computed, so 16- and
+8-bit inputs are judged exactly rather than in their own rounding (torch computes in the input dtype, so
+it can disagree on elements within an ulp of the boundary).
+
+Error statistics (max/mean absolute error, max relative error, cosine similarity) cover the elements
+where both values are finite; non-finite elements are counted separately. Relative errors skip elements
+whose reference is exactly 0 (their error is in the absolute figures).
+
+`chunk_stats` is a pure function of one chunk pair (so chunks can be computed on several threads);
+`Totals.fold` must see the chunks in order, which makes every total independent of the threading.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+__all__ = ["ChunkStats", "KernelParams", "Scratch", "TensorStats", "Totals", "chunk_stats"]
+
+Mode = Literal["exact", "tolerance"]
+
+
+@dataclass(frozen=True)
+class KernelParams:
+    mode: Mode
+    complex_values: bool
+    atol: float
+    rtol: float
+    equal_nan: bool
+
+
+class Scratch:
+    """Chunk-sized work arrays, reused from chunk to chunk by one thread."""
+
+    def __init__(self, chunk_elements: int) -> None:
+        self.size = chunk_elements
+        self.a = np.empty(chunk_elements, dtype=np.float64)
+        self.b = np.empty(chunk_elements, dtype=np.float64)
+        self.ca = np.empty(0, dtype=np.complex128)
+        self.cb = np.empty(0, dtype=np.complex128)
+        self.d = np.empty(chunk_elements, dtype=np.float64)
+        self.absa = np.empty(chunk_elements, dtype=np.float64)
+        self.t = np.empty(chunk_elements, dtype=np.float64)
+        self.ok = np.empty(chunk_elements, dtype=np.bool_)
+
+    def wide(self, complex_values: bool) -> tuple[np.ndarray, np.ndarray]:
+        if not complex_values:
+            return self.a, self.b
+        if self.ca.shape[0] != self.size:
+            self.ca = np.empty(self.size, dtype=np.complex128)
+            self.cb = np.empty(self.size, dtype=np.complex128)
+        return self.ca, self.cb
+
+
+@dataclass(frozen=True)
+class ChunkStats:
+    """One chunk's contribution. Maxima are -1.0 when the chunk has no qualifying element."""
+
+    elements: int
+    mismatched: int
+    finite_pairs: int
+    sum_abs: float
+    max_abs: float
+    max_abs_at: int
+    max_rel: float
+    max_abs_mismatched: float
+    max_rel_mismatched: float
+    aa: float
+    bb: float
+    ab: float
+    nonfinite_reference: int
+    nonfinite_candidate: int
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """Totals for one tensor pair. Flat indices are in storage order."""
+
+    elements: int
+    mismatched: int
+    max_abs_error: float | None
+    max_abs_error_flat_index: int | None
+    max_rel_error: float | None
+    max_abs_error_mismatched: float | None
+    max_rel_error_mismatched: float | None
+    mean_abs_error: float | None
+    cosine: float | None
+    nonfinite_reference: int
+    nonfinite_candidate: int
+
+
+# OpenBLAS computes a dot product of more than 10,000 elements on its own threads, whose busy-waiting
+# starves the comparison's worker threads (measured: several times the CPU time on 2 cores). Slices at
+# most this long stay on the calling thread.
+_SERIAL_DOT_ELEMENTS = 8192
+
+
+def _dots(a: np.ndarray, b: np.ndarray, complex_values: bool) -> tuple[float, float, float]:
+    """(a.a, b.b, Re a.b) with the first operand conjugated; non-finite when the chunk holds NaN/Inf."""
+    aa = bb = ab = 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        for start in range(0, a.shape[0], _SERIAL_DOT_ELEMENTS):
+            x = a[start : start + _SERIAL_DOT_ELEMENTS]
+            y = b[start : start + _SERIAL_DOT_ELEMENTS]
+            if complex_values:
+                aa += complex(np.vdot(x, x)).real
+                bb += complex(np.vdot(y, y)).real
+                ab += complex(np.vdot(x, y)).real
+            else:
+                aa += float(np.dot(x, x))
+                bb += float(np.dot(y, y))
+                ab += float(np.dot(x, y))
+    return aa, bb, ab
+
+
+def chunk_stats(
+    reference: np.ndarray, candidate: np.ndarray, offset: int, params: KernelParams, scratch: Scratch
+) -> ChunkStats:
+    """Statistics of one pair of aligned 1-D chunks (same length, any numeric dtypes); ``offset`` is the
+    flat index of the chunk's first element in its tensor."""
+    n = reference.shape[0]
+    assert candidate.shape[0] == n and n <= scratch.size
+    wa, wb = scratch.wide(params.complex_values)
+    a, b, d, absa, t, ok = wa[:n], wb[:n], scratch.d[:n], scratch.absa[:n], scratch.t[:n], scratch.ok[:n]
+    np.copyto(a, reference, casting="unsafe")
+    np.copyto(b, candidate, casting="unsafe")
+    with np.errstate(invalid="ignore", over="ignore"):
+        if params.complex_values:
+            np.abs(b - a, out=d)
+        else:
+            np.subtract(b, a, out=d)
+            np.abs(d, out=d)
+    np.abs(a, out=absa)
+    # Closeness first: the finite path below reuses ``t`` for relative errors.
+    if params.mode == "exact":
+        np.equal(reference, candidate, out=ok)
+    else:
+        np.multiply(absa, params.rtol, out=t)
+        t += params.atol
+        np.less_equal(d, t, out=ok)
+    sum_abs = float(np.sum(d))
+    # |b - a| is finite everywhere exactly when both chunks are (a NaN or infinity anywhere makes it
+    # NaN or infinite), so the sum that the mean needs anyway also picks the path.
+    if math.isfinite(sum_abs):
+        aa, bb, ab = _dots(a, b, params.complex_values)
+        return _finish(n, offset, d, absa, t, ok, None, sum_abs, n, (aa, bb, ab), (0, 0))
+    return _nonfinite(n, offset, a, b, d, absa, t, ok, params)
+
+
+def _nonfinite(
+    n: int,
+    offset: int,
+    a: np.ndarray,
+    b: np.ndarray,
+    d: np.ndarray,
+    absa: np.ndarray,
+    t: np.ndarray,
+    ok: np.ndarray,
+    params: KernelParams,
+) -> ChunkStats:
+    finite_a = np.isfinite(a)
+    finite_b = np.isfinite(b)
+    both = finite_a & finite_b
+    with np.errstate(invalid="ignore", over="ignore"):
+        if params.mode == "tolerance":
+            # Equal infinities match; an infinite error never does, even against an infinite allowance.
+            ok &= np.isfinite(d)
+            ok |= a == b
+        if params.equal_nan:
+            ok |= np.isnan(a) & np.isnan(b)
+    # Statistics over finite pairs only: zero the rest so they never win a maximum or add to a sum.
+    outside = ~both
+    d[outside] = 0.0
+    absa[outside] = 0.0
+    dots = _dots(np.where(both, a, 0), np.where(both, b, 0), params.complex_values)
+    nonfinite = (n - int(np.count_nonzero(finite_a)), n - int(np.count_nonzero(finite_b)))
+    return _finish(
+        n, offset, d, absa, t, ok, both, float(np.sum(d)), int(np.count_nonzero(both)), dots, nonfinite
+    )
+
+
+def _finish(
+    n: int,
+    offset: int,
+    d: np.ndarray,
+    absa: np.ndarray,
+    t: np.ndarray,
+    ok: np.ndarray,
+    both: np.ndarray | None,
+    sum_abs: float,
+    finite_pairs: int,
+    dots: tuple[float, float, float],
+    nonfinite: tuple[int, int],
+) -> ChunkStats:
+    """Maxima and mismatch figures of a chunk whose non-finite pairs (marked by ``both``) are zeroed in ``d``."""
+    matched = int(np.count_nonzero(ok))
+    i = int(np.argmax(d))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.divide(d, absa, out=t)
+    max_rel = float(np.max(t))
+    if not math.isfinite(max_rel):  # a zero reference (x/0 or 0/0): leave those elements out
+        t[absa == 0] = 0.0
+        max_rel = float(np.max(t))
+    max_abs_mm = max_rel_mm = -1.0
+    if matched < n:
+        bad = ~ok
+        if both is not None:
+            bad &= both
+        if bad.any():
+            max_abs_mm = float(np.max(d[bad]))
+            max_rel_mm = float(np.max(t[bad]))
+    return ChunkStats(
+        elements=n,
+        mismatched=n - matched,
+        finite_pairs=finite_pairs,
+        sum_abs=sum_abs,
+        max_abs=float(d[i]) if finite_pairs else -1.0,
+        max_abs_at=offset + i,
+        max_rel=max_rel if finite_pairs else -1.0,
+        max_abs_mismatched=max_abs_mm,
+        max_rel_mismatched=max_rel_mm,
+        aa=dots[0],
+        bb=dots[1],
+        ab=dots[2],
+        nonfinite_reference=nonfinite[0],
+        nonfinite_candidate=nonfinite[1],
+    )
+
+
+class Totals:
+    """A tensor's running totals; fold its chunks in order (first occurrence wins ties)."""
+
+    def __init__(self) -> None:
+        self.elements = 0
+        self._mismatched = 0
+        self._finite_pairs = 0
+        self._sum_abs = 0.0
+        self._max_abs = -1.0
+        self._max_abs_at = -1
+        self._max_rel = -1.0
+        self._max_abs_mm = -1.0
+        self._max_rel_mm = -1.0
+        self._aa = 0.0
+        self._bb = 0.0
+        self._ab = 0.0
+        self._nonfinite_a = 0
+        self._nonfinite_b = 0
+
+    def fold(self, c: ChunkStats) -> None:
+        self.elements += c.elements
+        self._mismatched += c.mismatched
+        self._finite_pairs += c.finite_pairs
+        self._sum_abs += c.sum_abs
+        if c.max_abs > self._max_abs:
+            self._max_abs, self._max_abs_at = c.max_abs, c.max_abs_at
+        self._max_rel = max(self._max_rel, c.max_rel)
+        self._max_abs_mm = max(self._max_abs_mm, c.max_abs_mismatched)
+        self._max_rel_mm = max(self._max_rel_mm, c.max_rel_mismatched)
+        self._aa += c.aa
+        self._bb += c.bb
+        self._ab += c.ab
+        self._nonfinite_a += c.nonfinite_reference
+        self._nonfinite_b += c.nonfinite_candidate
+
+    def result(self) -> TensorStats:
+        finite = self._finite_pairs > 0
+        cosine: float | None = None
+        if self._aa > 0 and self._bb > 0 and math.isfinite(self._aa * self._bb):
+            cosine = max(-1.0, min(1.0, self._ab / math.sqrt(self._aa * self._bb)))
+        mismatched_finite = self._max_abs_mm >= 0
+        return TensorStats(
+            elements=self.elements,
+            mismatched=self._mismatched,
+            max_abs_error=self._max_abs if finite else None,
+            max_abs_error_flat_index=self._max_abs_at if finite else None,
+            max_rel_error=self._max_rel if finite else None,
+            max_abs_error_mismatched=self._max_abs_mm if mismatched_finite else None,
+            max_rel_error_mismatched=self._max_rel_mm if mismatched_finite else None,
+            mean_abs_error=self._sum_abs / self._finite_pairs if finite else None,
+            cosine=cosine,
+            nonfinite_reference=self._nonfinite_a,
+            nonfinite_candidate=self._nonfinite_b,
+        )

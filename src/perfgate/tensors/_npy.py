@@ -1,0 +1,115 @@
+"""NPY arrays: the header parsed without ever unpickling, the data streamed or mapped.
+
+numpy only needs pickle for object arrays; those are refused from the header alone, before a byte of
+data is read, which is what ``allow_pickle=False`` guarantees and then some: a file that is not NPY at
+all (a raw pickle renamed ``.npy``) is refused by its magic bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from perfgate.tensors._errors import TensorInputError
+from perfgate.tensors._mapped import ChunkStream, MappedFile
+from perfgate.tensors.dtypes import category
+from perfgate.tensors.entry import TensorEntry
+
+__all__ = ["NpyFile", "NpyHeader", "read_npy_header"]
+
+MAGIC = b"\x93NUMPY"
+_MAX_HEADER_BYTES = 10_000
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    dtype: np.dtype[Any]
+    shape: tuple[int, ...]
+    fortran_order: bool
+    header_bytes: int
+    """Bytes from the magic string to the first data byte."""
+
+    @property
+    def data_bytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def read_npy_header(stream: IO[bytes], where: str) -> NpyHeader:
+    """Parse the NPY header at the stream's position, refusing anything that is not plain numeric data.
+
+    Raises:
+        TensorInputError: not NPY, an unsupported format version, or a dtype that needs pickle or
+            cannot be compared (strings, records, raw bytes).
+    """
+    start = stream.tell()
+    if stream.read(len(MAGIC)) != MAGIC:
+        raise TensorInputError(f"{where}: not an NPY array (bad magic bytes); only numeric NPY data is read")
+    stream.seek(start)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(
+                stream, max_header_size=_MAX_HEADER_BYTES
+            )
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(
+                stream, max_header_size=_MAX_HEADER_BYTES
+            )
+        else:
+            raise TensorInputError(
+                f"{where}: NPY format version {version} is not supported (1.0 and 2.0 are)"
+            )
+    except ValueError as exc:
+        if isinstance(exc, TensorInputError):
+            raise
+        raise TensorInputError(f"{where}: malformed NPY header ({exc})") from exc
+    if dtype.hasobject:
+        raise TensorInputError(
+            f"{where}: object array (dtype {dtype}): reading it would need pickle, which is never done; "
+            "save numeric arrays only"
+        )
+    if category(dtype) is None:
+        raise TensorInputError(
+            f"{where}: dtype {dtype} holds no comparable numbers (strings, records, raw bytes or extended "
+            "precision); save numeric arrays (bool, int, float, complex), or safetensors for bfloat16/float8"
+        )
+    return NpyHeader(dtype, tuple(int(d) for d in shape), bool(fortran), stream.tell() - start)
+
+
+class NpyFile:
+    """A standalone ``.npy`` file; its one tensor is keyed by the file's stem."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with path.open("rb") as f:
+            self.header = read_npy_header(f, path.name)
+        size = path.stat().st_size
+        available = size - self.header.header_bytes
+        if available < self.header.data_bytes:
+            raise TensorInputError(
+                f"{path.name}: the header describes {self.header.data_bytes} data bytes but the file holds "
+                f"{available}: the file is truncated"
+            )
+        if available > self.header.data_bytes:
+            raise TensorInputError(
+                f"{path.name}: {available - self.header.data_bytes} bytes after the array data: not a file "
+                "numpy.save wrote"
+            )
+        self.key = path.stem
+        self._file = MappedFile(path)
+
+    def entries(self) -> list[TensorEntry]:
+        h = self.header
+        return [TensorEntry(self.key, h.dtype, h.shape, h.fortran_order, self.path)]
+
+    def chunks(self, key: str, chunk_elements: int) -> ChunkStream:
+        assert key == self.key
+        h = self.header
+        return self._file.chunks(h.header_bytes, h.dtype, math.prod(h.shape), chunk_elements)
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,360 @@
+"""compare_tensors: numeric parity of two tensor files or checkpoints under declared tolerances."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from pydantic import BaseModel, Field, field_validator
+
+from perfgate.errors import ToolError
+from perfgate.evidence import EvidenceState
+from perfgate.tensors import (
+    CompareOptions,
+    ComparisonCancelled,
+    ComparisonReport,
+    TensorComparison,
+    TensorInputError,
+    TensorSource,
+    ToleranceOverride,
+    compare_sources,
+    open_tensor_source,
+)
+from perfgate.tools._runtime import ToolRuntime
+from perfgate.tools._spec import ToolSpec
+
+__all__ = [
+    "SPEC",
+    "CompareTensorsInput",
+    "CompareTensorsOutput",
+    "InputFile",
+    "TensorResult",
+    "ToleranceOverrideInput",
+    "run",
+]
+
+MAX_LISTED = 200
+"""Most tensors (and missing/extra keys) listed in the result; the artifact holds all of them."""
+
+_HASH_CHUNK_BYTES = 4 * 2**20
+
+Role = Literal["reference", "candidate"]
+_Hashed = tuple[Role, Path, str, int]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class ToleranceOverrideInput(BaseModel):
+    pattern: str = Field(
+        min_length=1, description="Glob matched against tensor keys, e.g. '*.bias', 'lm_head.*'."
+    )
+    atol: NonNegative = Field(description="Absolute tolerance for the matching keys.")
+    rtol: NonNegative = Field(description="Relative tolerance for the matching keys (scales |reference|).")
+
+
+class CompareTensorsInput(BaseModel):
+    reference: Annotated[
+        str,
+        Field(
+            min_length=1,
+            description="The trusted baseline, relative to the workspace: a .safetensors, .npz or .npy file, "
+            "a checkpoint index (*.index.json) or a folder of shards.",
+        ),
+    ]
+    candidate: Annotated[
+        str,
+        Field(min_length=1, description="The tensors produced with the change, in any of the same forms."),
+    ]
+    atol: Annotated[
+        NonNegative,
+        Field(description="Absolute tolerance declared for this task (no default: choose it for the dtype)."),
+    ]
+    rtol: Annotated[
+        NonNegative,
+        Field(
+            description="Relative tolerance declared for this task; an element passes when "
+            "|candidate - reference| <= atol + rtol * |reference|."
+        ),
+    ]
+    overrides: Annotated[
+        list[ToleranceOverrideInput],
+        Field(description="Per-key tolerances by glob; the first matching pattern wins over atol/rtol."),
+    ] = []
+    equal_nan: Annotated[bool, Field(description="Treat NaN in both at the same position as equal.")] = False
+    keys: Annotated[
+        list[str] | None,
+        Field(
+            description="Compare only keys matching any of these globs (missing/extra are computed on them)."
+        ),
+    ] = None
+    integers_exact: Annotated[
+        bool,
+        Field(
+            description="Compare integer and bool tensors exactly (default). False applies atol/rtol to them."
+        ),
+    ] = True
+    allow_dtype_change: Annotated[
+        bool,
+        Field(
+            description="Accept a candidate dtype that differs from the reference (e.g. bfloat16 vs float32) "
+            "and judge values alone; otherwise such tensors are reported as dtype_mismatch."
+        ),
+    ] = False
+
+    @field_validator("keys")
+    @classmethod
+    def _keys_not_empty(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and not value:
+            raise ValueError("give at least one glob, or omit keys to compare every tensor")
+        return value
+
+
+class TensorResult(BaseModel):
+    key: str
+    status: Literal["match", "value_mismatch", "shape_mismatch", "dtype_mismatch"]
+    shape_reference: list[int]
+    shape_candidate: list[int]
+    dtype_reference: str
+    dtype_candidate: str
+    compared_as: Literal["exact", "tolerance"] | None = Field(
+        description="'exact' for integer/bool pairs, 'tolerance' otherwise, null when values were not compared."
+    )
+    atol: float
+    rtol: float
+    elements: int | None = Field(description="Element pairs compared; null when shapes differ.")
+    mismatched: int | None = Field(description="Elements outside tolerance, NaN/Inf mismatches included.")
+    mismatched_fraction: float | None
+    max_abs_error: float | None = Field(
+        description="Largest |candidate - reference| over elements finite on both sides."
+    )
+    max_abs_error_index: list[int] | None = Field(description="Multi-dimensional index of max_abs_error.")
+    max_rel_error: float | None = Field(
+        description="Largest |candidate - reference| / |reference| over finite pairs with a non-zero reference."
+    )
+    max_abs_error_mismatched: float | None = Field(
+        description="Largest absolute error among finite mismatched elements (what assert_close reports)."
+    )
+    max_rel_error_mismatched: float | None
+    mean_abs_error: float | None
+    cosine: float | None = Field(
+        description="Cosine similarity over finite pairs; null if either is all zeros."
+    )
+    nonfinite_reference: int | None = Field(description="NaN and Inf elements in the reference.")
+    nonfinite_candidate: int | None = Field(description="NaN and Inf elements in the candidate.")
+
+
+class InputFile(BaseModel):
+    role: Role
+    path: str = Field(description="Path relative to the workspace (absolute when under a read root).")
+    sha256: str
+    size_bytes: int
+
+
+class CompareTensorsOutput(BaseModel):
+    evidence_id: str
+    state: EvidenceState = Field(description="passed when status is match, failed otherwise.")
+    status: Literal["match", "mismatch", "incomparable"] = Field(
+        description="mismatch: some values exceed tolerance; incomparable: keys, shapes or dtypes differ; "
+        "match: every common key agrees and the key sets are equal."
+    )
+    summary: str
+    tensors: list[TensorResult] = Field(
+        description=f"Per-key results, problems first; at most {MAX_LISTED} (all are in the comparison.json "
+        "artifact)."
+    )
+    tensors_total: int
+    missing_keys: list[str] = Field(description="Reference keys absent from the candidate (first ones).")
+    missing_keys_total: int
+    extra_keys: list[str] = Field(description="Candidate keys absent from the reference (first ones).")
+    extra_keys_total: int
+    elements_compared: int
+    bytes_compared: int
+    files: list[InputFile] = Field(description="Every file read, with its sha256.")
+    notes: list[str]
+
+
+def _finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _tensor_result(t: TensorComparison) -> TensorResult:
+    return TensorResult.model_validate({k: _finite_or_none(v) for k, v in dataclasses.asdict(t).items()})
+
+
+_SEVERITY = {"value_mismatch": 0, "shape_mismatch": 1, "dtype_mismatch": 2, "match": 3}
+
+
+def _problems_first(tensors: list[TensorComparison]) -> list[TensorComparison]:
+    return sorted(tensors, key=lambda t: (_SEVERITY[t.status], -(t.mismatched_fraction or 0.0)))
+
+
+def _hash_files(files: list[tuple[Role, Path]], stop: threading.Event) -> list[_Hashed]:
+    """sha256 and size of each file, streamed through one reusable buffer."""
+    buffer = bytearray(_HASH_CHUNK_BYTES)
+    view = memoryview(buffer)
+    hashed: list[_Hashed] = []
+    for role, path in files:
+        digest = hashlib.sha256()
+        size = 0
+        with path.open("rb", buffering=0) as f:
+            while n := f.readinto(buffer):
+                if stop.is_set():
+                    raise ComparisonCancelled
+                digest.update(view[:n])
+                size += n
+        hashed.append((role, path, digest.hexdigest(), size))
+    return hashed
+
+
+def _open(role: Role, path: Path, confine: Callable[[Path], Path]) -> TensorSource:
+    try:
+        return open_tensor_source(path, confine=confine)
+    except TensorInputError as exc:
+        raise ToolError(f"{role}: {exc}") from exc
+
+
+async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput:
+    ref_path = rt.resolve_path(inp.reference)
+    cand_path = rt.resolve_path(inp.candidate)
+    try:
+        options = CompareOptions(
+            atol=inp.atol,
+            rtol=inp.rtol,
+            overrides=tuple(ToleranceOverride(o.pattern, o.atol, o.rtol) for o in inp.overrides),
+            equal_nan=inp.equal_nan,
+            keys=None if inp.keys is None else tuple(inp.keys),
+            integers_exact=inp.integers_exact,
+            allow_dtype_change=inp.allow_dtype_change,
+        )
+    except TensorInputError as exc:
+        raise ToolError(str(exc)) from exc
+
+    def confine(path: Path) -> Path:
+        return rt.resolve_path(str(path), kind="file")
+
+    stop = threading.Event()
+    reference = await anyio.to_thread.run_sync(_open, "reference", ref_path, confine)
+    try:
+        candidate = await anyio.to_thread.run_sync(_open, "candidate", cand_path, confine)
+        try:
+            report, hashed = await _compare_and_hash(rt, reference, candidate, options, stop)
+        finally:
+            candidate.close()
+    finally:
+        reference.close()
+
+    ev = rt.evidence()
+    files = [
+        InputFile(role=role, path=rt.relative(p), sha256=sha, size_bytes=size)
+        for role, p, sha, size in hashed
+    ]
+    full = {
+        "status": report.status,
+        "summary": report.summary,
+        "tensors": [_tensor_result(t).model_dump(mode="json") for t in report.tensors],
+        "missing_keys": report.missing_keys,
+        "extra_keys": report.extra_keys,
+        "files": [f.model_dump(mode="json") for f in files],
+        "notes": report.notes,
+    }
+    await anyio.to_thread.run_sync(ev.write_json, "comparison.json", full)
+    listed = _problems_first(report.tensors)[:MAX_LISTED]
+    out = CompareTensorsOutput(
+        evidence_id=ev.id,
+        state=EvidenceState.PASSED if report.status == "match" else EvidenceState.FAILED,
+        status=report.status,
+        summary=report.summary,
+        tensors=[_tensor_result(t) for t in listed],
+        tensors_total=len(report.tensors),
+        missing_keys=report.missing_keys[:MAX_LISTED],
+        missing_keys_total=len(report.missing_keys),
+        extra_keys=report.extra_keys[:MAX_LISTED],
+        extra_keys_total=len(report.extra_keys),
+        elements_compared=report.elements_compared,
+        bytes_compared=report.bytes_read,
+        files=files,
+        notes=report.notes,
+    )
+    return await rt.commit(ev, out)
+
+
+async def _compare_and_hash(
+    rt: ToolRuntime,
+    reference: TensorSource,
+    candidate: TensorSource,
+    options: CompareOptions,
+    stop: threading.Event,
+) -> tuple[ComparisonReport, list[_Hashed]]:
+    """Hash the inputs and compare them concurrently (each in a worker thread), stoppable on cancel."""
+    files: list[tuple[Role, Path]] = [("reference", p) for p in reference.files]
+    files.extend(("candidate", p) for p in candidate.files)
+    report: list[ComparisonReport] = []
+    hashed: list[list[_Hashed]] = []
+    failures: list[Exception] = []
+
+    def progress(done: int, total: int, message: str) -> None:
+        if not stop.is_set():
+            anyio.from_thread.run(rt.progress, float(done), float(total), message)
+
+    def compare() -> ComparisonReport:
+        return compare_sources(reference, candidate, options, progress=progress, cancelled=stop.is_set)
+
+    # Each task keeps its own failure: a task group would wrap it in an exception group, which the
+    # SDK shows the agent only as a bare "error executing tool".
+    async def run_compare() -> None:
+        try:
+            report.append(await anyio.to_thread.run_sync(compare, abandon_on_cancel=True))
+        except (TensorInputError, ComparisonCancelled, OSError) as exc:
+            failures.append(exc)
+            stop.set()
+
+    async def run_hash() -> None:
+        try:
+            hashed.append(await anyio.to_thread.run_sync(_hash_files, files, stop, abandon_on_cancel=True))
+        except (ComparisonCancelled, OSError) as exc:
+            failures.append(exc)
+            stop.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_compare)
+            tg.start_soon(run_hash)
+    except BaseException:
+        stop.set()  # abandoned worker threads see this at their next chunk and exit
+        raise
+    for exc in failures:
+        if isinstance(exc, TensorInputError):
+            raise ToolError(str(exc)) from exc
+        if isinstance(exc, OSError):
+            raise ToolError(f"could not read the tensor files: {exc}") from exc
+    assert report and hashed, f"both workers finished: {failures}"
+    return report[0], hashed[0]
+
+
+SPEC = ToolSpec(
+    name="compare_tensors",
+    title="Compare tensors (numeric parity)",
+    description=(
+        "Check that a candidate's tensors (outputs, losses, gradients, activations or weights) agree with a "
+        "reference within tolerances you declare for the task: |candidate - reference| <= atol + rtol * "
+        "|reference|, as torch.testing.assert_close, computed in float64. Reads safetensors (bfloat16 and "
+        "float8 included), NPZ/NPY (never unpickled) and sharded checkpoint folders, streaming in bounded "
+        "memory. Use it as correctness evidence before keeping an optimization; dump tensors from training "
+        "with perfgate.harness.dump_tensors. The evidence passes only on status 'match'. Integers compare "
+        "exactly; NaN never equals NaN unless equal_nan."
+    ),
+    input_model=CompareTensorsInput,
+    output_model=CompareTensorsOutput,
+    run=run,
+    read_only=True,
+    destructive=False,
+    idempotent=True,
+    open_world=False,
+)

@@ -1,0 +1,449 @@
+"""Tensor readers: every safetensors dtype, NPY/NPZ, sharded folders, and the inputs they must refuse."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import pickle
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from perfgate.harness.dump import dump_tensors
+from perfgate.tensors import (
+    CompareOptions,
+    NpzLimits,
+    ReaderLimits,
+    TensorInputError,
+    TensorSource,
+    compare_sources,
+    open_tensor_source,
+)
+
+
+def save_file(tensors: dict[str, Any], path: str) -> None:
+    """A safetensors file from numpy arrays, by perfgate's writer (the dtype test reads torch-written files)."""
+    dump_tensors(path, tensors)
+
+
+def read_all(source: TensorSource, key: str) -> np.ndarray:
+    entry = source.entries[key]
+    flat = np.concatenate([c.copy() for c in source.chunks(key, 5)] or [np.empty(0, entry.dtype)])
+    return flat.reshape(entry.shape, order="F" if entry.fortran_order else "C")
+
+
+def raw_safetensors(
+    path: Path, header: dict[str, Any], data: bytes, *, declared_len: int | None = None
+) -> Path:
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text) if declared_len is None else declared_len) + text + data)
+    return path
+
+
+TORCH_DTYPES = [
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "uint16",
+    "uint32", "uint64", "bool", "complex64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+    "float8_e5m2fnuz", "float8_e8m0fnu",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TORCH_DTYPES)
+def test_every_safetensors_dtype_reads_back_the_values_torch_wrote(tmp_path: Path, name: str) -> None:
+    torch = pytest.importorskip("torch")
+    torch_save_file = pytest.importorskip("safetensors.torch").save_file
+    dtype = getattr(torch, name)
+    values = torch.randn(3, 7, generator=torch.Generator().manual_seed(1)).abs() * 4
+    tensor = values.to(torch.complex64) * (1 + 1j) if dtype.is_complex else values.to(dtype)
+    path = tmp_path / "t.safetensors"
+    torch_save_file({"t": tensor, "other": torch.zeros(2)}, str(path))
+    with open_tensor_source(path) as source:
+        entry = source.entries["t"]
+        got = read_all(source, "t")
+    assert entry.shape == (3, 7)
+    assert entry.dtype.name == name  # numpy/ml_dtypes and torch share the names
+    expected = tensor.view(torch.uint8).numpy() if name.startswith("float8") or name == "bfloat16" else None
+    if expected is not None:
+        assert got.view(np.uint8).tobytes() == expected.tobytes()
+    else:
+        np.testing.assert_array_equal(got, tensor.numpy())
+
+
+def test_files_are_recognised_by_content_not_name(tmp_path: Path) -> None:
+    st = tmp_path / "weights.bin"
+    save_file({"a": np.ones(2, np.float32)}, str(st))
+    npz = tmp_path / "arrays.dat"
+    with npz.open("wb") as f:
+        np.savez(f, a=np.ones(2))
+    for path in (st, npz):
+        with open_tensor_source(path) as source:
+            assert list(source.entries) == ["a"]
+
+
+# --- safetensors that must be refused ---------------------------------------------------------------
+
+
+def test_truncated_safetensors_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.safetensors"
+    save_file({"a": np.ones(1000, np.float32), "b": np.ones(10, np.float32)}, str(path))
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])
+    with pytest.raises(TensorInputError, match="truncated"):
+        open_tensor_source(path)
+    path.write_bytes(data[:20])  # cut inside the header
+    with pytest.raises(TensorInputError, match="truncated"):
+        open_tensor_source(path)
+    path.write_bytes(data[:5])
+    with pytest.raises(TensorInputError, match="too short"):
+        open_tensor_source(path)
+
+
+@pytest.mark.parametrize(
+    ("header", "data_len", "message"),
+    [
+        ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, 8, "truncated or the header lies"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]},
+            },
+            24,
+            "overlap",
+        ),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]},
+            },
+            24,
+            "belong to no tensor",
+        ),
+        ({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}}, 12, "needs 16"),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, 12, "after the last tensor"),
+        ({"a": {"dtype": "F99", "shape": [2], "data_offsets": [0, 8]}}, 8, "unknown dtype"),
+        ({"a": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}}, 1, "not supported"),
+        ({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, 8, "non-negative integers"),
+        ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, 8, "begin <= end"),
+        ({"a": {"dtype": "F32", "shape": [2]}}, 8, "data_offsets"),
+        ({"a": [1, 2]}, 8, "not an object"),
+        ({"__metadata__": {"x": 1}}, 0, "metadata"),
+    ],
+)
+def test_headers_that_lie_are_refused(
+    tmp_path: Path, header: dict[str, Any], data_len: int, message: str
+) -> None:
+    path = raw_safetensors(tmp_path / "t.safetensors", header, b"\0" * data_len)
+    with pytest.raises(TensorInputError, match=message):
+        open_tensor_source(path)
+
+
+def test_duplicate_names_and_non_json_headers_are_refused(tmp_path: Path) -> None:
+    entry = '{"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}'
+    text = f'{{"a": {entry}, "a": {entry}}}'.encode()
+    path = tmp_path / "dup.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 4)
+    with pytest.raises(TensorInputError, match="twice"):
+        open_tensor_source(path)
+    path.write_bytes(struct.pack("<Q", 4) + b"{no}")
+    with pytest.raises(TensorInputError, match="not valid UTF-8 JSON"):
+        open_tensor_source(path)
+
+
+def test_header_over_the_size_cap_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    path = raw_safetensors(tmp_path / "huge.safetensors", {}, b"", declared_len=2**40)
+    with pytest.raises(TensorInputError, match="over the 100000000-byte cap"):
+        open_tensor_source(path)
+    small_cap = ReaderLimits(max_safetensors_header_bytes=64)
+    real = tmp_path / "real.safetensors"
+    save_file({f"tensor_{i}": np.ones(1, np.float32) for i in range(10)}, str(real))
+    with pytest.raises(TensorInputError, match="cap"):
+        open_tensor_source(real, limits=small_cap)
+
+
+def test_a_pickle_is_never_loaded(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    torch = pytest.importorskip("torch")
+    torch.save({"w": torch.ones(2)}, path)
+    with pytest.raises(TensorInputError, match=r"torch\.save checkpoint"):
+        open_tensor_source(path)
+    raw = tmp_path / "state.npy"
+    raw.write_bytes(pickle.dumps({"w": [1.0, 2.0]}))
+    with pytest.raises(TensorInputError, match="pickle"):
+        open_tensor_source(raw)
+
+
+# --- NPY / NPZ ---------------------------------------------------------------------------------------
+
+
+def test_npy_and_npz_read_back_exactly(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal((5, 3)).astype(np.float32), "i": np.arange(7, dtype=np.int16)}
+    np.save(tmp_path / "w.npy", arrays["w"])
+    np.savez(tmp_path / "stored.npz", **arrays)
+    np.savez_compressed(tmp_path / "deflated.npz", **arrays)
+    with open_tensor_source(tmp_path / "w.npy") as npy:
+        assert list(npy.entries) == ["w"]
+        np.testing.assert_array_equal(read_all(npy, "w"), arrays["w"])
+    for name in ("stored.npz", "deflated.npz"):
+        with open_tensor_source(tmp_path / name) as npz:
+            assert list(npz.entries) == ["w", "i"]
+            for key, value in arrays.items():
+                np.testing.assert_array_equal(read_all(npz, key), value)
+
+
+def test_two_npy_files_are_compared_whatever_their_names(tmp_path: Path) -> None:
+    np.save(tmp_path / "baseline.npy", np.ones(4))
+    np.save(tmp_path / "after.npy", np.ones(4) * 2)
+    with open_tensor_source(tmp_path / "baseline.npy") as r, open_tensor_source(tmp_path / "after.npy") as c:
+        report = compare_sources(r, c, CompareOptions(atol=0.0, rtol=0.0))
+    assert report.status == "mismatch"
+    assert report.tensors[0].mismatched == 4
+    assert "paired" in report.notes[0]
+
+
+def test_fortran_ordered_arrays_report_indices_in_their_own_shape(tmp_path: Path) -> None:
+    ref = np.asfortranarray(np.zeros((3, 4)))
+    cand = ref.copy(order="F")
+    cand[2, 1] = 5.0
+    np.save(tmp_path / "r.npy", ref)
+    np.save(tmp_path / "c.npy", cand)
+    with open_tensor_source(tmp_path / "r.npy") as r, open_tensor_source(tmp_path / "c.npy") as c:
+        assert r.entries["r"].fortran_order
+        report = compare_sources(r, c, CompareOptions(atol=0.0, rtol=0.0, chunk_elements=5))
+    assert report.tensors[0].max_abs_error_index == [2, 1]
+    np.save(tmp_path / "c_rowmajor.npy", np.ascontiguousarray(cand))
+    with (
+        open_tensor_source(tmp_path / "r.npy") as r,
+        open_tensor_source(tmp_path / "c_rowmajor.npy") as c,
+        pytest.raises(TensorInputError, match="column-major"),
+    ):
+        compare_sources(r, c, CompareOptions(atol=0.0, rtol=0.0))
+
+
+def test_object_arrays_in_npy_and_npz_are_refused_without_unpickling(tmp_path: Path) -> None:
+    objects = np.array([{"a": 1}, None], dtype=object)
+    np.save(tmp_path / "obj.npy", objects, allow_pickle=True)
+    np.savez(tmp_path / "pickled.npz", good=np.ones(2), bad=objects)
+    with pytest.raises(TensorInputError, match="object array"):
+        open_tensor_source(tmp_path / "obj.npy")
+    with pytest.raises(TensorInputError, match="pickle"):
+        open_tensor_source(tmp_path / "pickled.npz")
+
+
+def test_non_numeric_npy_is_refused(tmp_path: Path) -> None:
+    np.save(tmp_path / "s.npy", np.array(["a", "b"]))
+    with pytest.raises(TensorInputError, match="no comparable numbers"):
+        open_tensor_source(tmp_path / "s.npy")
+
+
+def test_truncated_npy_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a.npy"
+    np.save(path, np.ones(100))
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(TensorInputError, match="truncated"):
+        open_tensor_source(path)
+
+
+def test_zip_bomb_shaped_npz_is_refused_from_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "bomb.npz"
+    with (
+        zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf,
+        zf.open("zeros.npy", "w", force_zip64=True) as f,
+    ):
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            header, {"descr": "<f8", "fortran_order": False, "shape": (2**21,)}
+        )
+        f.write(header.getvalue())
+        for _ in range(16):
+            f.write(bytes(2**20))
+    assert path.stat().st_size < 100_000  # 16 MiB of zeros in a few kilobytes
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a member was opened before the caps were checked")
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", never)
+    with pytest.raises(TensorInputError, match="zip bomb"):
+        open_tensor_source(path)
+    with pytest.raises(TensorInputError, match="in total"):
+        open_tensor_source(
+            path, limits=ReaderLimits(npz=NpzLimits(max_compression_ratio=1e6, max_expanded_bytes=2**20))
+        )
+
+
+def test_npz_members_sharing_bytes_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "overlap.npz"
+    np.savez(path, a=np.ones(4), b=np.ones(4))
+    data = bytearray(path.read_bytes())
+    # Point the second central-directory entry at the first member's local header.
+    first = data.find(b"PK\x01\x02")
+    second = data.find(b"PK\x01\x02", first + 4)
+    struct.pack_into("<I", data, second + 42, 0)
+    path.write_bytes(bytes(data))
+    with pytest.raises(TensorInputError, match="overlap"):
+        open_tensor_source(path)
+
+
+def test_npz_with_a_corrupt_deflated_member_fails_while_streaming(tmp_path: Path) -> None:
+    path = tmp_path / "crc.npz"
+    np.savez_compressed(path, a=np.arange(10_000, dtype=np.float64))
+    data = bytearray(path.read_bytes())
+    central = data.find(b"PK\x01\x02")
+    struct.pack_into("<I", data, central + 16, 0xDEADBEEF)  # wrong CRC-32 in the directory
+    path.write_bytes(bytes(data))
+    with open_tensor_source(path) as source, pytest.raises(TensorInputError, match="corrupt"):
+        read_all(source, "a")
+
+
+def test_zip_that_is_not_an_npz_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "x.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("readme.txt", "hello")
+    with pytest.raises(TensorInputError, match=r"not an \.npy array"):
+        open_tensor_source(path)
+
+
+# --- folders and sharded checkpoints -----------------------------------------------------------------
+
+
+def sharded(
+    folder: Path, shards: dict[str, dict[str, Any]], weight_map: dict[str, str] | None = None
+) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, tensors in shards.items():
+        save_file(tensors, str(folder / name))
+    if weight_map is None:
+        weight_map = {k: name for name, tensors in shards.items() for k in tensors}
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    return folder
+
+
+SHARDS = {
+    "model-00001-of-00002.safetensors": {
+        "embed": np.ones((4, 2), np.float32),
+        "layer.0": np.zeros(3, np.float32),
+    },
+    "model-00002-of-00002.safetensors": {
+        "layer.1": np.ones(3, np.float32),
+        "head": np.full((2,), 2.0, np.float32),
+    },
+}
+
+
+def test_sharded_checkpoint_with_index_reads_as_one_source(tmp_path: Path) -> None:
+    folder = sharded(tmp_path / "ckpt", SHARDS)
+    for path in (folder, folder / "model.safetensors.index.json"):
+        with open_tensor_source(path) as source:
+            assert sorted(source.entries) == ["embed", "head", "layer.0", "layer.1"]
+            assert source.files[0].name == "model.safetensors.index.json" and len(source.files) == 3
+            np.testing.assert_array_equal(read_all(source, "head"), [2.0, 2.0])
+
+
+def test_folder_without_index_is_the_union_of_its_tensor_files(tmp_path: Path) -> None:
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    save_file({"a": np.ones(2, np.float32)}, str(folder / "part1.safetensors"))
+    np.savez(folder / "part2.npz", b=np.ones(3))
+    np.save(folder / "c.npy", np.ones(1))
+    (folder / "notes.txt").write_text("ignored")
+    with open_tensor_source(folder) as source:
+        assert sorted(source.entries) == ["a", "b", "c"]
+    np.save(folder / "a.npy", np.ones(1))
+    with pytest.raises(TensorInputError, match="in both"):
+        open_tensor_source(folder)
+
+
+@pytest.mark.parametrize(
+    ("weight_map", "message"),
+    [
+        ({"embed": "model-00001-of-00002.safetensors", "gone": "missing.safetensors"}, "does not exist"),
+        (
+            {"embed": "model-00001-of-00002.safetensors", "head": "model-00001-of-00002.safetensors"},
+            "does not hold",
+        ),
+        ({"embed": "model-00001-of-00002.safetensors"}, "does not list"),
+        ({"embed": "../outside.safetensors"}, "relative to the index"),
+        ({"embed": "/etc/passwd"}, "relative to the index"),
+    ],
+)
+def test_an_index_that_disagrees_with_its_shards_is_refused(
+    tmp_path: Path, weight_map: dict[str, str], message: str
+) -> None:
+    folder = sharded(tmp_path / "ckpt", SHARDS, weight_map)
+    with pytest.raises(TensorInputError, match=message):
+        open_tensor_source(folder)
+
+
+def test_a_shard_linked_from_outside_the_allowed_root_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    save_file({"secret": np.ones(1, np.float32)}, str(outside / "s.safetensors"))
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "s.safetensors").symlink_to(outside / "s.safetensors")
+    with pytest.raises(TensorInputError, match="outside"):
+        open_tensor_source(folder)
+
+
+def test_several_index_files_must_be_disambiguated(tmp_path: Path) -> None:
+    folder = sharded(tmp_path / "ckpt", SHARDS)
+    (folder / "other.index.json").write_text((folder / "model.safetensors.index.json").read_text())
+    with pytest.raises(TensorInputError, match="several index files"):
+        open_tensor_source(folder)
+    with open_tensor_source(folder / "other.index.json") as source:
+        assert len(source.entries) == 4
+
+
+def rss_file_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssFile line")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_streaming_a_mapped_tensor_does_not_keep_its_pages_resident(tmp_path: Path) -> None:
+    path = tmp_path / "big.safetensors"
+    save_file({"x": np.ones(16 * 2**20, np.float32)}, str(path))  # 64 MiB
+    with open_tensor_source(path) as source, open_tensor_source(path) as again:
+        before = rss_file_bytes()
+        stream = source.chunks("x", 2**16)
+        total, done = 0.0, 0
+        for chunk in stream:
+            total += float(chunk.sum())
+            done += chunk.shape[0]
+            del chunk
+            stream.release(done)
+        grown_reading = rss_file_bytes() - before
+        report = compare_sources(source, again, CompareOptions(atol=0.0, rtol=0.0, workers=2))
+        grown_comparing = rss_file_bytes() - before
+    assert (total, report.status) == (16 * 2**20, "match")
+    assert grown_reading < 8 * 2**20, f"file-backed RSS grew by {grown_reading} bytes while streaming 64 MiB"
+    assert grown_comparing < 8 * 2**20, (
+        f"file-backed RSS grew by {grown_comparing} bytes comparing 2 x 64 MiB"
+    )
+
+
+def test_the_same_tensors_in_every_format_compare_equal(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    arrays = {"w": rng.standard_normal((300, 7)).astype(np.float32), "n": np.arange(1000, dtype=np.int32)}
+    np.savez(tmp_path / "stored.npz", **arrays)
+    np.savez_compressed(tmp_path / "deflated.npz", **arrays)
+    save_file({k: v for k, v in arrays.items()}, str(tmp_path / "st.safetensors"))
+    folder = tmp_path / "npys"
+    folder.mkdir()
+    for key, value in arrays.items():
+        np.save(folder / f"{key}.npy", value)
+    names = ["stored.npz", "deflated.npz", "st.safetensors", "npys"]
+    for first, second in itertools.pairwise(names):
+        with open_tensor_source(tmp_path / first) as r, open_tensor_source(tmp_path / second) as c:
+            report = compare_sources(r, c, CompareOptions(atol=0.0, rtol=0.0, chunk_elements=128, workers=2))
+        assert (report.status, report.elements_compared) == ("match", 3100), (first, second, report.summary)
