@@ -1,0 +1,440 @@
+"""profile_segment: capture a short profiler segment, or analyze existing Kineto traces, per rank.
+
+The analysis lives in `perfgate.traces`; this module resolves paths inside the workspace, runs the
+capture through the approval gate, and records the evidence. A captured run is flagged ``profiled``:
+its step times are inflated by the profiler and can never serve as throughput evidence.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Annotated, Literal
+
+import anyio.to_thread
+from pydantic import BaseModel, Field, model_validator
+
+from perfgate.benchmarking import BenchmarkError
+from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path, wrap_command
+from perfgate.errors import ToolError
+from perfgate.evidence import EvidenceState
+from perfgate.execution.request import CommandRequest
+from perfgate.harness import HarnessConfig, ProfileConfig
+from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
+from perfgate.tools._spec import ToolSpec
+from perfgate.traces import (
+    AnalysisOptions,
+    RankProfile,
+    RankSkew,
+    TraceError,
+    analyze_trace,
+    combine,
+    discover_trace_files,
+)
+from perfgate.traces.external import (
+    ExternalCapture,
+    ProfilerName,
+    SummaryTable,
+    capture_plan,
+    import_summary_csv,
+)
+
+__all__ = ["SPEC", "ProfileSegmentInput", "ProfileSegmentOutput", "TraceFile", "command", "run"]
+
+Mode = Literal["run", "analyze"]
+ExternalLayer = Literal["system", "kernel"]
+ExternalVendor = Literal["auto", "nvidia", "mthreads"]
+
+
+class ProfileSegmentInput(BaseModel):
+    mode: Annotated[
+        Mode,
+        Field(
+            description="'analyze': read existing Kineto traces (trace_paths). 'run': launch the training "
+            "command under the harness with torch.profiler on a short schedule (needs approval), then analyze "
+            "the traces it wrote."
+        ),
+    ]
+    trace_paths: Annotated[
+        list[str],
+        Field(
+            description="analyze: trace files (.json / .json.gz) or folders of per-rank traces, relative to "
+            "the workspace."
+        ),
+    ] = Field(default_factory=list[str])
+    command: Annotated[
+        list[str] | None,
+        Field(
+            description="run: the training command as an argv list, e.g. ['python', 'train.py'] or "
+            "['torchrun', '--nproc-per-node', '8', 'train.py']; also the command wrapped by external captures."
+        ),
+    ] = None
+    cwd: Annotated[str, Field(description="run: working directory, relative to the workspace.")] = "."
+    env: Annotated[dict[str, str], Field(description="run: environment variables to set (changes only).")] = (
+        Field(default_factory=dict[str, str])
+    )
+    timeout_s: Annotated[float, Field(gt=0, description="run: wall-clock limit for the launch, seconds.")] = (
+        600.0
+    )
+    skip_first: Annotated[
+        int, Field(ge=0, description="run: optimizer steps ignored before the schedule.")
+    ] = 1
+    wait: Annotated[int, Field(ge=0, description="run: steps idle after skip_first.")] = 0
+    warmup: Annotated[
+        int, Field(ge=1, description="run: profiler warm-up steps (>= 1: the first traced steps are skewed).")
+    ] = 1
+    active: Annotated[int, Field(ge=1, le=20, description="run: steps recorded in the trace.")] = 2
+    record_shapes: Annotated[bool, Field(description="run: record operator input shapes.")] = False
+    with_flops: Annotated[bool, Field(description="run: profiler-attributed FLOPs for matmul/conv.")] = False
+    profile_memory: Annotated[bool, Field(description="run: record allocator events.")] = False
+    with_stack: Annotated[bool, Field(description="run: record Python stacks (large traces).")] = False
+    harness_on_path: Annotated[
+        bool,
+        Field(
+            description="run: put a copy of perfgate on PYTHONPATH for a training interpreter that lacks it."
+        ),
+    ] = False
+    top_k: Annotated[int, Field(ge=1, le=100, description="Entries in top_kernels and top_ops per rank.")] = (
+        10
+    )
+    hta_compatible: Annotated[
+        bool,
+        Field(
+            description="Round every event to whole microseconds as HTA 0.5 does (to cross-check against it); "
+            "the default keeps the traces' exact times."
+        ),
+    ] = False
+    include_last_step: Annotated[
+        bool,
+        Field(
+            description="Keep the last ProfilerStep in the analysis window (by default it is left out, as in "
+            "HTA: it is often cut short)."
+        ),
+    ] = False
+    short_kernel_us: Annotated[
+        float, Field(gt=0, description="Kernels shorter than this count as short (launch-dominated), us.")
+    ] = 10.0
+    external_layers: Annotated[
+        list[ExternalLayer],
+        Field(
+            description="Also prepare exact capture commands for the 'system' (nsys/msys) and/or 'kernel' "
+            "(ncu/mcu) layers around `command` (not run: evidence 'scaffolded' when nothing else is analyzed)."
+        ),
+    ] = Field(default_factory=list[ExternalLayer])
+    external_vendor: Annotated[
+        ExternalVendor,
+        Field(description="Which vendor's profilers to prepare: 'auto' (those installed, else both)."),
+    ] = "auto"
+    summary_paths: Annotated[
+        list[str],
+        Field(description="CSV summaries exported by `nsys stats --format csv` / `msys stats` to import."),
+    ] = Field(default_factory=list[str])
+    reason: Annotated[str, Field(max_length=2000, description="run: why this capture is needed.")] = ""
+    environment_id: Annotated[
+        str | None, Field(description="collect_env evidence id of this environment.")
+    ] = None
+
+    @model_validator(mode="after")
+    def _mode_inputs(self) -> ProfileSegmentInput:
+        if self.mode == "run" and not self.command:
+            raise ValueError("mode='run' needs `command` (an argv list)")
+        if self.mode == "analyze" and not (self.trace_paths or self.summary_paths or self.external_layers):
+            raise ValueError("mode='analyze' needs trace_paths, summary_paths or external_layers")
+        if self.external_layers and not self.command:
+            raise ValueError("external_layers needs `command`: the captures wrap the training command")
+        return self
+
+
+class TraceFile(BaseModel):
+    path: str = Field(description="Relative to the workspace when inside it.")
+    bytes: int = Field(description="File size on disk.")
+    rank: int
+
+
+class ProfileSegmentOutput(BaseModel):
+    evidence_id: str
+    state: EvidenceState
+    mode: Mode
+    profiled: bool = Field(description="True for captured runs: never usable as throughput evidence.")
+    time_basis: Literal["exact", "hta_rounded"]
+    ranks: list[RankProfile] = Field(description="One entry per trace file, sorted by rank.")
+    rank_skew: RankSkew | None = Field(description="Cross-rank comparison; null for a single rank.")
+    trace_files: list[TraceFile]
+    trace_artifacts: list[str] = Field(description="run: the captured traces, kept as evidence artifacts.")
+    external_captures: list[ExternalCapture]
+    imported_summaries: list[SummaryTable]
+    exit_code: int | None
+    failure_reason: str | None
+    warnings: list[str]
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _run_dir(inp: ProfileSegmentInput, rt: ToolRuntime) -> Path:
+    # Deterministic in the input: the approved request must be identical on every gate round.
+    key = hashlib.sha256(json.dumps(inp.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+    return rt.ledger.state_dir / "profile-runs" / key
+
+
+def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
+    """The launch of a ``run`` call (None for ``analyze``).
+
+    Raises:
+        ToolError: a command the harness cannot be inserted into, or a cwd outside the workspace.
+    """
+    if inp.mode != "run":
+        return None
+    assert inp.command is not None
+    try:
+        argv = wrap_command(inp.command)
+    except BenchmarkError as exc:
+        raise ToolError(str(exc)) from exc
+    cwd = rt.resolve_path(inp.cwd, kind="dir")
+    run_dir = _run_dir(inp, rt)
+    profile = ProfileConfig(
+        trace_dir=str(run_dir / "traces"),
+        skip_first=inp.skip_first,
+        wait=inp.wait,
+        warmup=inp.warmup,
+        active=inp.active,
+        record_shapes=inp.record_shapes,
+        with_flops=inp.with_flops,
+        profile_memory=inp.profile_memory,
+        with_stack=inp.with_stack,
+    )
+    # Timing windows are not the point of this run: one measured step keeps the harness satisfied and
+    # the schedule decides when the harness stops the script.
+    cfg = HarnessConfig(record_dir=str(run_dir / "records"), warmup_steps=0, measure_steps=1, profile=profile)
+    env = dict(inp.env)
+    env.update(cfg.to_env())
+    if inp.harness_on_path:
+        path = str(harness_pythonpath(rt.ledger.state_dir))
+        existing = inp.env.get("PYTHONPATH")
+        env["PYTHONPATH"] = path if not existing else f"{path}:{existing}"
+    steps = profile.total_steps
+    return CommandRequest(
+        argv=tuple(argv),
+        cwd=cwd,
+        env=env,
+        timeout_s=inp.timeout_s,
+        reason=inp.reason
+        or f"profile_segment: torch.profiler over {inp.active} step(s) after {steps - inp.active} "
+        "skipped/warm-up step(s); the script is stopped once the trace is written",
+    )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _options(inp: ProfileSegmentInput) -> AnalysisOptions:
+    return AnalysisOptions(
+        top_k=inp.top_k,
+        time_basis="hta_rounded" if inp.hta_compatible else "exact",
+        include_last_step=inp.include_last_step,
+        short_kernel_us=inp.short_kernel_us,
+    )
+
+
+def _resolve_traces(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[Path]:
+    roots = [rt.resolve_path(p, kind="any") for p in inp.trace_paths]
+    try:
+        files = discover_trace_files(roots)
+    except TraceError as exc:
+        raise ToolError(f"{exc}; pass trace files or folders holding them") from exc
+    # A folder may hold links that point elsewhere: confine every file, not only the folder.
+    return [rt.resolve_path(str(f), kind="file") for f in files]
+
+
+async def _analyze(paths: list[Path], inp: ProfileSegmentInput, rt: ToolRuntime) -> list[RankProfile]:
+    options = _options(inp)
+    profiles: list[RankProfile] = []
+    for i, path in enumerate(paths):
+        await rt.progress(i, len(paths), f"analyzing {path.name}")
+        try:
+            profiles.append(await anyio.to_thread.run_sync(analyze_trace, path, options))
+        except TraceError as exc:
+            raise ToolError(str(exc)) from exc
+        except OSError as exc:
+            raise ToolError(f"cannot read {rt.relative(path)}: {exc}") from exc
+    await rt.progress(len(paths), len(paths), "analysis done")
+    for p in profiles:
+        p.path = rt.relative(Path(p.path))
+    return profiles
+
+
+def _externals(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[ExternalCapture]:
+    if not inp.external_layers:
+        return []
+    assert inp.command is not None
+    by_vendor: dict[str, dict[str, ProfilerName]] = {
+        "nvidia": {"system": "nsys", "kernel": "ncu"},
+        "mthreads": {"system": "msys", "kernel": "mcu"},
+    }
+    out_dir = rt.ledger.state_dir / "captures"
+    plans: list[ExternalCapture] = []
+    for layer in inp.external_layers:
+        candidates: list[ProfilerName] = [by_vendor["nvidia"][layer], by_vendor["mthreads"][layer]]
+        if inp.external_vendor != "auto":
+            candidates = [by_vendor[inp.external_vendor][layer]]
+        layer_plans = [capture_plan(tool, inp.command, out_dir) for tool in candidates]
+        installed = [p for p in layer_plans if p.available]
+        plans.extend(installed or layer_plans)
+    return plans
+
+
+def _summaries(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[SummaryTable]:
+    out: list[SummaryTable] = []
+    for raw in inp.summary_paths:
+        path = rt.resolve_path(raw, kind="file")
+        try:
+            table = import_summary_csv(path)
+        except TraceError as exc:
+            raise ToolError(str(exc)) from exc
+        table.path = rt.relative(path)
+        out.append(table)
+    return out
+
+
+def _gzip_copy(src: Path, dst: Path) -> None:
+    with src.open("rb") as fin, gzip.open(dst, "wb", compresslevel=3) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+
+
+async def _keep_traces(ev: EvidenceBuilder, traces: list[Path], rt: ToolRuntime) -> list[str]:
+    kept: list[str] = []
+    for path in traces:
+        name = path.name if path.name.endswith(".gz") else path.name + ".gz"
+        dst = ev.path(name)
+        if path.name.endswith(".gz"):
+            await anyio.to_thread.run_sync(shutil.copyfile, path, dst)
+        else:
+            await anyio.to_thread.run_sync(_gzip_copy, path, dst)
+        kept.append(rt.relative(dst))
+    return kept
+
+
+def _trace_files(paths: list[Path], profiles: list[RankProfile], rt: ToolRuntime) -> list[TraceFile]:
+    rank_of = {p.path: p.rank for p in profiles}
+    return [
+        TraceFile(path=rt.relative(p), bytes=p.stat().st_size, rank=rank_of.get(rt.relative(p), 0))
+        for p in paths
+    ]
+
+
+# --------------------------------------------------------------------------- the run
+
+
+async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput:
+    request = command(inp, rt)
+    externals = _externals(inp, rt)
+    summaries = _summaries(inp, rt)
+    ev = rt.evidence()
+    warnings: list[str] = []
+    exit_code: int | None = None
+    failure: str | None = None
+    trace_artifacts: list[str] = []
+
+    if request is None:
+        paths = _resolve_traces(inp, rt) if inp.trace_paths else []
+        profiles = await _analyze(paths, inp, rt)
+        trace_files = _trace_files(paths, profiles, rt)
+        profiled = False
+    else:
+        run_dir = _run_dir(inp, rt)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        (run_dir / "traces").mkdir(parents=True)
+        profiles = []
+        trace_files = []
+        profiled = True
+        try:
+            if inp.harness_on_path:
+                await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.state_dir))
+            result = await rt.run_command(request, ev)
+            exit_code = result.exit_code
+            traces = sorted((run_dir / "traces").glob("rank*.pt.trace.json*"))
+            if not result.succeeded:
+                failure = f"the training command failed: {result.summary()}"
+            elif not traces:
+                failure = (
+                    "the run wrote no trace: did the script run skip_first + wait + warmup + active optimizer "
+                    "steps? Lower the schedule or run more steps."
+                )
+            if traces:
+                profiles = await _analyze(traces, inp, rt)
+                trace_artifacts = await _keep_traces(ev, traces, rt)
+                trace_files = [
+                    TraceFile(path=a, bytes=(rt.workspace / a).stat().st_size, rank=p.rank)
+                    for a, p in zip(trace_artifacts, profiles, strict=True)
+                ]
+                for p, a in zip(profiles, trace_artifacts, strict=True):
+                    p.path = a
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    report = combine(profiles)
+    warnings.extend(report.warnings)
+    if profiled and profiles:
+        warnings.append(
+            "profiled run: step times include profiler overhead; use run_benchmark_window for throughput"
+        )
+    if failure is not None:
+        state = EvidenceState.FAILED
+    elif profiles or summaries:
+        state = EvidenceState.EXECUTED
+    else:
+        state = EvidenceState.SCAFFOLDED
+    out = ProfileSegmentOutput(
+        evidence_id=ev.id,
+        state=state,
+        mode=inp.mode,
+        profiled=profiled,
+        time_basis="hta_rounded" if inp.hta_compatible else "exact",
+        ranks=report.ranks,
+        rank_skew=report.rank_skew,
+        trace_files=trace_files,
+        trace_artifacts=trace_artifacts,
+        external_captures=externals,
+        imported_summaries=summaries,
+        exit_code=exit_code,
+        failure_reason=failure,
+        warnings=warnings,
+    )
+    return await rt.commit(
+        ev,
+        out,
+        profiled=profiled,
+        command=list(request.argv) if request is not None else None,
+        exit_code=exit_code,
+        environment_id=inp.environment_id,
+    )
+
+
+SPEC = ToolSpec(
+    name="profile_segment",
+    title="Profile a training segment / analyze traces",
+    description=(
+        "Find where step time goes, per rank. mode='analyze' reads existing PyTorch profiler (Kineto) traces "
+        "(.json/.json.gz files or a folder of per-rank traces; CUDA, ROCm, MUSA, MTIA, CPU-only) with a "
+        "streaming reader. mode='run' launches the training command under the harness with torch.profiler "
+        "on a short schedule (needs approval) and analyzes the traces it writes; that evidence is flagged "
+        "profiled and never counts as throughput. Per rank: device span, idle / compute / non-compute time "
+        "(HTA's definitions), communication and memory time, comm/compute overlap, kernel categories (GEMM, "
+        "attention, collectives, copies by direction with bandwidth, ...), top kernels and CPU ops, launch "
+        "delay, launch-bound kernels, queue depth, synchronization, per-step times; rank skew across ranks. "
+        "external_layers prepares exact nsys/ncu (or msys/mcu) capture commands; summary_paths imports their "
+        "CSV summaries."
+    ),
+    input_model=ProfileSegmentInput,
+    output_model=ProfileSegmentOutput,
+    run=run,
+    read_only=False,
+    destructive=False,
+    idempotent=False,
+    open_world=True,
+    runs_commands=True,
+    command=command,
+)

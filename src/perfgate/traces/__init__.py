@@ -1,0 +1,92 @@
+"""Streaming Kineto trace reader and analyses (used by the ``profile_segment`` tool).
+
+Read one trace per rank with bounded memory, then break device time down the way HTA does (idle,
+compute, non-compute), with finer kernel categories, host-side launch and synchronization views,
+per-step times and the comparison across ranks. Durations are microseconds throughout.
+
+Typical use::
+
+    from perfgate.traces import AnalysisOptions, analyze_traces, discover_trace_files
+
+    report = analyze_traces(discover_trace_files([Path("traces/")]), AnalysisOptions(top_k=5))
+
+Differences from HTA 0.5's temporal breakdown, all intended (with ``time_basis="hta_rounded"`` the
+shared real traces agree with HTA within 0.06% of the span, except the last item):
+
+- Exact times by default. HTA rounds every event of a trace with fractional timestamps to whole
+  microseconds (start up, end down), which shortens each short kernel by up to 2 us; on
+  nanosecond-resolution traces that moves compute time by 1-15%. ``hta_rounded`` reproduces it.
+- Device work is recognized by event category (kernel, copies, memsets, MTIA ``mtia_ccp_events``),
+  not by "has an integer ``stream`` arg": HTA also counts CPU ops that carry a ``stream`` arg (the
+  Inductor launcher op in a Triton trace: 94 us of "compute" for a 1.8 us kernel), and drops MTIA
+  device events that lack a stream id (we keep them: 0.06% of that trace's span).
+- Stream waits recorded on the device (``cuda_sync`` "Stream Wait Event") are non-compute ``sync``
+  time; HTA's name rule makes them compute.
+- Communication also covers RCCL/MCCL/HCCL and collective names; copies are recognized by category
+  too (MUSA ``Memcpy1/2/3``), so vendors HTA calls "UNKNOWN" are classified.
+"""
+
+from perfgate.traces.analyze import (
+    TRACE_SUFFIXES,
+    AnalysisOptions,
+    analyze_table,
+    analyze_trace,
+    analyze_traces,
+    combine,
+    discover_trace_files,
+    load_table,
+)
+from perfgate.traces.classify import CATEGORIES, KINDS, Category, Kind, classify_device
+from perfgate.traces.errors import TraceError, TraceFormatError, TraceTooLargeError
+from perfgate.traces.models import (
+    AnalysisWindow,
+    CategoryStats,
+    Distribution,
+    FlopsSummary,
+    KernelStats,
+    LaunchStats,
+    OpStats,
+    RankProfile,
+    RankSkew,
+    StepStats,
+    StepSummary,
+    SyncCall,
+    SyncStats,
+    TraceSetReport,
+)
+from perfgate.traces.reader import TraceStream, isal_available
+
+__all__ = [
+    "CATEGORIES",
+    "KINDS",
+    "TRACE_SUFFIXES",
+    "AnalysisOptions",
+    "AnalysisWindow",
+    "Category",
+    "CategoryStats",
+    "Distribution",
+    "FlopsSummary",
+    "KernelStats",
+    "Kind",
+    "LaunchStats",
+    "OpStats",
+    "RankProfile",
+    "RankSkew",
+    "StepStats",
+    "StepSummary",
+    "SyncCall",
+    "SyncStats",
+    "TraceError",
+    "TraceFormatError",
+    "TraceSetReport",
+    "TraceStream",
+    "TraceTooLargeError",
+    "analyze_table",
+    "analyze_trace",
+    "analyze_traces",
+    "classify_device",
+    "combine",
+    "discover_trace_files",
+    "isal_available",
+    "load_table",
+]

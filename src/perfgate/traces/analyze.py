@@ -1,0 +1,307 @@
+"""Facade: read trace files and produce per-rank profiles and the cross-rank comparison."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perfgate.traces._events import Header
+from perfgate.traces._np import int_list
+from perfgate.traces.errors import TraceError
+from perfgate.traces.host import launch_stats, sync_stats
+from perfgate.traces.kernels import category_stats, top_kernels
+from perfgate.traces.models import Backend, RankProfile, RankSource, TimeBasis, TraceSetReport
+from perfgate.traces.ops import flops_summary, top_ops
+from perfgate.traces.prepare import Prepared, prepare
+from perfgate.traces.reader import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_VALUE_BYTES, Decompressor, TraceStream
+from perfgate.traces.steps import rank_skew, step_summary
+from perfgate.traces.table import (
+    CPU_OP_CATEGORIES,
+    DEVICE_CATEGORIES,
+    HOST_CALL_CATEGORIES,
+    IGNORED_CATEGORIES,
+    EventTable,
+    TableBuilder,
+)
+from perfgate.traces.temporal import temporal_breakdown
+
+__all__ = [
+    "TRACE_SUFFIXES",
+    "AnalysisOptions",
+    "analyze_trace",
+    "analyze_traces",
+    "combine",
+    "discover_trace_files",
+    "load_table",
+]
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+ProgressCallback = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    """Knobs of the analyses.
+
+    ``time_basis``: ``exact`` keeps the trace's timestamps; ``hta_rounded`` rounds each event to
+    whole microseconds like HTA 0.5 (for cross-checking). ``include_last_step`` keeps the last
+    ProfilerStep in the window. ``short_kernel_us``: kernels shorter than this are "short".
+    ``max_event_bytes`` caps the size of one JSON event (larger ones are reported as errors).
+    """
+
+    top_k: int = 10
+    time_basis: TimeBasis = "exact"
+    include_last_step: bool = False
+    short_kernel_us: float = 10.0
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    max_event_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    decompressor: Decompressor = "auto"
+
+
+def discover_trace_files(paths: Iterable[Path]) -> list[Path]:
+    """Expand folders into the trace files directly inside them; keep files as given, in order.
+
+    Raises:
+        TraceError: a folder holds no ``.json``/``.json.gz`` file, or a path does not exist.
+    """
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(
+                p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(TRACE_SUFFIXES)
+            )
+            if not found:
+                raise TraceError(f"{path}: no .json or .json.gz trace files in this folder")
+            out.extend(found)
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise TraceError(f"{path}: no such file or folder")
+    seen: set[Path] = set()
+    return [p for p in out if not (p in seen or seen.add(p))]
+
+
+def load_table(
+    path: Path, options: AnalysisOptions = AnalysisOptions()
+) -> tuple[EventTable, Header, TraceStream]:
+    """Stream one trace file into an `EventTable`.
+
+    Raises:
+        TraceFormatError, TraceTooLargeError: see `TraceStream`.
+        OSError: the file cannot be read.
+    """
+    stream = TraceStream(
+        path,
+        chunk_bytes=options.chunk_bytes,
+        max_value_bytes=options.max_event_bytes,
+        decompressor=options.decompressor,
+    )
+    builder = TableBuilder()
+    for batch in stream.batches():
+        builder.add(batch)
+    return builder.build(), stream.header, stream
+
+
+def _rank(header: Header, path: Path) -> tuple[int, RankSource, int | None]:
+    info: Any = header.distributed_info
+    world: int | None = None
+    if isinstance(info, dict):
+        raw_world = info.get("world_size")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        world = raw_world if isinstance(raw_world, int) else None
+        raw_rank = info.get("rank")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        if isinstance(raw_rank, int):
+            return raw_rank, "distributedInfo", world
+    match = _RANK_IN_NAME.search(path.name)
+    if match:
+        return int(match.group(1)), "file_name", world
+    return 0, "default", world
+
+
+def _backend(table: EventTable) -> Backend:
+    cats = table.category_counts
+    host_names = {table.names[i] for i in int_list(np.unique(table.host.i("name")))}
+    if any(c.startswith("mtia") for c in cats):
+        return "mtia"
+    if any(n.startswith("hip") for n in host_names):
+        return "rocm"
+    if any(n.startswith("musa") for n in host_names):
+        return "musa"
+    if cats.get("privateuse1_runtime") or cats.get("privateuse1_driver"):
+        return "privateuse1"
+    if cats.get("xpu_runtime") or cats.get("xpu_driver"):
+        return "xpu"
+    if any(c in cats for c in ("cuda_runtime", "cuda_driver", "Runtime")):
+        return "cuda"
+    if len(table.device) == 0:
+        return "cpu"
+    return "unknown"
+
+
+def _device_name(header: Header, table: EventTable, backend: Backend) -> str:
+    props: Any = header.device_properties
+    names: dict[int, str] = {}
+    if isinstance(props, list):
+        for entry in props:  # pyright: ignore[reportUnknownVariableType]
+            if isinstance(entry, dict):
+                ident, name = entry.get("id"), entry.get("name")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+                if isinstance(ident, int) and isinstance(name, str):
+                    names[ident] = name
+    devices = table.device.i("device") if len(table.device) else np.empty(0, np.int64)
+    devices = devices[devices >= 0]
+    if devices.size:
+        values, counts = np.unique(devices, return_counts=True)
+        used = int(values[np.argmax(counts)])
+        if used in names:
+            return names[used]
+    if names:
+        return names[min(names)]
+    return {"cpu": "CPU", "unknown": "unknown device"}.get(backend, backend.upper())
+
+
+def _warnings(table: EventTable, device_events: int, prepared: Prepared, stream: TraceStream) -> list[str]:
+    out: list[str] = []
+    if device_events == 0:
+        out.append(
+            "no device activity in this trace (a CPU-only capture, or device activities were not enabled): "
+            "the temporal breakdown is empty; only host-side results apply"
+        )
+    elif len(prepared.device) == 0:
+        out.append("no device activity inside the analysis window; try include_last_step=true")
+    if prepared.step_numbers.size == 1:
+        out.append(
+            "a single ProfilerStep: the whole trace was analyzed, per-step statistics rest on one step"
+        )
+    elif prepared.step_numbers.size == 0:
+        out.append(
+            "no ProfilerStep annotations: the whole trace was analyzed and there are no per-step times"
+        )
+    if table.dropped_without_time:
+        out.append(f"{table.dropped_without_time} complete events lacked ts or dur and were ignored")
+    if stream.lenient_skipped:
+        out.append(f"{stream.lenient_skipped} events had fields of unusable types and were skipped")
+    replay = table.category_counts.get("cuda_profiler_range", 0)
+    if replay:
+        out.append(
+            f"{replay} cuda_profiler_range events (CUPTI kernel replay) were not counted as timeline activity: "
+            "replayed kernel durations are not throughput"
+        )
+    known = DEVICE_CATEGORIES | HOST_CALL_CATEGORIES | CPU_OP_CATEGORIES | IGNORED_CATEGORIES
+    unknown = sorted(c for c in table.category_counts if c not in known)
+    if unknown:
+        out.append("categories classified by their args (stream/correlation): " + ", ".join(unknown[:8]))
+    return out
+
+
+def analyze_table(
+    table: EventTable, header: Header, stream: TraceStream, path: Path, options: AnalysisOptions
+) -> RankProfile:
+    """Analyze an already loaded table (see `analyze_trace`).
+
+    The table's raw columns are released once the analysis window is cut (``prepare(release=True)``),
+    so a huge trace holds only its windowed copy while the analyses run.
+    """
+    rank, source, world = _rank(header, path)
+    backend = _backend(table)
+    device = _device_name(header, table, backend)
+    counts = {
+        "events": table.event_count,
+        "complete": table.complete_count,
+        "device": len(table.device),
+        "host_calls": len(table.host),
+        "cpu_ops": len(table.cpu),
+        "decompressed_bytes": stream.decoded_bytes,
+    }
+    prepared = prepare(
+        table, time_basis=options.time_basis, include_last_step=options.include_last_step, release=True
+    )
+    counts["device_in_window"] = len(prepared.device)
+    t = temporal_breakdown(prepared)
+    return RankProfile(
+        rank=rank,
+        rank_source=source,
+        path=str(path),
+        world_size=world,
+        backend=backend,
+        device=device,
+        time_basis=prepared.time_basis,
+        window=prepared.window,
+        span_us=t.span_us,
+        busy_us=t.busy_us,
+        idle_us=t.idle_us,
+        compute_us=t.compute_us,
+        non_compute_us=t.non_compute_us,
+        communication_us=t.communication_us,
+        memory_us=t.memory_us,
+        sync_us=t.sync_us,
+        idle_fraction=t.fraction(t.idle_us),
+        compute_fraction=t.fraction(t.compute_us),
+        non_compute_fraction=t.fraction(t.non_compute_us),
+        comm_compute_overlap_us=t.comm_compute_overlap_us,
+        comm_compute_overlap_fraction=t.comm_compute_overlap_fraction,
+        streams=t.streams,
+        categories=category_stats(prepared),
+        top_kernels=top_kernels(prepared, options.top_k),
+        top_ops=top_ops(prepared, options.top_k),
+        launch=launch_stats(prepared, options.short_kernel_us),
+        sync=sync_stats(prepared),
+        steps=step_summary(prepared),
+        flops=flops_summary(prepared),
+        event_counts=counts,
+        warnings=_warnings(table, counts["device"], prepared, stream),
+    )
+
+
+def analyze_trace(path: Path, options: AnalysisOptions = AnalysisOptions()) -> RankProfile:
+    """Read and analyze one trace file (one rank).
+
+    Raises:
+        TraceFormatError: bad gzip, invalid or truncated JSON, no ``traceEvents``.
+        TraceTooLargeError: an event larger than ``options.max_event_bytes``.
+        OSError: the file cannot be read.
+    """
+    table, header, stream = load_table(path, options)
+    return analyze_table(table, header, stream, path, options)
+
+
+def analyze_traces(
+    paths: Sequence[Path],
+    options: AnalysisOptions = AnalysisOptions(),
+    progress: ProgressCallback | None = None,
+) -> TraceSetReport:
+    """Analyze several trace files (one per rank) and compare the ranks.
+
+    Files are read one after the other, so memory holds one trace's columns at a time plus the
+    small per-rank results.
+
+    Raises:
+        TraceError: as `analyze_trace`, with the offending file named in the message.
+    """
+    profiles: list[RankProfile] = []
+    for i, path in enumerate(paths):
+        if progress is not None:
+            progress(i, len(paths), f"reading {path.name}")
+        profiles.append(analyze_trace(path, options))
+    if progress is not None:
+        progress(len(paths), len(paths), "done")
+    return combine(profiles)
+
+
+def combine(profiles: Sequence[RankProfile]) -> TraceSetReport:
+    """Sort per-rank profiles by rank and compare them (rank skew, duplicate ranks)."""
+    warnings: list[str] = []
+    ranks = Counter(p.rank for p in profiles)
+    duplicated = sorted(r for r, c in ranks.items() if c > 1)
+    if duplicated:
+        warnings.append(
+            f"several files claim rank(s) {duplicated}: the rank comparison treats them as separate entries; "
+            "pass one trace per rank"
+        )
+    ordered = sorted(profiles, key=lambda p: p.rank)
+    return TraceSetReport(ranks=ordered, rank_skew=rank_skew(ordered), warnings=warnings)

@@ -1,0 +1,45 @@
+"""Interval arithmetic on numpy arrays: unions, their lengths, and overlaps.
+
+Intervals are half-open ``[start, end)`` in microseconds; touching intervals merge.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["intersection_length", "merge", "union_length"]
+
+F64 = npt.NDArray[np.float64]
+
+
+def merge(start: F64, end: F64) -> tuple[F64, F64]:
+    """Disjoint, sorted intervals covering the same time as the input ones."""
+    if start.size == 0:
+        return np.empty(0, np.float64), np.empty(0, np.float64)
+    order = np.argsort(start, kind="stable")
+    s = start[order]
+    e = np.maximum.accumulate(end[order])
+    # A new merged interval begins where a start lies beyond every earlier end.
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    np.greater(s[1:], e[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    last = np.empty_like(first)
+    last[:-1] = first[1:] - 1
+    last[-1] = s.size - 1
+    return s[first], e[last]
+
+
+def union_length(start: F64, end: F64) -> float:
+    """Total time covered by at least one interval."""
+    s, e = merge(start, end)
+    return float(np.sum(e - s))
+
+
+def intersection_length(a_start: F64, a_end: F64, b_start: F64, b_end: F64) -> float:
+    """Time covered by both interval sets: |A| + |B| - |A ∪ B|."""
+    a = union_length(a_start, a_end)
+    b = union_length(b_start, b_end)
+    both = union_length(np.concatenate([a_start, b_start]), np.concatenate([a_end, b_end]))
+    return max(0.0, a + b - both)

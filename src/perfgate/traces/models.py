@@ -1,0 +1,242 @@
+"""Result models of the trace analyses (pydantic, so tools can return them as structured output).
+
+Every duration is in microseconds (``_us``), every size in bytes; fractions are in [0, 1].
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from perfgate.traces.classify import Category, Kind
+
+__all__ = [
+    "AnalysisWindow",
+    "CategoryStats",
+    "Distribution",
+    "FlopsSummary",
+    "KernelStats",
+    "LaunchStats",
+    "OpStats",
+    "RankProfile",
+    "RankSkew",
+    "RankStepMean",
+    "StepStats",
+    "StepSummary",
+    "SyncCall",
+    "SyncStats",
+    "TraceSetReport",
+]
+
+Backend = Literal["cuda", "rocm", "musa", "privateuse1", "mtia", "xpu", "cpu", "unknown"]
+RankSource = Literal["distributedInfo", "file_name", "default"]
+TimeBasis = Literal["exact", "hta_rounded"]
+
+
+class Distribution(BaseModel):
+    """Summary of a sample of durations, microseconds."""
+
+    count: int
+    mean_us: float
+    p50_us: float
+    p90_us: float
+    max_us: float
+
+
+class CategoryStats(BaseModel):
+    """Device work of one category (kernels, copies, ...) inside the analysis window."""
+
+    category: Category
+    kind: Kind = Field(description="Temporal class: compute, communication, memory or sync.")
+    count: int
+    total_us: float = Field(description="Sum of event durations (overlaps counted twice).")
+    mean_us: float
+    p50_us: float
+    max_us: float
+    share: float = Field(description="total_us / sum of all device event durations.")
+    bytes: float | None = Field(default=None, description="Bytes moved (copies, memsets) when recorded.")
+    bandwidth_gb_per_s: float | None = Field(
+        default=None, description="bytes / total time of the events that recorded bytes, GB/s (1e9 B/s)."
+    )
+
+
+class KernelStats(BaseModel):
+    """One device kernel (or copy) name, aggregated."""
+
+    name: str
+    category: Category
+    count: int
+    total_us: float
+    mean_us: float
+    p50_us: float
+    max_us: float
+    share: float = Field(description="total_us / sum of all device event durations.")
+
+
+class OpStats(BaseModel):
+    """One CPU operator or annotation name, aggregated over its calls."""
+
+    name: str
+    count: int
+    total_us: float = Field(description="Inclusive time (children included).")
+    self_us: float = Field(description="Exclusive time: inclusive minus direct children on the same thread.")
+    mean_us: float
+    max_us: float
+    flops: float | None = Field(
+        default=None, description="Profiler-attributed FLOPs (with_flops), when the trace has them."
+    )
+
+
+class LaunchStats(BaseModel):
+    """How the host feeds the device."""
+
+    launches: int = Field(description="Host calls matched (by correlation id) to device work.")
+    launches_per_step: float | None = Field(description="Mean launches per ProfilerStep, when steps exist.")
+    api_counts: dict[str, int] = Field(description="Matched host calls by API name (top names).")
+    unmatched_device_events: int = Field(
+        description="Device events whose launching call is not in the trace (or the window)."
+    )
+    launch_delay_us: Distribution | None = Field(
+        description="Device start minus host call start, per matched event."
+    )
+    launch_bound_kernels: int = Field(
+        description="Kernels that ran for less time than the host spent launching them."
+    )
+    launch_bound_fraction: float | None
+    short_kernel_threshold_us: float
+    short_kernels: int = Field(description="Kernels shorter than short_kernel_threshold_us.")
+    short_kernel_time_us: float
+    queue_depth_max: int = Field(description="Most launched-but-unfinished device events at once.")
+    queue_depth_mean: float = Field(description="Time-weighted mean of that depth over the device span.")
+    queue_empty_fraction: float | None = Field(
+        description="Fraction of the device span with nothing launched and unfinished (host-starved)."
+    )
+
+
+class SyncCall(BaseModel):
+    name: str
+    count: int
+    total_us: float
+    max_us: float
+
+
+class SyncStats(BaseModel):
+    """Where the host waits for the device."""
+
+    host_sync_us: float = Field(description="Time in blocking synchronization calls on the host.")
+    host_sync_calls: int
+    blocking_copy_calls: int = Field(
+        description="Synchronous copy calls (cudaMemcpy, hipMemcpyWithStream, ...)."
+    )
+    blocking_copy_us: float
+    implicit_sync_ops: int = Field(description="CPU ops that wait for a device value (.item(), nonzero).")
+    implicit_sync_us: float
+    device_sync_events: int = Field(description="Stream-level waits on the device timeline (cuda_sync).")
+    calls: list[SyncCall] = Field(description="Sync-related calls by name, longest total first.")
+
+
+class StepStats(BaseModel):
+    step: int
+    start_us: float = Field(description="Start relative to the first event of the trace.")
+    duration_us: float = Field(description="Host-side ProfilerStep annotation duration.")
+    launches: int
+    in_window: bool = Field(description="Whether the step is inside the analysis window.")
+
+
+class StepSummary(BaseModel):
+    count: int
+    mean_us: float
+    p50_us: float
+    min_us: float
+    max_us: float
+    steps: list[StepStats]
+
+
+class FlopsSummary(BaseModel):
+    """FLOPs that torch.profiler attributed to ops (with_flops=True): matmul and conv estimates only."""
+
+    basis: str
+    profiler_attributed_flops: float = Field(description="Sum over ops inside the analysis window.")
+    ops_with_flops: int
+    flops_per_step: float | None = Field(description="Per ProfilerStep inside the window, when steps exist.")
+    mean_step_time_us: float | None
+
+
+class AnalysisWindow(BaseModel):
+    """Which part of the trace the breakdowns cover."""
+
+    basis: str
+    end_us: float | None = Field(
+        description="Host events at or after this time are excluded (relative time)."
+    )
+    excluded_last_step: bool
+
+
+class RankProfile(BaseModel):
+    """Analysis of one trace file (one rank)."""
+
+    rank: int
+    rank_source: RankSource
+    path: str
+    world_size: int | None
+    backend: Backend
+    device: str = Field(description="Device name from deviceProperties, or the backend when unnamed.")
+    time_basis: TimeBasis
+    window: AnalysisWindow
+    span_us: float = Field(description="First device activity start to last device activity end.")
+    busy_us: float = Field(description="Time with at least one device activity.")
+    idle_us: float
+    compute_us: float = Field(description="Time with compute running (overlapping comm/memory counted here).")
+    non_compute_us: float = Field(
+        description="Busy time without compute: communication, memory, stream waits."
+    )
+    communication_us: float = Field(description="Time with communication running (overlap included).")
+    memory_us: float = Field(description="Time with copies or memsets running (overlap included).")
+    sync_us: float = Field(description="Time with stream waits on the device timeline.")
+    idle_fraction: float | None
+    compute_fraction: float | None
+    non_compute_fraction: float | None
+    comm_compute_overlap_us: float
+    comm_compute_overlap_fraction: float | None = Field(
+        description="Share of communication time hidden under compute; null without communication."
+    )
+    streams: int
+    categories: list[CategoryStats]
+    top_kernels: list[KernelStats]
+    top_ops: list[OpStats]
+    launch: LaunchStats
+    sync: SyncStats
+    steps: StepSummary | None
+    flops: FlopsSummary | None
+    event_counts: dict[str, int]
+    warnings: list[str]
+
+
+class RankStepMean(BaseModel):
+    rank: int
+    mean_step_us: float
+
+
+class RankSkew(BaseModel):
+    """How ranks differ (per-step times compared on the step numbers all ranks share)."""
+
+    ranks: int
+    common_steps: int
+    max_step_skew_us: float | None = Field(
+        description="Largest (slowest - fastest) rank step time on one step."
+    )
+    mean_step_skew_us: float | None
+    worst_step: int | None
+    slowest_rank: int | None
+    per_rank_mean_step_us: list[RankStepMean]
+    span_spread_us: float = Field(description="max - min of span_us across ranks.")
+    compute_spread_us: float
+    idle_spread_us: float
+    most_idle_rank: int
+
+
+class TraceSetReport(BaseModel):
+    ranks: list[RankProfile]
+    rank_skew: RankSkew | None
+    warnings: list[str]

@@ -1,0 +1,415 @@
+"""Columnar tables of the events the analyses use, built batch by batch from a `TraceStream`.
+
+Events are routed by category into three tables (device activity, host runtime calls, CPU ops);
+everything else (flows, metadata, instants, profiler bookkeeping) is only counted. Columns are numpy
+arrays, names are interned to integer ids, so a trace of millions of events costs a few dozen bytes
+per kept event. All times are microseconds as written in the trace.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
+
+import numpy as np
+import numpy.typing as npt
+
+from perfgate.traces._events import Event, EventArgs, Scalar, decode_args
+from perfgate.traces._np import int_list
+
+__all__ = [
+    "CPU_OP_CATEGORIES",
+    "DEVICE_CATEGORIES",
+    "HOST_CALL_CATEGORIES",
+    "IGNORED_CATEGORIES",
+    "Columns",
+    "EventTable",
+    "TableBuilder",
+]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+DEVICE_CATEGORIES = frozenset(
+    {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset", "cuda_sync", "mtia_ccp_events"}
+)
+"""Categories of work that runs on an accelerator (a ``cuda_sync`` counts only on a real stream)."""
+HOST_CALL_CATEGORIES = frozenset(
+    {
+        "cuda_runtime",
+        "cuda_driver",
+        "Runtime",
+        "Driver",
+        "privateuse1_runtime",
+        "privateuse1_driver",
+        "xpu_runtime",
+        "xpu_driver",
+        "mtia_runtime",
+        "hip_runtime",
+    }
+)
+"""Host-side runtime/driver API calls (launches, copies, synchronizations)."""
+CPU_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "Operator", "python_function"})
+"""Host operators and annotations (ProfilerStep#N lives here)."""
+IGNORED_CATEGORIES = frozenset(
+    {"Trace", "gpu_user_annotation", "overhead", "cuda_profiler_range", "cpu_instant_event"}
+)
+"""Complete events that describe no work: spans of the profiler itself, GPU-side annotations,
+CUPTI replay ranges (their durations come from kernel replays, not from the timeline)."""
+
+_DEVICE, _HOST, _CPU, _SKIP, _UNKNOWN = 0, 1, 2, 3, 4
+
+DIR_UNKNOWN, DIR_H2D, DIR_D2H, DIR_D2D, DIR_OTHER = 0, 1, 2, 3, 4
+_DIRECTIONS: dict[str, int] = {
+    "htod": DIR_H2D,
+    "h2d": DIR_H2D,
+    "host_to_device": DIR_H2D,
+    "1": DIR_H2D,
+    "dtoh": DIR_D2H,
+    "d2h": DIR_D2H,
+    "device_to_host": DIR_D2H,
+    "2": DIR_D2H,
+    "dtod": DIR_D2D,
+    "d2d": DIR_D2D,
+    "device_to_device": DIR_D2D,
+    "3": DIR_D2D,
+    "ptop": DIR_OTHER,
+    "p2p": DIR_OTHER,
+    "htoh": DIR_OTHER,
+    "h2h": DIR_OTHER,
+}
+
+
+def _to_int(value: Scalar, default: int = -1) -> int:
+    """An integer arg as HTA reads it: ints and integral strings; anything else is ``default``."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value == value else default
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    return default
+
+
+def _to_float(value: Scalar) -> float:
+    """A numeric arg as float, NaN when absent or not numeric."""
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return float("nan")
+    return float("nan")
+
+
+def _floats(values: list[Scalar]) -> F64:
+    """Column of numeric args (NaN when absent); numpy converts numbers and None in one C loop."""
+    if str not in set(map(type, values)):
+        return np.array(values, np.float64)
+    return np.array([_to_float(v) for v in values], np.float64)
+
+
+def _ints(values: list[Scalar]) -> I64:
+    """Column of integer args, -1 when absent or not an integer (``"0x0"`` streams, as HTA does)."""
+    if str not in set(map(type, values)):
+        as_float = np.array(values, np.float64)
+        return np.where(np.isnan(as_float), -1, as_float).astype(np.int64)
+    return np.array([_to_int(v) for v in values], np.int64)
+
+
+def _directions(args: list[EventArgs]) -> I64:
+    raw = [a.kind if a.kind is not None else a.direction for a in args]
+    values = set(raw)
+    if values == {None}:
+        return np.zeros(len(args), np.int64)
+    codes = {
+        v: DIR_UNKNOWN if v is None else _DIRECTIONS.get(str(v).strip().lower(), DIR_UNKNOWN) for v in values
+    }
+    return np.fromiter(map(codes.__getitem__, raw), np.int64, len(raw))
+
+
+def _gather(items: list[Event], rows: list[int]) -> list[Event]:
+    if not rows:
+        return []
+    if len(rows) == 1:
+        return [items[rows[0]]]
+    return list(itemgetter(*rows)(items))
+
+
+_GET_PH = attrgetter("ph")
+_GET_CAT = attrgetter("cat")
+_GET_NAME = attrgetter("name")
+_GET_TS = attrgetter("ts")
+_GET_DUR = attrgetter("dur")
+_GET_TID = attrgetter("tid")
+_GET_ARGS = attrgetter("args")
+_GET_STREAM = attrgetter("stream")
+_GET_CORR = attrgetter("correlation")
+_GET_DEVICE = attrgetter("device")
+_GET_BYTES = attrgetter("nbytes")
+_GET_SIZE = attrgetter("size")
+_GET_FLOPS = attrgetter("flops")
+
+
+class _Interner(dict[str, int]):
+    """Maps strings to dense ids in first-seen order."""
+
+    def __missing__(self, key: str) -> int:
+        value = len(self)
+        self[key] = value
+        return value
+
+
+class _TidInterner(dict[int | str | None, int]):
+    """Maps thread ids (ints or labels) to dense ids."""
+
+    def __missing__(self, key: int | str | None) -> int:
+        value = len(self)
+        self[key] = value
+        return value
+
+
+@dataclass
+class Columns:
+    """A table as named numpy columns of equal length."""
+
+    data: dict[str, npt.NDArray[np.generic]]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.data.values()))) if self.data else 0
+
+    def f(self, name: str) -> F64:
+        """A float64 column."""
+        column = self.data[name]
+        assert column.dtype == np.float64
+        return column  # pyright: ignore[reportReturnType]
+
+    def i(self, name: str) -> I64:
+        """An int64 column."""
+        column = self.data[name]
+        assert column.dtype == np.int64
+        return column  # pyright: ignore[reportReturnType]
+
+    def take(self, index: npt.NDArray[np.integer] | npt.NDArray[np.bool_]) -> Columns:
+        """The rows selected by an index or mask array."""
+        return Columns({k: v[index] for k, v in self.data.items()})
+
+
+_DEVICE_FLOAT = ("ts", "dur", "nbytes")
+_DEVICE_INT = ("name", "cat", "stream", "corr", "device", "direction")
+_HOST_FLOAT = ("ts", "dur", "nbytes")
+_HOST_INT = ("name", "cat", "corr", "tid")
+_CPU_FLOAT = ("ts", "dur", "flops")
+_CPU_INT = ("name", "cat", "tid")
+
+
+def _empty(floats: Sequence[str], ints: Sequence[str]) -> Columns:
+    data: dict[str, npt.NDArray[np.generic]] = {k: np.empty(0, np.float64) for k in floats}
+    data.update({k: np.empty(0, np.int64) for k in ints})
+    return Columns(data)
+
+
+@dataclass
+class EventTable:
+    """The kept events of one trace, as columns, plus counts of everything seen.
+
+    ``device``: ts, dur, nbytes, name, cat, stream (-1 unknown), corr (-1 none), device (-1 unknown),
+    direction (a ``DIR_*`` code). ``host``: runtime/driver calls with ts, dur, nbytes, name, cat,
+    corr, tid. ``cpu``: operators and annotations with ts, dur, flops, name, cat, tid.
+    ``float_timestamps``: some kept event's ``ts`` is written as a float; HTA then rounds every event
+    of the trace to whole microseconds.
+    """
+
+    device: Columns
+    host: Columns
+    cpu: Columns
+    names: list[str]
+    cats: list[str]
+    name_index: dict[str, int]
+    category_counts: Counter[str]
+    event_count: int
+    complete_count: int
+    float_timestamps: bool
+    dropped_without_time: int
+
+    def release(self) -> None:
+        """Drop the event columns (names, categories and counts stay)."""
+        self.device = self.device.take(np.empty(0, np.int64))
+        self.host = self.host.take(np.empty(0, np.int64))
+        self.cpu = self.cpu.take(np.empty(0, np.int64))
+
+    def name_ids(self, names: Iterable[str]) -> list[int]:
+        """Ids of the given names that occur in this trace."""
+        return [self.name_index[n] for n in names if n in self.name_index]
+
+
+@dataclass
+class TableBuilder:
+    """Accumulates batches of events into an `EventTable`."""
+
+    _names: _Interner = field(default_factory=_Interner)
+    _cats: _Interner = field(default_factory=_Interner)
+    _tids: _TidInterner = field(default_factory=_TidInterner)
+    _route: dict[str, int] = field(default_factory=dict[str, int])
+    _parts: dict[str, list[Columns]] = field(default_factory=lambda: {"device": [], "host": [], "cpu": []})
+    _skipped_counts: Counter[str] = field(default_factory=Counter[str])
+    _events: int = 0
+    _complete: int = 0
+    _float_ts: bool = False
+    _dropped: int = 0
+
+    def _route_of(self, cat: str) -> int:
+        route = self._route.get(cat)
+        if route is None:
+            if cat in DEVICE_CATEGORIES:
+                route = _DEVICE
+            elif cat in HOST_CALL_CATEGORIES:
+                route = _HOST
+            elif cat in CPU_OP_CATEGORIES:
+                route = _CPU
+            elif cat in IGNORED_CATEGORIES:
+                route = _SKIP
+            else:
+                # Unknown categories are decided per event, by their args.
+                route = _UNKNOWN
+            self._route[cat] = route
+        return route
+
+    def add(self, events: list[Event]) -> None:
+        """Route one batch of events into the tables."""
+        self._events += len(events)
+        complete = [e for e in events if e.ph == "X"]
+        self._complete += len(complete)
+        timed = complete
+        # The membership tests run in C; the filtering pass is needed only for odd events.
+        if None in map(_GET_TS, complete) or None in map(_GET_DUR, complete):
+            timed = [e for e in complete if e.ts is not None and e.dur is not None]
+        self._dropped += len(complete) - len(timed)
+        if not timed:
+            return
+        cats = list(map(_GET_CAT, timed))
+        routes = {c: self._route_of(c) for c in set(cats)}
+        codes = np.array(list(map(routes.__getitem__, cats)), np.int8)
+        groups: dict[int, list[Event]] = {}
+        for code in (_DEVICE, _HOST, _CPU, _SKIP):
+            groups[code] = _gather(timed, int_list(np.flatnonzero(codes == code)))
+        if groups[_SKIP]:
+            self._skipped_counts.update(map(_GET_CAT, groups[_SKIP]))
+        if "cuda_sync" in routes:
+            # Event/context syncs have no stream: they are host waits, not stream activity.
+            device = groups[_DEVICE]
+            syncs = [i for i, e in enumerate(device) if e.cat == "cuda_sync"]
+            sync_args = decode_args([device[i].args for i in syncs])
+            stray = {i for i, a in zip(syncs, sync_args, strict=True) if _to_int(a.stream) < 0}
+            if stray:
+                groups[_DEVICE] = [e for i, e in enumerate(device) if i not in stray]
+                groups[_HOST].extend(device[i] for i in sorted(stray))
+        unknown = _gather(timed, int_list(np.flatnonzero(codes == _UNKNOWN)))
+        for e, a in zip(unknown, decode_args(list(map(_GET_ARGS, unknown))), strict=True):
+            corr = _to_int(a.correlation)
+            if corr >= 0 and _to_int(a.stream) >= 0:
+                groups[_DEVICE].append(e)
+            elif corr >= 0:
+                groups[_HOST].append(e)
+            else:
+                groups[_CPU].append(e)
+        if groups[_DEVICE]:
+            self._parts["device"].append(self._device_columns(groups[_DEVICE]))
+        if groups[_HOST]:
+            self._parts["host"].append(self._host_columns(groups[_HOST]))
+        if groups[_CPU]:
+            self._parts["cpu"].append(self._cpu_columns(groups[_CPU]))
+
+    def _common(self, events: list[Event]) -> dict[str, npt.NDArray[np.generic]]:
+        n = len(events)
+        ts = np.array(list(map(_GET_TS, events)))
+        if ts.dtype != np.int64:
+            self._float_ts = True
+        return {
+            "ts": ts.astype(np.float64),
+            "dur": np.array(list(map(_GET_DUR, events)), np.float64),
+            "name": np.fromiter(map(self._names.__getitem__, map(_GET_NAME, events)), np.int64, n),
+            "cat": np.fromiter(map(self._cats.__getitem__, map(_GET_CAT, events)), np.int64, n),
+        }
+
+    def _device_columns(self, events: list[Event]) -> Columns:
+        data = self._common(events)
+        args = decode_args(list(map(_GET_ARGS, events)))
+        data["stream"] = _ints(list(map(_GET_STREAM, args)))
+        data["corr"] = _ints(list(map(_GET_CORR, args)))
+        data["device"] = _ints(list(map(_GET_DEVICE, args)))
+        data["nbytes"] = _floats(list(map(_GET_BYTES, args)))
+        data["direction"] = _directions(args)
+        return Columns(data)
+
+    def _host_columns(self, events: list[Event]) -> Columns:
+        data = self._common(events)
+        args = decode_args(list(map(_GET_ARGS, events)))
+        data["corr"] = _ints(list(map(_GET_CORR, args)))
+        nbytes = _floats(list(map(_GET_BYTES, args)))
+        size = _floats(list(map(_GET_SIZE, args)))
+        data["nbytes"] = np.where(np.isnan(nbytes), size, nbytes)
+        data["tid"] = np.fromiter(map(self._tids.__getitem__, map(_GET_TID, events)), np.int64, len(events))
+        return Columns(data)
+
+    def _cpu_columns(self, events: list[Event]) -> Columns:
+        data = self._common(events)
+        n = len(events)
+        data["tid"] = np.fromiter(map(self._tids.__getitem__, map(_GET_TID, events)), np.int64, n)
+        raws = list(map(_GET_ARGS, events))
+        # Profiler-attributed FLOPs are rare: decode CPU-op args only when some carry them.
+        if b'"flops"' in b"".join(raws):
+            data["flops"] = _floats(list(map(_GET_FLOPS, decode_args(raws))))
+        else:
+            data["flops"] = np.full(n, np.nan)
+        return Columns(data)
+
+    def _category_counts(self, tables: dict[str, Columns]) -> Counter[str]:
+        counts = Counter[str](self._skipped_counts)
+        cats = list(self._cats)
+        for cols in tables.values():
+            if len(cols):
+                for cat_id, n in enumerate(np.bincount(cols.i("cat")).tolist()):
+                    if n:
+                        counts[cats[cat_id]] += n
+        return counts
+
+    def build(self) -> EventTable:
+        """The finished table (the builder should not be used afterwards)."""
+        tables: dict[str, Columns] = {}
+        for key, floats, ints in (
+            ("device", _DEVICE_FLOAT, _DEVICE_INT),
+            ("host", _HOST_FLOAT, _HOST_INT),
+            ("cpu", _CPU_FLOAT, _CPU_INT),
+        ):
+            parts = self._parts[key]
+            if not parts:
+                tables[key] = _empty(floats, ints)
+            elif len(parts) == 1:
+                tables[key] = parts[0]
+            else:
+                data: dict[str, npt.NDArray[np.generic]] = {}
+                for col in list(parts[0].data):
+                    # Column by column, freeing each part's copy: the table is never held twice.
+                    data[col] = np.concatenate([p.data.pop(col) for p in parts])
+                tables[key] = Columns(data)
+            parts.clear()
+        return EventTable(
+            device=tables["device"],
+            host=tables["host"],
+            cpu=tables["cpu"],
+            names=list(self._names),
+            name_index=dict(self._names),
+            cats=list(self._cats),
+            category_counts=self._category_counts(tables),
+            event_count=self._events,
+            complete_count=self._complete,
+            float_timestamps=self._float_ts,
+            dropped_without_time=self._dropped,
+        )

@@ -1,0 +1,194 @@
+"""The streaming trace reader: cutting the events array at any block size, and malformed input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfgate.traces import TraceFormatError, TraceStream, TraceTooLargeError, isal_available
+from perfgate.traces._events import decode_args
+
+FIXTURES = Path(__file__).parent / "fixtures" / "traces"
+MUSA = FIXTURES / "musa_s4000_rank1.json"
+ROCM = FIXTURES / "rocm_mi300x_rank-3.json"
+
+
+def read_all(path: Path, **kwargs: Any) -> tuple[list[dict[str, Any]], TraceStream]:
+    stream = TraceStream(path, **kwargs)
+    events = [
+        {"ph": e.ph, "cat": e.cat, "name": e.name, "ts": e.ts, "dur": e.dur}
+        for batch in stream.batches()
+        for e in batch
+    ]
+    return events, stream
+
+
+def expected(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as fh:
+        doc = json.load(fh)
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    return [
+        {k: e.get(k, "" if k in ("ph", "cat", "name") else None) for k in ("ph", "cat", "name", "ts", "dur")}
+        for e in events
+    ]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 64, 300, 4 << 20])
+@pytest.mark.parametrize("fixture", [MUSA, ROCM])
+def test_every_block_size_yields_exactly_the_events_json_sees(fixture: Path, chunk_bytes: int) -> None:
+    events, stream = read_all(fixture, chunk_bytes=chunk_bytes, read_block=max(1, chunk_bytes // 2))
+    assert events == expected(fixture)
+    assert stream.decoded_bytes == fixture.stat().st_size
+
+
+def test_braces_commas_and_brackets_inside_strings_do_not_cut_events(tmp_path: Path) -> None:
+    tricky = [
+        {"ph": "X", "cat": "kernel", "name": 'a},{"ph": "X"}, {lambda()#1}]', "ts": 1, "dur": 2},
+        {"ph": "X", "cat": "cpu_op", "name": 'quote " and backslash \\ }, {', "ts": 3, "dur": 4},
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "nested",
+            "ts": 5,
+            "dur": 6,
+            "args": {"l": [{"a": 1}, {"b": 2}]},
+        },
+        {"ph": "i", "name": "}]}", "ts": 7},
+    ]
+    path = write(tmp_path / "t.json", json.dumps({"traceEvents": tricky, "traceName": "x"}))
+    for chunk in (1, 5, 16, 1 << 20):
+        events, _ = read_all(path, chunk_bytes=chunk, read_block=max(1, chunk // 2))
+        assert [e["name"] for e in events] == [t["name"] for t in tricky]
+
+
+def test_keys_after_the_events_are_merged_into_the_header(tmp_path: Path) -> None:
+    doc = (
+        '{"schemaVersion": 1, "traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1}],'
+        ' "distributedInfo": {"rank": 5, "world_size": 8}, "deviceProperties": [{"id": 0, "name": "G"}],'
+        ' "baseTimeNanoseconds": 42}'
+    )
+    events, stream = read_all(write(tmp_path / "t.json", doc), chunk_bytes=8, read_block=4)
+    assert len(events) == 1
+    assert stream.header.schema_version == 1
+    assert stream.header.distributed_info == {"rank": 5, "world_size": 8}
+    assert stream.header.base_time_ns == 42
+
+
+def test_a_bare_array_and_an_empty_events_array_are_valid(tmp_path: Path) -> None:
+    bare = write(tmp_path / "bare.json", '[{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2}]')
+    assert [e["name"] for e in read_all(bare)[0]] == ["k"]
+    empty = write(tmp_path / "empty.json", '{"schemaVersion": 1, "traceEvents": [ ]}')
+    assert read_all(empty)[0] == []
+
+
+def test_the_key_traceEvents_inside_a_header_string_is_not_taken_for_the_array(tmp_path: Path) -> None:
+    doc = '{"note": "\\"traceEvents\\": [", "traceEvents": [{"ph": "X", "name": "real", "ts": 1, "dur": 1}]}'
+    assert [e["name"] for e in read_all(write(tmp_path / "t.json", doc))[0]] == ["real"]
+
+
+@pytest.mark.parametrize("decompressor", ["zlib", "isal", "auto"])
+def test_gzip_traces_read_the_same_with_either_decompressor(tmp_path: Path, decompressor: str) -> None:
+    if decompressor == "isal" and not isal_available():
+        pytest.skip("python-isal is not installed")
+    gz = tmp_path / "musa.json.gz"
+    gz.write_bytes(gzip.compress(MUSA.read_bytes()))
+    events, stream = read_all(gz, chunk_bytes=100, read_block=50, decompressor=decompressor)
+    assert events == expected(MUSA)
+    assert stream.compressed
+
+
+def test_a_truncated_gzip_file_is_a_clear_error(tmp_path: Path) -> None:
+    data = gzip.compress(MUSA.read_bytes())
+    gz = tmp_path / "cut.json.gz"
+    gz.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceFormatError, match=r"truncated|corrupt"):
+        read_all(gz)
+
+
+def test_a_corrupt_gzip_stream_is_a_clear_error(tmp_path: Path) -> None:
+    data = bytearray(gzip.compress(MUSA.read_bytes()))
+    data[30:60] = b"\x00" * 30
+    gz = tmp_path / "bad.json.gz"
+    gz.write_bytes(bytes(data))
+    with pytest.raises(TraceFormatError, match=r"decompress|invalid JSON|truncated"):
+        read_all(gz)
+
+
+def test_json_truncated_mid_array_says_the_trace_is_truncated(tmp_path: Path) -> None:
+    text = MUSA.read_text()
+    cut = write(tmp_path / "cut.json", text[: int(len(text) * 0.6)])
+    with pytest.raises(TraceFormatError, match="truncated"):
+        read_all(cut, chunk_bytes=256, read_block=100)
+
+
+def test_invalid_json_inside_the_events_names_the_byte_offset(tmp_path: Path) -> None:
+    text = MUSA.read_text().replace('"dur": 100,', '"dur": 100 oops,', 1)
+    bad = write(tmp_path / "bad.json", text)
+    with pytest.raises(TraceFormatError, match=r"invalid JSON.*near byte \d+|near byte \d+.*invalid JSON"):
+        read_all(bad, chunk_bytes=128, read_block=64)
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("", "empty"),
+        ("   \n ", "empty"),
+        ("PK\x03\x04 not json", "does not start with a JSON"),
+        ('{"schemaVersion": 1, "events": []}', "no top-level 'traceEvents'"),
+        ('{"traceEvents": [{"ph": "X"}], "x": }', "invalid JSON after the events"),
+        ('{"traceEvents": []', "not closed"),
+    ],
+)
+def test_files_that_are_not_traces_are_refused_with_a_reason(
+    tmp_path: Path, content: str, match: str
+) -> None:
+    with pytest.raises(TraceFormatError, match=match):
+        read_all(write(tmp_path / "t.json", content))
+
+
+def test_an_enormous_single_event_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    big = {"ph": "X", "cat": "cpu_op", "name": "x" * (4 << 20), "ts": 1, "dur": 1}
+    doc = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "small", "ts": 0, "dur": 1}, big, big]}
+    path = write(tmp_path / "big.json", json.dumps(doc))
+    stream = TraceStream(path, chunk_bytes=1024, max_value_bytes=1 << 20)
+    with pytest.raises(TraceTooLargeError, match="larger than the limit"):
+        for _ in stream.batches():
+            pass
+    assert stream.decoded_bytes < path.stat().st_size / 2
+    # A limit above the event size reads it.
+    assert len(read_all(path, max_value_bytes=16 << 20)[0]) == 3
+
+
+def test_events_with_unexpected_field_types_are_converted_or_skipped(tmp_path: Path) -> None:
+    doc = {
+        "traceEvents": [
+            {"ph": "X", "cat": "kernel", "name": "ok", "ts": "10", "dur": "2.5"},
+            {"ph": "X", "cat": "kernel", "name": ["not", "a", "name"], "ts": 1, "dur": 1},
+            {"ph": "X", "cat": "kernel", "name": "fine", "ts": 3, "dur": 1},
+        ]
+    }
+    events, stream = read_all(write(tmp_path / "t.json", json.dumps(doc)))
+    assert [(e["name"], e["ts"], e["dur"]) for e in events] == [("ok", 10, 2.5), ("fine", 3, 1)]
+    assert stream.lenient_skipped == 1
+
+
+def test_raw_args_stay_valid_after_the_reader_moves_on(tmp_path: Path) -> None:
+    # Keep every batch while reading on: the raw args of early batches must still decode.
+    batches = list(TraceStream(MUSA, chunk_bytes=64, read_block=32).batches())
+    assert len(batches) > 3
+    args = decode_args([e.args for batch in batches for e in batch])
+    corr = [a.correlation for a in args if a.correlation is not None]
+    doc = json.loads(MUSA.read_text())
+    assert corr == [
+        e["args"]["correlation"] for e in doc["traceEvents"] if "correlation" in e.get("args", {})
+    ]
