@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from perfgate.evidence.access import as_dict, as_list
+
 __all__ = [
     "DPI",
     "FIGSIZE_IN",
@@ -133,22 +135,47 @@ def ab_distribution_png(
 def breakdown_png(
     ranks: Sequence[Mapping[str, Any]], title: str = "Where device time goes, per rank"
 ) -> bytes:
-    """Stacked bars per rank: compute, non-overlapped communication and memory, idle (fractions of span)."""
+    """Two stacked-bar panels per rank: the temporal breakdown (compute, non-overlapped communication and
+    memory, idle; fractions of the device-active span) and the kernel categories (shares of device time).
+
+    Each rank mapping carries ``rank``, ``span_us``, ``compute_us``, ``non_compute_us``, ``idle_us`` and
+    optionally ``categories`` ([{category, share}]).
+    """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=FIGSIZE_IN)
     labels = [f"rank {r.get('rank', i)}" for i, r in enumerate(ranks)]
     bottoms = [0.0] * len(ranks)
-    for key in ("compute", "communication", "memory", "idle"):
+    parts = (("compute", "compute"), ("non_compute", "comm + memory (not overlapped)"), ("idle", "idle"))
+    colors = (_COLORS["compute"], _COLORS["communication"], _COLORS["idle"])
+    for (key, label), color in zip(parts, colors, strict=True):
         values: list[float] = []
         for r in ranks:
             span = float(r.get("span_us") or 0.0)
             values.append(float(r.get(f"{key}_us") or 0.0) / span if span > 0 else 0.0)
-        ax.bar(labels, values, bottom=bottoms, color=_COLORS[key], label=key)
+        ax.bar(labels, values, bottom=bottoms, color=color, label=label)
         bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-    ax.set_ylim(0, max(1.0, *bottoms) if bottoms else 1.0)
+    ax.set_ylim(0, 1.05)
     ax.set_ylabel("fraction of device-active span")
-    ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title("temporal breakdown", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+
+    cats = [[as_dict(c) for c in as_list(r.get("categories"))] for r in ranks]
+    names = sorted({str(c.get("category")) for per_rank in cats for c in per_rank})
+    bottoms = [0.0] * len(ranks)
+    cmap = plt.get_cmap("tab10")
+    for k, name in enumerate(names):
+        values = [
+            sum(float(c.get("share") or 0.0) for c in per_rank if str(c.get("category")) == name)
+            for per_rank in cats
+        ]
+        ax2.bar(labels, values, bottom=bottoms, color=cmap(k % 10), label=name)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    ax2.set_ylim(0, 1.05)
+    ax2.set_ylabel("share of device time")
+    ax2.set_title("kernel categories", fontsize=10)
+    if names:
+        ax2.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title)
     return _render(fig)
 
 

@@ -7,10 +7,12 @@ one argument), and the call re-validates them through the model so cross-field v
 
 from __future__ import annotations
 
+import base64
 import inspect
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
+from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import BaseModel, Field, ValidationError
 
 from perfgate.errors import ToolError
@@ -43,6 +45,21 @@ def validation_message(exc: ValidationError) -> str:
         where = ".".join(str(p) for p in err["loc"]) or "input"
         lines.append(f"{where}: {err['msg']}")
     return "invalid input: " + "; ".join(lines)
+
+
+def _with_images(out: BaseModel, runtime: ToolRuntime) -> BaseModel | CallToolResult:
+    """The structured result, plus the tool's key plot as image content (or a note that plots are off)."""
+    if runtime.key_image is None and runtime.plots_off is None:
+        return out
+    content: list[TextContent | ImageContent] = [TextContent(type="text", text=out.model_dump_json(indent=2))]
+    if runtime.key_image is not None:
+        data = base64.b64encode(runtime.key_image).decode()
+        content.append(ImageContent(type="image", data=data, mime_type="image/png"))
+    if runtime.plots_off is not None:
+        content.append(TextContent(type="text", text=runtime.plots_off))
+    return CallToolResult(
+        content=list(content), structured_content=out.model_dump(mode="json", by_alias=True)
+    )
 
 
 def _parameters(model: type[BaseModel]) -> list[inspect.Parameter]:
@@ -104,7 +121,8 @@ def make_tool_function(spec: AnySpec, get_state: Any) -> Any:
             report=report,
             commands=state.execution.runner(grant, report) if spec.command is not None else None,
         )
-        return await spec.run(inp, runtime)
+        out = await spec.run(inp, runtime)
+        return _with_images(out, runtime)
 
     params = [
         inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context),

@@ -94,6 +94,8 @@ class ToolRuntime:
     report: ProgressFn = _no_progress
     extras: dict[str, Any] = field(default_factory=dict[str, Any])
     commands: CommandRunner | None = None
+    key_image: bytes | None = None
+    plots_off: str | None = None
 
     @property
     def workspace(self) -> Path:
@@ -120,6 +122,26 @@ class ToolRuntime:
         if self.commands is None:
             raise UnapprovedCommandError(f"{self.tool} declares no ToolSpec.command; it cannot run commands")
         return await self.commands.run(request, evidence, label=label)
+
+    async def plot(
+        self, evidence: EvidenceBuilder, name: str, render: Callable[[], bytes], *, key: bool = False
+    ) -> str | None:
+        """Render a PNG artifact of ``evidence`` in a worker thread; ``key`` also returns it to the agent.
+
+        Plots are optional: without matplotlib nothing is written, the agent is told plots are off, and
+        None is returned. A plot never fails the tool.
+        """
+        from perfgate.report.plots import PlotsUnavailable
+
+        try:
+            png = await anyio.to_thread.run_sync(render)
+        except PlotsUnavailable as exc:
+            self.plots_off = str(exc)
+            return None
+        evidence.write_bytes(name, png)
+        if key:
+            self.key_image = png
+        return name
 
     def resolve_path(self, raw: str, *, kind: str = "any", must_exist: bool = True) -> Path:
         """Resolve a user-supplied path (relative to the workspace) and confine it.

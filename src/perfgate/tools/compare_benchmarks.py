@@ -14,6 +14,7 @@ from perfgate.benchmarking.series import SERIES_NAME, samples_from_series
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState, sha256_file
 from perfgate.evidence.access import as_dict
+from perfgate.report.plots import ab_distribution_png
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
@@ -209,6 +210,15 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         baseline_windows=result.baseline_windows,
         candidate_windows=result.candidate_windows,
         warnings=result.warnings,
+    )
+    base_ms = [t * 1e3 for w in base_windows for t in w.step_s]
+    cand_ms = [t * 1e3 for w in cand_windows for t in w.step_s]
+    interval = (result.ci_low, result.ci_high)
+    await rt.plot(
+        ev,
+        "ab_step_times.png",
+        lambda: ab_distribution_png(base_ms, cand_ms, result.speedup, interval),
+        key=True,
     )
     return await rt.commit(ev, out)
 

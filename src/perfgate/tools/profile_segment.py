@@ -23,6 +23,7 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.request import CommandRequest
 from perfgate.harness import HarnessConfig, ProfileConfig
+from perfgate.report.plots import breakdown_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 from perfgate.traces import (
@@ -403,6 +404,9 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         failure_reason=failure,
         warnings=warnings,
     )
+    if report.ranks:
+        ranks = [r.model_dump(mode="json") for r in report.ranks]
+        await rt.plot(ev, "breakdown.png", lambda: breakdown_png(ranks), key=True)
     return await rt.commit(
         ev,
         out,

@@ -32,6 +32,7 @@ from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
 from perfgate.harness import HarnessConfig
+from perfgate.report.plots import step_times_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
@@ -372,6 +373,7 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     launches = 1 if inp.same_process else inp.repeats
     windows: list[tuple[int, WindowSummary]] = []
     first_record: RankRecord | None = None
+    first_launch: list[RankRecord] = []
     world: int | None = None
     exit_code: int | None = None
     failure: str | None = None
@@ -394,6 +396,7 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
                 records, problems = _collect_records(ev, record_dir, launch)
                 got = _harness_windows(inp, records, problems)
                 first_record = first_record or records[0]
+                first_launch = first_launch or records
                 world = records[0].world_size
                 warnings.extend(f"rank {r.rank}: {note}" for r in records for note in r.notes)
             windows.extend((launch, w) for w in got)
@@ -423,6 +426,12 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
         warnings.append(
             f"noisy windows (IQR/median {summary.stats.iqr_ratio:.2f} >= 0.10): other load on the machine, "
             "too few steps, or periodic work (logging, checkpoints) inside the window"
+        )
+    if first_launch:
+        by_rank = {r.rank: [ns / 1e6 for ns in r.steps.step_time_ns] for r in first_launch}
+        title = f"Step time per step ({inp.label or 'window'}, launch 0)"
+        await rt.plot(
+            ev, "step_times.png", lambda: step_times_png(by_rank, inp.warmup_steps, title), key=True
         )
     out = _output(inp, ev, rt, summary, windows, world, first_record, exit_code, failure, warnings)
     out.contract_problems = contract_problems
