@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
+from perfgate.report.plots import tensor_errors_png
 from perfgate.tensors import (
     CompareOptions,
     ComparisonCancelled,
@@ -28,6 +29,7 @@ from perfgate.tensors import (
     compare_sources,
     open_tensor_source,
 )
+from perfgate.tensors.histogram import error_histogram
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
@@ -41,6 +43,7 @@ __all__ = [
     "run",
 ]
 
+MAX_PLOTTED = 4
 MAX_LISTED = 200
 """Most tensors (and missing/extra keys) listed in the result; the artifact holds all of them."""
 
@@ -245,12 +248,23 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         candidate = await anyio.to_thread.run_sync(_open, "candidate", cand_path, confine)
         try:
             report, hashed = await _compare_and_hash(rt, reference, candidate, options, stop)
+            worst = sorted(
+                (t for t in report.tensors if t.status == "value_mismatch" and t.mismatched),
+                key=lambda t: -(t.mismatched or 0),
+            )[:MAX_PLOTTED]
+            histograms = {
+                t.key: await anyio.to_thread.run_sync(error_histogram, reference, candidate, t.key)
+                for t in worst
+            }
         finally:
             candidate.close()
     finally:
         reference.close()
 
     ev = rt.evidence()
+    if histograms:
+        title = "Absolute error of the most mismatched tensors"
+        await rt.plot(ev, "error_histograms.png", lambda: tensor_errors_png(histograms, title), key=True)
     files = [
         InputFile(role=role, path=rt.relative(p), sha256=sha, size_bytes=size)
         for role, p, sha, size in hashed
