@@ -174,6 +174,14 @@ def _cmd_skill_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from perfgate.demo import run_demo
+
+    result = run_demo(args.workspace)
+    print(f"demo workspace: {result.workspace} (experiment {result.experiment_id}, kept={result.accepted})")
+    return 0 if result.accepted else 1
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from perfgate import __version__
 
@@ -247,6 +255,10 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("experiment", nargs="?", default="all", help="experiment id, or 'all' (default)")
     report.add_argument("--out", type=Path, default=None, help="output directory (default .perfgate/report)")
     report.set_defaults(handler=_cmd_report)
+
+    demo = sub.add_parser("demo", help="run the whole loop on a bundled tiny CPU training job (needs torch)")
+    demo.add_argument("--workspace", type=Path, default=None, help="where to run (default: a new temp dir)")
+    demo.set_defaults(handler=_cmd_demo)
 
     skill = sub.add_parser("skill", help="the bundled agent skill (SKILL.md and references)")
     skill_sub = skill.add_subparsers(dest="skill_command", required=True)

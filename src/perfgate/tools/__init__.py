@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from perfgate.tools import (
+    audit_samples,
     collect_env,
     compare_benchmarks,
     compare_tensors,
     compute_mfu,
     estimate_flops,
     plan_parallel_layout,
+    profile_segment,
     record_decision,
     run_benchmark_window,
 )
@@ -20,9 +22,11 @@ REGISTRY: tuple[AnySpec, ...] = (
     collect_env.SPEC,
     run_benchmark_window.SPEC,
     compare_benchmarks.SPEC,
+    profile_segment.SPEC,
     estimate_flops.SPEC,
     compute_mfu.SPEC,
     compare_tensors.SPEC,
+    audit_samples.SPEC,
     plan_parallel_layout.SPEC,
     record_decision.SPEC,
 )

@@ -1,0 +1,236 @@
+"""JSON Lines reader: msgspec decodes whole blocks of lines at once, bad lines are reported by number."""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from pathlib import Path
+from typing import Any, cast
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from perfgate.audit._files import open_binary
+from perfgate.audit.errors import AuditInputError
+from perfgate.audit.ids import SampleIds
+from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
+
+__all__ = ["read_jsonl"]
+
+_BLOCK_BYTES = 8 << 20
+_PROBE_LINES = 64
+
+
+_ABSENT = -(2**63)
+"""Stands for a field the line leaves out, so optional columns decode straight into int64 arrays."""
+
+
+class _IntRow(msgspec.Struct, gc=False):
+    sample_id: int
+    epoch: int
+    rank: int
+    worker: int
+    step: int | None = _ABSENT
+    session: int | None = _ABSENT
+    restart: bool = False
+
+
+class _StrRow(msgspec.Struct, gc=False):
+    sample_id: str
+    epoch: int
+    rank: int
+    worker: int
+    step: int | None = _ABSENT
+    session: int | None = _ABSENT
+    restart: bool = False
+
+
+class _AnyRow(msgspec.Struct, gc=False):
+    sample_id: int | str
+    epoch: int
+    rank: int
+    worker: int
+    step: int | None = _ABSENT
+    session: int | None = _ABSENT
+    restart: bool = False
+
+
+_Row = _IntRow | _StrRow | _AnyRow
+_BLOCK_DECODERS: tuple[msgspec.json.Decoder[Any], ...] = (
+    msgspec.json.Decoder(list[_IntRow]),
+    msgspec.json.Decoder(list[_StrRow]),
+    msgspec.json.Decoder(list[_AnyRow]),
+)
+_LINE_DECODER = msgspec.json.Decoder(_AnyRow)
+_get_id, _get_epoch, _get_rank, _get_worker = (
+    attrgetter("sample_id"),
+    attrgetter("epoch"),
+    attrgetter("rank"),
+    attrgetter("worker"),
+)
+_get_step, _get_session, _get_restart = attrgetter("step"), attrgetter("session"), attrgetter("restart")
+
+
+def read_jsonl(path: Path, builder: RecordBuilder) -> None:
+    """Add the records of one JSONL file (optionally .gz) to `builder`.
+
+    Blocks of lines decode in one call; a block with any bad line is decoded again line by line
+    so each malformed line is reported with its number and the rest are kept.
+
+    Raises:
+        AuditInputError: the file cannot be opened, or a required field is absent from its records.
+    """
+    source = str(path)
+    builder.sources.append(source)
+    preferred = 0
+    with open_binary(path, "observed records") as stream:
+        tail = b""
+        line_base = 0  # lines before the current block
+        probed = False
+        while True:
+            try:
+                data = stream.read(_BLOCK_BYTES)
+            except (OSError, EOFError) as exc:
+                raise AuditInputError(f"cannot read {source}: {exc}") from exc
+            if not data:
+                block, tail = tail, b""
+                if block and not block.endswith(b"\n"):
+                    block += b"\n"
+            else:
+                data = tail + data
+                cut = data.rfind(b"\n") + 1
+                block, tail = data[:cut], data[cut:]
+            if not block:
+                if not data:
+                    break
+                continue
+            if not probed:
+                _probe_columns(block, source)
+                probed = True
+            n_lines = block.count(b"\n")
+            preferred = _decode_block(block, n_lines, line_base, source, builder, preferred)
+            line_base += n_lines
+            if not data:
+                break
+
+
+def _probe_columns(block: bytes, source: str) -> None:
+    """Fail clearly when a required field is absent from every record among the first lines."""
+    seen: set[str] = set()
+    parsed = 0
+    for line in block.split(b"\n", _PROBE_LINES)[:_PROBE_LINES]:
+        try:
+            obj = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            continue
+        if isinstance(obj, dict):
+            seen.update(str(k) for k in cast("dict[object, object]", obj))
+            parsed += 1
+    missing = [c for c in REQUIRED_COLUMNS if c not in seen]
+    if parsed and missing:
+        raise AuditInputError(
+            f"{source}: records have no {', '.join(repr(c) for c in missing)} field "
+            f"(fields seen: {', '.join(sorted(seen)) or 'none'}). Every record needs sample_id, epoch, "
+            "rank and worker (-1 for the main process); step, session and restart are optional."
+        )
+
+
+def _decode_block(
+    block: bytes, n_lines: int, line_base: int, source: str, builder: RecordBuilder, preferred: int
+) -> int:
+    """Decode a block of whole lines; returns the decoder that worked, to try first next time."""
+    # one JSON array of every line; a blank or broken line makes it invalid and is then found below
+    joined = bytearray(b"[")
+    joined += block.replace(b"\n", b",")
+    joined[-1] = ord("]")
+    if not block.startswith(b"\n"):
+        for which in (preferred, *(k for k in range(len(_BLOCK_DECODERS)) if k != preferred)):
+            try:
+                rows: list[_Row] = _BLOCK_DECODERS[which].decode(joined)
+            except msgspec.ValidationError:
+                continue  # another id type may fit; a bad field fails every decoder
+            except msgspec.DecodeError:
+                break
+            if len(rows) != n_lines:
+                break  # a line held more or less than one value: find it line by line
+            lines = np.arange(line_base + 1, line_base + 1 + n_lines, dtype=np.int64)
+            _add_rows(rows, lines, source, builder, _fields_in(block))
+            return which
+    _decode_lines(block, line_base, source, builder)
+    return preferred
+
+
+def _decode_lines(block: bytes, line_base: int, source: str, builder: RecordBuilder) -> None:
+    rows: list[_Row] = []
+    numbers: list[int] = []
+    for offset, line in enumerate(block.split(b"\n")[:-1], start=line_base + 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(_LINE_DECODER.decode(line))
+        except msgspec.DecodeError as exc:
+            builder.malformed.add(source, offset, str(exc))
+            continue
+        numbers.append(offset)
+    if rows:
+        _add_rows(rows, np.array(numbers, dtype=np.int64), source, builder, _fields_in(block))
+
+
+def _fields_in(block: bytes) -> frozenset[str]:
+    """Optional fields the block may hold: a field whose quoted name never occurs is absent from
+    every line, so its column need not be extracted (a byte search is far cheaper)."""
+    return frozenset(name for name in ("step", "session", "restart") if f'"{name}"'.encode() in block)
+
+
+def _add_rows(
+    rows: list[_Row], lines: NDArray[np.int64], source: str, builder: RecordBuilder, fields: frozenset[str]
+) -> None:
+    n = len(rows)
+    first = rows[0]
+    if isinstance(first, _IntRow):
+        ids = SampleIds.of_ints(np.fromiter(map(_get_id, rows), dtype=np.int64, count=n))
+    elif isinstance(first, _StrRow):
+        ids = SampleIds.of_strings(builder.pool.codes(map(_get_id, rows)))
+    else:
+        try:
+            ids = SampleIds.of_values(list(map(_get_id, rows)), builder.pool)
+        except OverflowError as exc:
+            raise AuditInputError(
+                f"{source}: a sample id does not fit in a signed 64-bit int: write such ids as strings"
+            ) from exc
+    try:
+        step, missing_steps = None, n
+        if "step" in fields:
+            steps = _optional(rows, _get_step)
+            missing_steps = int(np.count_nonzero(steps == _ABSENT))
+            step = steps if missing_steps == 0 else None
+        session = None
+        if "session" in fields:
+            sessions = _optional(rows, _get_session)
+            absent = sessions == _ABSENT
+            session = None if absent.all() else np.where(absent, 0, sessions)  # unnamed session 0
+        restart = None
+        if "restart" in fields:
+            restart = np.fromiter(map(_get_restart, rows), dtype=np.bool_, count=n)
+        builder.add(
+            source,
+            lines,
+            ids,
+            epoch=np.fromiter(map(_get_epoch, rows), dtype=np.int64, count=n),
+            rank=np.fromiter(map(_get_rank, rows), dtype=np.int64, count=n),
+            worker=np.fromiter(map(_get_worker, rows), dtype=np.int64, count=n),
+            step=step,
+            session=session,
+            restart=restart if restart is not None and restart.any() else None,
+            step_lacking=missing_steps,
+        )
+    except OverflowError as exc:
+        raise AuditInputError(f"{source}: an epoch, rank, worker, step or session exceeds 64 bits") from exc
+
+
+def _optional(rows: list[_Row], get: attrgetter[Any]) -> NDArray[np.int64]:
+    """An optional int field as int64, _ABSENT where the line left it out or wrote null."""
+    try:
+        return np.fromiter(map(get, rows), dtype=np.int64, count=len(rows))
+    except TypeError:  # an explicit null somewhere: the slow way
+        return np.array([_ABSENT if v is None else v for v in map(get, rows)], dtype=np.int64)

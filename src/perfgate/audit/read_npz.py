@@ -1,0 +1,100 @@
+"""NPZ reader: one array per column, loaded without pickle (object arrays are refused)."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from perfgate.audit.errors import AuditInputError
+from perfgate.audit.ids import SampleIds, StringPool
+from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
+
+__all__ = ["ids_from_array", "read_npz"]
+
+
+def read_npz(path: Path, builder: RecordBuilder) -> None:
+    """Add the records of one NPZ file whose arrays are the columns.
+
+    Raises:
+        AuditInputError: unreadable file, pickled/object arrays, a missing column, columns of
+            different lengths or of the wrong dtype.
+    """
+    source = str(path)
+    builder.sources.append(source)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            names = set(npz.files)
+            missing = [c for c in REQUIRED_COLUMNS if c not in names]
+            if missing:
+                raise AuditInputError(
+                    f"{source}: no {', '.join(repr(c) for c in missing)} array (arrays: "
+                    f"{', '.join(sorted(names)) or 'none'}). Required: {', '.join(REQUIRED_COLUMNS)}; "
+                    "optional: step, session, restart."
+                )
+            cols: dict[str, NDArray[Any]] = {
+                name: npz[name] for name in (*REQUIRED_COLUMNS, "step", "session", "restart") if name in names
+            }
+    except AuditInputError:
+        raise
+    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise AuditInputError(f"cannot read {source} as NPZ: {exc}") from exc
+    except ValueError as exc:
+        raise AuditInputError(
+            f"{source}: {exc}. Object arrays need pickle, which is never loaded: save ids as an "
+            "integer or unicode array"
+        ) from exc
+    lengths = {name: arr.shape for name, arr in cols.items()}
+    n = int(cols["sample_id"].shape[0]) if cols["sample_id"].ndim == 1 else -1
+    if any(shape != (n,) for shape in lengths.values()):
+        raise AuditInputError(f"{source}: columns must be 1-D arrays of one length, got shapes {lengths}")
+    ids = ids_from_array(cols.pop("sample_id"), builder.pool, source)
+    ints = {name: _int_column(arr, name, source) for name, arr in cols.items() if name != "restart"}
+    restart = cols.get("restart")
+    if restart is not None and restart.dtype != np.bool_:
+        raise AuditInputError(f"{source}: 'restart' must be a bool array, got {restart.dtype}")
+    builder.add(
+        source,
+        1,
+        ids,
+        epoch=ints["epoch"],
+        rank=ints["rank"],
+        worker=ints["worker"],
+        step=None if "step" not in ints else ints["step"].astype(np.int64, copy=False),
+        session=None if "session" not in ints else ints["session"].astype(np.int64, copy=False),
+        restart=restart,
+    )
+
+
+def ids_from_array(arr: NDArray[Any], pool: StringPool, source: str) -> SampleIds:
+    """Sample ids from a typed array: integers, or unicode strings interned in `pool`.
+
+    Raises:
+        AuditInputError: floats, bools, bytes or uint64 values beyond int64.
+    """
+    kind = arr.dtype.kind
+    if kind == "i":
+        return SampleIds.of_ints(arr.astype(np.int64, copy=False))
+    if kind == "u":
+        if arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+            raise AuditInputError(f"{source}: sample ids beyond int64: write them as strings")
+        return SampleIds.of_ints(arr.astype(np.int64))
+    if kind == "U":
+        uniques, inverse = np.unique(arr, return_inverse=True)
+        mapping = pool.codes(uniques.tolist())
+        return SampleIds.of_strings(mapping[np.ravel(inverse)])
+    raise AuditInputError(
+        f"{source}: sample_id has dtype {arr.dtype}; use an integer or unicode string array "
+        "(floats and bytes are ambiguous ids)"
+    )
+
+
+def _int_column(arr: NDArray[Any], name: str, source: str) -> NDArray[np.integer[Any]]:
+    if arr.dtype.kind not in "iu":
+        raise AuditInputError(f"{source}: '{name}' must be an integer array, got {arr.dtype}")
+    if arr.dtype == np.uint64:
+        return arr.astype(np.int64)
+    return arr

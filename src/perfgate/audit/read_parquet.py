@@ -1,0 +1,208 @@
+"""Parquet reader (optional `parquet` extra: pyarrow), batch by batch in bounded memory."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from perfgate.audit.errors import AuditInputError
+from perfgate.audit.ids import SampleIds, StringPool
+from perfgate.audit.records import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, RecordBuilder
+
+__all__ = ["parquet_available", "read_parquet", "read_parquet_ids"]
+
+_BATCH_ROWS = 1 << 22
+_MISSING_PYARROW = (
+    "reading Parquet needs pyarrow, which is not installed: `pip install 'perfgate[parquet]'` "
+    "(or pass the records as JSONL, CSV or NPZ)"
+)
+
+
+def parquet_available() -> bool:
+    """Whether pyarrow can be imported, without importing it."""
+    return importlib.util.find_spec("pyarrow") is not None
+
+
+def _arrow(module: str = "pyarrow") -> Any:
+    """A pyarrow module, imported on use (optional dependency, and untyped: it ships no stubs).
+
+    Raises:
+        AuditInputError: pyarrow is not installed.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise AuditInputError(_MISSING_PYARROW) from exc
+
+
+def _open(path: Path) -> Any:
+    pq = _arrow("pyarrow.parquet")
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, ValueError) as exc:  # pyarrow.ArrowInvalid is a ValueError
+        raise AuditInputError(f"cannot read {path} as Parquet: {exc}") from exc
+
+
+def read_parquet(path: Path, builder: RecordBuilder) -> None:
+    """Add the records of one Parquet file to `builder`; rows with nulls become malformed rows.
+
+    Raises:
+        AuditInputError: pyarrow missing, unreadable file, a missing column or a column of the wrong type.
+    """
+    source = str(path)
+    builder.sources.append(source)
+    pf = _open(path)
+    names: list[str] = list(pf.schema_arrow.names)
+    missing = [c for c in REQUIRED_COLUMNS if c not in names]
+    if missing:
+        raise AuditInputError(
+            f"{source}: no {', '.join(repr(c) for c in missing)} column (columns: {', '.join(names)}). "
+            f"Required: {', '.join(REQUIRED_COLUMNS)}; optional: {', '.join(OPTIONAL_COLUMNS)}."
+        )
+    columns = [c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if c in names]
+    pa = _arrow()
+
+    # id columns stay arrow-owned views until build() copies them out; the arrow allocator then
+    # keeps the freed pages cached for itself unless told to hand them back
+    builder.after_build(pa.default_memory_pool().release_unused)
+    try:
+        _read_batches(pf, columns, source, builder)
+    except AuditInputError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise AuditInputError(f"cannot read {source} as Parquet: {exc}") from exc
+
+
+def _read_batches(pf: Any, columns: list[str], source: str, builder: RecordBuilder) -> None:
+    """Fill whole-file columns batch by batch: no per-batch chunks to join, so memory is the columns."""
+    pa = _arrow()
+
+    n = int(pf.metadata.num_rows)
+    ids = np.empty(n, dtype=np.int64)
+    as_strings = not pa.types.is_integer(pf.schema_arrow.field("sample_id").type)
+    ints: dict[str, NDArray[Any]] = {
+        name: np.empty(n, dtype=np.int64 if name in ("step", "session") else np.int32)
+        for name in columns
+        if name not in ("sample_id", "restart")
+    }
+    restart = np.empty(n, dtype=np.bool_) if "restart" in columns else None
+    invalid: list[NDArray[np.int64]] = []
+    reasons: list[str] = []
+    pos = 0
+    for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
+        m = int(batch.num_rows)
+        valid = np.ones(m, dtype=np.bool_)
+        for name in REQUIRED_COLUMNS:
+            valid &= _not_null(batch.column(name), m)
+        part: slice | NDArray[np.int64] = slice(pos, pos + m)
+        if not valid.all():
+            invalid.append(np.flatnonzero(~valid) + pos)
+            reasons.append("null in a required column")
+            batch = batch.filter(valid)
+            part = np.flatnonzero(valid) + pos  # rows left unset here are dropped below
+        ids[part] = _ids(batch.column("sample_id"), builder.pool, source).values
+        for name, out in ints.items():
+            values = _ints(batch.column(name), name, source)
+            if out.dtype == np.int32:
+                wide = (values < -(2**31)) | (values >= 2**31)
+                if wide.any():
+                    rows = np.arange(pos, pos + m) if isinstance(part, slice) else part
+                    invalid.append(rows[wide])
+                    reasons.append(f"{name} beyond 32 bits")
+            out[part] = values
+        if restart is not None:
+            col = batch.column("restart")
+            restart[part] = np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.bool_)
+        pos += m
+    assert pos == n, f"{source}: metadata says {n} rows, read {pos}"
+    keep: NDArray[np.bool_] | None = None
+    if invalid:
+        keep = np.ones(n, dtype=np.bool_)
+        for rows, reason in zip(invalid, reasons, strict=True):
+            builder.malformed.add_many(source, rows + 1, reason)
+            keep[rows] = False
+    sample_ids = SampleIds.of_strings(ids) if as_strings else SampleIds.of_ints(ids)
+    if keep is None:
+        kept, first_line = ints, 1
+    else:
+        sample_ids = sample_ids.take(keep)
+        kept = {name: out[keep] for name, out in ints.items()}
+        restart = None if restart is None else restart[keep]
+        first_line = np.flatnonzero(keep).astype(np.int64) + 1
+    builder.add(
+        source,
+        first_line,
+        sample_ids,
+        epoch=kept["epoch"],
+        rank=kept["rank"],
+        worker=kept["worker"],
+        step=kept.get("step"),
+        session=kept.get("session"),
+        restart=restart if restart is not None and restart.any() else None,
+    )
+
+
+def _not_null(column: Any, n: int) -> NDArray[np.bool_]:
+    if column.null_count == 0:
+        return np.ones(n, dtype=np.bool_)
+    return np.asarray(column.is_valid().to_numpy(zero_copy_only=False), dtype=np.bool_)
+
+
+def _ids(column: Any, pool: StringPool, source: str) -> SampleIds:
+    pa, pc = _arrow(), _arrow("pyarrow.compute")
+
+    kind = column.type
+    if pa.types.is_integer(kind):
+        if pa.types.is_uint64(kind) and len(column) and pc.max(column).as_py() > np.iinfo(np.int64).max:
+            raise AuditInputError(f"{source}: sample ids beyond int64: write them as strings")
+        return SampleIds.of_ints(np.asarray(column.to_numpy(), dtype=np.int64))
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+        column = pc.dictionary_encode(column)
+        kind = column.type
+    if pa.types.is_dictionary(kind) and (
+        pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)
+    ):
+        mapping = pool.codes(column.dictionary.to_pylist())
+        indices = np.asarray(column.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        return SampleIds.of_strings(mapping[indices])
+    raise AuditInputError(
+        f"{source}: sample_id has type {kind}; use an integer or string column (floats are ambiguous ids)"
+    )
+
+
+def _ints(column: Any, name: str, source: str) -> NDArray[np.int64]:
+    pa = _arrow()
+
+    if not pa.types.is_integer(column.type):
+        raise AuditInputError(f"{source}: '{name}' must be an integer column, got {column.type}")
+    if column.null_count:
+        if name == "step":
+            raise AuditInputError(f"{source}: 'step' has nulls: give every record a step or drop the column")
+        column = column.fill_null(0)  # a record without a session token belongs to session 0
+    return np.asarray(column.to_numpy(), dtype=np.int64)
+
+
+def read_parquet_ids(path: Path, pool: StringPool) -> SampleIds:
+    """The `sample_id` column of a Parquet file (expected ids).
+
+    Raises:
+        AuditInputError: pyarrow missing, unreadable file, no sample_id column, nulls or a wrong type.
+    """
+    pf = _open(path)
+    if "sample_id" not in pf.schema_arrow.names:
+        raise AuditInputError(f"{path}: no 'sample_id' column (columns: {', '.join(pf.schema_arrow.names)})")
+    parts: list[SampleIds] = []
+    try:
+        for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=["sample_id"]):
+            column = batch.column("sample_id")
+            if column.null_count:
+                raise AuditInputError(f"{path}: 'sample_id' has nulls")
+            parts.append(_ids(column, pool, str(path)))
+    except (OSError, ValueError) as exc:
+        raise AuditInputError(f"cannot read {path} as Parquet: {exc}") from exc
+    return SampleIds.concat(parts)
