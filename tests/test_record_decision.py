@@ -174,7 +174,7 @@ CHEATS = {
     "profiled window as throughput": (
         "profiled runs are never throughput evidence",
         lambda ev, links, ids: _swap_comparison(
-            ev, links, ids["base"], [ev.window(profiled=True)] + ids["cand"][1:]
+            ev, links, ids["base"], [ev.window(profiled=True), *ids["cand"][1:]]
         ),
     ),
     "invariants differ": (
