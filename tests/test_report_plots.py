@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import struct
 import sys
 
 import pytest
 
+from _png import png_size
 from perfgate.report import plots
 
 pytest.importorskip("matplotlib")
-
-
-def png_size(data: bytes) -> tuple[int, int]:
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    assert data[12:16] == b"IHDR"
-    width, height = struct.unpack(">II", data[16:24])
-    return int(width), int(height)
 
 
 EXPECTED = (int(plots.FIGSIZE_IN[0] * plots.DPI), int(plots.FIGSIZE_IN[1] * plots.DPI))

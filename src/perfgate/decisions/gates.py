@@ -274,8 +274,11 @@ def _comparison_gates(exp: Experiment, ev: _Evidence, fewer_reason: str | None) 
             )
         ]
     else:
-        speedup = latest.result.get("speedup")
-        gates = [_gate("comparison", True, f"improved: speedup {speedup}", [latest.id])]
+        speedup, low, high = (latest.result.get(k) for k in ("speedup", "ci_low", "ci_high"))
+        figure = f"{speedup:.3f}x" if isinstance(speedup, float) else str(speedup)
+        if isinstance(low, float) and isinstance(high, float):
+            figure += f" (95% interval {low:.3f}-{high:.3f})"
+        gates = [_gate("comparison", True, f"improved: speedup {figure}", [latest.id])]
     return gates + _window_gates(exp, latest, ev, fewer_reason)
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "plots_available",
     "step_times_png",
     "tensor_errors_png",
+    "top_ops_png",
 ]
 
 FIGSIZE_IN = (8.0, 4.5)
@@ -176,6 +177,20 @@ def breakdown_png(
     if names:
         ax2.legend(fontsize=7, loc="lower right")
     fig.suptitle(title)
+    return _render(fig)
+
+
+def top_ops_png(ops: Sequence[tuple[str, float]], title: str = "Host time by CPU op (self time)") -> bytes:
+    """Horizontal bars of the heaviest CPU ops by exclusive time (us): the view for CPU-only traces."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
+    shown = list(ops)[:12][::-1]
+    names = [n if len(n) <= 60 else n[:57] + "..." for n, _ in shown]
+    ax.barh(range(len(shown)), [v / 1e3 for _, v in shown], color=_COLORS["compute"])
+    ax.set_yticks(range(len(shown)), names, fontsize=7)
+    ax.set_xlabel("self time (ms) in the profiled steps")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="x")
     return _render(fig)
 
 

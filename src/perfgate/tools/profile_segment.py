@@ -23,7 +23,7 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.request import CommandRequest
 from perfgate.harness import HarnessConfig, ProfileConfig
-from perfgate.report.plots import breakdown_png
+from perfgate.report.plots import breakdown_png, top_ops_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 from perfgate.traces import (
@@ -404,9 +404,14 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         failure_reason=failure,
         warnings=warnings,
     )
-    if report.ranks:
+    if any(r.span_us > 0 for r in report.ranks):
         ranks = [r.model_dump(mode="json") for r in report.ranks]
         await rt.plot(ev, "breakdown.png", lambda: breakdown_png(ranks), key=True)
+    elif report.ranks and report.ranks[0].top_ops:
+        # no device activity (a CPU-only run): show where host time went instead
+        ops = sorted(((o.name, o.self_us) for o in report.ranks[0].top_ops), key=lambda o: -o[1])
+        title = f"Host self time by CPU op, rank {report.ranks[0].rank} (no device activity)"
+        await rt.plot(ev, "breakdown.png", lambda: top_ops_png(ops, title), key=True)
     return await rt.commit(
         ev,
         out,
