@@ -23,6 +23,7 @@ from typing import Any, cast
 
 __all__ = [
     "HOSTNAME",
+    "redact_env_values",
     "MIN_SECRET_CHARS",
     "REDACTED",
     "Redactor",
@@ -102,6 +103,15 @@ _OTHER_HOMES = re.compile(r"(?P<root>/home/|/Users/)(?P<name>[^/\s'\":]+)")
 
 def _segments(name: str) -> list[str]:
     return [s for s in re.split(r"[_\-.\s]+", name.upper()) if s]
+
+
+def redact_env_values(env: Mapping[str, Any]) -> dict[str, Any]:
+    """``env`` with the value of every secret-named variable replaced by ``<redacted>``.
+
+    For what the ledger keeps of a command's environment changes: the approval digest still binds the
+    real values, and the human approving sees them, but the stored record never holds a credential.
+    """
+    return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
 
 
 def is_secret_name(name: str) -> bool:

@@ -11,8 +11,9 @@ import getpass
 import os
 import socket
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
+from perfgate.envprobe.redact import redact_env_values
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.execution.request import CommandRequest
 
@@ -59,6 +60,13 @@ def operator_identity() -> str:
     return f"{user}@{socket.gethostname()} on {tty}"
 
 
+def _stored_request(request: CommandRequest) -> dict[str, Any]:
+    fields = {**request.bound_fields(), "reason": request.reason}
+    if isinstance(fields.get("env"), dict):
+        fields["env"] = redact_env_values(cast("dict[str, Any]", fields["env"]))
+    return fields
+
+
 def record_decision(
     ledger: Ledger,
     *,
@@ -89,7 +97,7 @@ def record_decision(
             id=evidence_id,
             tool=APPROVAL_TOOL,
             state=state,
-            inputs={"tool": tool, "request": {**request.bound_fields(), "reason": request.reason}},
+            inputs={"tool": tool, "request": _stored_request(request)},
             result=result,
             command=list(request.argv),
         )

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio.to_thread
 from pydantic import BaseModel
@@ -213,7 +213,7 @@ class ToolRuntime:
             id=builder.id,
             tool=builder.tool,
             state=state,
-            inputs=self.inputs,
+            inputs=_stored_inputs(self.inputs),
             result=result,
             profiled=profiled,
             command=command,
@@ -238,3 +238,13 @@ class ToolRuntime:
                 "`perfgate ledger show` or use an evidence_id returned by an earlier tool call"
             )
         return record
+
+
+def _stored_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """What the ledger keeps of a call's inputs: an ``env`` mapping loses its secret values."""
+    env = inputs.get("env")
+    if not isinstance(env, dict):
+        return inputs
+    from perfgate.envprobe.redact import redact_env_values
+
+    return {**inputs, "env": redact_env_values(cast("dict[str, Any]", env))}
