@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import re
 import typing
 from pathlib import Path
@@ -17,24 +15,8 @@ from perfgate.skills.catalog import REFERENCES, SKILL_DIR, SKILL_FILE, SKILL_NAM
 from perfgate.skills.prompts import PROMPTS
 from perfgate.tools import REGISTRY
 
-# The ten tools the skill teaches. While their modules land one by one, not all are in REGISTRY yet,
-# so the checks below use REGISTRY's names UNION this list. Once every tool is registered, make the
-# checks registry-only (delete this constant): a tool renamed or added without the skill must fail here.
-SKILL_TOOLS = frozenset(
-    {
-        "collect_env",
-        "run_benchmark_window",
-        "compare_benchmarks",
-        "profile_segment",
-        "compute_mfu",
-        "estimate_flops",
-        "compare_tensors",
-        "audit_samples",
-        "plan_parallel_layout",
-        "record_decision",
-    }
-)
-KNOWN_TOOLS = frozenset(spec.name for spec in REGISTRY) | SKILL_TOOLS
+# Every registered tool is taught and every tool the skill calls is registered.
+KNOWN_TOOLS = frozenset(spec.name for spec in REGISTRY)
 
 # A tool call in the skill is a bare snake_case name followed by "(": `compare_tensors(atol=...)`.
 # Library calls are written with their module (`torch.compile(...)`), which the look-behind excludes.
@@ -128,21 +110,8 @@ def _calls(text: str) -> list[tuple[str, list[str], list[str]]]:
 
 
 def _input_model(name: str) -> type[BaseModel] | None:
-    """The tool's input model: from the registry, or from its module once that exists."""
-    for spec in REGISTRY:
-        if spec.name == name:
-            return spec.input_model
-    if importlib.util.find_spec(f"perfgate.tools.{name}") is None:
-        return None
-    try:
-        module = importlib.import_module(f"perfgate.tools.{name}")
-    except ImportError:
-        # A module still being written by its owner; its own tests report that. Registered tools
-        # never take this path.
-        return None
-    model = module.SPEC.input_model
-    assert isinstance(model, type) and issubclass(model, BaseModel)
-    return model
+    """The registered tool's input model (None for a name that is not a tool)."""
+    return next((spec.input_model for spec in REGISTRY if spec.name == name), None)
 
 
 def _fields(model: type[BaseModel]) -> set[str]:
