@@ -12,6 +12,10 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from perfgate.evidence import Ledger
 
 __all__ = ["main"]
 
@@ -63,14 +67,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_ledger(args: argparse.Namespace) -> int:
+def _existing_ledger(workspace: Path) -> Ledger | None:
+    """The workspace's ledger, or None (with a message) when it has none: reading never creates one."""
     from perfgate.evidence import STATE_DIR_NAME, Ledger
 
-    workspace: Path = args.workspace
     if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
         print(f"perfgate: no ledger in {workspace / STATE_DIR_NAME}", file=sys.stderr)
+        return None
+    return Ledger(workspace)
+
+
+def _cmd_ledger(args: argparse.Namespace) -> int:
+    ledger = _existing_ledger(args.workspace)
+    if ledger is None:
         return 2
-    ledger = Ledger(workspace)
     if args.ledger_command == "verify":
         report = ledger.verify()
         for err in report.errors:
@@ -126,16 +136,13 @@ def _cmd_approvals(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from perfgate.decisions.experiments import load_experiment
     from perfgate.decisions.export import export_experiment
-    from perfgate.evidence import STATE_DIR_NAME, Ledger
 
-    workspace: Path = args.workspace
-    if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
-        print(f"perfgate: no ledger in {workspace / STATE_DIR_NAME}", file=sys.stderr)
+    ledger = _existing_ledger(args.workspace)
+    if ledger is None:
         return 2
-    ledger = Ledger(workspace)
     exp = load_experiment(ledger, args.experiment)
     if exp is None:
-        print(f"perfgate: no experiment {args.experiment!r} in {workspace}", file=sys.stderr)
+        print(f"perfgate: no experiment {args.experiment!r} in {args.workspace}", file=sys.stderr)
         return 2
     for path in export_experiment(ledger, exp, args.out):
         print(path)
@@ -143,16 +150,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from perfgate.evidence import STATE_DIR_NAME, Ledger
     from perfgate.report.html import write_report
 
-    workspace: Path = args.workspace
-    if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
-        print(f"perfgate: no ledger in {workspace / STATE_DIR_NAME}", file=sys.stderr)
+    ledger = _existing_ledger(args.workspace)
+    if ledger is None:
         return 2
-    out: Path = args.out or workspace / STATE_DIR_NAME / "report"
+    out: Path = args.out or ledger.state_dir / "report"
     try:
-        written = write_report(Ledger(workspace), args.experiment, out)
+        written = write_report(ledger, args.experiment, out)
     except KeyError:
         print(f"perfgate: no experiment {args.experiment!r}; try `perfgate report all`", file=sys.stderr)
         return 2
