@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, get_args
 
 __all__ = [
     "CATEGORIES",
@@ -47,21 +47,7 @@ Category = Literal[
     "sync",
     "other",
 ]
-CATEGORIES: tuple[Category, ...] = (
-    "gemm",
-    "convolution",
-    "attention",
-    "communication",
-    "memcpy_h2d",
-    "memcpy_d2h",
-    "memcpy_d2d",
-    "memcpy_other",
-    "memset",
-    "elementwise",
-    "reduction",
-    "sync",
-    "other",
-)
+CATEGORIES: tuple[Category, ...] = get_args(Category)
 Kind = Literal["compute", "communication", "memory", "sync"]
 KINDS: tuple[Kind, ...] = ("compute", "communication", "memory", "sync")
 
