@@ -198,6 +198,7 @@ async def test_cancelling_the_call_stops_the_comparison_and_records_nothing(
 
     import anyio
 
+    import perfgate.tensors
     import perfgate.tensors.compare
     from perfgate.tensors import ComparisonCancelled
     from perfgate.tools._runtime import ToolRuntime
@@ -205,7 +206,7 @@ async def test_cancelling_the_call_stops_the_comparison_and_records_nothing(
     monkeypatch.setattr(perfgate.tensors.compare, "_PROGRESS_EVERY_BYTES", 1)  # report after every chunk
     finished = threading.Event()
     outcome: list[BaseException | None] = []
-    real_compare = compare_tensors.compare_sources
+    real_compare = perfgate.tensors.compare_sources
 
     def watched_compare(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -219,7 +220,7 @@ async def test_cancelling_the_call_stops_the_comparison_and_records_nothing(
         finally:
             finished.set()
 
-    monkeypatch.setattr(compare_tensors, "compare_sources", watched_compare)
+    monkeypatch.setattr(perfgate.tensors, "compare_sources", watched_compare)  # the tool imports it on use
     dump_tensors(workspace / "r.safetensors", {"x": np.zeros(2**21, np.float32)})  # 32 chunks
     ledger = Ledger(workspace)
 

@@ -6,16 +6,13 @@ Read observed records (`read_observed`), optionally the expected ids (`read_expe
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from perfgate.audit.audit import audit_records
 from perfgate.audit.errors import AuditInputError
-from perfgate.audit.expected import EXPECTED_SUFFIXES, ExpectedIds, IdRange, read_expected
-from perfgate.audit.ids import IdValue, SampleIds, StringPool
-from perfgate.audit.read import OBSERVED_SUFFIXES, read_observed
-from perfgate.audit.read_parquet import parquet_available
-from perfgate.audit.records import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ObservedRecords
+from perfgate.audit.formats import EXPECTED_SUFFIXES, OBSERVED_SUFFIXES
 from perfgate.audit.report import (
     AuditPolicy,
     AuditReport,
@@ -28,6 +25,14 @@ from perfgate.audit.report import (
     RankCount,
     Severity,
 )
+
+if TYPE_CHECKING:
+    from perfgate.audit.audit import audit_records
+    from perfgate.audit.expected import ExpectedIds, IdRange, read_expected
+    from perfgate.audit.ids import IdValue, SampleIds, StringPool
+    from perfgate.audit.read import read_observed
+    from perfgate.audit.read_parquet import parquet_available
+    from perfgate.audit.records import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, ObservedRecords
 
 __all__ = [
     "EXPECTED_SUFFIXES",
@@ -59,6 +64,37 @@ __all__ = [
 ]
 
 
+# The readers and the audit itself (numpy, msgspec) load on first use; the report models and the
+# suffix lists above are all the audit_samples tool schema needs, so the server starts without them.
+_LAZY: dict[str, str] = {
+    "audit_records": "perfgate.audit.audit",
+    "ExpectedIds": "perfgate.audit.expected",
+    "IdRange": "perfgate.audit.expected",
+    "read_expected": "perfgate.audit.expected",
+    "IdValue": "perfgate.audit.ids",
+    "SampleIds": "perfgate.audit.ids",
+    "StringPool": "perfgate.audit.ids",
+    "read_observed": "perfgate.audit.read",
+    "parquet_available": "perfgate.audit.read_parquet",
+    "OPTIONAL_COLUMNS": "perfgate.audit.records",
+    "REQUIRED_COLUMNS": "perfgate.audit.records",
+    "ObservedRecords": "perfgate.audit.records",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
 def audit_path(
     observed: Path,
     policy: AuditPolicy,
@@ -72,6 +108,10 @@ def audit_path(
     Raises:
         AuditInputError: unreadable inputs, or both expected forms given.
     """
+    from perfgate.audit.audit import audit_records
+    from perfgate.audit.expected import IdRange, read_expected
+    from perfgate.audit.read import read_observed
+
     if expected is not None and expected_range is not None:
         raise AuditInputError("give either expected (a file) or expected_range, not both")
     records = read_observed(

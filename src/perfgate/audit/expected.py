@@ -14,13 +14,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from perfgate.audit.errors import AuditInputError
+from perfgate.audit.formats import EXPECTED_SUFFIXES
 from perfgate.audit.ids import IdValue, SampleIds, StringPool, parse_text_id
 from perfgate.audit.read_npz import ids_from_array
 from perfgate.audit.read_parquet import read_parquet_ids
 
 __all__ = ["EXPECTED_SUFFIXES", "ExpectedIds", "IdRange", "read_expected"]
-
-EXPECTED_SUFFIXES = (".json", ".jsonl", ".ndjson", ".txt", ".csv", ".npy", ".npz", ".parquet")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from perfgate.audit.errors import AuditInputError
+from perfgate.audit.formats import OBSERVED_SUFFIXES
 from perfgate.audit.ids import StringPool
 from perfgate.audit.read_csv import read_csv
 from perfgate.audit.read_jsonl import read_jsonl
@@ -25,7 +26,7 @@ _READERS: dict[str, Callable[[Path, RecordBuilder], None]] = {
     ".parquet": read_parquet,
     ".npz": read_npz,
 }
-OBSERVED_SUFFIXES = tuple(_READERS)
+assert tuple(_READERS) == OBSERVED_SUFFIXES, "a reader for every listed suffix, in order"
 
 
 def _suffix(path: Path) -> str:

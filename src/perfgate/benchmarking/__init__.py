@@ -1,20 +1,30 @@
 """Server-side benchmarking: read harness records, summarise windows, check contracts, compare A/B.
 
 Pure functions over data; the tools ``run_benchmark_window`` and ``compare_benchmarks`` wrap them.
+The modules that need numpy or msgspec (records, statistics, aggregation, the bootstrap) load on first
+use, so importing the package (the MCP server does at start-up) stays cheap.
 """
 
-from perfgate.benchmarking.aggregate import (
-    RankWindow,
-    RunSummary,
-    WindowSummary,
-    summarize_run,
-    summarize_window,
-)
-from perfgate.benchmarking.compare import Comparison, WindowSample, compare_windows, decide
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from perfgate.benchmarking.contract import Contract, ContractDiff, check_contract, diff_contracts
 from perfgate.benchmarking.errors import BenchmarkError, ContractError, RecordError
-from perfgate.benchmarking.records import RankRecord, RecordSet, load_records, read_record
-from perfgate.benchmarking.stats import NOISY_IQR_RATIO, StepStats, step_stats
+from perfgate.benchmarking.verdict import decide
+
+if TYPE_CHECKING:
+    from perfgate.benchmarking.aggregate import (
+        RankWindow,
+        RunSummary,
+        WindowSummary,
+        summarize_run,
+        summarize_window,
+    )
+    from perfgate.benchmarking.compare import Comparison, WindowSample, compare_windows
+    from perfgate.benchmarking.records import RankRecord, RecordSet, load_records, read_record
+    from perfgate.benchmarking.stats import NOISY_IQR_RATIO, StepStats, step_stats
 
 __all__ = [
     "NOISY_IQR_RATIO",
@@ -41,3 +51,35 @@ __all__ = [
     "summarize_run",
     "summarize_window",
 ]
+
+# Names served lazily: attribute -> module that defines it.
+_LAZY: dict[str, str] = {
+    "RankWindow": "perfgate.benchmarking.aggregate",
+    "RunSummary": "perfgate.benchmarking.aggregate",
+    "WindowSummary": "perfgate.benchmarking.aggregate",
+    "summarize_run": "perfgate.benchmarking.aggregate",
+    "summarize_window": "perfgate.benchmarking.aggregate",
+    "Comparison": "perfgate.benchmarking.compare",
+    "WindowSample": "perfgate.benchmarking.compare",
+    "compare_windows": "perfgate.benchmarking.compare",
+    "RankRecord": "perfgate.benchmarking.records",
+    "RecordSet": "perfgate.benchmarking.records",
+    "load_records": "perfgate.benchmarking.records",
+    "read_record": "perfgate.benchmarking.records",
+    "NOISY_IQR_RATIO": "perfgate.benchmarking.stats",
+    "StepStats": "perfgate.benchmarking.stats",
+    "step_stats": "perfgate.benchmarking.stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

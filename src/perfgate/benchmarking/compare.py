@@ -16,6 +16,7 @@ from typing import Literal
 import numpy as np
 
 from perfgate.benchmarking.errors import BenchmarkError
+from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT, Verdict, decide
 
 __all__ = [
     "DEFAULT_MIN_EFFECT",
@@ -32,10 +33,7 @@ __all__ = [
 ]
 
 Unit = Literal["samples", "tokens", "steps"]
-Verdict = Literal["improved", "regressed", "within_noise"]
 MIN_WINDOWS = 3
-DEFAULT_MIN_EFFECT = 0.01
-"""Smallest relative change reported as a change, even when the interval excludes 1."""
 _UNITS: tuple[Unit, ...] = ("samples", "tokens", "steps")
 _CHUNK_ELEMENTS = 4_000_000  # bounds the bootstrap's index arrays (~32 MB of int64)
 
@@ -117,16 +115,6 @@ def bootstrap_interval(
     tail = (1.0 - confidence) / 2.0 * 100.0
     low, high = np.percentile(ratio, [tail, 100.0 - tail])
     return float(low), float(high)
-
-
-def decide(speedup: float, low: float, high: float, min_effect: float = DEFAULT_MIN_EFFECT) -> Verdict:
-    """``improved`` when the interval lies above 1 and the effect is at least ``min_effect``;
-    ``regressed`` symmetrically; otherwise ``within_noise``."""
-    if low > 1.0 and speedup >= 1.0 + min_effect:
-        return "improved"
-    if high < 1.0 and speedup <= 1.0 / (1.0 + min_effect):
-        return "regressed"
-    return "within_noise"
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,11 @@
 Nothing here imports torch; the probe imports it in its own process.
 """
 
-from perfgate.envprobe.collect import (
-    SCHEMA_VERSION,
-    Assembled,
-    assemble,
-    format_cudnn_version,
-    learn_host,
-    sanitize_probe_log,
-)
-from perfgate.envprobe.fingerprint import FINGERPRINT_VERSION, compare_fingerprints, make_fingerprint
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from perfgate.envprobe.models import (
     Backend,
     ContainerProvenance,
@@ -34,18 +30,29 @@ from perfgate.envprobe.models import (
     Unavailable,
     Visibility,
 )
-from perfgate.envprobe.probe import (
-    ProbeOutput,
-    is_server_interpreter,
-    parse_probe_output,
-    probe_script,
-    probe_sha256,
-    probe_source,
-)
-from perfgate.envprobe.provenance import GitSnapshot, container_provenance, git_snapshot
 from perfgate.envprobe.redact import REDACTED, Redactor, is_secret_name
-from perfgate.envprobe.systools import collect_system_tools
-from perfgate.envprobe.visibility import count_listed, visibility
+from perfgate.envprobe.visibility import count_listed, visibility  # eager: the function shadows its module
+
+if TYPE_CHECKING:
+    from perfgate.envprobe.collect import (
+        SCHEMA_VERSION,
+        Assembled,
+        assemble,
+        format_cudnn_version,
+        learn_host,
+        sanitize_probe_log,
+    )
+    from perfgate.envprobe.fingerprint import FINGERPRINT_VERSION, compare_fingerprints, make_fingerprint
+    from perfgate.envprobe.probe import (
+        ProbeOutput,
+        is_server_interpreter,
+        parse_probe_output,
+        probe_script,
+        probe_sha256,
+        probe_source,
+    )
+    from perfgate.envprobe.provenance import GitSnapshot, container_provenance, git_snapshot
+    from perfgate.envprobe.systools import collect_system_tools
 
 __all__ = [
     "FINGERPRINT_VERSION",
@@ -85,3 +92,40 @@ __all__ = [
     "sanitize_probe_log",
     "visibility",
 ]
+
+# Probing, system tools, provenance and assembly load on first use (a collect_env call): the models,
+# redaction and visibility above are all the server needs at start-up.
+_LAZY: dict[str, str] = {
+    "SCHEMA_VERSION": "perfgate.envprobe.collect",
+    "Assembled": "perfgate.envprobe.collect",
+    "assemble": "perfgate.envprobe.collect",
+    "format_cudnn_version": "perfgate.envprobe.collect",
+    "learn_host": "perfgate.envprobe.collect",
+    "sanitize_probe_log": "perfgate.envprobe.collect",
+    "FINGERPRINT_VERSION": "perfgate.envprobe.fingerprint",
+    "compare_fingerprints": "perfgate.envprobe.fingerprint",
+    "make_fingerprint": "perfgate.envprobe.fingerprint",
+    "ProbeOutput": "perfgate.envprobe.probe",
+    "is_server_interpreter": "perfgate.envprobe.probe",
+    "parse_probe_output": "perfgate.envprobe.probe",
+    "probe_script": "perfgate.envprobe.probe",
+    "probe_sha256": "perfgate.envprobe.probe",
+    "probe_source": "perfgate.envprobe.probe",
+    "GitSnapshot": "perfgate.envprobe.provenance",
+    "container_provenance": "perfgate.envprobe.provenance",
+    "git_snapshot": "perfgate.envprobe.provenance",
+    "collect_system_tools": "perfgate.envprobe.systools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -23,11 +23,11 @@ from typing import Any, cast
 
 __all__ = [
     "HOSTNAME",
-    "redact_env_values",
     "MIN_SECRET_CHARS",
     "REDACTED",
     "Redactor",
     "is_secret_name",
+    "redact_env_values",
 ]
 
 REDACTED = "<redacted>"

@@ -32,11 +32,6 @@ from typing import Any, cast
 
 from perfgate.execution.request import CommandRequest
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
 __all__ = [
     "AllowRule",
     "ExecutionPolicy",
@@ -193,6 +188,19 @@ def _from_table(workspace: Path, table: Mapping[str, Any], source: Path) -> Exec
     )
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    # Imported here, not at start-up: most workspaces have no policy file.
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise PolicyError(f"cannot read the execution policy {path}: {exc}") from exc
+
+
 def load_policy(workspace: Path) -> ExecutionPolicy:
     """Read the workspace's policy; built-in defaults (nothing allowlisted) when there is none.
 
@@ -204,11 +212,7 @@ def load_policy(workspace: Path) -> ExecutionPolicy:
     for path in policy_paths(workspace):
         if not path.is_file():
             continue
-        try:
-            document = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise PolicyError(f"cannot read the execution policy {path}: {exc}") from exc
-        table: object = document.get("execution")
+        table: object = _read_toml(path).get("execution")
         if table is None:
             continue
         if not isinstance(table, dict):

@@ -6,7 +6,6 @@ import hashlib
 from pathlib import Path
 from typing import Annotated, Literal
 
-import anyio.from_thread
 import anyio.to_thread
 from pydantic import BaseModel, Field, model_validator
 
@@ -165,6 +164,8 @@ def _hash_files(paths: list[Path]) -> list[tuple[Path, str, int]]:
 
 
 async def run(inp: AuditSamplesInput, rt: ToolRuntime) -> AuditSamplesOutput:
+    from anyio import from_thread  # not at start-up: only progress callbacks (worker threads) use it
+
     observed = rt.resolve_path(inp.observed)
     expected = None if inp.expected is None else rt.resolve_path(inp.expected, kind="file")
     policy = AuditPolicy(
@@ -181,7 +182,7 @@ async def run(inp: AuditSamplesInput, rt: ToolRuntime) -> AuditSamplesOutput:
         return rt.resolve_path(str(path), kind="file")
 
     def progress(done: int, total: int, path: Path) -> None:
-        anyio.from_thread.run(rt.progress, float(done), float(total + 1), f"reading {rt.relative(path)}")
+        from_thread.run(rt.progress, float(done), float(total + 1), f"reading {rt.relative(path)}")
 
     def audit() -> tuple[AuditReport, list[tuple[Path, str, int]]]:
         report = audit_path(

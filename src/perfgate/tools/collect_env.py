@@ -1,4 +1,7 @@
-"""collect_env: the training environment, as the training interpreter sees it, recorded as evidence."""
+"""collect_env: the training environment, as the training interpreter sees it, recorded as evidence.
+
+The probing and assembly code is imported where it is used, to keep server start-up fast.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import anyio
 import anyio.to_thread
@@ -18,22 +21,11 @@ from pydantic import BaseModel, Field
 from perfgate.envprobe import (
     EnvironmentSummary,
     Fingerprint,
-    GitSnapshot,
-    ProbeOutput,
     Provenance,
     Redactor,
     SystemTool,
     Unavailable,
     Visibility,
-    assemble,
-    collect_system_tools,
-    container_provenance,
-    git_snapshot,
-    is_server_interpreter,
-    learn_host,
-    parse_probe_output,
-    probe_script,
-    sanitize_probe_log,
 )
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
@@ -41,6 +33,9 @@ from perfgate.execution.executor import CommandError, CommandProgress, CommandRe
 from perfgate.execution.request import CommandRequest
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
+
+if TYPE_CHECKING:
+    from perfgate.envprobe import GitSnapshot, ProbeOutput
 
 __all__ = ["SPEC", "CollectEnvInput", "CollectEnvOutput", "command", "run"]
 
@@ -163,6 +158,8 @@ def _interpreter(inp: CollectEnvInput, rt: ToolRuntime) -> str:
 
 
 def _request(python: str, inp: CollectEnvInput, rt: ToolRuntime) -> CommandRequest:
+    from perfgate.envprobe import probe_script
+
     return CommandRequest(
         argv=(python, str(probe_script())),
         cwd=rt.workspace,
@@ -179,6 +176,8 @@ def command(inp: CollectEnvInput, rt: ToolRuntime) -> CommandRequest | None:
     Extra variables make even the server's own interpreter gated: LD_PRELOAD or PYTHONPATH would let
     them run arbitrary code.
     """
+    from perfgate.envprobe import is_server_interpreter
+
     python = _interpreter(inp, rt)
     if is_server_interpreter(python) and not inp.env:
         return None
@@ -195,6 +194,8 @@ class _HostFacts:
 
 
 def _host_facts(workspace: Path, env: dict[str, str], system_tools: bool) -> _HostFacts:
+    from perfgate.envprobe import collect_system_tools, git_snapshot
+
     facts = _HostFacts()
     if system_tools:
         facts.tools, facts.transcripts, facts.tool_missing = collect_system_tools(
@@ -271,6 +272,14 @@ def _failure(result: CommandResult, probe: ProbeOutput, redactor: Redactor, time
 
 
 async def run(inp: CollectEnvInput, rt: ToolRuntime) -> CollectEnvOutput:
+    from perfgate.envprobe import (
+        assemble,
+        container_provenance,
+        learn_host,
+        parse_probe_output,
+        sanitize_probe_log,
+    )
+
     python = _interpreter(inp, rt)
     gated_request = command(inp, rt)
     request = gated_request if gated_request is not None else _request(python, inp, rt)

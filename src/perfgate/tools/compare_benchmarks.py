@@ -1,22 +1,28 @@
-"""compare_benchmarks: A/B over benchmark evidence, refusing apples-to-oranges and calling noise noise."""
+"""compare_benchmarks: A/B over benchmark evidence, refusing apples-to-oranges and calling noise noise.
+
+The bootstrap (numpy) and the series reader (msgspec) are imported where they are used, to keep server
+start-up fast.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel, Field
 
-from perfgate.benchmarking import BenchmarkError, Contract, WindowSample, compare_windows, diff_contracts
-from perfgate.benchmarking.compare import DEFAULT_MIN_EFFECT
+from perfgate.benchmarking import BenchmarkError, Contract, diff_contracts
 from perfgate.benchmarking.contract import same_contract
-from perfgate.benchmarking.series import SERIES_NAME, samples_from_series
+from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState, sha256_file
 from perfgate.evidence.access import as_dict
 from perfgate.report.plots import ab_distribution_png
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
+
+if TYPE_CHECKING:
+    from perfgate.benchmarking.compare import WindowSample
 
 __all__ = ["SPEC", "CompareBenchmarksInput", "CompareBenchmarksOutput", "run"]
 
@@ -121,6 +127,8 @@ async def _load(rt: ToolRuntime, ids: list[str]) -> list[EvidenceRecord]:
 
 
 def _samples(rt: ToolRuntime, record: EvidenceRecord) -> list[WindowSample]:
+    from perfgate.benchmarking.series import SERIES_NAME, samples_from_series
+
     artifact = next((a for a in record.artifacts if a.name == SERIES_NAME), None)
     if artifact is None:
         raise ToolError(f"evidence {record.id} has no {SERIES_NAME} artifact: re-run run_benchmark_window")
@@ -137,6 +145,8 @@ def _samples(rt: ToolRuntime, record: EvidenceRecord) -> list[WindowSample]:
 
 
 async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarksOutput:
+    from perfgate.benchmarking.compare import compare_windows
+
     overlap = sorted(set(inp.baseline) & set(inp.candidate))
     if overlap:
         raise ToolError(f"evidence {overlap} is on both sides: a window cannot be its own baseline")

@@ -1,4 +1,7 @@
-"""compare_tensors: numeric parity of two tensor files or checkpoints under declared tolerances."""
+"""compare_tensors: numeric parity of two tensor files or checkpoints under declared tolerances.
+
+The tensor library (numpy, ml_dtypes) is imported where it is used, to keep server start-up fast.
+"""
 
 from __future__ import annotations
 
@@ -8,30 +11,20 @@ import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 from pydantic import BaseModel, Field, field_validator
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.report.plots import tensor_errors_png
-from perfgate.tensors import (
-    CompareOptions,
-    ComparisonCancelled,
-    ComparisonReport,
-    TensorComparison,
-    TensorInputError,
-    TensorSource,
-    ToleranceOverride,
-    compare_sources,
-    open_tensor_source,
-)
-from perfgate.tensors.histogram import error_histogram
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
+
+if TYPE_CHECKING:
+    from perfgate.tensors import CompareOptions, ComparisonReport, TensorComparison, TensorSource
 
 __all__ = [
     "SPEC",
@@ -200,6 +193,8 @@ def _problems_first(tensors: list[TensorComparison]) -> list[TensorComparison]:
 
 def _hash_files(files: list[tuple[Role, Path]], stop: threading.Event) -> list[_Hashed]:
     """sha256 and size of each file, streamed through one reusable buffer."""
+    from perfgate.tensors import ComparisonCancelled
+
     buffer = bytearray(_HASH_CHUNK_BYTES)
     view = memoryview(buffer)
     hashed: list[_Hashed] = []
@@ -217,6 +212,8 @@ def _hash_files(files: list[tuple[Role, Path]], stop: threading.Event) -> list[_
 
 
 def _open(role: Role, path: Path, confine: Callable[[Path], Path]) -> TensorSource:
+    from perfgate.tensors import TensorInputError, open_tensor_source
+
     try:
         return open_tensor_source(path, confine=confine)
     except TensorInputError as exc:
@@ -224,6 +221,9 @@ def _open(role: Role, path: Path, confine: Callable[[Path], Path]) -> TensorSour
 
 
 async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput:
+    from perfgate.tensors import CompareOptions, TensorInputError, ToleranceOverride
+    from perfgate.tensors.histogram import error_histogram
+
     ref_path = rt.resolve_path(inp.reference)
     cand_path = rt.resolve_path(inp.candidate)
     try:
@@ -307,6 +307,10 @@ async def _compare_and_hash(
     stop: threading.Event,
 ) -> tuple[ComparisonReport, list[_Hashed]]:
     """Hash the inputs and compare them concurrently (each in a worker thread), stoppable on cancel."""
+    from anyio import from_thread  # not at start-up: only progress callbacks (worker threads) use it
+
+    from perfgate.tensors import ComparisonCancelled, TensorInputError, compare_sources
+
     files: list[tuple[Role, Path]] = [("reference", p) for p in reference.files]
     files.extend(("candidate", p) for p in candidate.files)
     report: list[ComparisonReport] = []
@@ -315,7 +319,7 @@ async def _compare_and_hash(
 
     def progress(done: int, total: int, message: str) -> None:
         if not stop.is_set():
-            anyio.from_thread.run(rt.progress, float(done), float(total), message)
+            from_thread.run(rt.progress, float(done), float(total), message)
 
     def compare() -> ComparisonReport:
         return compare_sources(reference, candidate, options, progress=progress, cancelled=stop.is_set)

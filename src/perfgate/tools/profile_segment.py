@@ -3,6 +3,9 @@
 The analysis lives in `perfgate.traces`; this module resolves paths inside the workspace, runs the
 capture through the approval gate, and records the evidence. A captured run is flagged ``profiled``:
 its step times are inflated by the profiler and can never serve as throughput evidence.
+
+The trace analysis (numpy, msgspec) and the harness are imported where they are used, to keep server
+start-up fast.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel, Field, model_validator
@@ -22,19 +25,10 @@ from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_pat
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.request import CommandRequest
-from perfgate.harness import HarnessConfig, ProfileConfig
 from perfgate.report.plots import breakdown_png, top_ops_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
-from perfgate.traces import (
-    AnalysisOptions,
-    RankProfile,
-    RankSkew,
-    TraceError,
-    analyze_trace,
-    combine,
-    discover_trace_files,
-)
+from perfgate.traces import RankProfile, RankSkew, TraceError
 from perfgate.traces.external import (
     ExternalCapture,
     ProfilerName,
@@ -42,6 +36,9 @@ from perfgate.traces.external import (
     capture_plan,
     import_summary_csv,
 )
+
+if TYPE_CHECKING:
+    from perfgate.traces import AnalysisOptions
 
 __all__ = ["SPEC", "ProfileSegmentInput", "ProfileSegmentOutput", "TraceFile", "command", "run"]
 
@@ -187,6 +184,8 @@ def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
     Raises:
         ToolError: a command the harness cannot be inserted into, or a cwd outside the workspace.
     """
+    from perfgate.harness import HarnessConfig, ProfileConfig
+
     if inp.mode != "run":
         return None
     assert inp.command is not None
@@ -232,6 +231,8 @@ def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
 
 
 def _options(inp: ProfileSegmentInput) -> AnalysisOptions:
+    from perfgate.traces import AnalysisOptions
+
     return AnalysisOptions(
         top_k=inp.top_k,
         time_basis="hta_rounded" if inp.hta_compatible else "exact",
@@ -241,6 +242,8 @@ def _options(inp: ProfileSegmentInput) -> AnalysisOptions:
 
 
 def _resolve_traces(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[Path]:
+    from perfgate.traces import discover_trace_files
+
     roots = [rt.resolve_path(p, kind="any") for p in inp.trace_paths]
     try:
         files = discover_trace_files(roots)
@@ -251,6 +254,8 @@ def _resolve_traces(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[Path]:
 
 
 async def _analyze(paths: list[Path], inp: ProfileSegmentInput, rt: ToolRuntime) -> list[RankProfile]:
+    from perfgate.traces import analyze_trace
+
     options = _options(inp)
     profiles: list[RankProfile] = []
     for i, path in enumerate(paths):
@@ -330,6 +335,8 @@ def _trace_files(paths: list[Path], profiles: list[RankProfile], rt: ToolRuntime
 
 
 async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput:
+    from perfgate.traces import combine
+
     request = command(inp, rt)
     externals = _externals(inp, rt)
     summaries = _summaries(inp, rt)

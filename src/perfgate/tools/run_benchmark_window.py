@@ -1,4 +1,8 @@
-"""run_benchmark_window: launch the training command and time steady-state windows per rank."""
+"""run_benchmark_window: launch the training command and time steady-state windows per rank.
+
+The record reader, the window summaries (numpy, msgspec) and the harness are imported where they are
+used, to keep server start-up fast.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +10,26 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel, Field, model_validator
 
-from perfgate.benchmarking import (
-    BenchmarkError,
-    Contract,
-    RecordError,
-    WindowSummary,
-    check_contract,
-    load_records,
-    summarize_run,
-    summarize_window,
-)
-from perfgate.benchmarking.aggregate import RunSummary, windows_from_series
+from perfgate.benchmarking import BenchmarkError, Contract, RecordError, check_contract
 from perfgate.benchmarking.contract import check_observed
 from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path, wrap_command
 from perfgate.benchmarking.logparse import compile_pattern, log_window, parse_step_log
-from perfgate.benchmarking.records import RankRecord
-from perfgate.benchmarking.series import SERIES_NAME, series_document
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
-from perfgate.harness import HarnessConfig
 from perfgate.report.plots import step_times_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
+
+if TYPE_CHECKING:
+    from perfgate.benchmarking.aggregate import RunSummary, WindowSummary
+    from perfgate.benchmarking.records import RankRecord
 
 __all__ = [
     "SPEC",
@@ -240,6 +235,8 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
     Raises:
         ToolError: an inconsistent contract, or a command the harness cannot be inserted into.
     """
+    from perfgate.harness import HarnessConfig
+
     contract = Contract(dict(inp.contract.invariants), dict(inp.contract.execution))
     try:
         problems = check_contract(contract)
@@ -309,6 +306,8 @@ def _launch_failure(result: CommandResult) -> str:
 def _harness_windows(
     inp: RunBenchmarkWindowInput, records: list[RankRecord], problems: list[str]
 ) -> list[WindowSummary]:
+    from perfgate.benchmarking import summarize_window
+
     if problems:
         raise _Failure("; ".join(problems))
     want = _windows_per_launch(inp)
@@ -326,6 +325,8 @@ def _harness_windows(
 
 
 def _log_windows(inp: RunBenchmarkWindowInput, stdout: Path) -> list[WindowSummary]:
+    from perfgate.benchmarking.aggregate import windows_from_series
+
     pattern = compile_pattern(inp.log_pattern or "")
     with stdout.open(encoding="utf-8", errors="replace") as fh:
         entries = parse_step_log(fh, pattern)
@@ -354,6 +355,8 @@ def _fingerprint(record: RankRecord | None) -> dict[str, str | None]:
 def _collect_records(
     ev: EvidenceBuilder, record_dir: Path, launch: int
 ) -> tuple[list[RankRecord], list[str]]:
+    from perfgate.benchmarking import load_records
+
     try:
         found = load_records(record_dir)
     except RecordError as exc:
@@ -364,6 +367,9 @@ def _collect_records(
 
 
 async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWindowOutput:
+    from perfgate.benchmarking import summarize_run
+    from perfgate.benchmarking.series import SERIES_NAME, series_document
+
     request = command(inp, rt)
     ev = rt.evidence()
     run_dir = _run_dir(inp, rt)

@@ -26,16 +26,11 @@ shared real traces agree with HTA within 0.06% of the span, except the last item
   too (MUSA ``Memcpy1/2/3``), so vendors HTA calls "UNKNOWN" are classified.
 """
 
-from perfgate.traces.analyze import (
-    TRACE_SUFFIXES,
-    AnalysisOptions,
-    analyze_table,
-    analyze_trace,
-    analyze_traces,
-    combine,
-    discover_trace_files,
-    load_table,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from perfgate.traces.classify import CATEGORIES, KINDS, Category, Kind, classify_device
 from perfgate.traces.errors import TraceError, TraceFormatError, TraceTooLargeError
 from perfgate.traces.models import (
@@ -54,7 +49,19 @@ from perfgate.traces.models import (
     SyncStats,
     TraceSetReport,
 )
-from perfgate.traces.reader import TraceStream, isal_available
+
+if TYPE_CHECKING:
+    from perfgate.traces.analyze import (
+        TRACE_SUFFIXES,
+        AnalysisOptions,
+        analyze_table,
+        analyze_trace,
+        analyze_traces,
+        combine,
+        discover_trace_files,
+        load_table,
+    )
+    from perfgate.traces.reader import TraceStream, isal_available
 
 __all__ = [
     "CATEGORIES",
@@ -90,3 +97,31 @@ __all__ = [
     "isal_available",
     "load_table",
 ]
+
+# The reader and the analysis (numpy, msgspec) load on first use; the result models above are all the
+# profile_segment tool schema needs, so the server starts without them.
+_LAZY: dict[str, str] = {
+    "TRACE_SUFFIXES": "perfgate.traces.analyze",
+    "AnalysisOptions": "perfgate.traces.analyze",
+    "analyze_table": "perfgate.traces.analyze",
+    "analyze_trace": "perfgate.traces.analyze",
+    "analyze_traces": "perfgate.traces.analyze",
+    "combine": "perfgate.traces.analyze",
+    "discover_trace_files": "perfgate.traces.analyze",
+    "load_table": "perfgate.traces.analyze",
+    "TraceStream": "perfgate.traces.reader",
+    "isal_available": "perfgate.traces.reader",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
