@@ -23,10 +23,6 @@ def _dump(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _records(ledger: Ledger, ids: list[str]) -> list[EvidenceRecord]:
-    return [r for i in ids if (r := ledger.get(i)) is not None]
-
-
 def export_experiment(ledger: Ledger, exp: Experiment, out: Path) -> list[Path]:
     """Write the run directory for ``exp`` into ``out`` (created); returns the files written."""
     out.mkdir(parents=True, exist_ok=True)
@@ -37,7 +33,7 @@ def export_experiment(ledger: Ledger, exp: Experiment, out: Path) -> list[Path]:
         _dump(path, value)
         written.append(path)
 
-    envs = _records(ledger, exp.ids("environment"))
+    envs = ledger.get_many(exp.ids("environment"))
     if envs:
         env = envs[-1]
         artifact = next((a for a in env.artifacts if a.name == "environment.json"), None)
@@ -56,7 +52,7 @@ def export_experiment(ledger: Ledger, exp: Experiment, out: Path) -> list[Path]:
         )
         written.append(source)
 
-    comparisons = _records(ledger, exp.ids("comparison"))
+    comparisons = ledger.get_many(exp.ids("comparison"))
     baseline_ids = exp.ids("baseline")
     candidate_ids = exp.ids("candidate")
     if comparisons:
@@ -65,8 +61,8 @@ def export_experiment(ledger: Ledger, exp: Experiment, out: Path) -> list[Path]:
         baseline_ids = baseline_ids or str_list(comp.inputs.get("baseline"))
         candidate_ids = candidate_ids or str_list(comp.inputs.get("candidate"))
     windows: dict[str, list[EvidenceRecord]] = {
-        "baseline": _records(ledger, baseline_ids),
-        "candidate": _records(ledger, candidate_ids),
+        "baseline": ledger.get_many(baseline_ids),
+        "candidate": ledger.get_many(candidate_ids),
     }
     for side, records in windows.items():
         if records:
@@ -86,14 +82,14 @@ def export_experiment(ledger: Ledger, exp: Experiment, out: Path) -> list[Path]:
         (out / "command.txt").write_text("\n".join(commands) + "\n", encoding="utf-8")
         written.append(out / "command.txt")
 
-    checks = _records(ledger, exp.ids("correctness") + exp.ids("audit") + exp.ids("quality"))
+    checks = ledger.get_many(exp.ids("correctness") + exp.ids("audit") + exp.ids("quality"))
     if checks:
         put(
             "correctness.json",
             [{"id": r.id, "tool": r.tool, "state": r.state.value, "result": r.result} for r in checks],
         )
 
-    for profile in _records(ledger, exp.ids("profile")):
+    for profile in ledger.get_many(exp.ids("profile")):
         folder = out / "profiles" / "framework" / profile.id
         folder.mkdir(parents=True, exist_ok=True)
         _dump(folder / "summary.json", profile.result)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -12,7 +12,7 @@ from perfgate.decisions.experiments import Experiment
 from perfgate.evidence import EvidenceRecord, Ledger
 from perfgate.evidence.access import as_dict, str_list
 
-__all__ = ["MIN_WINDOWS", "Gate", "GateStatus", "evaluate_keep", "summarize"]
+__all__ = ["MIN_WINDOWS", "Gate", "GateStatus", "evaluate_keep", "summarize", "window_fingerprint"]
 
 MIN_WINDOWS = 3
 GateStatus = Literal["passed", "failed", "not_applicable"]
@@ -74,11 +74,14 @@ def _environment_gate(exp: Experiment, ev: _Evidence) -> Gate:
     )
 
 
-def _fingerprint(record: EvidenceRecord, ev: _Evidence) -> dict[str, Any] | None:
+def window_fingerprint(
+    record: EvidenceRecord, lookup: Callable[[str], EvidenceRecord | None]
+) -> dict[str, Any] | None:
+    """The measured environment of a benchmark window: its own fingerprint, else its collect_env record's."""
     value = as_dict(record.result.get("environment_fingerprint"))
     if value:
         return value
-    if record.environment_id and (env := ev.get(record.environment_id)) is not None:
+    if record.environment_id and (env := lookup(record.environment_id)) is not None:
         return as_dict(env.result.get("fingerprint")) or None
     return None
 
@@ -158,7 +161,7 @@ def _window_gates(
         )
     )
 
-    prints = {w.id: _fingerprint(w, ev) for w in windows}
+    prints = {w.id: window_fingerprint(w, ev.get) for w in windows}
     missing = [wid for wid, fp in prints.items() if fp is None]
     distinct = {_canonical(fp) for fp in prints.values() if fp is not None}
     if missing:

@@ -265,6 +265,10 @@ class Ledger:
             row = conn.execute("SELECT body, hash FROM evidence WHERE id = ?", (evidence_id,)).fetchone()
         return None if row is None else self._from_row(row[0], row[1])
 
+    def get_many(self, evidence_ids: list[str]) -> list[EvidenceRecord]:
+        """The records with these ids, in the order given; ids not in the ledger are skipped."""
+        return [r for i in evidence_ids if (r := self.get(i)) is not None]
+
     def records(self, tool: str | None = None, limit: int | None = None) -> list[EvidenceRecord]:
         """Records in commit order (newest last); optionally one tool's, optionally the newest ``limit``."""
         query = "SELECT body, hash FROM evidence"

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from perfgate.decisions.experiments import Experiment, load_experiments
-from perfgate.decisions.gates import evaluate_keep
+from perfgate.decisions.gates import evaluate_keep, window_fingerprint
 from perfgate.evidence import EvidenceRecord, Ledger
-from perfgate.evidence.access import as_dict, str_list
+from perfgate.evidence.access import str_list
 
 __all__ = ["render_experiment_page", "render_index", "write_report"]
 
@@ -43,10 +43,6 @@ def _page(title: str, body: str) -> str:
     )
 
 
-def _records(ledger: Ledger, ids: list[str]) -> list[EvidenceRecord]:
-    return [r for i in ids if (r := ledger.get(i)) is not None]
-
-
 def _scalars(result: dict[str, Any], limit: int = 14) -> str:
     rows = [
         f"<tr><th>{_e(k)}</th><td>{_e(v if not isinstance(v, float) else f'{v:.6g}')}</td></tr>"
@@ -70,17 +66,11 @@ def _figures(ledger: Ledger, record: EvidenceRecord) -> str:
     return "".join(parts)
 
 
-def _fingerprint(ledger: Ledger, record: EvidenceRecord) -> dict[str, Any]:
-    fp = as_dict(record.result.get("environment_fingerprint"))
-    if not fp and record.environment_id and (env := ledger.get(record.environment_id)) is not None:
-        fp = as_dict(env.result.get("fingerprint"))
-    return fp
-
-
 def _env_diff(ledger: Ledger, baseline: list[EvidenceRecord], candidate: list[EvidenceRecord]) -> str:
     if not baseline or not candidate:
         return "<p>No baseline and candidate windows to compare.</p>"
-    a, b = _fingerprint(ledger, baseline[0]), _fingerprint(ledger, candidate[0])
+    a = window_fingerprint(baseline[0], ledger.get) or {}
+    b = window_fingerprint(candidate[0], ledger.get) or {}
     if not a and not b:
         return "<p>The windows carry no environment fingerprint.</p>"
     rows: list[str] = []
@@ -96,13 +86,11 @@ def render_experiment_page(ledger: Ledger, exp: Experiment) -> str:
     decision = exp.decision
     verdict = decision.decision if decision else "open"
     gates = decision.gates if decision else [g.model_dump() for g in evaluate_keep(exp, ledger)]
-    comparisons = _records(ledger, exp.ids("comparison"))
+    comparisons = ledger.get_many(exp.ids("comparison"))
     comp = comparisons[-1] if comparisons else None
-    baseline = _records(
-        ledger, exp.ids("baseline") or (str_list(comp.inputs.get("baseline")) if comp else [])
-    )
-    candidate = _records(
-        ledger, exp.ids("candidate") or (str_list(comp.inputs.get("candidate")) if comp else [])
+    baseline = ledger.get_many(exp.ids("baseline") or (str_list(comp.inputs.get("baseline")) if comp else []))
+    candidate = ledger.get_many(
+        exp.ids("candidate") or (str_list(comp.inputs.get("candidate")) if comp else [])
     )
 
     body = [

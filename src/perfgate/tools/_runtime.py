@@ -92,7 +92,6 @@ class ToolRuntime:
     tool: str
     inputs: dict[str, Any] = field(default_factory=dict[str, Any])
     report: ProgressFn = _no_progress
-    extras: dict[str, Any] = field(default_factory=dict[str, Any])
     commands: CommandRunner | None = None
     key_image: bytes | None = None
     plots_off: str | None = None
