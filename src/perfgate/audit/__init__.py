@@ -6,11 +6,11 @@ Read observed records (`read_observed`), optionally the expected ids (`read_expe
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from perfgate._lazy import lazy_exports
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.formats import EXPECTED_SUFFIXES, OBSERVED_SUFFIXES
 from perfgate.audit.report import (
@@ -82,17 +82,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 
 def audit_path(

@@ -19,9 +19,9 @@ Explicit, for loops without a torch optimizer::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from perfgate._lazy import lazy_exports
 from perfgate.harness.config import ConfigError, HarnessConfig, ProfileConfig
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path
 from perfgate.harness.window import Window, WindowComplete
@@ -64,14 +64,4 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

@@ -28,9 +28,9 @@ shared real traces agree with HTA within 0.06% of the span, except the last item
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from perfgate._lazy import lazy_exports
 from perfgate.traces.classify import CATEGORIES, KINDS, Category, Kind, classify_device
 from perfgate.traces.errors import TraceError, TraceFormatError, TraceTooLargeError
 from perfgate.traces.models import (
@@ -114,14 +114,4 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
