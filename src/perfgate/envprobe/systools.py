@@ -14,14 +14,12 @@ import importlib
 import os
 import re
 import shutil
-import signal
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from perfgate.envprobe.models import SystemDevice, SystemTool
+from perfgate.execution.fixed import RawRun, run_fixed
 
 __all__ = [
     "DEVICE_TOOLS",
@@ -35,12 +33,12 @@ __all__ = [
     "parse_nvidia_smi_csv",
     "parse_rocm_smi_json",
     "parse_version",
+    "run_fixed",
     "safe_which",
 ]
 
 DEVICE_TOOLS = ("nvidia-smi", "mthreads-gmi", "rocm-smi")
 PROFILER_TOOLS = ("nsys", "ncu", "msys", "mcu")
-MAX_OUTPUT_BYTES = 1 << 20
 _MIB = 1024 * 1024
 
 NVIDIA_SMI_FIELDS = ("index", "name", "uuid", "driver_version", "memory.total", "compute_cap", "pci.bus_id")
@@ -48,76 +46,7 @@ NVIDIA_SMI_FIELDS = ("index", "name", "uuid", "driver_version", "memory.total", 
 NVIDIA_SMI_FIELDS_OLD = ("index", "name", "uuid", "driver_version", "memory.total", "pci.bus_id")
 
 
-@dataclass(frozen=True)
-class RawRun:
-    """One invocation of a system tool and what it printed."""
-
-    argv: tuple[str, ...]
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    error: str | None = None
-    stdout_bytes: bytes = b""
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.exit_code == 0
-
-    def describe_failure(self) -> str:
-        if self.error:
-            return self.error
-        last = (self.stderr.strip() or self.stdout.strip()).splitlines()
-        return f"exit status {self.exit_code}" + (f": {last[-1][:300]}" if last else "")
-
-    def transcript(self) -> str:
-        status = self.error or f"exit status {self.exit_code}"
-        parts = [f"$ {' '.join(self.argv)}", f"[{status}]", self.stdout.rstrip("\n")]
-        if self.stderr.strip():
-            parts += ["[stderr]", self.stderr.rstrip("\n")]
-        return "\n".join(parts) + "\n"
-
-
 Runner = Callable[[Sequence[str], float, Mapping[str, str]], RawRun]
-
-
-def run_fixed(
-    argv: Sequence[str], timeout_s: float, env: Mapping[str, str], max_bytes: int = MAX_OUTPUT_BYTES
-) -> RawRun:
-    """Run a read-only query; a timeout kills the tool's whole process group.
-
-    Output beyond ``max_bytes`` per stream is dropped (the raw stdout bytes are kept as well).
-    """
-    try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(env),
-            start_new_session=True,
-        )
-    except OSError as exc:
-        return RawRun(tuple(argv), None, "", "", f"cannot start: {exc.strerror or exc}")
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return RawRun(
-            tuple(argv),
-            None,
-            _decode(out, max_bytes),
-            _decode(err, max_bytes),
-            f"timed out after {timeout_s:g} s and was killed",
-        )
-    return RawRun(
-        tuple(argv), proc.returncode, _decode(out, max_bytes), _decode(err, max_bytes), None, out[:max_bytes]
-    )
-
-
-def _decode(data: bytes, max_bytes: int) -> str:
-    return data[:max_bytes].decode("utf-8", errors="replace")
 
 
 def safe_which(name: str, path_env: str | None, workspace: Path | None) -> str | None:
