@@ -91,6 +91,11 @@ class CommandRunner:
         self.grant = grant
         self._report = report
 
+    @property
+    def registry(self) -> ProcessRegistry:
+        """The server's process registry: a process started here is stopped when the server shuts down."""
+        return self._service.registry
+
     async def run(
         self, request: CommandRequest, artifacts: ArtifactSink, *, label: str = ""
     ) -> CommandResult:

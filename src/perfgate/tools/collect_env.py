@@ -223,6 +223,8 @@ async def _run_probe(
             stderr_path=ev.path("probe_stderr.log"),
             limits=ExecLimits(kill_grace_s=2.0),
             on_progress=progress,
+            # registered, so a server shutting down mid-probe stops it too
+            registry=rt.commands.registry if rt.commands is not None else None,
         )
     except CommandError as exc:
         raise ToolError(f"{exc}; the server's own interpreter could not start the probe") from exc
