@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,28 @@ def test_without_matplotlib_plots_are_reported_off(monkeypatch: pytest.MonkeyPat
     assert not plots.plots_available()
     with pytest.raises(plots.PlotsUnavailable, match="plots are off"):
         plots.coverage_png([[1.0]], epochs=[0], ranks=[0])
+
+
+@pytest.mark.anyio
+async def test_a_plotting_tool_still_answers_and_says_plots_are_off(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcp import Client
+
+    from perfgate.server import build_server
+    from perfgate.tools._runtime import ServerConfig
+
+    (workspace / "samples.jsonl").write_text(
+        "".join(f'{{"sample_id": {i}, "epoch": 0, "rank": 0, "worker": 0}}\n' for i in range(8))
+    )
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        result = await client.call_tool(
+            "audit_samples", {"observed": "samples.jsonl", "expected_range": [0, 8], "world_size": 1}
+        )
+    assert not result.is_error
+    assert result.structured_content is not None
+    assert result.structured_content["status"] == "passed"
+    texts = [getattr(c, "text", "") for c in result.content]
+    assert any("plots are off" in t for t in texts)
+    assert all(getattr(c, "type", None) != "image" for c in result.content)
