@@ -9,6 +9,7 @@ from perfgate.evidence.ledger import (
     VerifyReport,
     canonical_json,
     digest_inputs,
+    file_digest,
     sha256_file,
 )
 from perfgate.evidence.states import EvidenceState
@@ -23,5 +24,6 @@ __all__ = [
     "VerifyReport",
     "canonical_json",
     "digest_inputs",
+    "file_digest",
     "sha256_file",
 ]

@@ -19,7 +19,7 @@ import json
 import os
 import secrets
 import sqlite3
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ __all__ = [
     "VerifyReport",
     "canonical_json",
     "digest_inputs",
+    "file_digest",
     "sha256_file",
 ]
 
@@ -69,13 +70,27 @@ def digest_inputs(inputs: Any) -> str:
     return hashlib.sha256(canonical_json(inputs).encode()).hexdigest()
 
 
-def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
-    """Streamed sha256 of a file (bounded memory for checkpoint-sized files)."""
+def file_digest(
+    path: Path, *, chunk_bytes: int = 4 << 20, on_chunk: Callable[[], None] | None = None
+) -> tuple[str, int]:
+    """Streamed sha256 (hex) and size in bytes of a file, through one reusable buffer (bounded memory
+    for checkpoint-sized files). ``on_chunk`` runs before each chunk: raise from it to stop early."""
     h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(chunk_bytes):
-            h.update(chunk)
-    return h.hexdigest()
+    buffer = bytearray(chunk_bytes)
+    view = memoryview(buffer)
+    size = 0
+    with path.open("rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            if on_chunk is not None:
+                on_chunk()
+            h.update(view[:n])
+            size += n
+    return h.hexdigest(), size
+
+
+def sha256_file(path: Path) -> str:
+    """Streamed sha256 (hex) of a file."""
+    return file_digest(path)[0]
 
 
 def _utc_now() -> str:

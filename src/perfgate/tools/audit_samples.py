@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -21,7 +20,7 @@ from perfgate.audit import (
     audit_path,
 )
 from perfgate.errors import ToolError
-from perfgate.evidence import EvidenceState
+from perfgate.evidence import EvidenceState, file_digest
 from perfgate.report.plots import coverage_png
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
@@ -30,8 +29,6 @@ __all__ = ["SPEC", "AuditSamplesInput", "AuditSamplesOutput", "InputFile", "run"
 
 MAX_EPOCHS_LISTED = 1000
 """Most epochs listed in the result; the audit.json artifact holds every one."""
-
-_HASH_CHUNK_BYTES = 4 * 2**20
 
 
 class AuditSamplesInput(BaseModel):
@@ -148,21 +145,6 @@ def _summary(report: AuditReport) -> str:
     return f"{head}; every epoch covered the expected ids as the policy allows"
 
 
-def _hash_files(paths: list[Path]) -> list[tuple[Path, str, int]]:
-    buffer = bytearray(_HASH_CHUNK_BYTES)
-    view = memoryview(buffer)
-    out: list[tuple[Path, str, int]] = []
-    for path in paths:
-        digest = hashlib.sha256()
-        size = 0
-        with path.open("rb", buffering=0) as f:
-            while n := f.readinto(buffer):
-                digest.update(view[:n])
-                size += n
-        out.append((path, digest.hexdigest(), size))
-    return out
-
-
 async def run(inp: AuditSamplesInput, rt: ToolRuntime) -> AuditSamplesOutput:
     from anyio import from_thread  # not at start-up: only progress callbacks (worker threads) use it
 
@@ -189,7 +171,7 @@ async def run(inp: AuditSamplesInput, rt: ToolRuntime) -> AuditSamplesOutput:
             observed, policy, expected, inp.expected_range, confine=confine, progress=progress
         )
         read = [Path(s) for s in report.sources] + ([expected] if expected is not None else [])
-        return report, _hash_files(read)
+        return report, [(p, *file_digest(p)) for p in read]
 
     try:
         report, hashed = await anyio.to_thread.run_sync(audit, abandon_on_cancel=True)

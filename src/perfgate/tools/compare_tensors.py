@@ -6,7 +6,6 @@ The tensor library (numpy, ml_dtypes) is imported where it is used, to keep serv
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import threading
 from collections.abc import Callable
@@ -18,7 +17,7 @@ import anyio.to_thread
 from pydantic import BaseModel, Field, field_validator
 
 from perfgate.errors import ToolError
-from perfgate.evidence import EvidenceState
+from perfgate.evidence import EvidenceState, file_digest
 from perfgate.report.plots import tensor_errors_png
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
@@ -40,7 +39,6 @@ MAX_PLOTTED = 4
 MAX_LISTED = 200
 """Most tensors (and missing/extra keys) listed in the result; the artifact holds all of them."""
 
-_HASH_CHUNK_BYTES = 4 * 2**20
 
 Role = Literal["reference", "candidate"]
 _Hashed = tuple[Role, Path, str, int]
@@ -192,23 +190,14 @@ def _problems_first(tensors: list[TensorComparison]) -> list[TensorComparison]:
 
 
 def _hash_files(files: list[tuple[Role, Path]], stop: threading.Event) -> list[_Hashed]:
-    """sha256 and size of each file, streamed through one reusable buffer."""
+    """sha256 and size of each file; stops at the next chunk once ``stop`` is set."""
     from perfgate.tensors import ComparisonCancelled
 
-    buffer = bytearray(_HASH_CHUNK_BYTES)
-    view = memoryview(buffer)
-    hashed: list[_Hashed] = []
-    for role, path in files:
-        digest = hashlib.sha256()
-        size = 0
-        with path.open("rb", buffering=0) as f:
-            while n := f.readinto(buffer):
-                if stop.is_set():
-                    raise ComparisonCancelled
-                digest.update(view[:n])
-                size += n
-        hashed.append((role, path, digest.hexdigest(), size))
-    return hashed
+    def check() -> None:
+        if stop.is_set():
+            raise ComparisonCancelled
+
+    return [(role, path, *file_digest(path, on_chunk=check)) for role, path in files]
 
 
 def _open(role: Role, path: Path, confine: Callable[[Path], Path]) -> TensorSource:
