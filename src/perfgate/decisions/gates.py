@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from perfgate.decisions.experiments import Experiment
-from perfgate.evidence import EvidenceRecord, Ledger
+from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
 from perfgate.evidence.access import as_dict, str_list
 
 __all__ = ["MIN_WINDOWS", "Gate", "GateStatus", "evaluate_keep", "summarize", "window_fingerprint"]
@@ -148,7 +147,7 @@ def _window_gates(
             )
         )
 
-    invariants = {_canonical(as_dict(w.inputs.get("contract")).get("invariants")) for w in windows}
+    invariants = {canonical_json(as_dict(w.inputs.get("contract")).get("invariants")) for w in windows}
     gates.append(
         _gate(
             "invariants_match",
@@ -163,7 +162,7 @@ def _window_gates(
 
     prints = {w.id: window_fingerprint(w, ev.get) for w in windows}
     missing = [wid for wid, fp in prints.items() if fp is None]
-    distinct = {_canonical(fp) for fp in prints.values() if fp is not None}
+    distinct = {canonical_json(fp) for fp in prints.values() if fp is not None}
     if missing:
         gates.append(
             _gate(
@@ -228,13 +227,9 @@ def _window_count(reported: Any, ids: list[str], ev: _Evidence) -> int:
     return total
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
-
-
 def _fingerprint_diff(prints: list[dict[str, Any]]) -> str:
     keys = sorted({k for fp in prints for k in fp})
-    changed = [k for k in keys if len({_canonical(fp.get(k)) for fp in prints}) > 1]
+    changed = [k for k in keys if len({canonical_json(fp.get(k)) for fp in prints}) > 1]
     return "differs in " + ", ".join(changed) if changed else "differs"
 
 
