@@ -130,14 +130,15 @@ def test_explicit_timing_uses_the_scripts_own_window(tmp_path: Path) -> None:
     out = harness(
         tmp_path,
         ["--timing", "explicit", "--warmup-steps", "2", "--measure-steps", "20"],
-        [str(PACED), "--steps", "1000", "--step-ms", "10", "--samples", "4"],
+        [str(PACED), "--steps", "1000", "--step-ms", "10", "--samples", "4", "--print-steps"],
     )
     assert out.returncode == 0, out.stderr
     (rec,) = load_records(tmp_path).records
     assert rec.timing == "explicit" and rec.complete and rec.steps.count == 22  # stopped by the launcher
     summary = summarize_window([rec], 0)
-    # accuracy: a workload of known 10 ms steps is measured within 2% (median)
-    assert summary.stats.median_ms == pytest.approx(10.0, rel=0.02)
+    # accuracy against the loop's own clock, under whatever load the machine has: the paced 10 ms steps
+    # stretch when the host is busy, and the harness must see exactly what the loop saw
+    _assert_matches_own_clock(summary.stats.median_ms, out.stdout, first=2, period_ms=10.0)
     assert summary.samples == 80
 
 
@@ -145,12 +146,23 @@ def test_optimizer_timing_measures_a_known_step_time_within_two_percent(tmp_path
     out = harness(
         tmp_path,
         ["--warmup-steps", "3", "--measure-steps", "20"],
-        [str(TINY), "--step-ms", "12", "--steps", "1000"],
+        [str(TINY), "--step-ms", "12", "--steps", "1000", "--log-every", "1"],
     )
     assert out.returncode == 0, out.stderr
     (rec,) = load_records(tmp_path).records
     median = step_stats([t / 1e6 for t in rec.steps.step_time_ns[3:]]).median_ms
-    assert median == pytest.approx(12.0, rel=0.02)
+    _assert_matches_own_clock(median, out.stdout, first=3, period_ms=12.0)
+
+
+def _assert_matches_own_clock(median_ms: float, stdout: str, first: int, period_ms: float) -> None:
+    """The harness's median step time equals the script's own (its printed per-step times, same steps)
+    within 2% + 0.2 ms: both clocks see the same load, so the margin holds on a busy machine too; a
+    harness that lost or split steps, or timed the wrong interval, is off by a whole step."""
+    own = [float(line.rsplit(" ", 1)[1]) for line in stdout.splitlines() if "step_time_ms" in line]
+    assert len(own) > first + 10, stdout
+    own_median = step_stats(own[first:]).median_ms  # the same steps, after warm-up
+    assert median_ms == pytest.approx(own_median, rel=0.02, abs=0.2)
+    assert median_ms >= period_ms * 0.98  # paced steps never get shorter than their period
 
 
 def test_profile_mode_writes_one_kineto_trace_and_flags_the_record(tmp_path: Path) -> None:

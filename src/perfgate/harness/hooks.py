@@ -7,7 +7,9 @@ Three probes, each installed at most once per process and routed to whichever wi
 * a wrapper around ``_BaseDataLoaderIter.__next__``: the host time the training loop blocked waiting
   for a batch, and the batch size (leading dimension of the first tensor found);
 * a wrapper around ``torch.autograd.backward``: host time inside backward, which under data-parallel
-  training also holds the wait for the other ranks' gradients.
+  training also holds the wait for the other ranks' gradients;
+* a wrapper around ``torch.save``: a checkpoint written inside a measured window is named in the
+  record's notes (its time stays in the window: it is the script's own work).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ _active: Window | None = None
 _optimizer_handle: Any = None
 _data_loader_patched = False
 _backward_patched = False
+_save_patched = False
 
 
 def active_window() -> Window | None:
@@ -47,6 +50,7 @@ def activate(window: Window, *, data_wait: bool = True, backward: bool = True) -
         _patch_data_loader()
     if backward:
         _patch_backward(torch)
+    _patch_save(torch)
 
 
 def deactivate(window: Window) -> None:
@@ -135,3 +139,23 @@ def _patch_backward(torch: Any) -> None:
     # Tensor.backward looks this attribute up at call time, so loss.backward() is covered too.
     autograd.backward = timed_backward
     _backward_patched = True
+
+
+def _patch_save(torch: Any) -> None:
+    global _save_patched
+    if _save_patched or not callable(getattr(torch, "save", None)):
+        return
+    original = torch.save
+
+    def noted_save(*args: Any, **kwargs: Any) -> Any:
+        window = _active
+        if window is None or not window.measuring:
+            return original(*args, **kwargs)
+        start = _now()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            window.user_work_ran("torch.save", _now() - start)
+
+    torch.save = noted_save
+    _save_patched = True
