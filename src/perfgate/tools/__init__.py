@@ -9,6 +9,7 @@ from perfgate.tools import (
     compare_tensors,
     compute_mfu,
     estimate_flops,
+    import_benchmark,
     plan_parallel_layout,
     profile_segment,
     record_decision,
@@ -21,6 +22,7 @@ __all__ = ["REGISTRY", "ToolSpec", "registered_specs"]
 REGISTRY: tuple[AnySpec, ...] = (
     collect_env.SPEC,
     run_benchmark_window.SPEC,
+    import_benchmark.SPEC,
     compare_benchmarks.SPEC,
     profile_segment.SPEC,
     estimate_flops.SPEC,
