@@ -10,6 +10,7 @@ from perfgate.tools import (
     compare_tensors,
     compute_mfu,
     estimate_flops,
+    import_benchmark,
     plan_parallel_layout,
     profile_segment,
     record_decision,
@@ -22,6 +23,7 @@ __all__ = ["REGISTRY", "ToolSpec", "registered_specs"]
 REGISTRY: tuple[AnySpec, ...] = (
     collect_env.SPEC,
     run_benchmark_window.SPEC,
+    import_benchmark.SPEC,
     compare_benchmarks.SPEC,
     profile_segment.SPEC,
     analyze_trace.SPEC,
