@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from perfgate.tools import (
+    analyze_trace,
     audit_samples,
     collect_env,
     compare_benchmarks,
@@ -25,6 +26,7 @@ REGISTRY: tuple[AnySpec, ...] = (
     import_benchmark.SPEC,
     compare_benchmarks.SPEC,
     profile_segment.SPEC,
+    analyze_trace.SPEC,
     estimate_flops.SPEC,
     compute_mfu.SPEC,
     compare_tensors.SPEC,
