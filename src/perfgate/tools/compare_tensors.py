@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
@@ -46,6 +46,8 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class ToleranceOverrideInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     pattern: str = Field(
         min_length=1, description="Glob matched against tensor keys, e.g. '*.bias', 'lm_head.*'."
     )
@@ -54,6 +56,8 @@ class ToleranceOverrideInput(BaseModel):
 
 
 class CompareTensorsInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     reference: Annotated[
         str,
         Field(

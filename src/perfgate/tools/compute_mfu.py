@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
@@ -28,6 +28,8 @@ _PRECISION_BITS = {"fp32": 32, "tf32": 19, "bf16": 16, "fp16": 16, "fp8": 8, "in
 class Bucket(BaseModel):
     """One step shape: FLOPs and step time per device per optimizer step, weighted by ``steps``."""
 
+    model_config = ConfigDict(extra="forbid")
+
     name: str = Field(description="Label of this shape bucket, e.g. 'seq2048'.")
     flops_per_step: float = Field(
         gt=0, allow_inf_nan=False, description="FLOPs per device per optimizer step for this bucket."
@@ -39,6 +41,8 @@ class Bucket(BaseModel):
 
 
 class ComputeMfuInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     buckets: Annotated[
         list[Bucket],
         Field(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfgate.benchmarking import BenchmarkError
 from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path, wrap_command
@@ -48,6 +48,8 @@ ExternalVendor = Literal["auto", "nvidia", "mthreads"]
 
 
 class ProfileSegmentInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     mode: Annotated[
         Mode,
         Field(
