@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field, ValidationError
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
 from perfgate.execution.service import ExecutionService
+from perfgate.tools._answer import answer_text
 from perfgate.tools._failures import argument_message, crash_message, field_errors
 from perfgate.tools._gating import APPROVAL_PARAM, PREPARED_PARAM, gate_parameters, settle
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
@@ -92,11 +93,11 @@ class PerfgateTool(Tool):
             raise ToolError(crash_message(self.name, cause)) from cause
 
 
-def _with_images(out: BaseModel, runtime: ToolRuntime) -> BaseModel | CallToolResult:
-    """The structured result, plus the tool's key plot as image content (or a note that plots are off)."""
-    if runtime.key_image is None and runtime.plots_off is None:
-        return out
-    content: list[TextContent | ImageContent] = [TextContent(type="text", text=out.model_dump_json(indent=2))]
+def _answer(spec: AnySpec, out: BaseModel, runtime: ToolRuntime) -> CallToolResult:
+    """The structured result; as text, its budgeted brief (`answer_text`); the key plot as an image (or
+    a note that plots are off)."""
+    text = answer_text(spec.name, out, spec.brief)
+    content: list[TextContent | ImageContent] = [TextContent(type="text", text=text)]
     if runtime.key_image is not None:
         data = base64.b64encode(runtime.key_image).decode()
         content.append(ImageContent(type="image", data=data, mime_type="image/png"))
@@ -167,7 +168,7 @@ def make_tool_function(spec: AnySpec, get_state: Any) -> Any:
             commands=state.execution.runner(grant, report) if spec.command is not None else None,
         )
         out = await spec.run(inp, runtime)
-        return _with_images(out, runtime)
+        return _answer(spec, out, runtime)
 
     params = [
         inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context),
