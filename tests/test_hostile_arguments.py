@@ -53,10 +53,9 @@ async def test_an_unknown_field_inside_a_nested_object_is_named_with_its_path(se
     async with Client(server, mode=mode) as client:
         result = await client.call_tool("compute_mfu", args)
     assert result.is_error
-    assert (
-        "- buckets[0].stpes: unknown field; allowed here: flops_per_step, name, step_time_s, steps"
-        in _text(result)
-    )
+    line = next(x for x in _text(result).splitlines() if x.startswith("- buckets[0].stpes: "))
+    assert line.startswith("- buckets[0].stpes: unknown field; allowed here: ")
+    assert {"name", "steps", "step_time_s"} <= set(line.split("allowed here: ")[1].split(", "))
 
 
 async def test_each_bad_field_gets_one_line_with_allowed_values_and_no_pydantic_internals(

@@ -38,8 +38,6 @@ class Bucket(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model_config = ConfigDict(extra="forbid")
-
     name: str = Field(description="Label of this shape bucket, e.g. 'seq2048'.")
     flops_per_step: float | None = Field(
         default=None,
