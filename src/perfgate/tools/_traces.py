@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import anyio.to_thread
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.errors import ToolError
 from perfgate.report.plots import breakdown_png, top_ops_png
@@ -36,6 +36,8 @@ __all__ = [
 
 class TraceAnalysisFields(BaseModel):
     """The analysis knobs both trace tools accept."""
+
+    model_config = ConfigDict(extra="forbid")
 
     top_k: Annotated[int, Field(ge=1, le=100, description="Entries in top_kernels and top_ops per rank.")] = (
         10

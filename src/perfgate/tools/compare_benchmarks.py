@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.benchmarking import BenchmarkError, Contract, diff_contracts
 from perfgate.benchmarking.contract import same_contract
@@ -36,6 +36,8 @@ Verdict = Literal["improved", "regressed", "within_noise", "incomparable"]
 
 
 class CompareBenchmarksInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     baseline: Annotated[
         list[str], Field(min_length=1, description="run_benchmark_window evidence ids of the baseline.")
     ]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
@@ -47,6 +47,8 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class ToleranceOverrideInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     pattern: str = Field(
         min_length=1, description="Glob matched against tensor keys, e.g. '*.bias', 'lm_head.*'."
     )
@@ -55,6 +57,8 @@ class ToleranceOverrideInput(BaseModel):
 
 
 class KeyMapInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     strip_prefixes: list[str] = Field(
         default=[],
         description="Leading strings removed from every key on both sides while one matches, e.g. "
@@ -73,6 +77,8 @@ class KeyMapInput(BaseModel):
 
 
 class CompareTensorsInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     reference: Annotated[
         str,
         Field(
