@@ -85,6 +85,13 @@ def window_fingerprint(
     return None
 
 
+def _declared_contract(record: EvidenceRecord) -> Any:
+    """A window's contract: imported evidence keeps the one it was read with in its result."""
+    if record.tool == "import_benchmark":
+        return record.result.get("contract")
+    return record.inputs.get("contract")
+
+
 def _window_gates(
     exp: Experiment, comparison: EvidenceRecord, ev: _Evidence, fewer_reason: str | None
 ) -> list[Gate]:
@@ -97,7 +104,7 @@ def _window_gates(
             record = ev.get(wid)
             if record is None:
                 problems.append(f"{side} window {wid} is not in the ledger")
-            elif record.tool != "run_benchmark_window":
+            elif record.tool not in ("run_benchmark_window", "import_benchmark"):
                 problems.append(f"{side} evidence {wid} is a {record.tool} record, not a benchmark window")
             elif record.profiled:
                 problems.append(
@@ -147,7 +154,7 @@ def _window_gates(
             )
         )
 
-    invariants = {canonical_json(as_dict(w.inputs.get("contract")).get("invariants")) for w in windows}
+    invariants = {canonical_json(as_dict(_declared_contract(w)).get("invariants")) for w in windows}
     gates.append(
         _gate(
             "invariants_match",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.benchmarking import BenchmarkError, Contract, diff_contracts
 from perfgate.benchmarking.contract import same_contract
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 __all__ = ["SPEC", "CompareBenchmarksInput", "CompareBenchmarksOutput", "run"]
 
 BENCHMARK_TOOL = "run_benchmark_window"
+IMPORT_TOOL = "import_benchmark"
+_WINDOW_TOOLS = (BENCHMARK_TOOL, IMPORT_TOOL)
 _USABLE = {EvidenceState.EXECUTED, EvidenceState.PASSED}
 _OBSERVED_EXECUTION = ("world_size",)
 _OBSERVED_INVARIANTS = ("device_kind", "device_name")
@@ -34,6 +36,8 @@ Verdict = Literal["improved", "regressed", "within_noise", "incomparable"]
 
 
 class CompareBenchmarksInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     baseline: Annotated[
         list[str], Field(min_length=1, description="run_benchmark_window evidence ids of the baseline.")
     ]
@@ -81,7 +85,17 @@ class CompareBenchmarksOutput(BaseModel):
 
 
 def _contract(record: EvidenceRecord) -> Contract:
+    """The declared contract: imported evidence stores the one it was read with (files carry their own)."""
+    if record.tool == IMPORT_TOOL:
+        return Contract.from_mapping(as_dict(record.result.get("contract")))
     return Contract.from_mapping(as_dict(record.inputs.get("contract")))
+
+
+def _measured_by(record: EvidenceRecord) -> str:
+    """How the step times were taken: launched by perfgate, or imported in a given format."""
+    if record.tool == IMPORT_TOOL:
+        return f"imported ({record.result.get('format')})"
+    return "launched by perfgate"
 
 
 def _observed(record: EvidenceRecord) -> dict[str, object]:
@@ -118,9 +132,10 @@ async def _load(rt: ToolRuntime, ids: list[str]) -> list[EvidenceRecord]:
     records: list[EvidenceRecord] = []
     for evidence_id in ids:
         record = await rt.load(evidence_id)
-        if record.tool != BENCHMARK_TOOL and not record.profiled:
+        if record.tool not in _WINDOW_TOOLS and not record.profiled:
             raise ToolError(
-                f"evidence {evidence_id} comes from {record.tool}, not {BENCHMARK_TOOL}: pass benchmark window ids"
+                f"evidence {evidence_id} comes from {record.tool}, not {BENCHMARK_TOOL} or {IMPORT_TOOL}: pass "
+                "benchmark window ids"
             )
         records.append(record)
     return records
@@ -155,6 +170,13 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
     reasons = _side_reasons("baseline", base) + _side_reasons("candidate", cand)
     diff = diff_contracts(_contract(base[0]), _contract(cand[0]), inp.declared_changes)
     reasons += diff.reasons()
+    sources = {_measured_by(r) for r in base + cand}
+    if len(sources) > 1:
+        reasons.append(
+            f"the windows were measured in different ways ({', '.join(sorted(sources))}): a trainer's own log "
+            "timer and perfgate's window are not the same measurement; import both sides or launch both"
+        )
+    imported = [r.id for r in base + cand if r.tool == IMPORT_TOOL]
     b_obs, c_obs = _observed(base[0]), _observed(cand[0])
     for key in _OBSERVED_INVARIANTS:
         if b_obs.get(key) != c_obs.get(key):
@@ -219,7 +241,15 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         candidate_throughput=result.candidate_throughput,
         baseline_windows=result.baseline_windows,
         candidate_windows=result.candidate_windows,
-        warnings=result.warnings,
+        warnings=result.warnings
+        + (
+            [
+                f"evidence {', '.join(imported)} is imported, not launched by perfgate: the step times are what "
+                "the trainer logged, bound to no environment unless one was attached"
+            ]
+            if imported
+            else []
+        ),
     )
     base_ms = [t * 1e3 for w in base_windows for t in w.step_s]
     cand_ms = [t * 1e3 for w in cand_windows for t in w.step_s]
@@ -237,7 +267,7 @@ SPEC = ToolSpec(
     name="compare_benchmarks",
     title="Compare benchmark windows (A/B)",
     description=(
-        "Compare baseline and candidate run_benchmark_window evidence: speedup of pooled throughput with a "
+        "Compare baseline and candidate run_benchmark_window (or import_benchmark) evidence: speedup of pooled throughput with a "
         "bootstrap 95% interval and a verdict (improved / regressed / within_noise). Refuses (incomparable, "
         "with reasons) when contract invariants differ, when the changed execution settings differ from "
         "declared_changes (undeclared or declared-but-absent), or when any window is profiled or failed. "

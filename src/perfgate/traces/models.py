@@ -16,9 +16,12 @@ __all__ = [
     "CategoryStats",
     "Distribution",
     "FlopsSummary",
+    "HostBreakdown",
+    "HostPhase",
     "KernelStats",
     "LaunchStats",
     "OpStats",
+    "PhaseName",
     "RankProfile",
     "RankSkew",
     "RankStepMean",
@@ -163,6 +166,42 @@ class FlopsSummary(BaseModel):
     mean_step_time_us: float | None
 
 
+PhaseName = Literal[
+    "data_loading", "optimizer", "collectives", "sync", "backward", "forward", "no_grad", "other"
+]
+
+
+class HostPhase(BaseModel):
+    """One phase of the host-side step (see `HostBreakdown`)."""
+
+    phase: PhaseName
+    per_step_us: float = Field(description="Mean time per step assigned to this phase.")
+    share: float = Field(description="Fraction of step time.")
+    top_events: list[str] = Field(description="Events that define the phase, most self time first.")
+
+
+class HostBreakdown(BaseModel):
+    """Host step time split into phases from torch's annotations, autograd and grad-mode events.
+
+    Phases partition step time in the order data_loading, optimizer, collectives (gloo and other CPU
+    collectives count; only the part not overlapped by an aten op), sync, backward, forward (grad mode
+    on), no_grad (evaluation passes), other (Python between ops, sleeps, unrecorded waits).
+    """
+
+    basis: str
+    steps: int
+    step_us: float = Field(description="Mean step time the phases partition.")
+    phases: list[HostPhase]
+    ops_per_step: float = Field(description="CPU ops (cpu_op events, all depths) per step.")
+    top_level_ops_per_step: float = Field(description="CPU ops not nested in another op, per step.")
+    top_level_op_p50_us: float | None
+    short_op_threshold_us: float
+    short_top_level_op_us_per_step: float = Field(
+        description="Time per step in top-level ops shorter than the threshold (dispatch-dominated)."
+    )
+    implicit_syncs_per_step: float = Field(description=".item()/nonzero-style device waits per step.")
+
+
 class AnalysisWindow(BaseModel):
     """Which part of the trace the breakdowns cover."""
 
@@ -209,13 +248,32 @@ class RankProfile(BaseModel):
     sync: SyncStats
     steps: StepSummary | None
     flops: FlopsSummary | None
+    flops_unavailable: str | None = Field(
+        default=None, description="Why `flops` is null: what torch did not export."
+    )
+    top_self_ops: list[OpStats] = Field(
+        default_factory=list[OpStats], description="CPU ops by exclusive (self) time, largest first."
+    )
+    host: HostBreakdown | None = Field(
+        default=None, description="Host step time by phase (every trace, CPU-only ones included)."
+    )
     event_counts: dict[str, int]
     warnings: list[str]
 
 
 class RankStepMean(BaseModel):
+    """One rank's step time and how much of it was waiting for the others."""
+
     rank: int
     mean_step_us: float
+    collective_wait_us: float = Field(
+        default=0.0,
+        description="Per step: host time in collectives not covered by an op, or device communication "
+        "not overlapped with compute, whichever is larger.",
+    )
+    busy_us: float = Field(
+        default=0.0, description="mean_step_us minus the wait beyond the rank that waited least."
+    )
 
 
 class RankSkew(BaseModel):
@@ -228,7 +286,13 @@ class RankSkew(BaseModel):
     )
     mean_step_skew_us: float | None
     worst_step: int | None
-    slowest_rank: int | None
+    slowest_rank: int | None = Field(
+        description="The rank with the most busy time (step time minus excess collective wait): the same "
+        "definition as run_benchmark_window."
+    )
+    busy_spread_us: float | None = Field(
+        default=None, description="Per step: slowest rank's busy time minus the fastest rank's."
+    )
     per_rank_mean_step_us: list[RankStepMean]
     span_spread_us: float = Field(description="max - min of span_us across ranks.")
     compute_spread_us: float
