@@ -19,9 +19,10 @@ from perfgate.tools._traces import (
     analyze_paths,
     key_plot,
     resolve_traces,
+    trace_brief,
     trace_files,
 )
-from perfgate.traces import RankProfile, RankSkew
+from perfgate.traces import Finding, RankProfile, RankSkew
 
 __all__ = ["SPEC", "AnalyzeTraceInput", "AnalyzeTraceOutput", "run"]
 
@@ -46,6 +47,10 @@ class AnalyzeTraceOutput(BaseModel):
     time_basis: Literal["exact", "hta_rounded"]
     ranks: list[RankProfile] = Field(description="One entry per trace file, sorted by rank.")
     rank_skew: RankSkew | None = Field(description="Cross-rank comparison; null for a single rank.")
+    findings: list[Finding] = Field(
+        description="The walls, ranked: figures, events, time at stake per step (an upper bound), the first "
+        "candidate and its guard, confidence."
+    )
     trace_files: list[TraceFile]
     warnings: list[str]
 
@@ -63,6 +68,7 @@ async def run(inp: AnalyzeTraceInput, rt: ToolRuntime) -> AnalyzeTraceOutput:
         time_basis="hta_rounded" if inp.hta_compatible else "exact",
         ranks=report.ranks,
         rank_skew=report.rank_skew,
+        findings=report.findings,
         trace_files=trace_files(paths, profiles, rt),
         warnings=report.warnings,
     )
@@ -88,4 +94,5 @@ SPEC = ToolSpec(
     destructive=False,
     idempotent=True,
     open_world=False,
+    brief=lambda out: trace_brief(out.ranks, out.rank_skew, out.findings, [f.path for f in out.trace_files]),
 )

@@ -15,9 +15,11 @@ __all__ = [
     "AnalysisWindow",
     "CategoryStats",
     "Distribution",
+    "Finding",
     "FlopsSummary",
     "HostBreakdown",
     "HostPhase",
+    "IdleBreakdown",
     "KernelStats",
     "LaunchStats",
     "OpStats",
@@ -30,6 +32,7 @@ __all__ = [
     "SyncCall",
     "SyncStats",
     "TraceSetReport",
+    "Wall",
 ]
 
 Backend = Literal["cuda", "rocm", "musa", "privateuse1", "mtia", "xpu", "cpu", "unknown"]
@@ -200,6 +203,27 @@ class HostBreakdown(BaseModel):
         description="Time per step in top-level ops shorter than the threshold (dispatch-dominated)."
     )
     implicit_syncs_per_step: float = Field(description=".item()/nonzero-style device waits per step.")
+    sync_span_us_per_step: float = Field(
+        default=0.0, description="Per step: first to last sync op (the extent of a loop of syncs)."
+    )
+
+
+class IdleBreakdown(BaseModel):
+    """Why the device sat idle between kernels, per stream (HTA's idle-time breakdown)."""
+
+    basis: str
+    consecutive_kernel_delay_us: float
+    idle_us: float = Field(description="Sum of the gaps between consecutive events of each stream.")
+    host_wait_us: float = Field(
+        description="Gaps where the launching call started after the previous event ended."
+    )
+    kernel_wait_us: float = Field(description="Other gaps shorter than consecutive_kernel_delay_us.")
+    other_us: float
+    host_wait_fraction: float | None
+    steps_checked: int
+    host_bound_steps: int = Field(
+        description="Steps whose host-wait idle exceeds half their device span: paced by the host."
+    )
 
 
 class AnalysisWindow(BaseModel):
@@ -257,6 +281,7 @@ class RankProfile(BaseModel):
     host: HostBreakdown | None = Field(
         default=None, description="Host step time by phase (every trace, CPU-only ones included)."
     )
+    idle: IdleBreakdown | None = Field(default=None, description="Device idle time by cause.")
     event_counts: dict[str, int]
     warnings: list[str]
 
@@ -300,7 +325,40 @@ class RankSkew(BaseModel):
     most_idle_rank: int
 
 
+Wall = Literal[
+    "input_pipeline",
+    "host_overhead",
+    "synchronization",
+    "exposed_communication",
+    "memory_bound",
+    "compute_efficiency",
+    "rank_imbalance",
+    "evaluation_in_step",
+    "profiler_artefact",
+]
+Confidence = Literal["high", "medium", "low"]
+
+
+class Finding(BaseModel):
+    """One wall the step runs into, with the figures that show it and what to try first."""
+
+    wall: Wall
+    rank: int | None = Field(description="The rank it was found on; null for a finding across ranks.")
+    summary: str = Field(description="One line with the deciding figures.")
+    figures: dict[str, float] = Field(description="The evidence figures (us per step, shares, counts).")
+    events: list[str] = Field(description="Trace events that show it (op, annotation or kernel names).")
+    time_at_stake_us: float = Field(
+        description="Upper bound of the step time this wall can cost, us per step: fixing it cannot save more."
+    )
+    share_of_step: float = Field(description="time_at_stake_us / step time.")
+    candidate: str = Field(description="The first change to try.")
+    guard: str = Field(description="What must be checked so the change is not a regression in disguise.")
+    confidence: Confidence
+    confidence_reason: str
+
+
 class TraceSetReport(BaseModel):
     ranks: list[RankProfile]
     rank_skew: RankSkew | None
     warnings: list[str]
+    findings: list[Finding] = Field(default_factory=list[Finding])
