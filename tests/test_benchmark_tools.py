@@ -113,6 +113,9 @@ async def test_harness_timed_tiny_training_through_the_protocol(allowed: Path, m
     record = Ledger(allowed).get(out["evidence_id"])
     assert record is not None and record.command is not None and "perfgate.harness" in record.command
     assert record.inputs["contract"]["invariants"]["model"] == "tiny-mlp"
+    health = out["health"]  # the losses were read at window edges
+    assert health["verdict"] == "healthy" and health["losses_seen"] == 16
+    assert health["finite"] and health["loss_first"] > 0
 
 
 async def test_a_known_step_time_is_measured_within_two_percent(allowed: Path) -> None:
@@ -215,6 +218,7 @@ async def test_torchrun_over_two_ranks_reports_the_slow_rank(allowed: Path) -> N
     assert out["ranks"][0]["collective_wait_fraction"] > out["ranks"][1]["collective_wait_fraction"]
     assert out["throughput"]["samples_per_s"] == pytest.approx(64 * out["throughput"]["steps_per_s"])
     assert out["contract_problems"] == []
+    assert out["health"]["verdict"] == "healthy" and out["health"]["losses_seen"] == 10
 
 
 async def test_log_timing_parses_step_times_from_stdout(allowed: Path) -> None:

@@ -77,3 +77,43 @@ def test_real_traces_name_their_known_walls(hta_traces: Path) -> None:
     assert nccl.idle is not None and nccl.idle.host_wait_us > 0.9 * nccl.idle.idle_us
     # The idle breakdown partitions device idle time (streams pooled).
     assert nccl.idle.idle_us == pytest.approx(nccl.idle_us, rel=1e-6)
+
+
+def test_the_diff_of_dataloader_workers_0_to_2_shows_the_change_where_it_happened() -> None:
+    from perfgate.traces import AnalysisOptions
+    from perfgate.traces.diff import diff_profiles
+
+    options = AnalysisOptions(top_k=30)
+    before = analyze_traces(planted("slow_loader"), options)
+    after = analyze_traces(planted("slow_loader_workers"), options)
+    d = diff_profiles(before.ranks, after.ranks, before.findings, after.findings)
+    # The biggest host-phase change is the DataLoader wait, and it went down.
+    assert d.phases[0].name == "data_loading" and d.phases[0].delta < 0
+    assert d.step.delta < 0
+    # The single-process iterator vanished and the multi-process one appeared.
+    assert any("_SingleProcessDataLoaderIter" in o for o in d.vanished_ops)
+    assert any("_MultiProcessingDataLoaderIter" in o for o in d.new_ops)
+    wall = next(r for r in d.walls if r.name == "input_pipeline")
+    assert wall.delta < 0 and any("data_loading" in line for line in d.summary)
+
+
+def test_the_diff_of_two_real_traces_finds_the_added_sync_and_copies(hta_traces: Path) -> None:
+    from perfgate.traces.diff import diff_profiles
+
+    control = analyze_traces([hta_traces / "trace_diff_control_control.json.gz"])
+    test = analyze_traces([hta_traces / "trace_diff_test_test.json.gz"])
+    d = diff_profiles(control.ranks, test.ranks, control.findings, test.findings)
+    assert d.step.delta > 0 and d.phases[0].name == "sync" and d.phases[0].delta > 0
+    assert {r.name for r in d.device} == {"idle", "compute", "communication", "memory"}
+    assert d.new_kernels and d.vanished_kernels
+
+
+def test_frequent_kernel_sequences_repeat_and_carry_their_share(hta_traces: Path) -> None:
+    p = analyze_trace(hta_traces / "nccl_parser_config_nccl_data.json.gz")
+    assert p.kernel_sequences
+    times = [s.time_us for s in p.kernel_sequences]
+    assert times == sorted(times, reverse=True)
+    for s in p.kernel_sequences:
+        assert 2 <= len(s.kernels) <= 3 and s.count >= 2 and 0 < s.share <= 1
+    # A CPU-only trace has no device sequences.
+    assert analyze_trace(planted("tiny_ops")[0]).kernel_sequences == []

@@ -23,6 +23,7 @@ from perfgate.traces.ops import flops_summary, top_ops
 from perfgate.traces.phases import host_breakdown
 from perfgate.traces.prepare import Prepared, prepare
 from perfgate.traces.reader import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_VALUE_BYTES, Decompressor, TraceStream
+from perfgate.traces.sequences import frequent_sequences
 from perfgate.traces.steps import rank_skew, step_summary
 from perfgate.traces.table import (
     CPU_OP_CATEGORIES,
@@ -278,6 +279,7 @@ def analyze_table(
         top_self_ops=top_ops(prepared, options.top_k, by="self"),
         host=host_breakdown(prepared),
         idle=idle_breakdown(prepared),
+        kernel_sequences=frequent_sequences(prepared, min(options.top_k, 5)),
         event_counts=counts,
         warnings=_warnings(table, counts["device"], prepared, stream),
     )

@@ -14,16 +14,19 @@ from perfgate.traces.classify import Category, Kind
 __all__ = [
     "AnalysisWindow",
     "CategoryStats",
+    "DiffRow",
     "Distribution",
     "Finding",
     "FlopsSummary",
     "HostBreakdown",
     "HostPhase",
     "IdleBreakdown",
+    "KernelSequence",
     "KernelStats",
     "LaunchStats",
     "OpStats",
     "PhaseName",
+    "ProfileDiff",
     "RankProfile",
     "RankSkew",
     "RankStepMean",
@@ -226,6 +229,15 @@ class IdleBreakdown(BaseModel):
     )
 
 
+class KernelSequence(BaseModel):
+    """Kernels that run back to back on one stream, repeatedly: a fusion candidate."""
+
+    kernels: list[str]
+    count: int = Field(description="Occurrences in the window.")
+    time_us: float = Field(description="Device time of the member kernels over all occurrences.")
+    share: float = Field(description="time_us / all device time.")
+
+
 class AnalysisWindow(BaseModel):
     """Which part of the trace the breakdowns cover."""
 
@@ -282,6 +294,10 @@ class RankProfile(BaseModel):
         default=None, description="Host step time by phase (every trace, CPU-only ones included)."
     )
     idle: IdleBreakdown | None = Field(default=None, description="Device idle time by cause.")
+    kernel_sequences: list[KernelSequence] = Field(
+        default_factory=list[KernelSequence],
+        description="Frequent 2-3 kernel sequences on a stream with the most device time (fusion candidates).",
+    )
     event_counts: dict[str, int]
     warnings: list[str]
 
@@ -355,6 +371,40 @@ class Finding(BaseModel):
     guard: str = Field(description="What must be checked so the change is not a regression in disguise.")
     confidence: Confidence
     confidence_reason: str
+
+
+class DiffRow(BaseModel):
+    """One quantity, per step (mean over ranks): baseline, candidate and the change."""
+
+    name: str
+    baseline: float
+    candidate: float
+    delta: float = Field(description="candidate - baseline (negative: less time or fewer events).")
+    ratio: float | None = Field(description="candidate / baseline; null when the baseline is 0.")
+
+
+class ProfileDiff(BaseModel):
+    """What changed between two profiles, per step: did the change do what it was meant to?
+
+    Times are microseconds per step, means over ranks; kernels and ops compare each side's top lists
+    (so a name outside both lists is not seen). ``new_*`` are in the candidate only, ``vanished_*`` in
+    the baseline only.
+    """
+
+    basis: str
+    step: DiffRow
+    phases: list[DiffRow] = Field(description="Host phases, largest absolute change first.")
+    device: list[DiffRow] = Field(description="Device idle / compute / communication / memory time.")
+    categories: list[DiffRow]
+    kernels: list[DiffRow] = Field(description="Kernels present on both sides, largest change first.")
+    ops: list[DiffRow] = Field(description="CPU ops (inclusive time) on both sides, largest change first.")
+    new_kernels: list[str]
+    vanished_kernels: list[str]
+    new_ops: list[str]
+    vanished_ops: list[str]
+    counts: list[DiffRow] = Field(description="Launches, implicit syncs, host sync calls, CPU ops per step.")
+    walls: list[DiffRow] = Field(description="Time at stake per wall (0 when it did not fire on a side).")
+    summary: list[str] = Field(description="The largest changes in words.")
 
 
 class TraceSetReport(BaseModel):
