@@ -376,7 +376,10 @@ async def test_semantic_keys_as_execution_and_unclassified_keys_are_refused(allo
     odd = {"invariants": {"model": "m", "layer_kind": "cheap"}, "execution": {"step_ms": 1}}
     message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=odd))
     assert "unknown contract keys ['layer_kind', 'step_ms']" in message
-    lying = {**odd, "classes": {"step_ms": "execution", "layer_kind": "semantic", "global_batch": "execution"}}
+    lying = {
+        **odd,
+        "classes": {"step_ms": "execution", "layer_kind": "semantic", "global_batch": "execution"},
+    }
     message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=lying))
     assert "contract.classes['global_batch'] says execution, but 'global_batch' is semantic" in message
     assert Ledger(allowed).records(tool="run_benchmark_window") == []
