@@ -24,6 +24,7 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
+from perfgate.quoting import file_text
 from perfgate.report.plots import step_times_png
 from perfgate.tools._health import TrainingHealth, health_model
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
@@ -352,7 +353,7 @@ def _launch_failure(result: CommandResult) -> str:
             "call again with harness_on_path=true"
         )
     last = tail.strip().splitlines()[-1] if tail.strip() else ""
-    return f"{result.summary()}" + (f"; last stderr line: {last[:300]}" if last else "")
+    return f"{result.summary()}" + (f"; last stderr line: {file_text(last)}" if last else "")
 
 
 def _harness_windows(
