@@ -14,7 +14,7 @@ from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 pytestmark = pytest.mark.anyio
 
 FP = {"device": "cpu", "torch": "2.13.0", "python": "3.11.7", "hostname_sha": "abc"}
-INVARIANTS = {"model": "tiny-mlp", "global_batch": 64, "precision": "fp32", "seed": 0}
+INVARIANTS = {"model": "tiny-mlp", "dataset": "synthetic", "global_batch": 64, "precision": "fp32", "seed": 0}
 
 
 class Evidence:
@@ -251,6 +251,24 @@ CHEATS = {
     "a single window": (
         "fewer than 3 separate launches",
         lambda ev, links, ids: _swap_comparison(ev, links, ids["base"][:1], ids["cand"][:1]),
+    ),
+    "windows without the required invariants": (
+        "does not declare dataset",
+        lambda ev, links, ids: _swap_comparison(
+            ev,
+            links,
+            [ev.window(invariants={"model": "m", "precision": "fp32", "global_batch": 64}) for _ in range(3)],
+            [ev.window(invariants={"model": "m", "precision": "fp32", "global_batch": 64}) for _ in range(3)],
+        ),
+    ),
+    "log-timed windows with an all-null fingerprint": (
+        "windows without an environment fingerprint",
+        lambda ev, links, ids: _swap_comparison(
+            ev,
+            links,
+            [ev.window(fp={"device_kind": None, "torch_version": None}) for _ in range(3)],
+            [ev.window(fp={"device_kind": None, "torch_version": None}) for _ in range(3)],
+        ),
     ),
     "three windows of one launch": (
         "fewer than 3 separate launches on candidate (1)",
