@@ -59,6 +59,7 @@ EXTERNAL: dict[str, str] = {
         ["device_type", "get_device_properties", "mem_get_info"], "torch.autocast / torch.musa functions"
     ),
     "example_batch": "a placeholder variable in a code example",
+    "my_key": "a placeholder contract key in an example",
     "moe_token_dispatcher": "an example changed_variable value (free text)",
 }
 
@@ -385,3 +386,10 @@ async def test_what_the_skill_says_of_the_profiled_flag_is_what_trace_analysis_r
         assert '`mode="analyze"` on existing traces is not' in _skill()
     else:
         assert "is not flagged" not in texts
+
+
+def test_the_required_invariants_the_skill_names_are_the_ones_the_gate_requires() -> None:
+    vocabulary = pytest.importorskip("perfgate.benchmarking.vocabulary")
+    required: tuple[str, ...] = vocabulary.REQUIRED_INVARIANTS
+    row = next(line for line in _skill().splitlines() if line.startswith("| `required_invariants` |"))
+    assert set(re.findall(r"`([a-z_]+)`", row)) - {"required_invariants"} == set(required)
