@@ -82,3 +82,27 @@ async def test_a_read_only_server_analyzes_traces(workspace: Path, mode: str) ->
     assert out["rank_skew"]["slowest_rank"] == 1
     assert all(r["backend"] == "cpu" and r["host"]["phases"] for r in out["ranks"])
     assert bad.is_error
+
+
+async def test_a_diff_against_earlier_evidence_through_the_protocol(workspace: Path) -> None:
+    for name in ("slow_loader", "slow_loader_workers"):
+        shutil.copy(planted(name)[0], workspace)
+    async with Client(build_server(ServerConfig.create(workspace, read_only=True))) as client:
+        first = await client.call_tool("analyze_trace", {"trace_paths": ["slow_loader_rank0.json.gz"]})
+        assert not first.is_error, first.content
+        base_id = first.structured_content["evidence_id"]  # type: ignore[index]
+        second = await client.call_tool(
+            "analyze_trace",
+            {"trace_paths": ["slow_loader_workers_rank0.json.gz"], "baseline_evidence_id": base_id},
+        )
+        wrong = await client.call_tool(
+            "analyze_trace", {"trace_paths": ["slow_loader_rank0.json.gz"], "baseline_evidence_id": "ev-nope"}
+        )
+    assert not second.is_error, second.content
+    out: Any = second.structured_content
+    assert out["diff"]["phases"][0]["name"] == "data_loading" and out["diff"]["phases"][0]["delta"] < 0
+    assert out["baseline"].startswith(f"evidence {base_id}")
+    text = second.content[0].text  # type: ignore[union-attr]
+    assert text.splitlines()[1].startswith(f"diff vs evidence {base_id}") and "data_loading" in text
+    assert out["findings"][0]["wall"] == "input_pipeline"
+    assert wrong.is_error and "ev-nope" in wrong.content[0].text  # type: ignore[union-attr]

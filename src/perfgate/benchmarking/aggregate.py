@@ -13,6 +13,7 @@ all-reduce) above the fastest rank's backward in that step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -225,6 +226,12 @@ def windows_from_series(
     """A single-rank window from step times alone (log-parsed timing); elapsed is their sum."""
     if not step_ms:
         raise BenchmarkError("no step times in the window")
+    bad = [v for v in step_ms if not math.isfinite(v) or v < 0]
+    if bad:
+        raise BenchmarkError(
+            f"invalid step time {bad[0]!r} ms in the log: step times must be finite and non-negative; fix the "
+            "log pattern or the script's timing"
+        )
     n = len(step_ms)
     elapsed_ms = float(sum(step_ms))
     stats = step_stats(step_ms)

@@ -83,6 +83,11 @@ class WindowRecord(msgspec.Struct, frozen=True):
     peak_reserved_bytes: _Bytes | None = None
     host_rss_bytes: _Bytes | None = None
     host_peak_rss_bytes: _Bytes | None = None
+    loss: list[float | None] | None = None
+    nonfinite_loss_steps: list[int] | None = None
+    skipped_steps: list[list[int]] | None = None
+    loss_scale_start: float | None = None
+    loss_scale_end: float | None = None
 
 
 class RankRecord(msgspec.Struct, frozen=True):

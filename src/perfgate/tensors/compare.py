@@ -62,7 +62,9 @@ class CompareOptions:
 
     ``overrides`` are tried in order; the first whose pattern matches a key sets its tolerances.
     ``keys`` (globs) restricts the comparison to matching keys on both sides. Integer and bool tensors
-    compare exactly unless ``integers_exact`` is false. A dtype change (e.g. a bfloat16 candidate against
+    compare exactly unless ``integers_exact`` is false. A NaN or infinity on either side is a mismatch
+    unless ``allow_nonfinite`` (then equal infinities match, and NaN matches NaN with ``equal_nan``, as
+    torch.isclose). A dtype change (e.g. a bfloat16 candidate against
     a float32 reference) is a ``dtype_mismatch`` unless ``allow_dtype_change``; values are compared
     either way.
     """
@@ -71,6 +73,7 @@ class CompareOptions:
     rtol: float
     overrides: Sequence[ToleranceOverride] = ()
     equal_nan: bool = False
+    allow_nonfinite: bool = False
     keys: Sequence[str] | None = None
     integers_exact: bool = True
     allow_dtype_change: bool = False
@@ -257,6 +260,7 @@ def _compare_one(
         atol=tolerance[0],
         rtol=tolerance[1],
         equal_nan=options.equal_nan,
+        allow_nonfinite=options.allow_nonfinite,
     )
     stats = engine.run(
         reference.chunks(ref_key, options.chunk_elements),

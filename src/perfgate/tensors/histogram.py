@@ -30,7 +30,8 @@ def error_histogram(
     cand_stream = candidate.chunks(candidate_key or key, chunk_elements)
     done = 0
     for ref, cand in zip(ref_stream, cand_stream, strict=True):
-        err = np.abs(cand.astype(np.float64) - ref.astype(np.float64))
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: not a finite error, dropped below
+            err = np.abs(cand.astype(np.float64) - ref.astype(np.float64))
         err = err[np.isfinite(err) & (err > 0)]
         clipped = np.minimum(np.maximum(err, edges[0]), edges[-1])
         counts += np.histogram(clipped, bins=edges)[0]

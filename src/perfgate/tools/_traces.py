@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from perfgate.errors import ToolError
 from perfgate.report.plots import breakdown_png, top_ops_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
-from perfgate.traces import RankProfile, TraceError
+from perfgate.traces import RankProfile, RankSkew, TraceError
+from perfgate.traces.models import Finding
 
 if TYPE_CHECKING:
     from perfgate.traces import AnalysisOptions
@@ -28,6 +29,7 @@ __all__ = [
     "analyze_paths",
     "key_plot",
     "resolve_traces",
+    "trace_brief",
     "trace_files",
 ]
 
@@ -136,3 +138,57 @@ async def key_plot(ev: EvidenceBuilder, profiles: list[RankProfile], rt: ToolRun
         ops = [(o.name, o.self_us) for o in profiles[0].top_self_ops]
         title = f"Host self time by CPU op, rank {profiles[0].rank} (no device activity)"
         await rt.plot(ev, "breakdown.png", lambda: top_ops_png(ops, title), key=True)
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.2f} ms"
+
+
+def trace_brief(
+    ranks: list[RankProfile], skew: RankSkew | None, findings: list[Finding], paths: list[str]
+) -> list[str]:
+    """Lead lines of a trace analysis: the walls, the top findings with figures, per-rank step, next call."""
+    lines: list[str] = []
+    if not ranks:
+        return ["no trace analyzed"]
+    if findings:
+        lines.append(
+            "walls: "
+            + "; ".join(
+                f"{f.wall} {f.share_of_step:.0%} of step ({_ms(f.time_at_stake_us)}"
+                + (f", rank {f.rank}" if f.rank is not None and len(ranks) > 1 else "")
+                + f", {f.confidence})"
+                for f in findings[:4]
+            )
+        )
+        for i, f in enumerate(findings[:3], 1):
+            lines.append(f"{i}. {f.summary}. Try: {f.candidate}. Guard: {f.guard}.")
+    else:
+        lines.append(
+            "walls: none passed its threshold (see traces/diagnose.py); read host phases and categories"
+        )
+    steps: list[str] = []
+    for r in ranks[:8]:
+        step = r.host.step_us if r.host is not None else (r.steps.mean_us if r.steps else r.span_us)
+        part = f"rank {r.rank} ({r.backend}) step {_ms(step)}"
+        if r.span_us > 0 and r.idle_fraction is not None:
+            part += f", device idle {r.idle_fraction:.0%}"
+        steps.append(part)
+    if len(ranks) > 8:
+        steps.append(f"+{len(ranks) - 8} ranks")
+    lines.append("; ".join(steps))
+    if skew is not None and skew.slowest_rank is not None:
+        busiest = {m.rank: m for m in skew.per_rank_mean_step_us}
+        slow = busiest.get(skew.slowest_rank)
+        if slow is not None:
+            lines.append(
+                f"slowest rank {skew.slowest_rank}: busy {_ms(slow.busy_us)} per step "
+                f"(spread {_ms(skew.busy_spread_us or 0.0)}; busy = step minus excess collective wait)"
+            )
+    if findings:
+        top = findings[0]
+        lines.append(
+            f'next: record_decision(action="open", hypothesis="{top.wall}: ...") for one change, '
+            "run_benchmark_window before and after; analyze_trace on a new capture shows whether the wall moved"
+        )
+    return lines

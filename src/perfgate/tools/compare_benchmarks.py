@@ -32,7 +32,7 @@ _WINDOW_TOOLS = (BENCHMARK_TOOL, IMPORT_TOOL)
 _USABLE = {EvidenceState.EXECUTED, EvidenceState.PASSED}
 _OBSERVED_EXECUTION = ("world_size",)
 _OBSERVED_INVARIANTS = ("device_kind", "device_name")
-Verdict = Literal["improved", "regressed", "within_noise", "incomparable"]
+Verdict = Literal["improved", "regressed", "within_noise", "insufficient_launches", "incomparable"]
 
 
 class CompareBenchmarksInput(BaseModel):
@@ -64,13 +64,16 @@ class CompareBenchmarksOutput(BaseModel):
     evidence_id: str
     state: EvidenceState = Field(
         description="passed: comparable and decisive (improved/regressed); executed: comparable, within "
-        "noise; failed: incomparable."
+        "noise or fewer than 2 launches on a side (insufficient_launches); failed: incomparable."
     )
     status: Literal["comparable", "incomparable"]
     verdict: Verdict
     reasons: list[str] = Field(description="Why the sides are incomparable (empty when comparable).")
     speedup: float | None = Field(description="Candidate / baseline pooled throughput (>1 is faster).")
-    ci_low: float | None = Field(description="Lower end of the bootstrap interval of the speedup.")
+    ci_low: float | None = Field(
+        description="Lower end of the 95% interval of the speedup (launch-to-launch and step variation); "
+        "the interval always contains the speedup."
+    )
     ci_high: float | None
     confidence: float
     unit: Literal["samples", "tokens", "steps"] | None = Field(description="Work unit of the throughput.")
@@ -78,6 +81,11 @@ class CompareBenchmarksOutput(BaseModel):
     candidate_throughput: float | None
     baseline_windows: int
     candidate_windows: int
+    baseline_launches: int = Field(description="Separate launches (processes) behind the baseline windows.")
+    candidate_launches: int
+    median_step_speedup: float | None = Field(
+        description="Speedup from each side's median step (stalls ignored); compare with speedup."
+    )
     actual_changes: list[str] = Field(description="Execution settings whose values differ between the sides.")
     declared_changes: list[str]
     warnings: list[str]
@@ -154,7 +162,7 @@ def _samples(rt: ToolRuntime, record: EvidenceRecord) -> list[WindowSample]:
             "(`perfgate ledger verify`): re-measure the window"
         )
     try:
-        return samples_from_series(path.read_bytes(), artifact.path)
+        return samples_from_series(path.read_bytes(), artifact.path, launch_prefix=f"{record.id}:")
     except BenchmarkError as exc:
         raise ToolError(str(exc)) from exc
 
@@ -197,8 +205,10 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         "actual_changes": sorted(set(actual)),
         "declared_changes": sorted(set(inp.declared_changes)),
         "method": "speedup = candidate / baseline throughput, each pooled as total work / total time over its "
-        "windows; 95% percentile interval from a two-level bootstrap (windows, then steps; 2000 resamples, "
-        f"seed 0); improved/regressed when the interval excludes 1 and the effect is at least {inp.min_effect:g}",
+        "windows; 95% interval = the union of a Welch t interval on per-launch log throughputs and a two-level "
+        "bootstrap (launches, then steps; 2000 resamples, seed 0), widened to contain the speedup; "
+        f"improved/regressed when the interval excludes 1 and the effect is at least {inp.min_effect:g}, and "
+        "only with at least 2 launches per side",
     }
     if reasons:
         out = CompareBenchmarksOutput(
@@ -215,6 +225,9 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
             candidate_throughput=None,
             baseline_windows=0,
             candidate_windows=0,
+            baseline_launches=0,
+            candidate_launches=0,
+            median_step_speedup=None,
             warnings=[],
         )
         return await rt.commit(ev, out)
@@ -241,6 +254,9 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         candidate_throughput=result.candidate_throughput,
         baseline_windows=result.baseline_windows,
         candidate_windows=result.candidate_windows,
+        baseline_launches=result.baseline_launches,
+        candidate_launches=result.candidate_launches,
+        median_step_speedup=result.median_step_speedup,
         warnings=result.warnings
         + (
             [
@@ -267,11 +283,13 @@ SPEC = ToolSpec(
     name="compare_benchmarks",
     title="Compare benchmark windows (A/B)",
     description=(
-        "Compare baseline and candidate run_benchmark_window (or import_benchmark) evidence: speedup of pooled throughput with a "
-        "bootstrap 95% interval and a verdict (improved / regressed / within_noise). Refuses (incomparable, "
+        "Compare baseline and candidate run_benchmark_window (or import_benchmark) evidence: speedup of "
+        "pooled throughput with a 95% interval over launches and steps, and a verdict (improved / regressed "
+        "/ within_noise; insufficient_launches with fewer than 2 separate launches a side). Refuses "
+        "(incomparable, "
         "with reasons) when contract invariants differ, when the changed execution settings differ from "
         "declared_changes (undeclared or declared-but-absent), or when any window is profiled or failed. "
-        "Warns under 3 windows per side. Its evidence is what record_decision needs for a 'keep'."
+        "Warns under 3 launches per side. Its evidence is what record_decision needs for a 'keep'."
     ),
     input_model=CompareBenchmarksInput,
     output_model=CompareBenchmarksOutput,

@@ -106,7 +106,17 @@ class CompareTensorsInput(BaseModel):
         list[ToleranceOverrideInput],
         Field(description="Per-key tolerances by glob; the first matching pattern wins over atol/rtol."),
     ] = []
-    equal_nan: Annotated[bool, Field(description="Treat NaN in both at the same position as equal.")] = False
+    allow_nonfinite: Annotated[
+        bool,
+        Field(
+            description="Explicit, recorded opt-in: let matching non-finite values agree (equal infinities; NaN "
+            "at the same position with equal_nan). By default any NaN or Inf on either side fails the tensor."
+        ),
+    ] = False
+    equal_nan: Annotated[
+        bool,
+        Field(description="With allow_nonfinite: treat NaN in both at the same position as equal."),
+    ] = False
     keys: Annotated[
         list[str] | None,
         Field(
@@ -157,7 +167,9 @@ class TensorResult(BaseModel):
     atol: float
     rtol: float
     elements: int | None = Field(description="Element pairs compared; null when shapes differ.")
-    mismatched: int | None = Field(description="Elements outside tolerance, NaN/Inf mismatches included.")
+    mismatched: int | None = Field(
+        description="Elements outside tolerance; every NaN/Inf position counts unless allow_nonfinite."
+    )
     mismatched_fraction: float | None
     max_abs_error: float | None = Field(
         description="Largest |candidate - reference| over elements finite on both sides."
@@ -260,6 +272,11 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
     from perfgate.tensors import CompareOptions, KeyMapping, TensorInputError, ToleranceOverride
     from perfgate.tensors.histogram import error_histogram
 
+    if inp.equal_nan and not inp.allow_nonfinite:
+        raise ToolError(
+            "equal_nan applies only with allow_nonfinite=true: by default any NaN or Inf fails parity. Pass "
+            "allow_nonfinite=true (recorded with the evidence) if matching non-finite values are acceptable"
+        )
     ref_path = rt.resolve_path(inp.reference)
     cand_path = rt.resolve_path(inp.candidate)
     key_map = inp.key_map or KeyMapInput()
@@ -274,6 +291,7 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
             rtol=inp.rtol,
             overrides=tuple(ToleranceOverride(o.pattern, o.atol, o.rtol) for o in inp.overrides),
             equal_nan=inp.equal_nan,
+            allow_nonfinite=inp.allow_nonfinite,
             keys=None if inp.keys is None else tuple(inp.keys),
             integers_exact=inp.integers_exact,
             allow_dtype_change=inp.allow_dtype_change,
@@ -322,6 +340,11 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         InputFile(role=role, path=rt.relative(p), sha256=sha, size_bytes=size)
         for role, p, sha, size in hashed
     ]
+    notes = list(report.notes)
+    if inp.allow_nonfinite:
+        notes.append(
+            "allow_nonfinite: matching non-finite values were accepted as agreement (explicit opt-in)"
+        )
     full = {
         "status": report.status,
         "summary": report.summary,
@@ -329,7 +352,7 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         "missing_keys": report.missing_keys,
         "extra_keys": report.extra_keys,
         "files": [f.model_dump(mode="json") for f in files],
-        "notes": report.notes,
+        "notes": notes,
         "key_mapping": {
             **key_map.model_dump(mode="json"),
             "mapped": [dataclasses.asdict(m) for m in report.mapped_keys],
@@ -353,7 +376,7 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         elements_compared=report.elements_compared,
         bytes_compared=report.bytes_read,
         files=files,
-        notes=report.notes,
+        notes=notes,
     )
     return await rt.commit(ev, out)
 
@@ -425,7 +448,7 @@ SPEC = ToolSpec(
         "float8 included), NPZ/NPY (never unpickled) and sharded checkpoint folders, streaming in bounded "
         "memory. Use it as correctness evidence before keeping an optimization; dump tensors from training "
         "with perfgate.harness.dump_tensors. The evidence passes only on status 'match'. Integers compare "
-        "exactly; NaN never equals NaN unless equal_nan. key_map strips wrapper prefixes such as '_orig_mod.' "
+        "exactly; any NaN or Inf fails unless allow_nonfinite (a recorded opt-in). key_map strips wrapper prefixes such as '_orig_mod.' "
         "and renames keys before pairing (recorded in the evidence), so a compiled model compares with an "
         "eager one."
     ),

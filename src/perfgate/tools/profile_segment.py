@@ -34,9 +34,10 @@ from perfgate.tools._traces import (
     analyze_paths,
     key_plot,
     resolve_traces,
+    trace_brief,
     trace_files,
 )
-from perfgate.traces import RankProfile, RankSkew, TraceError
+from perfgate.traces import Finding, RankProfile, RankSkew, TraceError
 from perfgate.traces.external import (
     ExternalCapture,
     ProfilerName,
@@ -139,6 +140,10 @@ class ProfileSegmentOutput(BaseModel):
     time_basis: Literal["exact", "hta_rounded"]
     ranks: list[RankProfile] = Field(description="One entry per trace file, sorted by rank.")
     rank_skew: RankSkew | None = Field(description="Cross-rank comparison; null for a single rank.")
+    findings: list[Finding] = Field(
+        description="The walls, ranked: figures, events, time at stake per step (an upper bound), the first "
+        "candidate and its guard, confidence."
+    )
     trace_files: list[TraceFile]
     trace_artifacts: list[str] = Field(description="run: the captured traces, kept as evidence artifacts.")
     external_captures: list[ExternalCapture]
@@ -334,6 +339,7 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         time_basis="hta_rounded" if inp.hta_compatible else "exact",
         ranks=report.ranks,
         rank_skew=report.rank_skew,
+        findings=report.findings,
         trace_files=files,
         trace_artifacts=trace_artifacts,
         external_captures=externals,
@@ -376,4 +382,5 @@ SPEC = ToolSpec(
     open_world=True,
     runs_commands=True,
     command=command,
+    brief=lambda out: trace_brief(out.ranks, out.rank_skew, out.findings, [f.path for f in out.trace_files]),
 )

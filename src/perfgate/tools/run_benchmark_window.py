@@ -25,6 +25,7 @@ from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
 from perfgate.report.plots import step_times_png
+from perfgate.tools._health import TrainingHealth, health_model
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
@@ -218,6 +219,11 @@ class RunBenchmarkWindowOutput(BaseModel):
     contract_problems: list[str] = Field(description="Where the run contradicted the declared contract.")
     environment_fingerprint: dict[str, str | None]
     warnings: list[str]
+    health: TrainingHealth | None = Field(
+        default=None,
+        description="Loss health over the measured steps (losses read at window edges only), non-finite "
+        "losses on any rank, updates GradScaler skipped; null when no scalar loss went through backward().",
+    )
     profiled: bool = False
 
 
@@ -354,6 +360,19 @@ def _log_windows(inp: RunBenchmarkWindowInput, stdout: Path) -> list[WindowSumma
     return out
 
 
+def _health(records: list[RankRecord]) -> TrainingHealth | None:
+    from perfgate.benchmarking.importing import health_from_windows
+
+    by_rank: dict[int, list[Any]] = {}
+    for r in records:
+        by_rank.setdefault(r.rank, []).extend(r.windows)
+    h = health_from_windows(list(by_rank.items()))
+    if h is None:
+        return None
+    steps = [s for r in records for w in r.windows for s in (w.first_step, w.last_step)]
+    return health_model(h, None, None, min(steps), max(steps))
+
+
 def _fingerprint(record: RankRecord | None) -> dict[str, str | None]:
     device = record.device if record is not None else None
     return {
@@ -393,6 +412,7 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     windows: list[tuple[int, WindowSummary]] = []
     first_record: RankRecord | None = None
     first_launch: list[RankRecord] = []
+    all_records: list[RankRecord] = []
     world: int | None = None
     exit_code: int | None = None
     failure: str | None = None
@@ -417,6 +437,7 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
                 got = _harness_windows(inp, records, problems)
                 first_record = first_record or records[0]
                 first_launch = first_launch or records
+                all_records.extend(records)
                 world = records[0].world_size
                 warnings.extend(f"rank {r.rank}: {note}" for r in records for note in r.notes)
             windows.extend((launch, w) for w in got)
@@ -454,6 +475,9 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
             ev, "step_times.png", lambda: step_times_png(by_rank, inp.warmup_steps, title), key=True
         )
     out = _output(inp, ev, rt, summary, windows, world, first_record, exit_code, failure, warnings)
+    out.health = _health(all_records) if summary is not None else None
+    if out.health is not None and out.health.verdict == "unhealthy":
+        out.warnings.append("training health: " + "; ".join(out.health.findings[:3]))
     out.contract_problems = contract_problems
     out.step_series_artifact = series_name
     return await rt.commit(

@@ -54,6 +54,7 @@ PHASE_ORDER: tuple[PhaseName, ...] = (
 COLLECTIVE_NAME = re.compile(
     r"^(gloo|nccl|rccl|mccl|hccl|mpi|ucc|xccl):|^c10d::|record_param_comms|ProcessGroup\w*::", re.IGNORECASE
 )
+_SYNC_WRAPPERS = frozenset({"aten::item", "aten::is_nonzero", "aten::equal", "aten::allclose"})
 SHORT_OP_US = 20.0
 """CPU ops shorter than this (inclusive time) count as tiny: dispatch costs rival their work."""
 
@@ -70,7 +71,7 @@ def _phase_of_name(name: str) -> PhaseName | None:
         return "optimizer"
     if is_collective_name(name):
         return "collectives"
-    if name in IMPLICIT_SYNC_OPS:
+    if name in IMPLICIT_SYNC_OPS or name in _SYNC_WRAPPERS:
         return "sync"
     if name.startswith("autograd::engine::evaluate_function") or re.search(r"Backward\d*$", name):
         return "backward"
@@ -157,12 +158,14 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     phases.append(_phase("other", max(total - accounted, 0.0), total, per_step, []))
 
     in_window = (ts >= lo) & (ts < hi)
+    implicit = np.isin(name_ids, np.array(p.table.name_ids(IMPLICIT_SYNC_OPS), np.int64))
     ops = is_cpu_op & in_window
     parent = parent_rows(ts, cpu.f("dur"), cpu.i("tid"))
     top_level = ops & ((parent < 0) | ~is_cpu_op[np.maximum(parent, 0)])
     durations = cpu.f("dur")[top_level]
     short = durations < short_op_us
     return HostBreakdown(
+        sync_span_us_per_step=_sync_span(p, masks["sync"], ts, end) / per_step,
         basis=(
             f"{steps} ProfilerStep(s) of the analysis window"
             if steps
@@ -176,8 +179,24 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         top_level_op_p50_us=float(np.median(durations)) if durations.size else None,
         short_op_threshold_us=short_op_us,
         short_top_level_op_us_per_step=float(durations[short].sum()) / per_step,
-        implicit_syncs_per_step=float(np.sum(masks["sync"] & in_window)) / per_step,
+        implicit_syncs_per_step=float(np.sum(implicit & in_window)) / per_step,
     )
+
+
+def _sync_span(p: Prepared, sync: npt.NDArray[np.bool_], ts: F64, end: F64) -> float:
+    """Sum over steps of the time from the first to the last sync op of the step (a loop of syncs)."""
+    if not sync.any():
+        return 0.0
+    s_ts, s_end = ts[sync], end[sync]
+    inside = p.step_in_window
+    if not (p.step_numbers.size and inside.any()):
+        return float(s_end.max() - s_ts.min())
+    total = 0.0
+    for start, dur in zip(p.step_start[inside].tolist(), p.step_dur[inside].tolist(), strict=True):
+        hit = (s_ts >= start) & (s_ts < start + dur)
+        if hit.any():
+            total += float(s_end[hit].max() - s_ts[hit].min())
+    return total
 
 
 def _phase(ph: PhaseName, time_us: float, total: float, per_step: int, top: Sequence[str]) -> HostPhase:
