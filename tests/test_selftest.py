@@ -298,7 +298,14 @@ def _profile(
         "idle_us": parts * 0.2,
         "compute_us": parts * 0.7,
         "non_compute_us": parts * 0.1,
-        "steps": {"mean_us": 1500.0},
+        "steps": {
+            "mean_us": 1500.0,
+            "steps": [
+                {"duration_us": 1500.0, "in_window": True},
+                {"duration_us": 1900.0, "in_window": True},
+                {"duration_us": 90000.0, "in_window": False},
+            ],
+        },
         "top_ops": [],
     }
     return {"state": "executed", "ranks": [rank] * ranks}

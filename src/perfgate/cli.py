@@ -257,7 +257,7 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
         return 2
     print()
     print(result.report)
-    print(f"ledger record {result.record_id} in {result.workspace} (perfgate ledger show --workspace ...)")
+    print(f"ledger record: perfgate ledger show {result.record_id} --workspace {result.workspace}")
     return result.exit_code
 
 
