@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -27,7 +28,9 @@ MFU_ARGS = {
 
 async def test_stdio_server_lists_tools_and_records_evidence(workspace: Path, mode: str) -> None:
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "perfgate", "serve", "--workspace", str(workspace)]
+        command=sys.executable,
+        args=["-m", "perfgate", "serve", "--workspace", str(workspace)],
+        env=dict(os.environ),  # the test's trust root and this checkout
     )
     async with Client(params, mode=mode) as client:
         names = [t.name for t in (await client.list_tools()).tools]

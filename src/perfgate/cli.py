@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from perfgate.evidence import Ledger
+    from perfgate.trust import TrustRoot
 
 __all__ = ["main"]
 
@@ -30,6 +31,33 @@ def _workspace_arg(parser: argparse.ArgumentParser) -> None:
         default=Path(os.environ.get("PERFGATE_WORKSPACE", ".")),
         help="directory the server serves; evidence lives in WORKSPACE/.perfgate (default: cwd, or $PERFGATE_WORKSPACE)",
     )
+    trust = parser.add_argument_group(
+        "trust root (operator settings; the agent must not be able to write it)"
+    )
+    trust.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="keys, approvals, ledger anchors ($PERFGATE_STATE_DIR, default $XDG_STATE_HOME/perfgate)",
+    )
+    trust.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="operator configuration ($PERFGATE_CONFIG_DIR, default $XDG_CONFIG_HOME/perfgate)",
+    )
+    trust.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="the execution policy file ($PERFGATE_POLICY, default CONFIG_DIR/policy.toml)",
+    )
+
+
+def _trust(args: argparse.Namespace) -> TrustRoot:
+    from perfgate.trust import TrustRoot
+
+    return TrustRoot.locate(state_dir=args.state_dir, config_dir=args.config_dir, policy=args.policy)
 
 
 def _is_loopback(host: str) -> bool:
@@ -55,7 +83,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from perfgate.server import build_server
         from perfgate.tools._runtime import ServerConfig
 
-        config = ServerConfig.create(workspace, read_only=args.read_only, read_roots=args.read_root)
+        config = ServerConfig.create(
+            workspace, read_only=args.read_only, read_roots=args.read_root, trust=_trust(args)
+        )
         server = build_server(config)
     finally:
         gc.freeze()
@@ -78,18 +108,34 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _existing_ledger(workspace: Path) -> Ledger | None:
+def _existing_ledger(args: argparse.Namespace) -> Ledger | None:
     """The workspace's ledger, or None (with a message) when it has none: reading never creates one."""
     from perfgate.evidence import STATE_DIR_NAME, Ledger
 
+    workspace: Path = args.workspace
     if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
         print(f"perfgate: no ledger in {workspace / STATE_DIR_NAME}", file=sys.stderr)
         return None
-    return Ledger(workspace)
+    ledger = Ledger(workspace, _trust(args))
+    if not ledger.verifiable:
+        print(
+            f"perfgate: warning: the signing key in {ledger.trust.key_dir} is not readable here, so no record "
+            "can be verified: everything shown is unverified (run as the operator)",
+            file=sys.stderr,
+        )
+    else:
+        problems = ledger.problems()
+        if problems and args.command != "ledger":
+            print(
+                f"perfgate: warning: {len(problems)} record(s) fail verification and are left out; "
+                "`perfgate ledger verify` says which",
+                file=sys.stderr,
+            )
+    return ledger
 
 
 def _cmd_ledger(args: argparse.Namespace) -> int:
-    ledger = _existing_ledger(args.workspace)
+    ledger = _existing_ledger(args)
     if ledger is None:
         return 2
     if args.ledger_command == "verify":
@@ -98,17 +144,28 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
             print(f"ERROR {err}")
         for warn in report.warnings:
             print(f"warning {warn}")
-        print(f"{'ok' if report.ok else 'FAILED'}: {report.records} records checked")
+        signed = (
+            f", {report.signed_records} signed by key {report.key_id}"
+            if report.key_id
+            else ", none verifiable"
+        )
+        print(f"{'ok' if report.ok else 'FAILED'}: {report.records} records checked{signed}")
         return 0 if report.ok else 1
+    problems = ledger.problems() if ledger.verifiable else {}
     if args.id:
-        record = ledger.get(args.id)
+        record = ledger.get(args.id, trusted_only=False)
         if record is None:
             print(f"perfgate: no evidence {args.id!r}", file=sys.stderr)
             return 2
+        if args.id in problems:
+            print(
+                f"perfgate: warning: {args.id} is not trusted evidence: {problems[args.id]}", file=sys.stderr
+            )
         print(json.dumps(record.model_dump(mode="json"), indent=2, sort_keys=True))
         return 0
-    for record in ledger.records(tool=args.tool, limit=args.limit):
+    for record in ledger.records(tool=args.tool, limit=args.limit, trusted_only=False):
         flag = " profiled" if record.profiled else ""
+        flag += " UNTRUSTED" if record.id in problems else ""
         print(
             f"{record.seq:>5}  {record.id}  {record.tool:<22} {record.state.value:<11} {record.created_at}{flag}"
         )
@@ -135,20 +192,20 @@ def _cmd_schemas(args: argparse.Namespace) -> int:
 def _cmd_approve(args: argparse.Namespace) -> int:
     from perfgate.execution.approve_cli import approve
 
-    return approve(args.workspace, args.id, deny=args.deny)
+    return approve(args.workspace, args.id, deny=args.deny, trust=_trust(args))
 
 
 def _cmd_approvals(args: argparse.Namespace) -> int:
     from perfgate.execution.approve_cli import list_approvals
 
-    return list_approvals(args.workspace, include_closed=args.all, as_json=args.json)
+    return list_approvals(args.workspace, include_closed=args.all, as_json=args.json, trust=_trust(args))
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from perfgate.decisions.experiments import load_experiment
     from perfgate.decisions.export import export_experiment
 
-    ledger = _existing_ledger(args.workspace)
+    ledger = _existing_ledger(args)
     if ledger is None:
         return 2
     exp = load_experiment(ledger, args.experiment)
@@ -163,7 +220,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from perfgate.report.html import write_report
 
-    ledger = _existing_ledger(args.workspace)
+    ledger = _existing_ledger(args)
     if ledger is None:
         return 2
     out: Path = args.out or ledger.state_dir / "report"
