@@ -585,5 +585,4 @@ class Ledger:
             f"the trust root anchored another ledger database here before (id {old.get('ledger_id')}, "
             f"{old.get('seq')} records): it was deleted or replaced, and its evidence is gone"
             for old in cast("list[dict[str, Any]]", anchor.get("replaced") or [])
-            if isinstance(old, dict)
         ]

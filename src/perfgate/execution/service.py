@@ -12,7 +12,7 @@ import atexit
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import anyio.to_thread
 
@@ -30,6 +30,7 @@ from perfgate.execution.executor import (
 )
 from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant
 from perfgate.execution.policy import PolicyError, load_policy, workspace_policy_files
+from perfgate.execution.reaper import RunList, become_subreaper
 from perfgate.execution.request import CommandRequest
 
 __all__ = ["ArtifactSink", "CommandRunner", "ExecutionService", "ReportFn", "UnapprovedCommandError"]
@@ -48,6 +49,36 @@ class ArtifactSink(Protocol):
 
 class UnapprovedCommandError(RuntimeError):
     """A tool tried to run a command its call was not approved for: a bug in the tool, never the agent's."""
+
+
+def record_cleanup(ledger: Ledger, leftovers: list[dict[str, object]]) -> str:
+    """Record that this start stopped what commands of a killed server left running; returns the id."""
+    from perfgate.evidence import EvidenceDraft, EvidenceState
+
+    stopped = sum(len(cast("list[int]", e.get("stopped") or [])) for e in leftovers)
+    _log.warning(
+        "perfgate: a previous server ended without stopping its commands; stopped %d leftover process(es) "
+        "of %d run(s)",
+        stopped,
+        len(leftovers),
+    )
+    evidence_id = Ledger.new_id()
+    ledger.append(
+        EvidenceDraft(
+            id=evidence_id,
+            tool="process_cleanup",
+            state=EvidenceState.EXECUTED,
+            result={
+                "evidence_id": evidence_id,
+                "state": "executed",
+                "runs": leftovers,
+                "processes_stopped": stopped,
+                "note": "commands of a server that was killed (no cleanup ran) were found by their run tag "
+                "and stopped at the next start",
+            },
+        )
+    )
+    return evidence_id
 
 
 class ExecutionService:
@@ -73,7 +104,13 @@ class ExecutionService:
         except PolicyError as exc:
             gate = ApprovalGate(self.workspace, ledger, store, None, str(exc), ignored)
         self.gate = gate
-        self.registry = ProcessRegistry()
+        # Orphans of our commands are re-parented to us, not to init, so they stay findable.
+        self.subreaper = become_subreaper()
+        run_list = RunList(trust.workspace_dir(self.workspace) / "runs.json")
+        self.registry = ProcessRegistry(run_list)
+        self.leftovers = run_list.stop_leftovers()
+        if self.leftovers:
+            record_cleanup(ledger, self.leftovers)
         # Last resort when the interpreter exits without running the lifespan's cleanup.
         atexit.register(self.registry.kill_all)
 

@@ -112,8 +112,14 @@ def command_target(argv: Sequence[str]) -> Target | None:
 
 
 def files_named(argv: Sequence[str], cwd: Path) -> list[Path]:
-    """Existing regular files the command names: its script or module, argv tokens and ``--opt=FILE``
-    values that are paths (relative to ``cwd``), in first-seen order, resolved."""
+    """Code files the command names: its script or module, and argv tokens or ``--opt=FILE`` values that
+    are existing code or config files (relative to ``cwd``), in first-seen order, resolved.
+
+    Other files (data, checkpoints, the dumps and logs a run writes) are not code: binding them would
+    make a run's own outputs invalidate its approval between two launches.
+    """
+    from perfgate.envprobe.provenance import CODE_SUFFIXES
+
     seen: dict[Path, None] = {}
     target = command_target(argv)
     if target is not None and (found := target.file(cwd)) is not None:
@@ -123,6 +129,8 @@ def files_named(argv: Sequence[str], cwd: Path) -> list[Path]:
             if not piece or len(piece) > 4096 or "\x00" in piece:
                 continue
             path = Path(piece) if Path(piece).is_absolute() else cwd / piece
+            if path.suffix not in CODE_SUFFIXES:
+                continue
             try:
                 if path.is_file():
                     seen.setdefault(path.resolve(), None)
