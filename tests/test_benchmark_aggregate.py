@@ -136,3 +136,11 @@ def test_runs_pool_windows_as_total_work_over_total_time() -> None:
     assert run.steps == 20 and run.stats.median_ms == pytest.approx(20)
     with pytest.raises(BenchmarkError):
         summarize_run([])
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_log_parsed_negative_or_non_finite_step_times_are_invalid(bad: float) -> None:
+    from perfgate.benchmarking.aggregate import windows_from_series
+
+    with pytest.raises(BenchmarkError, match="invalid step time"):
+        windows_from_series([10.0, bad, 10.0])

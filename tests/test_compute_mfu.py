@@ -158,3 +158,58 @@ def test_table_figures_match_the_datasheets() -> None:
     assert lookup_peak("H100 PCIe", "bf16")[0] == 756.0
     with pytest.raises(PeakLookupError):
         lookup_peak("H100 PCIe", "fp32")
+
+
+# --------------------------------------------------------------------------- bucket forms and evidence
+
+
+async def test_a_bucket_weighted_by_samples_and_global_batch_counts(workspace: Path) -> None:
+    # seed-000 style mixed config: one bucket by step weight, one by sample count + global batch.
+    # short: 100 steps of 5.996e14 FLOPs in 1 s (60.6% of 989.4 alone); long: 51200 samples at a global
+    # batch of 512 = 100 steps of 7.213e14 FLOPs in 2 s. Together: 1.3209e17 FLOPs / 300 s = 44.5%.
+    out = await _mfu(
+        workspace,
+        buckets=[
+            {"name": "short", "flops_per_step": 5.996e14, "step_time_s": 1.0, "steps": 100},
+            {
+                "name": "long",
+                "flops_per_step": 7.213e14,
+                "step_time_s": 2.0,
+                "samples": 51200,
+                "global_batch": 512,
+            },
+        ],
+        flops_kind="model",
+        device="H100 SXM",
+        precision="bf16",
+    )
+    assert out.utilization == pytest.approx(0.445, abs=5e-4)
+    assert out.buckets[0].utilization == pytest.approx(0.606, abs=5e-4)  # what dropping "long" would report
+    assert [b.steps for b in out.buckets] == [100, 100]
+    assert out.total_time_s == pytest.approx(300.0)
+
+
+@pytest.mark.parametrize(
+    "bucket",
+    [
+        {"name": "b", "flops_per_step": 1e14, "step_time_s": 1.0, "sample_count": 512},  # a misspelt weight
+        {"name": "b", "flops_per_step": 1e14, "step_time_s": 1.0, "samples": 512},  # no global batch
+        {
+            "name": "b",
+            "flops_per_step": 1e14,
+            "step_time_s": 1.0,
+            "steps": 2,
+            "samples": 4,
+            "global_batch": 2,
+        },
+        {"name": "b", "step_time_s": 1.0},  # no FLOPs
+        {"name": "b", "flops_per_step": 1e14, "flops_id": "ev-x", "step_time_s": 1.0},
+    ],
+)
+async def test_unknown_or_ambiguous_bucket_fields_are_refused(
+    workspace: Path, bucket: dict[str, object]
+) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        ComputeMfuInput.model_validate({"buckets": [bucket], "flops_kind": "model", "peak_tflops": 400})

@@ -60,11 +60,19 @@ class Evidence:
         fp: dict[str, Any] | None = None,
         invariants: dict[str, Any] | None = None,
         peak: int = 1000,
+        launches: list[int] | None = None,
     ) -> str:
+        windows = [{"launch": launch, "index": i} for i, launch in enumerate(launches or [0])]
         return self.add(
             "run_benchmark_window",
             "executed",
-            {"median_step_ms": 10.0, "peak_memory_bytes": peak, "environment_fingerprint": fp or FP},
+            {
+                "median_step_ms": 10.0,
+                "peak_memory_bytes": peak,
+                "environment_fingerprint": fp or FP,
+                "windows": windows,
+                "windows_measured": len(windows),
+            },
             {
                 "command": ["python", "train.py"],
                 "contract": {"invariants": invariants or INVARIANTS, "execution": {}},
@@ -86,7 +94,7 @@ class Evidence:
             "compare_benchmarks",
             state,
             {
-                "status": "comparable" if state == "passed" else "incomparable",
+                "status": "incomparable" if state == "failed" else "comparable",
                 "verdict": verdict,
                 "speedup": 1.4,
                 "baseline_windows": len(baseline),
@@ -220,8 +228,12 @@ CHEATS = {
         ),
     ),
     "a single window": (
-        "fewer than 3 windows",
+        "fewer than 3 separate launches",
         lambda ev, links, ids: _swap_comparison(ev, links, ids["base"][:1], ids["cand"][:1]),
+    ),
+    "three windows of one launch": (
+        "fewer than 3 separate launches on candidate (1)",
+        lambda ev, links, ids: _swap_comparison(ev, links, ids["base"], [ev.window(launches=[0, 0, 0])]),
     ),
 }
 
@@ -264,6 +276,27 @@ async def test_cheating_attempts_are_refused_with_the_reason(
     log = (workspace / ".perfgate" / "decisions.md").read_text()
     assert "REVERT" in log
     assert "Refused attempts:** 1" in log
+
+
+async def test_a_within_noise_refusal_says_so_and_asks_for_more_launches(
+    server: Any, workspace: Path
+) -> None:
+    ev = Evidence(workspace)
+    links, ids = _honest(ev)
+    noise = ev.comparison(ids["base"], ids["cand"], verdict="within_noise", state="executed")
+    few = ev.comparison(ids["base"], ids["cand"], verdict="insufficient_launches", state="executed")
+    async with Client(server) as client:
+        exp = await _open(client)
+        for comp, expected in ((noise, "verdict is within_noise"), (few, "verdict is insufficient_launches")):
+            result = await _keep(
+                client, exp, [*_drop(links, "comparison"), {"id": comp, "role": "comparison"}]
+            )
+            shown = await client.call_tool("record_decision", {"action": "show", "experiment_id": exp})
+            assert shown.structured_content is not None
+            gate = next(g for g in shown.structured_content["gates"] if g["name"] == "comparison")
+            assert result.is_error and expected in _text(result)
+            assert gate["reason"].startswith(expected)
+            assert "more separate launches" in gate["satisfy_with"]
 
 
 async def test_an_artifact_edited_on_disk_blocks_the_keep(server: Any, workspace: Path, mode: str) -> None:

@@ -108,7 +108,12 @@ def test_mismatch_counts_and_max_errors_agree_with_torch_assert_close(
     tmp_path: Path, dtype_name: str, nan: bool, equal_nan: bool
 ) -> None:
     ref, cand, atol, rtol = make_case(dtype_name, seed=len(dtype_name) + nan, nan=nan)
-    t = only(compare(tmp_path, {"x": ref}, {"x": cand}, atol=atol, rtol=rtol, equal_nan=equal_nan))
+    # torch's semantics for NaN/Inf hold under the explicit opt-in (by default any non-finite value fails)
+    t = only(
+        compare(
+            tmp_path, {"x": ref}, {"x": cand}, atol=atol, rtol=rtol, equal_nan=equal_nan, allow_nonfinite=True
+        )
+    )
 
     # Same values widened to float64: torch and perfgate then compute identically, bit for bit.
     wide = torch_verdict(cand.double(), ref.double(), atol, rtol, equal_nan)
@@ -166,14 +171,45 @@ def test_the_reference_scales_the_tolerance_not_the_candidate(tmp_path: Path) ->
     assert t.mismatched == torch_verdict(cand, ref, 0.0, 0.99, False)["mismatched"] == 1
 
 
-def test_infinities_match_only_when_equal_and_nan_needs_equal_nan(tmp_path: Path) -> None:
+def test_opted_in_infinities_match_only_when_equal_and_nan_needs_equal_nan(tmp_path: Path) -> None:
     inf, nan = float("inf"), float("nan")
     ref = torch.tensor([inf, inf, -inf, nan, 1.0, nan])
     cand = torch.tensor([inf, -inf, 1e30, nan, inf, 1.0])
     for equal_nan, expected in [(False, 5), (True, 4)]:
-        t = only(compare(tmp_path, {"x": ref}, {"x": cand}, atol=1.0, rtol=1.0, equal_nan=equal_nan))
+        t = only(
+            compare(
+                tmp_path,
+                {"x": ref},
+                {"x": cand},
+                atol=1.0,
+                rtol=1.0,
+                equal_nan=equal_nan,
+                allow_nonfinite=True,
+            )
+        )
         assert t.mismatched == expected == torch_verdict(cand, ref, 1.0, 1.0, equal_nan)["mismatched"]
         assert (t.nonfinite_reference, t.nonfinite_candidate) == (5, 4)
+
+
+def test_non_finite_values_fail_by_default_counted_per_tensor(tmp_path: Path) -> None:
+    inf, nan = float("inf"), float("nan")
+    ref = {"a": torch.tensor([1.0, inf]), "b": torch.tensor([nan, 2.0, 3.0]), "c": torch.tensor([1.0, 2.0])}
+    report = compare(
+        tmp_path, ref, {k: v.clone() for k, v in ref.items()}, atol=0.0, rtol=0.0, equal_nan=True
+    )
+    by_key = {t.key: t for t in report.tensors}
+    assert report.status == "mismatch"
+    assert (by_key["a"].status, by_key["a"].mismatched, by_key["a"].nonfinite_reference) == (
+        "value_mismatch",
+        1,
+        1,
+    )
+    assert (by_key["b"].status, by_key["b"].mismatched, by_key["b"].nonfinite_candidate) == (
+        "value_mismatch",
+        1,
+        1,
+    )
+    assert by_key["c"].status == "match"
 
 
 def test_integers_compare_exactly_unless_told_otherwise(tmp_path: Path) -> None:

@@ -244,3 +244,27 @@ async def test_cancelling_the_call_stops_the_comparison_and_records_nothing(
     assert await anyio.to_thread.run_sync(finished.wait, 30), "the abandoned comparison thread never returned"
     assert len(outcome) == 1 and isinstance(outcome[0], ComparisonCancelled)
     assert ledger.records() == []
+
+
+async def test_matching_infinities_fail_unless_explicitly_allowed(
+    tensor_server: Any, workspace: Path
+) -> None:
+    # The example: [1, inf] vs [1, inf] passed although non-finite values must fail.
+    values = {"loss": np.array([1.0, np.inf], dtype=np.float32)}
+    dump_tensors(workspace / "a.safetensors", values)
+    dump_tensors(workspace / "b.safetensors", {k: v.copy() for k, v in values.items()})
+    args = {"reference": "a.safetensors", "candidate": "b.safetensors", "atol": 0.0, "rtol": 0.0}
+    async with Client(tensor_server) as client:
+        strict = await client.call_tool("compare_tensors", args)
+        refused = await client.call_tool("compare_tensors", {**args, "equal_nan": True})
+        allowed = await client.call_tool("compare_tensors", {**args, "allow_nonfinite": True})
+    out = strict.structured_content
+    assert out is not None and (out["status"], out["state"]) == ("mismatch", "failed")
+    (tensor,) = out["tensors"]
+    assert (tensor["mismatched"], tensor["nonfinite_reference"], tensor["nonfinite_candidate"]) == (1, 1, 1)
+    assert "allow_nonfinite" in error_text(refused)
+    opted = allowed.structured_content
+    assert opted is not None and opted["status"] == "match"
+    assert any("allow_nonfinite" in note for note in opted["notes"])
+    record = Ledger(workspace).get(opted["evidence_id"])
+    assert record is not None and record.inputs["allow_nonfinite"] is True

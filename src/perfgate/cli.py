@@ -255,6 +255,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if result.accepted else 1
 
 
+def _cmd_selftest(args: argparse.Namespace) -> int:
+    from perfgate.selftest import SelftestError, run_selftest
+
+    try:
+        result = run_selftest(args.device, quick=args.quick, workspace=args.workspace)
+    except SelftestError as exc:
+        print(f"perfgate selftest: {exc}", file=sys.stderr)
+        return 2
+    print()
+    print(result.report)
+    print(f"ledger record {result.record_id} in {result.workspace} (perfgate ledger show --workspace ...)")
+    return result.exit_code
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from perfgate import __version__
 
@@ -332,6 +346,22 @@ def _build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the whole loop on a bundled tiny CPU training job (needs torch)")
     demo.add_argument("--workspace", type=Path, default=None, help="where to run (default: a new temp dir)")
     demo.set_defaults(handler=_cmd_demo)
+
+    selftest = sub.add_parser(
+        "selftest",
+        help="check that perfgate measures this machine's accelerator correctly (real tools, real device)",
+    )
+    selftest.add_argument(
+        "--device",
+        choices=["auto", "cuda", "rocm", "musa", "cpu"],
+        default="auto",
+        help="device to test (default: the first accelerator this interpreter's torch sees, else cpu)",
+    )
+    selftest.add_argument("--quick", action="store_true", help="smaller workloads (under a minute on CPU)")
+    selftest.add_argument(
+        "--workspace", type=Path, default=None, help="where to run (default: a new temp dir)"
+    )
+    selftest.set_defaults(handler=_cmd_selftest)
 
     skill = sub.add_parser("skill", help="the bundled agent skill (SKILL.md and references)")
     skill_sub = skill.add_subparsers(dest="skill_command", required=True)

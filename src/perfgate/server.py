@@ -11,7 +11,7 @@ from mcp.types import ToolAnnotations
 
 from perfgate import __version__
 from perfgate.tools import registered_specs
-from perfgate.tools._adapter import AppState, make_tool_function
+from perfgate.tools._adapter import AppState, PerfgateTool, make_tool_function
 from perfgate.tools._runtime import ServerConfig
 
 __all__ = ["INSTRUCTIONS", "build_server"]
@@ -42,15 +42,8 @@ def build_server(config: ServerConfig) -> MCPServer[AppState]:
         finally:
             await state.aclose()  # stop any command still running: no orphan outlives the server
 
-    server: MCPServer[AppState] = MCPServer(
-        "perfgate",
-        title="perfgate",
-        version=__version__,
-        instructions=INSTRUCTIONS,
-        lifespan=lifespan,
-    )
-    for spec in registered_specs(config.read_only):
-        server.add_tool(
+    tools = [
+        PerfgateTool.for_function(
             make_tool_function(spec, _state),
             name=spec.name,
             title=spec.title,
@@ -63,6 +56,16 @@ def build_server(config: ServerConfig) -> MCPServer[AppState]:
             ),
             structured_output=True,
         )
+        for spec in registered_specs(config.read_only)
+    ]
+    server: MCPServer[AppState] = MCPServer(
+        "perfgate",
+        title="perfgate",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        lifespan=lifespan,
+        tools=list(tools),
+    )
     _add_skill(server)
     return server
 

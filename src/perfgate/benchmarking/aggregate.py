@@ -5,13 +5,15 @@ tokens, optimizer steps) over those steps is divided by the longest rank's elaps
 overlapping ranks are never summed as time.
 
 The slowest rank is the one with the most *busy* time: elapsed time minus the estimated wait for other
-ranks. Under data-parallel training ranks run in lockstep, so their elapsed times agree and only the
-wait tells the straggler apart; the wait is estimated per step as the rank's host time inside
-``backward()`` (which holds the gradient all-reduce) above the fastest rank's backward in that step.
+ranks (one definition for every tool: `perfgate.benchmarking.stragglers`). Under data-parallel training
+ranks run in lockstep, so their elapsed times agree and only the wait tells the straggler apart; the
+wait is estimated per step as the rank's host time inside ``backward()`` (which holds the gradient
+all-reduce) above the fastest rank's backward in that step.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ import numpy as np
 from perfgate.benchmarking.errors import BenchmarkError
 from perfgate.benchmarking.records import RankRecord, WindowRecord
 from perfgate.benchmarking.stats import StepStats, step_stats
+from perfgate.benchmarking.stragglers import excess_wait, slowest_rank
 
 __all__ = [
     "RankWindow",
@@ -150,7 +153,7 @@ def summarize_window(
     n = last - first + 1
     backward = np.array([r.steps.backward_ns[span] for r in records], dtype=np.float64) / 1e6
     # Excess backward over the fastest rank, per step: the estimated wait for slower ranks.
-    wait = backward - backward.min(axis=0) if len(records) > 1 else np.zeros_like(backward)
+    excess = excess_wait(backward.tolist())
 
     ranks: list[RankWindow] = []
     for i, (r, w) in enumerate(zip(records, wins, strict=True)):
@@ -159,7 +162,7 @@ def summarize_window(
         use_device = device_ms is not None and len(device_ms) == n
         series = list(device_ms) if use_device and device_ms is not None else host_ms
         elapsed_ms = w.elapsed_ns / 1e6
-        collective = float(wait[i].sum())
+        collective = float(excess[i])
         ranks.append(
             RankWindow(
                 rank=r.rank,
@@ -179,7 +182,8 @@ def summarize_window(
                 host_peak_rss_bytes=w.host_peak_rss_bytes,
             )
         )
-    slowest = max(ranks, key=lambda x: x.busy_ms)
+    slowest_id = slowest_rank([x.rank for x in ranks], [x.busy_ms for x in ranks])
+    slowest = next(x for x in ranks if x.rank == slowest_id)
     fastest_busy = min(x.busy_ms for x in ranks)
     longest_i = max(range(len(ranks)), key=lambda i: ranks[i].elapsed_ms)
     longest = records[longest_i]
@@ -222,6 +226,12 @@ def windows_from_series(
     """A single-rank window from step times alone (log-parsed timing); elapsed is their sum."""
     if not step_ms:
         raise BenchmarkError("no step times in the window")
+    bad = [v for v in step_ms if not math.isfinite(v) or v < 0]
+    if bad:
+        raise BenchmarkError(
+            f"invalid step time {bad[0]!r} ms in the log: step times must be finite and non-negative; fix the "
+            "log pattern or the script's timing"
+        )
     n = len(step_ms)
     elapsed_ms = float(sum(step_ms))
     stats = step_stats(step_ms)

@@ -1,14 +1,24 @@
-"""A/B comparison of benchmark windows: pooled throughput ratio, bootstrap interval, verdict.
+"""A/B comparison of benchmark windows: pooled throughput ratio, launch-aware interval, verdict.
 
-Each side is a list of windows (repeats). Throughput pools windows as total work / total time, never
-as a mean of ratios. The 95% interval comes from a two-level bootstrap with a fixed seed: windows are
-resampled (launch-to-launch variation), then steps within each chosen window (within-run variation).
-With fewer than 3 windows a side, the first level has little to resample and the interval is
-optimistic: the comparison warns.
+Each side is a list of windows, each tagged with the launch (process) it was measured in. Throughput
+pools windows as total work / total time, never as a mean of ratios.
+
+The unit of independent evidence is a *launch*: windows of one process share its compilation, memory
+layout, clocks and neighbours, so they vary together. The 95% interval is the union of two intervals
+around the pooled speedup:
+
+- a Welch interval on the log of each launch's throughput (Student t, Welch-Satterthwaite degrees of
+  freedom), which is what keeps a handful of launches honest: few launches give a wide interval;
+- a two-level bootstrap with a fixed seed: launches are resampled, then steps within each chosen launch.
+
+No improved/regressed verdict is given with fewer than two launches on a side (launch-to-launch variation
+is then unknown), and the interval always contains the speedup.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -20,7 +30,9 @@ from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT, Verdict, decide
 
 __all__ = [
     "DEFAULT_MIN_EFFECT",
+    "MIN_LAUNCHES_FOR_VERDICT",
     "MIN_WINDOWS",
+    "STALL_DISAGREEMENT",
     "Comparison",
     "Unit",
     "Verdict",
@@ -29,22 +41,54 @@ __all__ = [
     "choose_unit",
     "compare_windows",
     "decide",
+    "launch_count",
+    "launch_interval",
     "pooled_throughput",
 ]
 
 Unit = Literal["samples", "tokens", "steps"]
 MIN_WINDOWS = 3
+"""Launches per side a decision should rest on (the keep gate asks for them)."""
+MIN_LAUNCHES_FOR_VERDICT = 2
+"""Below this many launches on a side, the comparison gives no improved/regressed verdict."""
+STALL_DISAGREEMENT = 0.10
+"""Relative gap between the pooled and the median-step speedup above which the comparison warns."""
 _UNITS: tuple[Unit, ...] = ("samples", "tokens", "steps")
 _CHUNK_ELEMENTS = 4_000_000  # bounds the bootstrap's index arrays (~32 MB of int64)
+# Two-sided 95% Student t quantiles (0.975) by degrees of freedom; interpolated in 1/df.
+_T975 = (
+    (1.0, 12.706),
+    (2.0, 4.303),
+    (3.0, 3.182),
+    (4.0, 2.776),
+    (5.0, 2.571),
+    (6.0, 2.447),
+    (7.0, 2.365),
+    (8.0, 2.306),
+    (9.0, 2.262),
+    (10.0, 2.228),
+    (12.0, 2.179),
+    (15.0, 2.131),
+    (20.0, 2.086),
+    (30.0, 2.042),
+    (60.0, 2.000),
+    (120.0, 1.980),
+    (math.inf, 1.960),
+)
 
 
 @dataclass(frozen=True)
 class WindowSample:
-    """One window as the comparison sees it: host seconds per step and global work per step."""
+    """One window as the comparison sees it: host seconds per step, global work per step, its launch.
+
+    ``launch`` names the process the window was measured in (windows of one launch are one unit of
+    evidence); ``None`` makes the window its own launch.
+    """
 
     step_s: Sequence[float]
     samples_per_step: Sequence[float] | None = None
     tokens_per_step: Sequence[float] | None = None
+    launch: str | None = None
 
     def work(self, unit: Unit) -> np.ndarray:
         column = {"samples": self.samples_per_step, "tokens": self.tokens_per_step}.get(unit)
@@ -58,6 +102,26 @@ class WindowSample:
             return True
         column = self.samples_per_step if unit == "samples" else self.tokens_per_step
         return column is not None and len(column) == len(self.step_s)
+
+
+def _check_finite(side: str, windows: Sequence[WindowSample]) -> None:
+    """Durations and work must be finite and non-negative: anything else is corrupt input."""
+    for i, w in enumerate(windows):
+        for name, column in (
+            ("step duration", w.step_s),
+            ("samples per step", w.samples_per_step),
+            ("tokens per step", w.tokens_per_step),
+        ):
+            if column is None or len(column) == 0:
+                continue
+            values = np.asarray(column, dtype=np.float64)
+            bad = ~np.isfinite(values) | (values < 0)
+            if bad.any():
+                at = int(np.argmax(bad))
+                raise BenchmarkError(
+                    f"{side} window {i} has an invalid {name} {float(values[at])!r} at step {at}: durations "
+                    "and work must be finite and non-negative; re-measure or fix the log pattern"
+                )
 
 
 def choose_unit(baseline: Sequence[WindowSample], candidate: Sequence[WindowSample]) -> Unit:
@@ -78,19 +142,40 @@ def pooled_throughput(windows: Sequence[WindowSample], unit: Unit) -> float:
     return sum(float(w.work(unit).sum()) for w in windows) / seconds
 
 
+def _launches(windows: Sequence[WindowSample], unit: Unit) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(step seconds, work per step) per launch, the launch's windows concatenated, in first-seen order."""
+    groups: dict[str, list[WindowSample]] = {}
+    for i, w in enumerate(windows):
+        groups.setdefault(w.launch if w.launch is not None else f"\0window{i}", []).append(w)
+    return [
+        (
+            np.concatenate([np.asarray(w.step_s, dtype=np.float64) for w in ws]),
+            np.concatenate([w.work(unit) for w in ws]),
+        )
+        for ws in groups.values()
+    ]
+
+
+def launch_count(windows: Sequence[WindowSample]) -> int:
+    """Distinct launches among ``windows`` (a window without a launch counts as its own)."""
+    named = {w.launch for w in windows if w.launch is not None}
+    return len(named) + sum(1 for w in windows if w.launch is None)
+
+
 def _side_draws(
-    windows: Sequence[WindowSample], unit: Unit, resamples: int, rng: np.random.Generator
+    launches: list[tuple[np.ndarray, np.ndarray]], resamples: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """Bootstrap replicates of one side's pooled throughput, shape ``(resamples,)``."""
-    n_win = len(windows)
-    chosen = rng.integers(0, n_win, size=(resamples, n_win))
+    """Bootstrap replicates of one side's pooled throughput, shape ``(resamples,)``.
+
+    Launches are drawn with replacement, then steps within each drawn launch.
+    """
+    n = len(launches)
+    chosen = rng.integers(0, n, size=(resamples, n))
     time_tot = np.zeros(resamples)
     work_tot = np.zeros(resamples)
-    for w_idx, window in enumerate(windows):
-        step_s = np.asarray(window.step_s, dtype=np.float64)
-        work = window.work(unit)
+    for l_idx, (step_s, work) in enumerate(launches):
         m = step_s.size
-        rows, _cols = np.nonzero(chosen == w_idx)
+        rows, _cols = np.nonzero(chosen == l_idx)
         per_chunk = max(1, _CHUNK_ELEMENTS // max(m, 1))
         for start in range(0, rows.size, per_chunk):
             r = rows[start : start + per_chunk]
@@ -109,12 +194,62 @@ def bootstrap_interval(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile interval of candidate/baseline pooled throughput (deterministic for a seed)."""
+    """Percentile interval of candidate/baseline pooled throughput, resampling launches then steps."""
     rng = np.random.default_rng(seed)
-    ratio = _side_draws(candidate, unit, resamples, rng) / _side_draws(baseline, unit, resamples, rng)
+    cand = _side_draws(_launches(candidate, unit), resamples, rng)
+    base = _side_draws(_launches(baseline, unit), resamples, rng)
+    ratio = cand / base
     tail = (1.0 - confidence) / 2.0 * 100.0
     low, high = np.percentile(ratio, [tail, 100.0 - tail])
     return float(low), float(high)
+
+
+def _t975(df: float) -> float:
+    if df <= 1.0:
+        return _T975[0][1]
+    for (d0, t0), (d1, t1) in itertools.pairwise(_T975):
+        if df <= d1:
+            x0, x1 = 1.0 / d0, (0.0 if math.isinf(d1) else 1.0 / d1)
+            return t0 + (t1 - t0) * (x0 - 1.0 / df) / (x0 - x1)
+    return _T975[-1][1]
+
+
+def launch_interval(
+    baseline: Sequence[WindowSample], candidate: Sequence[WindowSample], unit: Unit, speedup: float
+) -> tuple[float, float] | None:
+    """Welch 95% interval of the speedup from per-launch log throughputs, centred on ``speedup``.
+
+    ``None`` with fewer than two launches on a side (no launch-to-launch variance to estimate).
+    """
+    sides: list[np.ndarray] = []
+    for windows in (baseline, candidate):
+        rates = [float(work.sum() / step_s.sum()) for step_s, work in _launches(windows, unit)]
+        if len(rates) < MIN_LAUNCHES_FOR_VERDICT or min(rates) <= 0:
+            return None
+        sides.append(np.log(np.asarray(rates)))
+    terms = [float(np.var(s, ddof=1)) / s.size for s in sides]
+    se = math.sqrt(sum(terms))
+    if se == 0.0:
+        return speedup, speedup
+    df = se**4 / sum(t * t / (s.size - 1) for t, s in zip(terms, sides, strict=True) if t > 0)
+    half = _t975(df) * se
+    centre = math.log(speedup)
+    return math.exp(centre - half), math.exp(centre + half)
+
+
+def _median_step_speedup(
+    baseline: Sequence[WindowSample], candidate: Sequence[WindowSample], unit: Unit
+) -> float | None:
+    """Candidate / baseline throughput from each side's median step (stalls ignored)."""
+    rates: list[float] = []
+    for windows in (baseline, candidate):
+        step = np.concatenate([np.asarray(w.step_s, dtype=np.float64) for w in windows])
+        work = np.concatenate([w.work(unit) for w in windows])
+        median = float(np.median(step))
+        if median <= 0:
+            return None
+        rates.append(float(np.mean(work)) / median)
+    return rates[1] / rates[0]
 
 
 @dataclass(frozen=True)
@@ -128,6 +263,9 @@ class Comparison:
     verdict: Verdict
     baseline_windows: int
     candidate_windows: int
+    baseline_launches: int
+    candidate_launches: int
+    median_step_speedup: float | None
     warnings: list[str]
 
 
@@ -139,33 +277,58 @@ def compare_windows(
     resamples: int = 2000,
     seed: int = 0,
 ) -> Comparison:
-    """Speedup of ``candidate`` over ``baseline`` with a bootstrap interval and a verdict.
+    """Speedup of ``candidate`` over ``baseline`` with a launch-aware interval and a verdict.
 
     Raises:
-        BenchmarkError: a side has no windows, or a window has no steps.
+        BenchmarkError: a side has no windows, a window has no steps, or a duration or work figure is
+            negative or not finite.
     """
     for side, windows in (("baseline", baseline), ("candidate", candidate)):
         if not windows:
             raise BenchmarkError(f"the {side} side has no windows")
         if any(len(w.step_s) == 0 for w in windows):
             raise BenchmarkError(f"a {side} window has no steps")
+        _check_finite(side, windows)
     unit = choose_unit(baseline, candidate)
     base = pooled_throughput(baseline, unit)
     cand = pooled_throughput(candidate, unit)
+    if base <= 0 or cand <= 0:
+        raise BenchmarkError("a side did no work in its windows (zero samples/tokens): nothing to compare")
     speedup = cand / base
     low, high = bootstrap_interval(baseline, candidate, unit, resamples=resamples, seed=seed)
+    welch = launch_interval(baseline, candidate, unit, speedup)
+    if welch is not None:
+        low, high = min(low, welch[0]), max(high, welch[1])
+    low, high = min(low, speedup), max(high, speedup)
+    launches = {"baseline": launch_count(baseline), "candidate": launch_count(candidate)}
     warnings: list[str] = []
-    for side, windows in (("baseline", baseline), ("candidate", candidate)):
-        if len(windows) < MIN_WINDOWS:
+    for side, n in launches.items():
+        if n < MIN_LAUNCHES_FOR_VERDICT:
             warnings.append(
-                f"{side} has {len(windows)} window(s); with fewer than {MIN_WINDOWS} the interval cannot "
-                "reflect run-to-run variation: measure more repeats before deciding"
+                f"{side} has {n} launch(es): launch-to-launch variation is unknown, so no improved/regressed "
+                f"verdict is given; measure at least {MIN_WINDOWS} separate launches (repeats without "
+                "same_process)"
             )
+        elif n < MIN_WINDOWS:
+            warnings.append(
+                f"{side} has {n} launches; with fewer than {MIN_WINDOWS} the interval is wide and a keep needs "
+                "a stated reason: measure more launches before deciding"
+            )
+    median_speedup = _median_step_speedup(baseline, candidate, unit)
+    if median_speedup is not None and abs(math.log(speedup / median_speedup)) > math.log1p(
+        STALL_DISAGREEMENT
+    ):
+        warnings.append(
+            f"the pooled speedup {speedup:.3f}x and the median-step speedup {median_speedup:.3f}x disagree: a "
+            "few long steps (stalls: data loading, checkpoints, garbage collection, recompilation) dominate "
+            "one side's total time; pooled throughput counts them, the median step ignores them"
+        )
     if unit == "steps":
         warnings.append(
             "no samples or tokens were recorded on every window: throughput is optimizer steps per second, "
             "valid only because the contract keeps the global batch fixed"
         )
+    enough = min(launches.values()) >= MIN_LAUNCHES_FOR_VERDICT
     return Comparison(
         unit=unit,
         baseline_throughput=base,
@@ -173,8 +336,11 @@ def compare_windows(
         speedup=speedup,
         ci_low=low,
         ci_high=high,
-        verdict=decide(speedup, low, high, min_effect),
+        verdict=decide(speedup, low, high, min_effect) if enough else "insufficient_launches",
         baseline_windows=len(baseline),
         candidate_windows=len(candidate),
+        baseline_launches=launches["baseline"],
+        candidate_launches=launches["candidate"],
+        median_step_speedup=median_speedup,
         warnings=warnings,
     )

@@ -3,49 +3,63 @@
 The pattern is a regular expression with named groups ``step`` (an integer step index) and
 ``step_time_ms``. A line may report one step or the mean over the steps since the previous matched
 line (``log every N``): each match stands for ``step - previous_step`` steps of its reported time.
+The pattern comes from the agent, so it runs on RE2 (`perfgate.benchmarking.userregex`): linear time,
+and parsing checks for cancellation every few thousand lines so a huge log never pins the server.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from perfgate.benchmarking.errors import BenchmarkError
+from perfgate.benchmarking.userregex import LinearPattern, UserRegexError, compile_user_regex
 
 __all__ = ["LogWindow", "compile_pattern", "log_window", "parse_step_log"]
 
 
-def compile_pattern(pattern: str) -> re.Pattern[str]:
-    """Compile ``pattern``, requiring the ``step`` and ``step_time_ms`` named groups.
+_EXAMPLE = r"'step (?P<step>\d+) .*step_time_ms (?P<step_time_ms>[0-9.]+)'"
+_CHECK_EVERY_LINES = 4096
+MAX_STEP_DIGITS = 18
+"""A step index longer than this is not a step (and would not fit the ledger's integers): skipped."""
+
+
+def compile_pattern(pattern: str) -> LinearPattern:
+    """Compile ``pattern`` for linear-time search, requiring the ``step`` and ``step_time_ms`` groups.
 
     Raises:
-        BenchmarkError: invalid regex or missing groups.
+        BenchmarkError: invalid or unsupported regex (RE2 syntax), or missing groups.
     """
     try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        raise BenchmarkError(f"log_pattern is not a valid regular expression: {exc}") from exc
-    missing = {"step", "step_time_ms"} - set(compiled.groupindex)
-    if missing:
-        raise BenchmarkError(
-            f"log_pattern lacks the named group(s) {sorted(missing)}; e.g. "
-            r"'step (?P<step>\d+) .*step_time_ms (?P<step_time_ms>[0-9.]+)'"
-        )
-    return compiled
+        return compile_user_regex(pattern, field="log_pattern", required_groups=("step", "step_time_ms"))
+    except UserRegexError as exc:
+        raise BenchmarkError(f"{exc}; e.g. {_EXAMPLE}") from exc
 
 
-def parse_step_log(lines: Iterable[str], pattern: re.Pattern[str]) -> list[tuple[int, float]]:
-    """``(step, step_time_ms)`` for every matching line, in log order; unparsable numbers are skipped."""
+def parse_step_log(
+    lines: Iterable[str], pattern: LinearPattern, check: Callable[[], None] | None = None
+) -> list[tuple[int, float]]:
+    """``(step, step_time_ms)`` for every matching line, in log order.
+
+    Lines whose numbers do not parse (or whose time is not a finite non-negative number) are skipped.
+    ``check`` is called every few thousand lines; it raises to stop (e.g. `anyio.from_thread.check_cancelled`).
+    """
     out: list[tuple[int, float]] = []
-    for line in lines:
-        m = pattern.search(line)
-        if m is None:
+    for n, line in enumerate(lines):
+        if check is not None and n % _CHECK_EVERY_LINES == 0:
+            check()
+        groups = pattern.search(line)
+        if groups is None:
+            continue
+        step_text, ms_text = groups.get("step") or "", groups.get("step_time_ms") or ""
+        if len(step_text.strip().lstrip("+-")) > MAX_STEP_DIGITS:
             continue
         try:
-            out.append((int(m.group("step")), float(m.group("step_time_ms"))))
+            step, ms = int(step_text), float(ms_text)
         except ValueError:
             continue
+        if ms >= 0 and ms != float("inf"):  # also drops NaN
+            out.append((step, ms))
     return out
 
 

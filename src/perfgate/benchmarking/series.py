@@ -44,6 +44,7 @@ def series_document(windows: Sequence[tuple[int, WindowSummary]]) -> dict[str, A
 
 class _Window(msgspec.Struct):
     host_step_s: list[float]
+    launch: int = 0
     samples_per_step: list[float] | None = None
     tokens_per_step: list[float] | None = None
 
@@ -54,8 +55,8 @@ class _Series(msgspec.Struct):
     windows: list[_Window]
 
 
-def samples_from_series(data: bytes, source: str) -> list[WindowSample]:
-    """Windows of a series artifact as comparison samples.
+def samples_from_series(data: bytes, source: str, launch_prefix: str = "") -> list[WindowSample]:
+    """Windows of a series artifact as comparison samples, tagged ``<launch_prefix><launch index>``.
 
     Raises:
         BenchmarkError: the artifact is not a step series of a known version.
@@ -68,4 +69,7 @@ def samples_from_series(data: bytes, source: str) -> list[WindowSample]:
         raise BenchmarkError(
             f"{source} has schema {doc.schema!r} v{doc.version}, expected {SERIES_SCHEMA!r} v1"
         )
-    return [WindowSample(w.host_step_s, w.samples_per_step, w.tokens_per_step) for w in doc.windows]
+    return [
+        WindowSample(w.host_step_s, w.samples_per_step, w.tokens_per_step, f"{launch_prefix}{w.launch}")
+        for w in doc.windows
+    ]

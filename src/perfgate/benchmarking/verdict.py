@@ -6,7 +6,8 @@ from typing import Literal
 
 __all__ = ["DEFAULT_MIN_EFFECT", "Verdict", "decide"]
 
-Verdict = Literal["improved", "regressed", "within_noise"]
+Verdict = Literal["improved", "regressed", "within_noise", "insufficient_launches"]
+"""``insufficient_launches``: fewer than two launches on a side, so no verdict (set by the comparison)."""
 DEFAULT_MIN_EFFECT = 0.01
 """Smallest relative change reported as a change, even when the interval excludes 1."""
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from perfgate.decisions.experiments import Experiment
 from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
-from perfgate.evidence.access import as_dict, str_list
+from perfgate.evidence.access import as_dict, as_list, str_list
 
 __all__ = ["MIN_WINDOWS", "Gate", "GateStatus", "evaluate_keep", "summarize", "window_fingerprint"]
 
@@ -85,6 +85,13 @@ def window_fingerprint(
     return None
 
 
+def _declared_contract(record: EvidenceRecord) -> Any:
+    """A window's contract: imported evidence keeps the one it was read with in its result."""
+    if record.tool == "import_benchmark":
+        return record.result.get("contract")
+    return record.inputs.get("contract")
+
+
 def _window_gates(
     exp: Experiment, comparison: EvidenceRecord, ev: _Evidence, fewer_reason: str | None
 ) -> list[Gate]:
@@ -97,7 +104,7 @@ def _window_gates(
             record = ev.get(wid)
             if record is None:
                 problems.append(f"{side} window {wid} is not in the ledger")
-            elif record.tool != "run_benchmark_window":
+            elif record.tool not in ("run_benchmark_window", "import_benchmark"):
                 problems.append(f"{side} evidence {wid} is a {record.tool} record, not a benchmark window")
             elif record.profiled:
                 problems.append(
@@ -118,22 +125,28 @@ def _window_gates(
         )
     ]
 
-    # one run_benchmark_window call may hold several windows (repeats): count windows, not ids
-    counts = {
-        "baseline": _window_count(comparison.result.get("baseline_windows"), baseline, ev),
-        "candidate": _window_count(comparison.result.get("candidate_windows"), candidate, ev),
-    }
+    # independent evidence is a launch: windows of one process (same_process repeats) count once
+    counts = {"baseline": _launch_count(baseline, ev), "candidate": _launch_count(candidate, ev)}
     few = [f"{side} ({n})" for side, n in counts.items() if n < MIN_WINDOWS]
+    more = (
+        f"run_benchmark_window(..., repeats={MIN_WINDOWS}) (separate launches, not same_process) for the "
+        "short side, then compare_benchmarks(...) with all its windows"
+    )
     if not few:
         gates.append(
-            _gate("window_count", True, f"at least {MIN_WINDOWS} windows per side", baseline + candidate)
+            _gate(
+                "window_count",
+                True,
+                f"at least {MIN_WINDOWS} separate launches per side",
+                baseline + candidate,
+            )
         )
     elif fewer_reason:
         gates.append(
             _gate(
                 "window_count",
                 True,
-                f"fewer than {MIN_WINDOWS} windows on {', '.join(few)}: stated reason: {fewer_reason}",
+                f"fewer than {MIN_WINDOWS} launches on {', '.join(few)}: stated reason: {fewer_reason}",
             )
         )
     else:
@@ -141,13 +154,14 @@ def _window_gates(
             _gate(
                 "window_count",
                 False,
-                f"fewer than {MIN_WINDOWS} windows on {', '.join(few)} and no reason stated",
+                f"fewer than {MIN_WINDOWS} separate launches on {', '.join(few)} and no reason stated "
+                "(windows of one launch count once)",
                 baseline + candidate,
-                f"more windows (repeats>={MIN_WINDOWS}) and a new compare_benchmarks, or decide with fewer_windows_reason",
+                more + ", or decide with fewer_windows_reason",
             )
         )
 
-    invariants = {canonical_json(as_dict(w.inputs.get("contract")).get("invariants")) for w in windows}
+    invariants = {canonical_json(as_dict(_declared_contract(w)).get("invariants")) for w in windows}
     gates.append(
         _gate(
             "invariants_match",
@@ -216,14 +230,14 @@ def _window_gates(
     return gates
 
 
-def _window_count(reported: Any, ids: list[str], ev: _Evidence) -> int:
-    if isinstance(reported, int):
-        return reported
+def _launch_count(ids: list[str], ev: _Evidence) -> int:
+    """Separate launches behind window records: each record's distinct ``windows[].launch`` values."""
     total = 0
-    for wid in ids:
+    for wid in set(ids):
         record = ev.get(wid)
-        measured = record.result.get("windows_measured") if record else None
-        total += measured if isinstance(measured, int) else 1
+        windows = [as_dict(w) for w in as_list(record.result.get("windows"))] if record else []
+        launches = {w.get("launch") for w in windows}
+        total += max(1, len(launches))
     return total
 
 
@@ -253,29 +267,60 @@ def _comparison_gates(exp: Experiment, ev: _Evidence, fewer_reason: str | None) 
     latest = comparisons[-1]
     verdict = latest.result.get("verdict")
     status = latest.result.get("status")
-    if latest.state.value != "passed":
+    speedup, low, high = (latest.result.get(k) for k in ("speedup", "ci_low", "ci_high"))
+    figure = f"{speedup:.3f}x" if isinstance(speedup, float) else str(speedup)
+    if isinstance(low, float) and isinstance(high, float):
+        figure += f" (95% interval {low:.3f}-{high:.3f})"
+    more = (
+        "more separate launches per side (run_benchmark_window repeats>=3, not same_process), then a new "
+        "compare_benchmarks(...) over all of them and "
+        + _attach(exp, "comparison")
+        + "; or decide 'revert'/'inconclusive'"
+    )
+    if status == "incomparable" or latest.state.value == "failed":
         reasons = str_list(latest.result.get("reasons"))
-        why = f"the comparison is {latest.state.value} (status {status})" + (
-            f": {'; '.join(reasons)}" if reasons else ""
-        )
-        gates = [_gate("comparison", False, why, [latest.id], fix)]
+        why = "the comparison is incomparable" + (f": {'; '.join(reasons)}" if reasons else "")
+        gates = [
+            _gate(
+                "comparison",
+                False,
+                why,
+                [latest.id],
+                "re-run the candidate so that only declared changes differ, then " + fix,
+            )
+        ]
+    elif verdict == "within_noise":
+        gates = [
+            _gate(
+                "comparison",
+                False,
+                f"verdict is within_noise: speedup {figure} is not beyond noise",
+                [latest.id],
+                more,
+            )
+        ]
+    elif verdict == "insufficient_launches":
+        gates = [
+            _gate(
+                "comparison",
+                False,
+                "verdict is insufficient_launches: fewer than 2 separate launches on a side, so "
+                "launch-to-launch variation is unknown",
+                [latest.id],
+                more,
+            )
+        ]
     elif verdict != "improved":
         gates = [
             _gate(
                 "comparison",
                 False,
-                f"verdict is {verdict}: the speedup is not beyond noise"
-                if verdict == "within_noise"
-                else f"verdict is {verdict}",
+                f"verdict is {verdict}: speedup {figure}",
                 [latest.id],
-                "more windows to narrow the interval, or decide 'revert'/'inconclusive'",
+                "decide 'revert' (the candidate is not faster)",
             )
         ]
     else:
-        speedup, low, high = (latest.result.get(k) for k in ("speedup", "ci_low", "ci_high"))
-        figure = f"{speedup:.3f}x" if isinstance(speedup, float) else str(speedup)
-        if isinstance(low, float) and isinstance(high, float):
-            figure += f" (95% interval {low:.3f}-{high:.3f})"
         gates = [_gate("comparison", True, f"improved: speedup {figure}", [latest.id])]
     return gates + _window_gates(exp, latest, ev, fewer_reason)
 

@@ -14,6 +14,7 @@ from perfgate.tensors.compare import (
     DEFAULT_CHUNK_ELEMENTS,
     CompareOptions,
     ComparisonReport,
+    MappedKey,
     OverallStatus,
     TensorComparison,
     TensorStatus,
@@ -21,6 +22,7 @@ from perfgate.tensors.compare import (
     compare_sources,
 )
 from perfgate.tensors.entry import TensorEntry
+from perfgate.tensors.keymap import KeyMapping
 from perfgate.tensors.source import ReaderLimits, SourceKind, TensorSource, open_tensor_source
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "CompareOptions",
     "ComparisonCancelled",
     "ComparisonReport",
+    "KeyMapping",
+    "MappedKey",
     "NpzLimits",
     "OverallStatus",
     "ReaderLimits",

@@ -35,6 +35,8 @@ class KernelParams:
     atol: float
     rtol: float
     equal_nan: bool
+    allow_nonfinite: bool = False
+    """Opt-in: equal infinities (and NaN with ``equal_nan``) match; by default any NaN/Inf mismatches."""
 
 
 class Scratch:
@@ -143,9 +145,10 @@ def chunk_stats(
     if params.mode == "exact":
         np.equal(reference, candidate, out=ok)
     else:
-        np.multiply(absa, params.rtol, out=t)
-        t += params.atol
-        np.less_equal(d, t, out=ok)
+        with np.errstate(invalid="ignore"):  # inf x rtol 0 is NaN: such an element is never close
+            np.multiply(absa, params.rtol, out=t)
+            t += params.atol
+            np.less_equal(d, t, out=ok)
     sum_abs = float(np.sum(d))
     # |b - a| is finite everywhere exactly when both chunks are (a NaN or infinity anywhere makes it
     # NaN or infinite), so the sum that the mean needs anyway also picks the path.
@@ -176,6 +179,8 @@ def _nonfinite(
             ok |= a == b
         if params.equal_nan:
             ok |= np.isnan(a) & np.isnan(b)
+    if not params.allow_nonfinite:
+        ok &= both
     # Statistics over finite pairs only: zero the rest so they never win a maximum or add to a sum.
     outside = ~both
     d[outside] = 0.0

@@ -8,6 +8,7 @@ thread, independent of tensor and file sizes.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 from collections.abc import Callable, Sequence
@@ -21,12 +22,14 @@ from perfgate.tensors._errors import ComparisonCancelled, TensorInputError
 from perfgate.tensors._kernel import KernelParams, TensorStats
 from perfgate.tensors.dtypes import category, dtype_name
 from perfgate.tensors.entry import TensorEntry
+from perfgate.tensors.keymap import KeyMapping
 from perfgate.tensors.source import TensorSource
 
 __all__ = [
     "DEFAULT_CHUNK_ELEMENTS",
     "CompareOptions",
     "ComparisonReport",
+    "MappedKey",
     "OverallStatus",
     "TensorComparison",
     "TensorStatus",
@@ -59,7 +62,9 @@ class CompareOptions:
 
     ``overrides`` are tried in order; the first whose pattern matches a key sets its tolerances.
     ``keys`` (globs) restricts the comparison to matching keys on both sides. Integer and bool tensors
-    compare exactly unless ``integers_exact`` is false. A dtype change (e.g. a bfloat16 candidate against
+    compare exactly unless ``integers_exact`` is false. A NaN or infinity on either side is a mismatch
+    unless ``allow_nonfinite`` (then equal infinities match, and NaN matches NaN with ``equal_nan``, as
+    torch.isclose). A dtype change (e.g. a bfloat16 candidate against
     a float32 reference) is a ``dtype_mismatch`` unless ``allow_dtype_change``; values are compared
     either way.
     """
@@ -68,9 +73,11 @@ class CompareOptions:
     rtol: float
     overrides: Sequence[ToleranceOverride] = ()
     equal_nan: bool = False
+    allow_nonfinite: bool = False
     keys: Sequence[str] | None = None
     integers_exact: bool = True
     allow_dtype_change: bool = False
+    key_mapping: KeyMapping = field(default_factory=KeyMapping)
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS
     workers: int | None = None
     """Threads computing chunks (default: the CPUs this process may use, at most 8)."""
@@ -122,6 +129,18 @@ class TensorComparison:
     cosine: float | None
     nonfinite_reference: int | None
     nonfinite_candidate: int | None
+    reference_key: str = ""
+    """The key as stored in the reference (differs from ``key`` when a key mapping renamed it)."""
+    candidate_key: str = ""
+
+
+@dataclass(frozen=True)
+class MappedKey:
+    """A name the key mapping produced, with the stored key on each side that has it."""
+
+    key: str
+    reference_key: str | None
+    candidate_key: str | None
 
 
 @dataclass(frozen=True)
@@ -129,7 +148,8 @@ class ComparisonReport:
     """All keys' outcomes, the keys only one side has, and the overall verdict.
 
     ``status`` is ``mismatch`` when any compared tensor has values outside tolerance; otherwise
-    ``incomparable`` when keys, shapes or dtypes differ; otherwise ``match``.
+    ``incomparable`` when keys, shapes or dtypes differ; otherwise ``match``. ``mapped_keys`` lists every
+    name the key mapping changed on either side (missing and extra keys are mapped names too).
     """
 
     status: OverallStatus
@@ -140,12 +160,7 @@ class ComparisonReport:
     elements_compared: int
     bytes_read: int
     notes: list[str] = field(default_factory=list[str])
-
-
-def _select(entries: dict[str, TensorEntry], patterns: Sequence[str] | None) -> dict[str, TensorEntry]:
-    if patterns is None:
-        return dict(entries)
-    return {k: e for k, e in entries.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+    mapped_keys: list[MappedKey] = field(default_factory=list[MappedKey])
 
 
 def _unravel(flat: int, entry: TensorEntry) -> list[int]:
@@ -212,6 +227,8 @@ def _comparison(
         cosine=None if s is None else s.cosine,
         nonfinite_reference=None if s is None else s.nonfinite_reference,
         nonfinite_candidate=None if s is None else s.nonfinite_candidate,
+        reference_key=r.key,
+        candidate_key=c.key,
     )
 
 
@@ -243,6 +260,7 @@ def _compare_one(
         atol=tolerance[0],
         rtol=tolerance[1],
         equal_nan=options.equal_nan,
+        allow_nonfinite=options.allow_nonfinite,
     )
     stats = engine.run(
         reference.chunks(ref_key, options.chunk_elements),
@@ -261,16 +279,10 @@ def _compare_one(
 
 
 def _pairs(
-    reference: TensorSource, candidate: TensorSource, keys: Sequence[str] | None
-) -> tuple[list[tuple[str, str, str]], list[str], list[str], list[str]]:
-    """(key shown, reference key, candidate key) for each pair, then missing keys, extra keys, notes."""
-    ref_entries = _select(reference.entries, keys)
-    cand_entries = _select(candidate.entries, keys)
-    if keys is not None and not ref_entries and not cand_entries:
-        sample = ", ".join(repr(k) for k in list(reference.entries)[:5])
-        raise TensorInputError(
-            f"the keys patterns {list(keys)} match no tensor; reference keys include {sample}"
-        )
+    reference: TensorSource, candidate: TensorSource, keys: Sequence[str] | None, mapping: KeyMapping
+) -> tuple[list[tuple[str, str, str]], list[str], list[str], list[str], list[MappedKey]]:
+    """(key shown, reference key, candidate key) for each pair, then missing keys, extra keys, notes and
+    the names the mapping changed."""
     if reference.single_array and candidate.single_array:
         (ref_key,), (cand_key,) = reference.entries, candidate.entries
         notes: list[str] = []
@@ -278,11 +290,32 @@ def _pairs(
             notes.append(
                 f"two NPY files paired as one tensor: {ref_key!r} (reference) and {cand_key!r} (candidate)"
             )
-        return [(ref_key, ref_key, cand_key)], [], [], notes
-    pairs = [(k, k, k) for k in ref_entries if k in cand_entries]
-    missing = sorted(k for k in ref_entries if k not in cand_entries)
-    extra = sorted(k for k in cand_entries if k not in ref_entries)
-    return pairs, missing, extra, []
+        return [(ref_key, ref_key, cand_key)], [], [], notes, []
+    mapping.check_renames_used(reference.entries, candidate.entries)
+    ref_names = mapping.apply(reference.entries, "reference")
+    cand_names = mapping.apply(candidate.entries, "candidate")
+    ref_selected = _select_names(ref_names, keys)
+    cand_selected = _select_names(cand_names, keys)
+    if keys is not None and not ref_selected and not cand_selected:
+        sample = ", ".join(repr(k) for k in list(ref_names)[:5])
+        raise TensorInputError(
+            f"the keys patterns {list(keys)} match no tensor; reference keys include {sample}"
+        )
+    pairs = [(k, ref_selected[k], cand_selected[k]) for k in ref_selected if k in cand_selected]
+    missing = sorted(k for k in ref_selected if k not in cand_selected)
+    extra = sorted(k for k in cand_selected if k not in ref_selected)
+    changed = sorted(
+        {k for k, orig in ref_selected.items() if k != orig}
+        | {k for k, orig in cand_selected.items() if k != orig}
+    )
+    mapped = [MappedKey(k, ref_selected.get(k), cand_selected.get(k)) for k in changed]
+    return pairs, missing, extra, [], mapped
+
+
+def _select_names(names: dict[str, str], patterns: Sequence[str] | None) -> dict[str, str]:
+    if patterns is None:
+        return names
+    return {k: v for k, v in names.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
 
 
 def compare_sources(
@@ -302,7 +335,7 @@ def compare_sources(
         TensorInputError: the ``keys`` patterns select nothing, or a tensor cannot be streamed in step.
         ComparisonCancelled: ``cancelled()`` returned true.
     """
-    pairs, missing, extra, notes = _pairs(reference, candidate, options.keys)
+    pairs, missing, extra, notes, mapped = _pairs(reference, candidate, options.keys, options.key_mapping)
     total = sum(
         reference.entries[r].size_bytes + candidate.entries[c].size_bytes
         for _, r, c in pairs
@@ -314,7 +347,33 @@ def compare_sources(
         tensors = [_compare_one(k, r, c, reference, candidate, options, engine, tracker) for k, r, c in pairs]
     if progress is not None:
         progress(total, total, "done")
-    return _report(tensors, missing, extra, notes, total)
+    report = _report(tensors, missing, extra, notes + _mapping_hint(missing, extra), total)
+    return dataclasses.replace(report, mapped_keys=mapped)
+
+
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+_WRAPPER_SEGMENTS = ("_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+
+
+def _mapping_hint(missing: list[str], extra: list[str]) -> list[str]:
+    """A note proposing the key mapping when missing and extra keys differ only by wrapper names."""
+    if not missing or not extra:
+        return []
+    prefixes = [p for p in _WRAPPER_PREFIXES if any(k.startswith(p) for k in missing + extra)]
+    segments = [s for s in _WRAPPER_SEGMENTS if any(s in k.split(".")[1:] for k in missing + extra)]
+    if not prefixes and not segments:
+        return []
+    unwrap = KeyMapping(tuple(prefixes), tuple(segments))
+    paired = {unwrap.name(k) for k in missing} & {unwrap.name(k) for k in extra}
+    if not paired:
+        return []
+    suggestion = {"strip_prefixes": prefixes} if prefixes else {"drop_segments": segments}
+    if prefixes and segments:
+        suggestion["drop_segments"] = segments
+    return [
+        f"{len(paired)} missing keys pair with extra keys once wrapper names are removed (a compiled, DDP or "
+        f"FSDP-wrapped module's state dict): compare again with key_map={suggestion}"
+    ]
 
 
 def _report(

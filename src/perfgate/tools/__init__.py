@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from perfgate.tools import (
+    analyze_trace,
     audit_samples,
     collect_env,
     compare_benchmarks,
     compare_tensors,
     compute_mfu,
     estimate_flops,
+    import_benchmark,
     plan_parallel_layout,
     profile_segment,
     record_decision,
@@ -21,8 +23,10 @@ __all__ = ["REGISTRY", "ToolSpec", "registered_specs"]
 REGISTRY: tuple[AnySpec, ...] = (
     collect_env.SPEC,
     run_benchmark_window.SPEC,
+    import_benchmark.SPEC,
     compare_benchmarks.SPEC,
     profile_segment.SPEC,
+    analyze_trace.SPEC,
     estimate_flops.SPEC,
     compute_mfu.SPEC,
     compare_tensors.SPEC,

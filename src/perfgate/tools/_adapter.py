@@ -9,20 +9,27 @@ from __future__ import annotations
 
 import base64
 import inspect
+import logging
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import UnexpectedToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import BaseModel, Field, ValidationError
 
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
 from perfgate.execution.service import ExecutionService
+from perfgate.tools._answer import answer_text
+from perfgate.tools._failures import argument_message, crash_message, field_errors
 from perfgate.tools._gating import APPROVAL_PARAM, PREPARED_PARAM, gate_parameters, settle
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
 from perfgate.tools._spec import AnySpec
 
-__all__ = ["AppState", "make_tool_function", "validation_message"]
+__all__ = ["AppState", "PerfgateTool", "make_tool_function", "validation_message"]
+
+logger = logging.getLogger(__name__)
 
 
 class AppState:
@@ -38,20 +45,59 @@ class AppState:
         await self.execution.aclose()
 
 
-def validation_message(exc: ValidationError) -> str:
-    """Pydantic's errors as one line per problem, prefixed with the field path."""
-    lines: list[str] = []
-    for err in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in err["loc"]) or "input"
-        lines.append(f"{where}: {err['msg']}")
-    return "invalid input: " + "; ".join(lines)
+def validation_message(tool: str, exc: ValidationError, model: type[BaseModel]) -> str:
+    """Pydantic's errors for ``model`` as one line per field, in words (see `field_errors`)."""
+    return argument_message(tool, field_errors(exc, model.model_json_schema()))
 
 
-def _with_images(out: BaseModel, runtime: ToolRuntime) -> BaseModel | CallToolResult:
-    """The structured result, plus the tool's key plot as image content (or a note that plots are off)."""
-    if runtime.key_image is None and runtime.plots_off is None:
-        return out
-    content: list[TextContent | ImageContent] = [TextContent(type="text", text=out.model_dump_json(indent=2))]
+class PerfgateTool(Tool):
+    """A registered tool whose failures all reach the agent as sentences.
+
+    Arguments are checked before the SDK sees them: unknown fields are refused by name (the input schema
+    says ``additionalProperties: false``) and type errors come one line per field, instead of pydantic's
+    raw text. A crash the tool did not anticipate becomes a `ToolError` naming what happened (the
+    traceback still goes to the server log) instead of a bare "Error executing tool X".
+    """
+
+    @classmethod
+    def for_function(cls, fn: Any, **kwargs: Any) -> PerfgateTool:
+        tool = cls.from_function(fn, **kwargs)
+        assert isinstance(tool, PerfgateTool)
+        tool.parameters = {**tool.parameters, "additionalProperties": False}
+        return tool
+
+    def _check_arguments(self, arguments: dict[str, Any]) -> None:
+        model = self.fn_metadata.arg_model
+        known = {info.alias or name for name, info in model.model_fields.items()}
+        lines = [
+            f"{key}: unknown field; this tool takes: {', '.join(sorted(known))}"
+            for key in sorted(arguments)
+            if key not in known
+        ]
+        try:
+            self.fn_metadata.validate_arguments(arguments)
+        except ValidationError as exc:
+            lines += field_errors(exc, self.parameters)
+        if lines:
+            raise ToolError(argument_message(self.name, lines))
+
+    async def run(self, arguments: dict[str, Any], context: Any, convert_result: bool = False) -> Any:
+        self._check_arguments(arguments)
+        try:
+            return await super().run(arguments, context, convert_result=convert_result)
+        except UnexpectedToolError as exc:
+            cause = exc.__cause__
+            if cause is None or isinstance(cause, UnexpectedToolError):
+                raise
+            logger.error("tool %r crashed", self.name, exc_info=cause)
+            raise ToolError(crash_message(self.name, cause)) from cause
+
+
+def _answer(spec: AnySpec, out: BaseModel, runtime: ToolRuntime) -> CallToolResult:
+    """The structured result; as text, its budgeted brief (`answer_text`); the key plot as an image (or
+    a note that plots are off)."""
+    text = answer_text(spec.name, out, spec.brief)
+    content: list[TextContent | ImageContent] = [TextContent(type="text", text=text)]
     if runtime.key_image is not None:
         data = base64.b64encode(runtime.key_image).decode()
         content.append(ImageContent(type="image", data=data, mime_type="image/png"))
@@ -92,7 +138,7 @@ def make_tool_function(spec: AnySpec, get_state: Any) -> Any:
         try:
             return spec.input_model.model_validate(kwargs)
         except ValidationError as exc:
-            raise ToolError(validation_message(exc)) from exc
+            raise ToolError(validation_message(spec.name, exc, spec.input_model)) from exc
 
     def make_runtime(ctx: Context, inp: BaseModel) -> ToolRuntime:
         state: AppState = get_state(ctx)
@@ -122,7 +168,7 @@ def make_tool_function(spec: AnySpec, get_state: Any) -> Any:
             commands=state.execution.runner(grant, report) if spec.command is not None else None,
         )
         out = await spec.run(inp, runtime)
-        return _with_images(out, runtime)
+        return _answer(spec, out, runtime)
 
     params = [
         inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=Context),

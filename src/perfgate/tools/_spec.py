@@ -32,6 +32,9 @@ class ToolSpec(Generic[InT, OutT]):
     (None when that call runs nothing). It must be deterministic in its input: the approval gate calls it
     before the tool body (possibly once per protocol round), and the body may run only that request,
     through ``rt.run_command``.
+
+    ``brief`` returns the few lines that lead the text an agent reads (headline figures, the next call);
+    without it the common fields lead (see `perfgate.tools._answer`).
     """
 
     name: str
@@ -47,6 +50,7 @@ class ToolSpec(Generic[InT, OutT]):
     runs_commands: bool = False
     writes: bool = False
     command: Callable[[InT, ToolRuntime], CommandRequest | None] | None = None
+    brief: Callable[[OutT], list[str]] | None = None
 
     def __post_init__(self) -> None:
         assert self.runs_commands == (self.command is not None), (

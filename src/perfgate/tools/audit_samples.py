@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfgate.audit import (
     EXPECTED_SUFFIXES,
@@ -32,6 +32,8 @@ MAX_EPOCHS_LISTED = 1000
 
 
 class AuditSamplesInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     observed: Annotated[
         str,
         Field(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.envprobe import (
     EnvironmentSummary,
@@ -44,6 +44,8 @@ _MAX_LOG_REWRITE_BYTES = 64 * 1024 * 1024
 
 
 class CollectEnvInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     python: Annotated[
         str | None,
         Field(

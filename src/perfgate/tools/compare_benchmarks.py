@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.benchmarking import BenchmarkError, Contract, diff_contracts
 from perfgate.benchmarking.contract import same_contract
@@ -27,13 +27,17 @@ if TYPE_CHECKING:
 __all__ = ["SPEC", "CompareBenchmarksInput", "CompareBenchmarksOutput", "run"]
 
 BENCHMARK_TOOL = "run_benchmark_window"
+IMPORT_TOOL = "import_benchmark"
+_WINDOW_TOOLS = (BENCHMARK_TOOL, IMPORT_TOOL)
 _USABLE = {EvidenceState.EXECUTED, EvidenceState.PASSED}
 _OBSERVED_EXECUTION = ("world_size",)
 _OBSERVED_INVARIANTS = ("device_kind", "device_name")
-Verdict = Literal["improved", "regressed", "within_noise", "incomparable"]
+Verdict = Literal["improved", "regressed", "within_noise", "insufficient_launches", "incomparable"]
 
 
 class CompareBenchmarksInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     baseline: Annotated[
         list[str], Field(min_length=1, description="run_benchmark_window evidence ids of the baseline.")
     ]
@@ -60,13 +64,16 @@ class CompareBenchmarksOutput(BaseModel):
     evidence_id: str
     state: EvidenceState = Field(
         description="passed: comparable and decisive (improved/regressed); executed: comparable, within "
-        "noise; failed: incomparable."
+        "noise or fewer than 2 launches on a side (insufficient_launches); failed: incomparable."
     )
     status: Literal["comparable", "incomparable"]
     verdict: Verdict
     reasons: list[str] = Field(description="Why the sides are incomparable (empty when comparable).")
     speedup: float | None = Field(description="Candidate / baseline pooled throughput (>1 is faster).")
-    ci_low: float | None = Field(description="Lower end of the bootstrap interval of the speedup.")
+    ci_low: float | None = Field(
+        description="Lower end of the 95% interval of the speedup (launch-to-launch and step variation); "
+        "the interval always contains the speedup."
+    )
     ci_high: float | None
     confidence: float
     unit: Literal["samples", "tokens", "steps"] | None = Field(description="Work unit of the throughput.")
@@ -74,6 +81,11 @@ class CompareBenchmarksOutput(BaseModel):
     candidate_throughput: float | None
     baseline_windows: int
     candidate_windows: int
+    baseline_launches: int = Field(description="Separate launches (processes) behind the baseline windows.")
+    candidate_launches: int
+    median_step_speedup: float | None = Field(
+        description="Speedup from each side's median step (stalls ignored); compare with speedup."
+    )
     actual_changes: list[str] = Field(description="Execution settings whose values differ between the sides.")
     declared_changes: list[str]
     warnings: list[str]
@@ -81,7 +93,17 @@ class CompareBenchmarksOutput(BaseModel):
 
 
 def _contract(record: EvidenceRecord) -> Contract:
+    """The declared contract: imported evidence stores the one it was read with (files carry their own)."""
+    if record.tool == IMPORT_TOOL:
+        return Contract.from_mapping(as_dict(record.result.get("contract")))
     return Contract.from_mapping(as_dict(record.inputs.get("contract")))
+
+
+def _measured_by(record: EvidenceRecord) -> str:
+    """How the step times were taken: launched by perfgate, or imported in a given format."""
+    if record.tool == IMPORT_TOOL:
+        return f"imported ({record.result.get('format')})"
+    return "launched by perfgate"
 
 
 def _observed(record: EvidenceRecord) -> dict[str, object]:
@@ -118,9 +140,10 @@ async def _load(rt: ToolRuntime, ids: list[str]) -> list[EvidenceRecord]:
     records: list[EvidenceRecord] = []
     for evidence_id in ids:
         record = await rt.load(evidence_id)
-        if record.tool != BENCHMARK_TOOL and not record.profiled:
+        if record.tool not in _WINDOW_TOOLS and not record.profiled:
             raise ToolError(
-                f"evidence {evidence_id} comes from {record.tool}, not {BENCHMARK_TOOL}: pass benchmark window ids"
+                f"evidence {evidence_id} comes from {record.tool}, not {BENCHMARK_TOOL} or {IMPORT_TOOL}: pass "
+                "benchmark window ids"
             )
         records.append(record)
     return records
@@ -139,7 +162,7 @@ def _samples(rt: ToolRuntime, record: EvidenceRecord) -> list[WindowSample]:
             "(`perfgate ledger verify`): re-measure the window"
         )
     try:
-        return samples_from_series(path.read_bytes(), artifact.path)
+        return samples_from_series(path.read_bytes(), artifact.path, launch_prefix=f"{record.id}:")
     except BenchmarkError as exc:
         raise ToolError(str(exc)) from exc
 
@@ -155,6 +178,13 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
     reasons = _side_reasons("baseline", base) + _side_reasons("candidate", cand)
     diff = diff_contracts(_contract(base[0]), _contract(cand[0]), inp.declared_changes)
     reasons += diff.reasons()
+    sources = {_measured_by(r) for r in base + cand}
+    if len(sources) > 1:
+        reasons.append(
+            f"the windows were measured in different ways ({', '.join(sorted(sources))}): a trainer's own log "
+            "timer and perfgate's window are not the same measurement; import both sides or launch both"
+        )
+    imported = [r.id for r in base + cand if r.tool == IMPORT_TOOL]
     b_obs, c_obs = _observed(base[0]), _observed(cand[0])
     for key in _OBSERVED_INVARIANTS:
         if b_obs.get(key) != c_obs.get(key):
@@ -175,8 +205,10 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         "actual_changes": sorted(set(actual)),
         "declared_changes": sorted(set(inp.declared_changes)),
         "method": "speedup = candidate / baseline throughput, each pooled as total work / total time over its "
-        "windows; 95% percentile interval from a two-level bootstrap (windows, then steps; 2000 resamples, "
-        f"seed 0); improved/regressed when the interval excludes 1 and the effect is at least {inp.min_effect:g}",
+        "windows; 95% interval = the union of a Welch t interval on per-launch log throughputs and a two-level "
+        "bootstrap (launches, then steps; 2000 resamples, seed 0), widened to contain the speedup; "
+        f"improved/regressed when the interval excludes 1 and the effect is at least {inp.min_effect:g}, and "
+        "only with at least 2 launches per side",
     }
     if reasons:
         out = CompareBenchmarksOutput(
@@ -193,6 +225,9 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
             candidate_throughput=None,
             baseline_windows=0,
             candidate_windows=0,
+            baseline_launches=0,
+            candidate_launches=0,
+            median_step_speedup=None,
             warnings=[],
         )
         return await rt.commit(ev, out)
@@ -219,7 +254,18 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         candidate_throughput=result.candidate_throughput,
         baseline_windows=result.baseline_windows,
         candidate_windows=result.candidate_windows,
-        warnings=result.warnings,
+        baseline_launches=result.baseline_launches,
+        candidate_launches=result.candidate_launches,
+        median_step_speedup=result.median_step_speedup,
+        warnings=result.warnings
+        + (
+            [
+                f"evidence {', '.join(imported)} is imported, not launched by perfgate: the step times are what "
+                "the trainer logged, bound to no environment unless one was attached"
+            ]
+            if imported
+            else []
+        ),
     )
     base_ms = [t * 1e3 for w in base_windows for t in w.step_s]
     cand_ms = [t * 1e3 for w in cand_windows for t in w.step_s]
@@ -237,11 +283,13 @@ SPEC = ToolSpec(
     name="compare_benchmarks",
     title="Compare benchmark windows (A/B)",
     description=(
-        "Compare baseline and candidate run_benchmark_window evidence: speedup of pooled throughput with a "
-        "bootstrap 95% interval and a verdict (improved / regressed / within_noise). Refuses (incomparable, "
+        "Compare baseline and candidate run_benchmark_window (or import_benchmark) evidence: speedup of "
+        "pooled throughput with a 95% interval over launches and steps, and a verdict (improved / regressed "
+        "/ within_noise; insufficient_launches with fewer than 2 separate launches a side). Refuses "
+        "(incomparable, "
         "with reasons) when contract invariants differ, when the changed execution settings differ from "
         "declared_changes (undeclared or declared-but-absent), or when any window is profiled or failed. "
-        "Warns under 3 windows per side. Its evidence is what record_decision needs for a 'keep'."
+        "Warns under 3 launches per side. Its evidence is what record_decision needs for a 'keep'."
     ),
     input_model=CompareBenchmarksInput,
     output_model=CompareBenchmarksOutput,

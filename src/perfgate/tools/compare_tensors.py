@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import anyio
 import anyio.to_thread
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
@@ -30,6 +30,7 @@ __all__ = [
     "CompareTensorsInput",
     "CompareTensorsOutput",
     "InputFile",
+    "KeyMapInput",
     "TensorResult",
     "ToleranceOverrideInput",
     "run",
@@ -46,6 +47,8 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class ToleranceOverrideInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     pattern: str = Field(
         min_length=1, description="Glob matched against tensor keys, e.g. '*.bias', 'lm_head.*'."
     )
@@ -53,7 +56,29 @@ class ToleranceOverrideInput(BaseModel):
     rtol: NonNegative = Field(description="Relative tolerance for the matching keys (scales |reference|).")
 
 
+class KeyMapInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    strip_prefixes: list[str] = Field(
+        default=[],
+        description="Leading strings removed from every key on both sides while one matches, e.g. "
+        "'_orig_mod.' (torch.compile) or 'module.' (DDP).",
+    )
+    drop_segments: list[str] = Field(
+        default=[],
+        description="Dotted path segments removed wherever they occur, e.g. '_orig_mod' for a compiled "
+        "submodule (layers.0._orig_mod.weight), '_fsdp_wrapped_module', '_checkpoint_wrapped_module'.",
+    )
+    rename: dict[str, str] = Field(
+        default={},
+        description="Exact renames applied after stripping, on both sides: {stored name: name compared}, "
+        "e.g. for a converted checkpoint whose tensors are named differently.",
+    )
+
+
 class CompareTensorsInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     reference: Annotated[
         str,
         Field(
@@ -81,7 +106,17 @@ class CompareTensorsInput(BaseModel):
         list[ToleranceOverrideInput],
         Field(description="Per-key tolerances by glob; the first matching pattern wins over atol/rtol."),
     ] = []
-    equal_nan: Annotated[bool, Field(description="Treat NaN in both at the same position as equal.")] = False
+    allow_nonfinite: Annotated[
+        bool,
+        Field(
+            description="Explicit, recorded opt-in: let matching non-finite values agree (equal infinities; NaN "
+            "at the same position with equal_nan). By default any NaN or Inf on either side fails the tensor."
+        ),
+    ] = False
+    equal_nan: Annotated[
+        bool,
+        Field(description="With allow_nonfinite: treat NaN in both at the same position as equal."),
+    ] = False
     keys: Annotated[
         list[str] | None,
         Field(
@@ -101,6 +136,15 @@ class CompareTensorsInput(BaseModel):
             "and judge values alone; otherwise such tensors are reported as dtype_mismatch."
         ),
     ] = False
+
+    key_map: Annotated[
+        KeyMapInput | None,
+        Field(
+            description="Rename keys before pairing, so a compiled or wrapped model's dump compares with an "
+            "eager one without editing files; keys, overrides and the result use the mapped names, and the "
+            "evidence records the original key on each side."
+        ),
+    ] = None
 
     @field_validator("keys")
     @classmethod
@@ -123,7 +167,9 @@ class TensorResult(BaseModel):
     atol: float
     rtol: float
     elements: int | None = Field(description="Element pairs compared; null when shapes differ.")
-    mismatched: int | None = Field(description="Elements outside tolerance, NaN/Inf mismatches included.")
+    mismatched: int | None = Field(
+        description="Elements outside tolerance; every NaN/Inf position counts unless allow_nonfinite."
+    )
     mismatched_fraction: float | None
     max_abs_error: float | None = Field(
         description="Largest |candidate - reference| over elements finite on both sides."
@@ -142,6 +188,12 @@ class TensorResult(BaseModel):
     )
     nonfinite_reference: int | None = Field(description="NaN and Inf elements in the reference.")
     nonfinite_candidate: int | None = Field(description="NaN and Inf elements in the candidate.")
+    reference_key: str | None = Field(
+        default=None, description="The key stored in the reference, when key_map changed it; else null."
+    )
+    candidate_key: str | None = Field(
+        default=None, description="The key stored in the candidate, when key_map changed it; else null."
+    )
 
 
 class InputFile(BaseModel):
@@ -168,6 +220,9 @@ class CompareTensorsOutput(BaseModel):
     missing_keys_total: int
     extra_keys: list[str] = Field(description="Candidate keys absent from the reference (first ones).")
     extra_keys_total: int
+    keys_mapped: int = Field(
+        description="Names key_map changed on either side (each with its originals in comparison.json)."
+    )
     elements_compared: int
     bytes_compared: int
     files: list[InputFile] = Field(description="Every file read, with its sha256.")
@@ -179,7 +234,11 @@ def _finite_or_none(value: Any) -> Any:
 
 
 def _tensor_result(t: TensorComparison) -> TensorResult:
-    return TensorResult.model_validate({k: _finite_or_none(v) for k, v in dataclasses.asdict(t).items()})
+    fields = {k: _finite_or_none(v) for k, v in dataclasses.asdict(t).items()}
+    for side in ("reference_key", "candidate_key"):
+        if fields[side] == t.key:
+            fields[side] = None
+    return TensorResult.model_validate(fields)
 
 
 _SEVERITY = {"value_mismatch": 0, "shape_mismatch": 1, "dtype_mismatch": 2, "match": 3}
@@ -210,20 +269,33 @@ def _open(role: Role, path: Path, confine: Callable[[Path], Path]) -> TensorSour
 
 
 async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput:
-    from perfgate.tensors import CompareOptions, TensorInputError, ToleranceOverride
+    from perfgate.tensors import CompareOptions, KeyMapping, TensorInputError, ToleranceOverride
     from perfgate.tensors.histogram import error_histogram
 
+    if inp.equal_nan and not inp.allow_nonfinite:
+        raise ToolError(
+            "equal_nan applies only with allow_nonfinite=true: by default any NaN or Inf fails parity. Pass "
+            "allow_nonfinite=true (recorded with the evidence) if matching non-finite values are acceptable"
+        )
     ref_path = rt.resolve_path(inp.reference)
     cand_path = rt.resolve_path(inp.candidate)
+    key_map = inp.key_map or KeyMapInput()
     try:
+        mapping = KeyMapping(
+            strip_prefixes=tuple(key_map.strip_prefixes),
+            drop_segments=tuple(key_map.drop_segments),
+            rename=tuple(key_map.rename.items()),
+        )
         options = CompareOptions(
             atol=inp.atol,
             rtol=inp.rtol,
             overrides=tuple(ToleranceOverride(o.pattern, o.atol, o.rtol) for o in inp.overrides),
             equal_nan=inp.equal_nan,
+            allow_nonfinite=inp.allow_nonfinite,
             keys=None if inp.keys is None else tuple(inp.keys),
             integers_exact=inp.integers_exact,
             allow_dtype_change=inp.allow_dtype_change,
+            key_mapping=mapping,
         )
     except TensorInputError as exc:
         raise ToolError(str(exc)) from exc
@@ -242,7 +314,9 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
                 key=lambda t: -(t.mismatched or 0),
             )[:MAX_PLOTTED]
             histograms = {
-                t.key: await anyio.to_thread.run_sync(error_histogram, reference, candidate, t.key)
+                t.key: await anyio.to_thread.run_sync(
+                    error_histogram, reference, candidate, t.reference_key or t.key, 1 << 20, t.candidate_key
+                )
                 for t in worst
             }
         finally:
@@ -258,6 +332,11 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         InputFile(role=role, path=rt.relative(p), sha256=sha, size_bytes=size)
         for role, p, sha, size in hashed
     ]
+    notes = list(report.notes)
+    if inp.allow_nonfinite:
+        notes.append(
+            "allow_nonfinite: matching non-finite values were accepted as agreement (explicit opt-in)"
+        )
     full = {
         "status": report.status,
         "summary": report.summary,
@@ -265,7 +344,11 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         "missing_keys": report.missing_keys,
         "extra_keys": report.extra_keys,
         "files": [f.model_dump(mode="json") for f in files],
-        "notes": report.notes,
+        "notes": notes,
+        "key_mapping": {
+            **key_map.model_dump(mode="json"),
+            "mapped": [dataclasses.asdict(m) for m in report.mapped_keys],
+        },
     }
     await anyio.to_thread.run_sync(ev.write_json, "comparison.json", full)
     listed = _problems_first(report.tensors)[:MAX_LISTED]
@@ -273,17 +356,19 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         evidence_id=ev.id,
         state=EvidenceState.PASSED if report.status == "match" else EvidenceState.FAILED,
         status=report.status,
-        summary=report.summary,
+        summary=report.summary
+        + (f"; {len(report.mapped_keys)} keys renamed by key_map" if report.mapped_keys else ""),
         tensors=[_tensor_result(t) for t in listed],
         tensors_total=len(report.tensors),
         missing_keys=report.missing_keys[:MAX_LISTED],
         missing_keys_total=len(report.missing_keys),
         extra_keys=report.extra_keys[:MAX_LISTED],
         extra_keys_total=len(report.extra_keys),
+        keys_mapped=len(report.mapped_keys),
         elements_compared=report.elements_compared,
         bytes_compared=report.bytes_read,
         files=files,
-        notes=report.notes,
+        notes=notes,
     )
     return await rt.commit(ev, out)
 
@@ -355,7 +440,9 @@ SPEC = ToolSpec(
         "float8 included), NPZ/NPY (never unpickled) and sharded checkpoint folders, streaming in bounded "
         "memory. Use it as correctness evidence before keeping an optimization; dump tensors from training "
         "with perfgate.harness.dump_tensors. The evidence passes only on status 'match'. Integers compare "
-        "exactly; NaN never equals NaN unless equal_nan."
+        "exactly; any NaN or Inf fails unless allow_nonfinite (a recorded opt-in). key_map strips wrapper prefixes such as '_orig_mod.' "
+        "and renames keys before pairing (recorded in the evidence), so a compiled model compares with an "
+        "eager one."
     ),
     input_model=CompareTensorsInput,
     output_model=CompareTensorsOutput,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
+from perfgate.evidence.access import as_dict
 from perfgate.hardware.peaks import PeakLookupError, Precision, lookup_peak
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
@@ -26,19 +28,81 @@ _PRECISION_BITS = {"fp32": 32, "tf32": 19, "bf16": 16, "fp16": 16, "fp8": 8, "in
 
 
 class Bucket(BaseModel):
-    """One step shape: FLOPs and step time per device per optimizer step, weighted by ``steps``."""
+    """One step shape: FLOPs and step time per device per optimizer step, and its weight in the mixture.
+
+    FLOPs come from ``flops_per_step`` or an ``estimate_flops`` evidence id; the step time from
+    ``step_time_s`` or a window evidence id; the weight from ``steps``, or ``samples`` with
+    ``global_batch`` (steps = samples / global_batch), or 1. Unknown fields are refused: a misspelt
+    weight must never silently become 1.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(description="Label of this shape bucket, e.g. 'seq2048'.")
-    flops_per_step: float = Field(
-        gt=0, allow_inf_nan=False, description="FLOPs per device per optimizer step for this bucket."
+    flops_per_step: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="FLOPs per device per optimizer step for this bucket (or give flops_id).",
     )
-    step_time_s: float = Field(
-        gt=0, allow_inf_nan=False, description="Measured wall time of one optimizer step, seconds."
+    flops_id: str | None = Field(
+        default=None,
+        description="estimate_flops evidence id: its per-device model (or hardware) FLOPs per step are used.",
     )
-    steps: int = Field(default=1, ge=1, description="How many steps of this bucket the mixture holds.")
+    step_time_s: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Measured wall time of one optimizer step, seconds (or give window_id).",
+    )
+    window_id: str | None = Field(
+        default=None,
+        description="run_benchmark_window or import_benchmark evidence id: its step time (elapsed / steps "
+        "of the slowest rank, pooled over windows) is used.",
+    )
+    steps: int | None = Field(
+        default=None, ge=1, description="How many steps of this bucket the mixture holds (step weight)."
+    )
+    samples: int | None = Field(
+        default=None, ge=1, description="Samples of this bucket in the mixture; needs global_batch."
+    )
+    global_batch: int | None = Field(
+        default=None, ge=1, description="Samples per optimizer step in this bucket (with samples)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source_each(self) -> Bucket:
+        if (self.flops_per_step is None) == (self.flops_id is None):
+            raise ValueError(f"bucket {self.name!r}: give exactly one of flops_per_step and flops_id")
+        if (self.step_time_s is None) == (self.window_id is None):
+            raise ValueError(f"bucket {self.name!r}: give exactly one of step_time_s and window_id")
+        if (self.samples is None) != (self.global_batch is None):
+            raise ValueError(f"bucket {self.name!r}: samples and global_batch go together")
+        if self.steps is not None and self.samples is not None:
+            raise ValueError(f"bucket {self.name!r}: weight by steps or by samples + global_batch, not both")
+        return self
+
+    @property
+    def weight(self) -> float:
+        """Optimizer steps of this bucket in the mixture (fractional when samples do not fill a batch)."""
+        if self.samples is not None and self.global_batch is not None:
+            return self.samples / self.global_batch
+        return float(self.steps or 1)
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    name: str
+    flops_per_step: float
+    step_time_s: float
+    weight: float
+    flops_id: str | None
+    window_id: str | None
 
 
 class ComputeMfuInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     buckets: Annotated[
         list[Bucket],
         Field(
@@ -89,9 +153,11 @@ class ComputeMfuInput(BaseModel):
 
 class BucketResult(BaseModel):
     name: str
-    steps: int
+    steps: float = Field(description="Weight in optimizer steps (samples / global_batch when given so).")
     flops_per_step: float
     step_time_s: float
+    flops_id: str | None = Field(description="estimate_flops evidence the FLOPs came from, if any.")
+    window_id: str | None = Field(description="Window evidence the step time came from, if any.")
     achieved_tflops: float = Field(description="FLOPs / step time of this bucket alone, TFLOP/s per device.")
     utilization: float | None
     time_share: float = Field(description="Fraction of the mixture's total time spent in this bucket.")
@@ -117,30 +183,119 @@ class ComputeMfuOutput(BaseModel):
     total_flops: float
     total_time_s: float
     buckets: list[BucketResult]
+    evidence: list[str] = Field(description="Evidence ids the figures came from (windows, FLOP estimates).")
     warnings: list[str]
 
 
-def utilization(buckets: list[Bucket], peak_tflops: float) -> tuple[float, float, float, list[BucketResult]]:
+def utilization(
+    buckets: list[_Resolved], peak_tflops: float
+) -> tuple[float, float, float, float, list[BucketResult]]:
     """Aggregate achieved TFLOP/s as total FLOPs / total time (never a mean of per-bucket ratios).
 
-    Returns (achieved_tflops, ratio, total_flops, per-bucket results); ratio may exceed 1 on bad inputs.
+    Returns (achieved_tflops, ratio, total_flops, total_time_s, per-bucket results); ratio may exceed 1
+    on bad inputs.
     """
-    total_flops = math.fsum(b.flops_per_step * b.steps for b in buckets)
-    total_time = math.fsum(b.step_time_s * b.steps for b in buckets)
+    total_flops = math.fsum(b.flops_per_step * b.weight for b in buckets)
+    total_time = math.fsum(b.step_time_s * b.weight for b in buckets)
     achieved = total_flops / total_time / 1e12
     per_bucket = [
         BucketResult(
             name=b.name,
-            steps=b.steps,
+            steps=b.weight,
             flops_per_step=b.flops_per_step,
             step_time_s=b.step_time_s,
+            flops_id=b.flops_id,
+            window_id=b.window_id,
             achieved_tflops=b.flops_per_step / b.step_time_s / 1e12,
             utilization=(b.flops_per_step / b.step_time_s / 1e12) / peak_tflops,
-            time_share=b.step_time_s * b.steps / total_time,
+            time_share=b.step_time_s * b.weight / total_time,
         )
         for b in buckets
     ]
-    return achieved, achieved / peak_tflops, total_flops, per_bucket
+    return achieved, achieved / peak_tflops, total_flops, total_time, per_bucket
+
+
+_WINDOW_TOOLS = ("run_benchmark_window", "import_benchmark")
+_OK = (EvidenceState.EXECUTED, EvidenceState.PASSED)
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+async def _resolve(b: Bucket, inp: ComputeMfuInput, rt: ToolRuntime, warnings: list[str]) -> _Resolved:
+    """The bucket's FLOPs and step time, read from evidence where ids are given.
+
+    Raises:
+        ToolError: an id of the wrong tool, unusable evidence, or evidence that contradicts itself.
+    """
+    step_time = b.step_time_s
+    world: int | None = None
+    window_tokens: float | None = None
+    if b.window_id is not None:
+        w = await rt.load(b.window_id)
+        if w.tool not in _WINDOW_TOOLS:
+            raise ToolError(
+                f"window_id {b.window_id} is a {w.tool} record; pass run_benchmark_window or import_benchmark ids"
+            )
+        if w.profiled:
+            raise ToolError(f"window {b.window_id} was profiled: profiled step times are never MFU evidence")
+        if w.state not in _OK:
+            raise ToolError(f"window {b.window_id} is {w.state.value}: measure a window that executed")
+        throughput = as_dict(w.result.get("throughput"))
+        steps_per_s = _number(throughput.get("steps_per_s"))
+        if steps_per_s is None or steps_per_s <= 0:
+            raise ToolError(f"window {b.window_id} has no step rate to take a step time from")
+        step_time = 1.0 / steps_per_s
+        tokens_per_s = _number(throughput.get("tokens_per_s"))
+        window_tokens = None if tokens_per_s is None else tokens_per_s / steps_per_s
+        world_value = w.result.get("world_size")
+        world = world_value if isinstance(world_value, int) else None
+        if w.tool == "import_benchmark":
+            warnings.append(
+                f"bucket {b.name!r}: the step time is imported from a log ({b.window_id}), not measured by perfgate"
+            )
+    flops = b.flops_per_step
+    if b.flops_id is not None:
+        f = await rt.load(b.flops_id)
+        if f.tool != "estimate_flops":
+            raise ToolError(f"flops_id {b.flops_id} is a {f.tool} record; pass an estimate_flops id")
+        if inp.flops_kind == "profiler_attributed":
+            raise ToolError(
+                "estimate_flops counts model/hardware FLOPs: flops_kind 'profiler_attributed' needs flops_per_step"
+            )
+        key = "model" if inp.flops_kind == "model" else "hardware"
+        per_device = _number(f.result.get(f"{key}_flops_per_step_per_device"))
+        whole = _number(f.result.get(f"{key}_flops_per_step"))
+        devices = f.result.get("devices")
+        if per_device is None:
+            if whole is None or world is None:
+                raise ToolError(
+                    f"estimate_flops {b.flops_id} gives whole-batch FLOPs and no device count, and no window "
+                    "world size is known: call estimate_flops with devices=<world size>"
+                )
+            per_device = whole / world
+            warnings.append(
+                f"bucket {b.name!r}: whole-batch FLOPs divided by the window's world size {world}"
+            )
+        elif isinstance(devices, int) and world is not None and devices != world:
+            raise ToolError(
+                f"bucket {b.name!r}: estimate_flops {b.flops_id} spreads a step over {devices} devices but window "
+                f"{b.window_id} ran {world} ranks: estimate with devices={world}"
+            )
+        est_tokens = _number(as_dict(f.inputs).get("tokens_per_step"))
+        if (
+            est_tokens is not None
+            and window_tokens is not None
+            and not math.isclose(est_tokens, window_tokens, rel_tol=0.01)
+        ):
+            raise ToolError(
+                f"bucket {b.name!r}: estimate_flops {b.flops_id} counts {est_tokens:g} tokens per step but window "
+                f"{b.window_id} processed {window_tokens:g}: the FLOPs and the step time describe different steps"
+            )
+        flops = per_device
+    assert flops is not None and step_time is not None
+    return _Resolved(b.name, flops, step_time, b.weight, b.flops_id, b.window_id)
 
 
 async def run(inp: ComputeMfuInput, rt: ToolRuntime) -> ComputeMfuOutput:
@@ -171,8 +326,9 @@ async def run(inp: ComputeMfuInput, rt: ToolRuntime) -> ComputeMfuOutput:
     names = [b.name for b in inp.buckets]
     if len(set(names)) != len(names):
         raise ToolError("bucket names must be unique; merge or rename the duplicated buckets")
+    resolved = [await _resolve(b, inp, rt, warnings) for b in inp.buckets]
 
-    achieved, ratio, total_flops, per_bucket = utilization(inp.buckets, peak)
+    achieved, ratio, total_flops, total_time, per_bucket = utilization(resolved, peak)
     metric = _METRIC[inp.flops_kind]
     reason: str | None = None
     value: float | None = ratio
@@ -218,8 +374,9 @@ async def run(inp: ComputeMfuInput, rt: ToolRuntime) -> ComputeMfuOutput:
         precision=inp.precision,
         aggregation="sum(flops_per_step * steps) / sum(step_time_s * steps) over all buckets, divided by the peak",
         total_flops=total_flops,
-        total_time_s=math.fsum(b.step_time_s * b.steps for b in inp.buckets),
+        total_time_s=total_time,
         buckets=per_bucket,
+        evidence=[i for b in inp.buckets for i in (b.window_id, b.flops_id) if i is not None],
         warnings=warnings,
     )
     return await rt.commit(ev, out)
@@ -232,7 +389,8 @@ SPEC = ToolSpec(
         "Compute model FLOP utilization (MFU), hardware FLOP utilization (HFU) or profiler-attributed "
         "utilization from per-device FLOPs per optimizer step and measured step times, against a sourced "
         "dense peak for the device and precision. Use after run_benchmark_window (step time) and "
-        "estimate_flops (FLOPs). Mixed shapes aggregate as total FLOPs / total time. Unknown devices or "
+        "estimate_flops (FLOPs): pass their evidence ids (window_id, flops_id) so the figure names what it came "
+        "from. Bucket weights: steps, or samples + global_batch. Mixed shapes aggregate as total FLOPs / total time. Unknown devices or "
         "precisions are refused: pass peak_tflops."
     ),
     input_model=ComputeMfuInput,

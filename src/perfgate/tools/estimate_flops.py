@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.evidence import EvidenceState
 from perfgate.flops import Convention, FlopBreakdown, ModelConfig, ParamCounts, Recompute, estimate_flops
@@ -16,6 +16,8 @@ __all__ = ["SPEC", "EstimateFlopsInput", "EstimateFlopsOutput", "run"]
 
 class EstimateFlopsInput(BaseModel):
     """A model, the step's token count and the convention to count FLOPs under."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: Annotated[ModelConfig, Field(description="The transformer: shapes, GQA, SwiGLU, optional MoE.")]
     seq_len: Annotated[int, Field(ge=1, description="Sequence length in tokens (the attention span).")]

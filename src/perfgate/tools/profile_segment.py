@@ -1,7 +1,8 @@
-"""profile_segment: capture a short profiler segment, or analyze existing Kineto traces, per rank.
+"""profile_segment: capture a short profiler segment (gated) and analyze the traces it writes, per rank.
 
-The analysis lives in `perfgate.traces`; this module resolves paths inside the workspace, runs the
-capture through the approval gate, and records the evidence. A captured run is flagged ``profiled``:
+The analysis lives in `perfgate.traces` and is shared with `analyze_trace` (the read-only tool for
+traces that already exist; ``mode="analyze"`` here does the same for callers that use it). This module
+runs the capture through the approval gate and records the evidence. A captured run is flagged ``profiled``:
 its step times are inflated by the profiler and can never serve as throughput evidence.
 
 The trace analysis (numpy, msgspec) and the harness are imported where they are used, to keep server
@@ -15,7 +16,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel, Field, model_validator
@@ -25,10 +26,18 @@ from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_pat
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.request import CommandRequest
-from perfgate.report.plots import breakdown_png, top_ops_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
-from perfgate.traces import RankProfile, RankSkew, TraceError
+from perfgate.tools._traces import (
+    TraceAnalysisFields,
+    TraceFile,
+    analyze_paths,
+    key_plot,
+    resolve_traces,
+    trace_brief,
+    trace_files,
+)
+from perfgate.traces import Finding, RankProfile, RankSkew, TraceError
 from perfgate.traces.external import (
     ExternalCapture,
     ProfilerName,
@@ -37,9 +46,6 @@ from perfgate.traces.external import (
     import_summary_csv,
 )
 
-if TYPE_CHECKING:
-    from perfgate.traces import AnalysisOptions
-
 __all__ = ["SPEC", "ProfileSegmentInput", "ProfileSegmentOutput", "TraceFile", "command", "run"]
 
 Mode = Literal["run", "analyze"]
@@ -47,7 +53,7 @@ ExternalLayer = Literal["system", "kernel"]
 ExternalVendor = Literal["auto", "nvidia", "mthreads"]
 
 
-class ProfileSegmentInput(BaseModel):
+class ProfileSegmentInput(TraceAnalysisFields):
     mode: Annotated[
         Mode,
         Field(
@@ -95,26 +101,6 @@ class ProfileSegmentInput(BaseModel):
             description="run: put a copy of perfgate on PYTHONPATH for a training interpreter that lacks it."
         ),
     ] = False
-    top_k: Annotated[int, Field(ge=1, le=100, description="Entries in top_kernels and top_ops per rank.")] = (
-        10
-    )
-    hta_compatible: Annotated[
-        bool,
-        Field(
-            description="Round every event to whole microseconds as HTA 0.5 does (to cross-check against it); "
-            "the default keeps the traces' exact times."
-        ),
-    ] = False
-    include_last_step: Annotated[
-        bool,
-        Field(
-            description="Keep the last ProfilerStep in the analysis window (by default it is left out, as in "
-            "HTA: it is often cut short)."
-        ),
-    ] = False
-    short_kernel_us: Annotated[
-        float, Field(gt=0, description="Kernels shorter than this count as short (launch-dominated), us.")
-    ] = 10.0
     external_layers: Annotated[
         list[ExternalLayer],
         Field(
@@ -146,12 +132,6 @@ class ProfileSegmentInput(BaseModel):
         return self
 
 
-class TraceFile(BaseModel):
-    path: str = Field(description="Relative to the workspace when inside it.")
-    bytes: int = Field(description="File size on disk.")
-    rank: int
-
-
 class ProfileSegmentOutput(BaseModel):
     evidence_id: str
     state: EvidenceState
@@ -160,6 +140,10 @@ class ProfileSegmentOutput(BaseModel):
     time_basis: Literal["exact", "hta_rounded"]
     ranks: list[RankProfile] = Field(description="One entry per trace file, sorted by rank.")
     rank_skew: RankSkew | None = Field(description="Cross-rank comparison; null for a single rank.")
+    findings: list[Finding] = Field(
+        description="The walls, ranked: figures, events, time at stake per step (an upper bound), the first "
+        "candidate and its guard, confidence."
+    )
     trace_files: list[TraceFile]
     trace_artifacts: list[str] = Field(description="run: the captured traces, kept as evidence artifacts.")
     external_captures: list[ExternalCapture]
@@ -230,48 +214,6 @@ def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
 # --------------------------------------------------------------------------- helpers
 
 
-def _options(inp: ProfileSegmentInput) -> AnalysisOptions:
-    from perfgate.traces import AnalysisOptions
-
-    return AnalysisOptions(
-        top_k=inp.top_k,
-        time_basis="hta_rounded" if inp.hta_compatible else "exact",
-        include_last_step=inp.include_last_step,
-        short_kernel_us=inp.short_kernel_us,
-    )
-
-
-def _resolve_traces(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[Path]:
-    from perfgate.traces import discover_trace_files
-
-    roots = [rt.resolve_path(p, kind="any") for p in inp.trace_paths]
-    try:
-        files = discover_trace_files(roots)
-    except TraceError as exc:
-        raise ToolError(f"{exc}; pass trace files or folders holding them") from exc
-    # A folder may hold links that point elsewhere: confine every file, not only the folder.
-    return [rt.resolve_path(str(f), kind="file") for f in files]
-
-
-async def _analyze(paths: list[Path], inp: ProfileSegmentInput, rt: ToolRuntime) -> list[RankProfile]:
-    from perfgate.traces import analyze_trace
-
-    options = _options(inp)
-    profiles: list[RankProfile] = []
-    for i, path in enumerate(paths):
-        await rt.progress(i, len(paths), f"analyzing {path.name}")
-        try:
-            profiles.append(await anyio.to_thread.run_sync(analyze_trace, path, options))
-        except TraceError as exc:
-            raise ToolError(str(exc)) from exc
-        except OSError as exc:
-            raise ToolError(f"cannot read {rt.relative(path)}: {exc}") from exc
-    await rt.progress(len(paths), len(paths), "analysis done")
-    for p in profiles:
-        p.path = rt.relative(Path(p.path))
-    return profiles
-
-
 def _externals(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[ExternalCapture]:
     if not inp.external_layers:
         return []
@@ -323,14 +265,6 @@ async def _keep_traces(ev: EvidenceBuilder, traces: list[Path], rt: ToolRuntime)
     return kept
 
 
-def _trace_files(paths: list[Path], profiles: list[RankProfile], rt: ToolRuntime) -> list[TraceFile]:
-    rank_of = {p.path: p.rank for p in profiles}
-    return [
-        TraceFile(path=rt.relative(p), bytes=p.stat().st_size, rank=rank_of.get(rt.relative(p), 0))
-        for p in paths
-    ]
-
-
 # --------------------------------------------------------------------------- the run
 
 
@@ -347,16 +281,16 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
     trace_artifacts: list[str] = []
 
     if request is None:
-        paths = _resolve_traces(inp, rt) if inp.trace_paths else []
-        profiles = await _analyze(paths, inp, rt)
-        trace_files = _trace_files(paths, profiles, rt)
+        paths = resolve_traces(inp.trace_paths, rt) if inp.trace_paths else []
+        profiles = await analyze_paths(paths, inp, rt)
+        files = trace_files(paths, profiles, rt)
         profiled = False
     else:
         run_dir = _run_dir(inp, rt)
         shutil.rmtree(run_dir, ignore_errors=True)
         (run_dir / "traces").mkdir(parents=True)
         profiles = []
-        trace_files = []
+        files = []
         profiled = True
         try:
             if inp.harness_on_path:
@@ -372,9 +306,9 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                     "steps? Lower the schedule or run more steps."
                 )
             if traces:
-                profiles = await _analyze(traces, inp, rt)
+                profiles = await analyze_paths(traces, inp, rt)
                 trace_artifacts = await _keep_traces(ev, traces, rt)
-                trace_files = [
+                files = [
                     TraceFile(path=a, bytes=(rt.workspace / a).stat().st_size, rank=p.rank)
                     for a, p in zip(trace_artifacts, profiles, strict=True)
                 ]
@@ -389,6 +323,8 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         warnings.append(
             "profiled run: step times include profiler overhead; use run_benchmark_window for throughput"
         )
+    if inp.with_flops and profiles and all(p.flops is None for p in profiles):
+        warnings.append(f"with_flops=true but no FLOPs came back: {profiles[0].flops_unavailable}")
     if failure is not None:
         state = EvidenceState.FAILED
     elif profiles or summaries:
@@ -403,7 +339,8 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         time_basis="hta_rounded" if inp.hta_compatible else "exact",
         ranks=report.ranks,
         rank_skew=report.rank_skew,
-        trace_files=trace_files,
+        findings=report.findings,
+        trace_files=files,
         trace_artifacts=trace_artifacts,
         external_captures=externals,
         imported_summaries=summaries,
@@ -411,14 +348,7 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         failure_reason=failure,
         warnings=warnings,
     )
-    if any(r.span_us > 0 for r in report.ranks):
-        ranks = [r.model_dump(mode="json") for r in report.ranks]
-        await rt.plot(ev, "breakdown.png", lambda: breakdown_png(ranks), key=True)
-    elif report.ranks and report.ranks[0].top_ops:
-        # no device activity (a CPU-only run): show where host time went instead
-        ops = sorted(((o.name, o.self_us) for o in report.ranks[0].top_ops), key=lambda o: -o[1])
-        title = f"Host self time by CPU op, rank {report.ranks[0].rank} (no device activity)"
-        await rt.plot(ev, "breakdown.png", lambda: top_ops_png(ops, title), key=True)
+    await key_plot(ev, report.ranks, rt)
     return await rt.commit(
         ev,
         out,
@@ -433,9 +363,8 @@ SPEC = ToolSpec(
     name="profile_segment",
     title="Profile a training segment / analyze traces",
     description=(
-        "Find where step time goes, per rank. mode='analyze' reads existing PyTorch profiler (Kineto) traces "
-        "(.json/.json.gz files or a folder of per-rank traces; CUDA, ROCm, MUSA, MTIA, CPU-only) with a "
-        "streaming reader. mode='run' launches the training command under the harness with torch.profiler "
+        "Capture where step time goes, per rank. For traces that already exist use analyze_trace (read-only; "
+        "mode='analyze' here does the same). mode='run' launches the training command under the harness with torch.profiler "
         "on a short schedule (needs approval) and analyzes the traces it writes; that evidence is flagged "
         "profiled and never counts as throughput. Per rank: device span, idle / compute / non-compute time "
         "(HTA's definitions), communication and memory time, comm/compute overlap, kernel categories (GEMM, "
@@ -453,4 +382,5 @@ SPEC = ToolSpec(
     open_world=True,
     runs_commands=True,
     command=command,
+    brief=lambda out: trace_brief(out.ranks, out.rank_skew, out.findings, [f.path for f in out.trace_files]),
 )

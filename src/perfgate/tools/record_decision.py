@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Annotated, Literal
 
 import anyio.to_thread
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfgate.decisions.experiments import Classification, Decision, Experiment, Link, Role, load_experiments
 from perfgate.decisions.gates import Gate, evaluate_keep, summarize
@@ -23,11 +23,15 @@ Action = Literal["open", "attach", "decide", "show"]
 
 
 class EvidenceLink(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     id: str = Field(description="An evidence_id returned by an earlier perfgate tool call.")
     role: Role = Field(description="What the evidence is for this experiment.")
 
 
 class RecordDecisionInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     action: Annotated[
         Action,
         Field(

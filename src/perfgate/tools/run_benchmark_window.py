@@ -12,8 +12,9 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+import anyio.from_thread
 import anyio.to_thread
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfgate.benchmarking import BenchmarkError, Contract, RecordError, check_contract
 from perfgate.benchmarking.contract import check_observed
@@ -44,6 +45,8 @@ Timing = Literal["harness", "explicit", "log"]
 
 
 class BenchmarkContract(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     invariants: dict[str, Any] = Field(
         default_factory=dict[str, Any],
         description="What must stay fixed between baseline and candidate: model, data, precision, shapes, "
@@ -58,6 +61,8 @@ class BenchmarkContract(BaseModel):
 
 
 class RunBenchmarkWindowInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     command: Annotated[
         list[str],
         Field(
@@ -229,6 +234,10 @@ def _windows_per_launch(inp: RunBenchmarkWindowInput) -> int:
     return inp.repeats if inp.same_process else 1
 
 
+LOG_PATTERN_ENV = "PERFGATE_LOG_PATTERN"
+"""The request's environment carries the log pattern, so the approval digest covers it."""
+
+
 def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
     """The launch this call runs (once per launch, identically); validates the contract first.
 
@@ -269,6 +278,10 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
             label=inp.label,
         )
         env.update(cfg.to_env())
+    else:
+        # Bound to the approval: the human sees which lines will be read as step times, and a changed
+        # pattern needs a new approval. The launched program ignores this variable.
+        env[LOG_PATTERN_ENV] = inp.log_pattern or ""
     if inp.harness_on_path:
         path = str(harness_pythonpath(rt.ledger.state_dir))
         existing = inp.env.get("PYTHONPATH")
@@ -329,7 +342,7 @@ def _log_windows(inp: RunBenchmarkWindowInput, stdout: Path) -> list[WindowSumma
 
     pattern = compile_pattern(inp.log_pattern or "")
     with stdout.open(encoding="utf-8", errors="replace") as fh:
-        entries = parse_step_log(fh, pattern)
+        entries = parse_step_log(fh, pattern, check=anyio.from_thread.check_cancelled)
     out: list[WindowSummary] = []
     for k in range(_windows_per_launch(inp)):
         window = log_window(entries, inp.warmup_steps + k * inp.measure_steps, inp.measure_steps)
@@ -396,10 +409,11 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
             if not result.succeeded:
                 raise _Failure(f"launch {launch}: {_launch_failure(result)}")
             if inp.timing == "log":
-                got = _log_windows(inp, ev.path(f"{label}stdout.log"))
+                # Parsing and record reading are CPU-bound: off the event loop, cancellable.
+                got = await anyio.to_thread.run_sync(_log_windows, inp, ev.path(f"{label}stdout.log"))
                 world = 1
             else:
-                records, problems = _collect_records(ev, record_dir, launch)
+                records, problems = await anyio.to_thread.run_sync(_collect_records, ev, record_dir, launch)
                 got = _harness_windows(inp, records, problems)
                 first_record = first_record or records[0]
                 first_launch = first_launch or records

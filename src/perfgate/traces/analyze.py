@@ -13,13 +13,17 @@ import numpy as np
 
 from perfgate.traces._events import Header
 from perfgate.traces._np import int_list
+from perfgate.traces.diagnose import diagnose
 from perfgate.traces.errors import TraceError
 from perfgate.traces.host import launch_stats, sync_stats
+from perfgate.traces.idle import idle_breakdown
 from perfgate.traces.kernels import category_stats, top_kernels
 from perfgate.traces.models import Backend, RankProfile, RankSource, TimeBasis, TraceSetReport
 from perfgate.traces.ops import flops_summary, top_ops
+from perfgate.traces.phases import host_breakdown
 from perfgate.traces.prepare import Prepared, prepare
 from perfgate.traces.reader import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_VALUE_BYTES, Decompressor, TraceStream
+from perfgate.traces.sequences import frequent_sequences
 from perfgate.traces.steps import rank_skew, step_summary
 from perfgate.traces.table import (
     CPU_OP_CATEGORIES,
@@ -199,6 +203,23 @@ def _warnings(table: EventTable, device_events: int, prepared: Prepared, stream:
     return out
 
 
+_FLOP_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::conv2d",
+             "aten::convolution", "aten::_convolution", "aten::linear")  # fmt: skip
+
+
+def _flops_unavailable(table: EventTable) -> str:
+    """Why a trace has no profiler FLOPs, from what it does hold."""
+    if len(table.names) and table.name_ids(_FLOP_OPS):
+        return (
+            "torch exported no FLOPs although the trace has matmul/conv ops: it was recorded without "
+            "with_flops=True (profile_segment: with_flops=true). Model FLOPs: estimate_flops"
+        )
+    return (
+        "torch exported no FLOPs and the trace has no matmul/conv op (with_flops estimates only those); "
+        "for model FLOPs use estimate_flops"
+    )
+
+
 def analyze_table(
     table: EventTable, header: Header, stream: TraceStream, path: Path, options: AnalysisOptions
 ) -> RankProfile:
@@ -223,6 +244,7 @@ def analyze_table(
     )
     counts["device_in_window"] = len(prepared.device)
     t = temporal_breakdown(prepared)
+    flops = flops_summary(prepared)
     return RankProfile(
         rank=rank,
         rank_source=source,
@@ -252,7 +274,12 @@ def analyze_table(
         launch=launch_stats(prepared, options.short_kernel_us),
         sync=sync_stats(prepared),
         steps=step_summary(prepared),
-        flops=flops_summary(prepared),
+        flops=flops,
+        flops_unavailable=None if flops is not None else _flops_unavailable(table),
+        top_self_ops=top_ops(prepared, options.top_k, by="self"),
+        host=host_breakdown(prepared),
+        idle=idle_breakdown(prepared),
+        kernel_sequences=frequent_sequences(prepared, min(options.top_k, 5)),
         event_counts=counts,
         warnings=_warnings(table, counts["device"], prepared, stream),
     )
@@ -294,7 +321,7 @@ def analyze_traces(
 
 
 def combine(profiles: Sequence[RankProfile]) -> TraceSetReport:
-    """Sort per-rank profiles by rank and compare them (rank skew, duplicate ranks)."""
+    """Sort per-rank profiles by rank, compare them (rank skew, duplicate ranks) and diagnose the walls."""
     warnings: list[str] = []
     ranks = Counter(p.rank for p in profiles)
     duplicated = sorted(r for r, c in ranks.items() if c > 1)
@@ -304,4 +331,5 @@ def combine(profiles: Sequence[RankProfile]) -> TraceSetReport:
             "pass one trace per rank"
         )
     ordered = sorted(profiles, key=lambda p: p.rank)
-    return TraceSetReport(ranks=ordered, rank_skew=rank_skew(ordered), warnings=warnings)
+    skew = rank_skew(ordered)
+    return TraceSetReport(ranks=ordered, rank_skew=skew, warnings=warnings, findings=diagnose(ordered, skew))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["intersection_length", "merge", "union_length"]
+__all__ = ["clip", "difference", "intersection_length", "merge", "union_length"]
 
 F64 = npt.NDArray[np.float64]
 
@@ -43,3 +43,28 @@ def intersection_length(a_start: F64, a_end: F64, b_start: F64, b_end: F64) -> f
     b = union_length(b_start, b_end)
     both = union_length(np.concatenate([a_start, b_start]), np.concatenate([a_end, b_end]))
     return max(0.0, a + b - both)
+
+
+def difference(a_start: F64, a_end: F64, b_start: F64, b_end: F64) -> tuple[F64, F64]:
+    """Disjoint, sorted intervals covering the time of A that B does not cover."""
+    a_s, a_e = merge(a_start, a_end)
+    if a_s.size == 0 or b_start.size == 0:
+        return a_s, a_e
+    b_s, b_e = merge(b_start, b_end)
+    bounds = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
+    lo, hi = bounds[:-1], bounds[1:]
+    mid = (lo + hi) / 2
+
+    def covered(s: F64, e: F64) -> npt.NDArray[np.bool_]:
+        i = np.searchsorted(s, mid, side="right") - 1
+        return (i >= 0) & (e[np.maximum(i, 0)] > mid)
+
+    keep = covered(a_s, a_e) & ~covered(b_s, b_e)
+    return merge(lo[keep], hi[keep])
+
+
+def clip(start: F64, end: F64, lo: float, hi: float) -> tuple[F64, F64]:
+    """The intervals cut to ``[lo, hi)``; empty ones dropped."""
+    s, e = np.maximum(start, lo), np.minimum(end, hi)
+    keep = e > s
+    return s[keep], e[keep]

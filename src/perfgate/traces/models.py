@@ -14,11 +14,19 @@ from perfgate.traces.classify import Category, Kind
 __all__ = [
     "AnalysisWindow",
     "CategoryStats",
+    "DiffRow",
     "Distribution",
+    "Finding",
     "FlopsSummary",
+    "HostBreakdown",
+    "HostPhase",
+    "IdleBreakdown",
+    "KernelSequence",
     "KernelStats",
     "LaunchStats",
     "OpStats",
+    "PhaseName",
+    "ProfileDiff",
     "RankProfile",
     "RankSkew",
     "RankStepMean",
@@ -27,6 +35,7 @@ __all__ = [
     "SyncCall",
     "SyncStats",
     "TraceSetReport",
+    "Wall",
 ]
 
 Backend = Literal["cuda", "rocm", "musa", "privateuse1", "mtia", "xpu", "cpu", "unknown"]
@@ -163,6 +172,72 @@ class FlopsSummary(BaseModel):
     mean_step_time_us: float | None
 
 
+PhaseName = Literal[
+    "data_loading", "optimizer", "collectives", "sync", "backward", "forward", "no_grad", "other"
+]
+
+
+class HostPhase(BaseModel):
+    """One phase of the host-side step (see `HostBreakdown`)."""
+
+    phase: PhaseName
+    per_step_us: float = Field(description="Mean time per step assigned to this phase.")
+    share: float = Field(description="Fraction of step time.")
+    top_events: list[str] = Field(description="Events that define the phase, most self time first.")
+
+
+class HostBreakdown(BaseModel):
+    """Host step time split into phases from torch's annotations, autograd and grad-mode events.
+
+    Phases partition step time in the order data_loading, optimizer, collectives (gloo and other CPU
+    collectives count; only the part not overlapped by an aten op), sync, backward, forward (grad mode
+    on), no_grad (evaluation passes), other (Python between ops, sleeps, unrecorded waits).
+    """
+
+    basis: str
+    steps: int
+    step_us: float = Field(description="Mean step time the phases partition.")
+    phases: list[HostPhase]
+    ops_per_step: float = Field(description="CPU ops (cpu_op events, all depths) per step.")
+    top_level_ops_per_step: float = Field(description="CPU ops not nested in another op, per step.")
+    top_level_op_p50_us: float | None
+    short_op_threshold_us: float
+    short_top_level_op_us_per_step: float = Field(
+        description="Time per step in top-level ops shorter than the threshold (dispatch-dominated)."
+    )
+    implicit_syncs_per_step: float = Field(description=".item()/nonzero-style device waits per step.")
+    sync_span_us_per_step: float = Field(
+        default=0.0, description="Per step: first to last sync op (the extent of a loop of syncs)."
+    )
+
+
+class IdleBreakdown(BaseModel):
+    """Why the device sat idle between kernels, per stream (HTA's idle-time breakdown)."""
+
+    basis: str
+    consecutive_kernel_delay_us: float
+    idle_us: float = Field(description="Sum of the gaps between consecutive events of each stream.")
+    host_wait_us: float = Field(
+        description="Gaps where the launching call started after the previous event ended."
+    )
+    kernel_wait_us: float = Field(description="Other gaps shorter than consecutive_kernel_delay_us.")
+    other_us: float
+    host_wait_fraction: float | None
+    steps_checked: int
+    host_bound_steps: int = Field(
+        description="Steps whose host-wait idle exceeds half their device span: paced by the host."
+    )
+
+
+class KernelSequence(BaseModel):
+    """Kernels that run back to back on one stream, repeatedly: a fusion candidate."""
+
+    kernels: list[str]
+    count: int = Field(description="Occurrences in the window.")
+    time_us: float = Field(description="Device time of the member kernels over all occurrences.")
+    share: float = Field(description="time_us / all device time.")
+
+
 class AnalysisWindow(BaseModel):
     """Which part of the trace the breakdowns cover."""
 
@@ -209,13 +284,37 @@ class RankProfile(BaseModel):
     sync: SyncStats
     steps: StepSummary | None
     flops: FlopsSummary | None
+    flops_unavailable: str | None = Field(
+        default=None, description="Why `flops` is null: what torch did not export."
+    )
+    top_self_ops: list[OpStats] = Field(
+        default_factory=list[OpStats], description="CPU ops by exclusive (self) time, largest first."
+    )
+    host: HostBreakdown | None = Field(
+        default=None, description="Host step time by phase (every trace, CPU-only ones included)."
+    )
+    idle: IdleBreakdown | None = Field(default=None, description="Device idle time by cause.")
+    kernel_sequences: list[KernelSequence] = Field(
+        default_factory=list[KernelSequence],
+        description="Frequent 2-3 kernel sequences on a stream with the most device time (fusion candidates).",
+    )
     event_counts: dict[str, int]
     warnings: list[str]
 
 
 class RankStepMean(BaseModel):
+    """One rank's step time and how much of it was waiting for the others."""
+
     rank: int
     mean_step_us: float
+    collective_wait_us: float = Field(
+        default=0.0,
+        description="Per step: host time in collectives not covered by an op, or device communication "
+        "not overlapped with compute, whichever is larger.",
+    )
+    busy_us: float = Field(
+        default=0.0, description="mean_step_us minus the wait beyond the rank that waited least."
+    )
 
 
 class RankSkew(BaseModel):
@@ -228,7 +327,13 @@ class RankSkew(BaseModel):
     )
     mean_step_skew_us: float | None
     worst_step: int | None
-    slowest_rank: int | None
+    slowest_rank: int | None = Field(
+        description="The rank with the most busy time (step time minus excess collective wait): the same "
+        "definition as run_benchmark_window."
+    )
+    busy_spread_us: float | None = Field(
+        default=None, description="Per step: slowest rank's busy time minus the fastest rank's."
+    )
     per_rank_mean_step_us: list[RankStepMean]
     span_spread_us: float = Field(description="max - min of span_us across ranks.")
     compute_spread_us: float
@@ -236,7 +341,74 @@ class RankSkew(BaseModel):
     most_idle_rank: int
 
 
+Wall = Literal[
+    "input_pipeline",
+    "host_overhead",
+    "synchronization",
+    "exposed_communication",
+    "memory_bound",
+    "compute_efficiency",
+    "rank_imbalance",
+    "evaluation_in_step",
+    "profiler_artefact",
+]
+Confidence = Literal["high", "medium", "low"]
+
+
+class Finding(BaseModel):
+    """One wall the step runs into, with the figures that show it and what to try first."""
+
+    wall: Wall
+    rank: int | None = Field(description="The rank it was found on; null for a finding across ranks.")
+    summary: str = Field(description="One line with the deciding figures.")
+    figures: dict[str, float] = Field(description="The evidence figures (us per step, shares, counts).")
+    events: list[str] = Field(description="Trace events that show it (op, annotation or kernel names).")
+    time_at_stake_us: float = Field(
+        description="Upper bound of the step time this wall can cost, us per step: fixing it cannot save more."
+    )
+    share_of_step: float = Field(description="time_at_stake_us / step time.")
+    candidate: str = Field(description="The first change to try.")
+    guard: str = Field(description="What must be checked so the change is not a regression in disguise.")
+    confidence: Confidence
+    confidence_reason: str
+
+
+class DiffRow(BaseModel):
+    """One quantity, per step (mean over ranks): baseline, candidate and the change."""
+
+    name: str
+    baseline: float
+    candidate: float
+    delta: float = Field(description="candidate - baseline (negative: less time or fewer events).")
+    ratio: float | None = Field(description="candidate / baseline; null when the baseline is 0.")
+
+
+class ProfileDiff(BaseModel):
+    """What changed between two profiles, per step: did the change do what it was meant to?
+
+    Times are microseconds per step, means over ranks; kernels and ops compare each side's top lists
+    (so a name outside both lists is not seen). ``new_*`` are in the candidate only, ``vanished_*`` in
+    the baseline only.
+    """
+
+    basis: str
+    step: DiffRow
+    phases: list[DiffRow] = Field(description="Host phases, largest absolute change first.")
+    device: list[DiffRow] = Field(description="Device idle / compute / communication / memory time.")
+    categories: list[DiffRow]
+    kernels: list[DiffRow] = Field(description="Kernels present on both sides, largest change first.")
+    ops: list[DiffRow] = Field(description="CPU ops (inclusive time) on both sides, largest change first.")
+    new_kernels: list[str]
+    vanished_kernels: list[str]
+    new_ops: list[str]
+    vanished_ops: list[str]
+    counts: list[DiffRow] = Field(description="Launches, implicit syncs, host sync calls, CPU ops per step.")
+    walls: list[DiffRow] = Field(description="Time at stake per wall (0 when it did not fire on a side).")
+    summary: list[str] = Field(description="The largest changes in words.")
+
+
 class TraceSetReport(BaseModel):
     ranks: list[RankProfile]
     rank_skew: RankSkew | None
     warnings: list[str]
+    findings: list[Finding] = Field(default_factory=list[Finding])

@@ -9,7 +9,7 @@ from perfgate.traces._np import int_list
 from perfgate.traces.models import FlopsSummary, OpStats
 from perfgate.traces.prepare import Prepared
 
-__all__ = ["FLOPS_BASIS", "flops_summary", "self_times", "top_ops"]
+__all__ = ["FLOPS_BASIS", "flops_summary", "parent_rows", "self_times", "top_ops"]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -20,15 +20,15 @@ FLOPS_BASIS = (
 )
 
 
-def self_times(ts: F64, dur: F64, tid: I64) -> F64:
-    """Exclusive time of each event: its duration minus that of its direct children on its thread.
+def parent_rows(ts: F64, dur: F64, tid: I64) -> I64:
+    """Row of each event's direct parent on its thread (-1 for top-level and zero-length events).
 
     Events of one thread nest (Chrome trace semantics). The parent of an event is found without a
     Python loop: walking the starts and ends of one thread in time order, an event opened at depth
     ``d`` belongs to the latest event opened at depth ``d - 1`` before it. Zero-length events have no
-    children; imperfect nesting never yields a negative result.
+    children and no parent.
     """
-    out = dur.astype(np.float64, copy=True)
+    out = np.full(dur.size, -1, np.int64)
     rows = np.flatnonzero(dur > 0)
     m = rows.size
     if m < 2:
@@ -47,7 +47,7 @@ def self_times(ts: F64, dur: F64, tid: I64) -> F64:
             np.concatenate([threads, threads]),
         )
     )
-    del t_open, threads
+    del t_open, threads, d
     opened = order < m
     depth = np.cumsum(np.where(opened, 1, -1), dtype=np.int32)
     pos = np.flatnonzero(opened)
@@ -62,14 +62,31 @@ def self_times(ts: F64, dur: F64, tid: I64) -> F64:
     has_parent = (level > 1) & (j >= 0)
     j_safe = np.where(has_parent, j, 0)
     has_parent &= level[by_level][j_safe] == level - 1
-    parent = who[by_level][j_safe[has_parent]]
-    child_time = np.bincount(parent, weights=d[who[has_parent]], minlength=m)
-    out[rows] = np.maximum(d - child_time, 0.0)
+    parent = np.full(m, -1, np.int64)
+    parent[who[has_parent]] = who[by_level][j_safe[has_parent]]
+    out[rows] = np.where(parent >= 0, rows[np.maximum(parent, 0)], -1)
     return out
 
 
-def top_ops(p: Prepared, k: int) -> list[OpStats]:
-    """The ``k`` CPU op/annotation names with the largest inclusive time (ProfilerStep excluded)."""
+def self_times(ts: F64, dur: F64, tid: I64) -> F64:
+    """Exclusive time of each event: its duration minus that of its direct children on its thread.
+
+    Imperfect nesting never yields a negative result (see `parent_rows`).
+    """
+    out = dur.astype(np.float64, copy=True)
+    parent = parent_rows(ts, dur, tid)
+    has = parent >= 0
+    if not has.any():
+        return out
+    child_time = np.bincount(parent[has], weights=dur[has], minlength=dur.size)
+    positive = dur > 0
+    out[positive] = np.maximum(dur[positive] - child_time[positive], 0.0)
+    return out
+
+
+def top_ops(p: Prepared, k: int, *, by: str = "total") -> list[OpStats]:
+    """The ``k`` CPU op/annotation names with the largest inclusive time (``by="total"``) or exclusive
+    time (``by="self"``); ProfilerStep annotations are left out."""
     cpu = p.cpu
     if len(cpu) == 0 or k <= 0:
         return []
@@ -84,7 +101,7 @@ def top_ops(p: Prepared, k: int) -> list[OpStats]:
     has_flops = ~np.isnan(flops)
     flop_totals = np.bincount(names, weights=np.where(has_flops, flops, 0.0), minlength=n_names)
     flop_counts = np.bincount(names, weights=has_flops.astype(np.float64), minlength=n_names)
-    ranked = np.where(counts > 0, totals, -1.0)
+    ranked = np.where(counts > 0, totals if by == "total" else selfs, -1.0)
     for step_id in int_list(np.flatnonzero(counts > 0)):
         if "ProfilerStep" in p.table.names[step_id]:
             ranked[step_id] = -1.0

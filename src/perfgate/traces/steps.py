@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfgate.benchmarking.stragglers import busy_times, slowest_rank
 from perfgate.traces._np import bool_list, float_list, int_list
 from perfgate.traces.models import RankProfile, RankSkew, RankStepMean, StepStats, StepSummary
 from perfgate.traces.prepare import Prepared
 
-__all__ = ["rank_skew", "step_summary"]
+__all__ = ["collective_wait_us", "rank_skew", "step_summary"]
+
+
+def collective_wait_us(prof: RankProfile) -> float:
+    """Per step: the larger of host collective wait and device communication not hidden by compute."""
+    host = 0.0
+    if prof.host is not None:
+        host = next((ph.per_step_us for ph in prof.host.phases if ph.phase == "collectives"), 0.0)
+    steps = prof.steps.count if prof.steps is not None and prof.steps.count else 1
+    device = max(prof.communication_us - prof.comm_compute_overlap_us, 0.0) / steps
+    return max(host, device)
 
 
 def step_summary(p: Prepared) -> StepSummary | None:
@@ -66,10 +77,15 @@ def rank_skew(profiles: list[RankProfile]) -> RankSkew | None:
         spread = matrix.max(axis=0) - matrix.min(axis=0)
         worst = int(np.argmax(spread))
         worst_step, max_skew, mean_skew = ordered[worst], float(spread[worst]), float(spread.mean())
+    by_rank = {prof.rank: prof for prof in profiles}
+    timed = [(r, float(np.mean(list(v.values())))) for r, v in per_rank.items() if v]
+    waits = [collective_wait_us(by_rank[r]) for r, _ in timed]
+    busy = busy_times([m for _, m in timed], [[w] for w in waits])
     means = [
-        RankStepMean(rank=r, mean_step_us=float(np.mean(list(v.values())))) for r, v in per_rank.items() if v
+        RankStepMean(rank=r, mean_step_us=m, collective_wait_us=w, busy_us=b)
+        for (r, m), w, b in zip(timed, waits, busy, strict=True)
     ]
-    slowest = max(means, key=lambda m: m.mean_step_us).rank if means else None
+    slowest = slowest_rank([m.rank for m in means], busy) if means else None
     spans = [p.span_us for p in profiles]
     computes = [p.compute_us for p in profiles]
     idles = [p.idle_us for p in profiles]
@@ -80,6 +96,7 @@ def rank_skew(profiles: list[RankProfile]) -> RankSkew | None:
         mean_step_skew_us=mean_skew,
         worst_step=worst_step,
         slowest_rank=slowest,
+        busy_spread_us=max(busy) - min(busy) if busy else None,
         per_rank_mean_step_us=sorted(means, key=lambda m: m.rank),
         span_spread_us=max(spans) - min(spans),
         compute_spread_us=max(computes) - min(computes),

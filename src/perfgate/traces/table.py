@@ -8,11 +8,13 @@ per kept event. All times are microseconds as written in the trace.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
@@ -155,6 +157,20 @@ _GET_DEVICE = attrgetter("device")
 _GET_BYTES = attrgetter("nbytes")
 _GET_SIZE = attrgetter("size")
 _GET_FLOPS = attrgetter("flops")
+_SEQ = b'"Sequence number"'
+
+
+def _has_key(raws: list[msgspec.Raw], key: bytes) -> I64:
+    """1 for each raw args object that contains ``key``, else 0: one joined buffer, searched in C."""
+    n = len(raws)
+    joined = b"".join(raws)
+    if key not in joined:
+        return np.zeros(n, np.int64)
+    ends = np.cumsum(np.fromiter(map(len, raws), np.int64, n))
+    hits = np.fromiter((m.start() for m in re.finditer(re.escape(key), joined)), np.int64)
+    out = np.zeros(n, np.int64)
+    out[np.searchsorted(ends, hits, side="right")] = 1
+    return out
 
 
 class _Interner(dict[str, int]):
@@ -206,7 +222,7 @@ _DEVICE_INT = ("name", "cat", "stream", "corr", "device", "direction")
 _HOST_FLOAT = ("ts", "dur", "nbytes")
 _HOST_INT = ("name", "cat", "corr", "tid")
 _CPU_FLOAT = ("ts", "dur", "flops")
-_CPU_INT = ("name", "cat", "tid")
+_CPU_INT = ("name", "cat", "tid", "grad")
 
 
 def _empty(floats: Sequence[str], ints: Sequence[str]) -> Columns:
@@ -221,7 +237,8 @@ class EventTable:
 
     ``device``: ts, dur, nbytes, name, cat, stream (-1 unknown), corr (-1 none), device (-1 unknown),
     direction (a ``DIR_*`` code). ``host``: runtime/driver calls with ts, dur, nbytes, name, cat,
-    corr, tid. ``cpu``: operators and annotations with ts, dur, flops, name, cat, tid.
+    corr, tid. ``cpu``: operators and annotations with ts, dur, flops, name, cat, tid, and ``grad``
+    (1 when the op carries an autograd ``Sequence number``: it ran with grad mode on).
     ``float_timestamps``: some kept event's ``ts`` is written as a float; HTA then rounds every event
     of the trace to whole microseconds.
     """
@@ -363,6 +380,9 @@ class TableBuilder:
         n = len(events)
         data["tid"] = np.fromiter(map(self._tids.__getitem__, map(_GET_TID, events)), np.int64, n)
         raws = list(map(_GET_ARGS, events))
+        # torch numbers the ops it records while grad mode is on; a substring test per raw args object
+        # (in C) tells grad-mode ops from no-grad ones without decoding every CPU op's args.
+        data["grad"] = _has_key(raws, _SEQ)
         # Profiler-attributed FLOPs are rare: decode CPU-op args only when some carry them.
         if b'"flops"' in b"".join(raws):
             data["flops"] = _floats(list(map(_GET_FLOPS, decode_args(raws))))

@@ -1,0 +1,127 @@
+"""The text an agent reads from a tool result: a few deciding lines, then compact JSON, under a budget.
+
+Every tool's full result goes to ``structuredContent`` (validated against its output schema) and to the
+ledger. The text content is what most agent hosts put into the model's context, and it stays there for
+the rest of the session, so it is sized on purpose:
+
+1. lead lines: the state and evidence id, the headline figures (verdict, speedup, step time, the top
+   findings, ...) and the next call, from the tool's own ``brief`` when it has one;
+2. the result as compact JSON (no indentation, floats to 4 significant digits, empty fields dropped),
+   shortened until the whole text fits `TEXT_BUDGET_CHARS`: long lists keep their first items and say
+   how many more there are, long strings are cut. The lead lines say when that happened.
+
+The budget is 2,000 tokens (a token is about 4 characters of JSON or English): 8,000 characters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+__all__ = ["CHARS_PER_TOKEN", "TEXT_BUDGET_CHARS", "TEXT_BUDGET_TOKENS", "answer_text", "compact_json"]
+
+TEXT_BUDGET_TOKENS = 2000
+CHARS_PER_TOKEN = 4
+TEXT_BUDGET_CHARS = TEXT_BUDGET_TOKENS * CHARS_PER_TOKEN
+
+# Top-level fields that decide the next step, in the order they are shown when a tool has no brief.
+_HEADLINE = (
+    "status", "verdict", "speedup", "ci_low", "ci_high", "decision", "accepted", "metric", "utilization",
+    "achieved_tflops", "median_step_ms", "throughput", "noisy", "slowest_rank", "model_flops_per_step",
+    "failure_reason", "failure", "exit_code",
+)  # fmt: skip
+# (list length kept, string length kept) per shortening round; None keeps everything.
+_ROUNDS: tuple[tuple[int | None, int | None], ...] = (
+    (None, None), (20, 400), (10, 200), (5, 120), (3, 80), (2, 60), (1, 40), (0, 40),
+)  # fmt: skip
+
+Brief = Callable[[Any], list[str]]
+
+
+def _round(x: float) -> float | int:
+    if not math.isfinite(x) or x == 0:
+        return x
+    if x == int(x) and abs(x) < 1e15:
+        return int(x)
+    return float(f"{x:.4g}")
+
+
+def _shorten(value: Any, max_list: int | None, max_str: int | None) -> Any:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():  # pyright: ignore[reportUnknownVariableType]
+            if v is None or v == [] or v == {} or v == "":
+                continue
+            out[str(k)] = _shorten(v, max_list, max_str)  # pyright: ignore[reportUnknownArgumentType]
+        return out
+    if isinstance(value, list):
+        items: list[Any] = list(value)  # pyright: ignore[reportUnknownArgumentType]
+        kept = items if max_list is None else items[:max_list]
+        shown = [_shorten(v, max_list, max_str) for v in kept]
+        if len(items) > len(kept):
+            shown.append(f"...+{len(items) - len(kept)} more")
+        return shown
+    if isinstance(value, str):
+        if max_str is not None and len(value) > max_str:
+            return value[: max(max_str - 3, 0)] + "..."
+        return value
+    if isinstance(value, float):
+        return _round(value)
+    return value
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+
+
+def compact_json(value: Any, budget_chars: int) -> tuple[str, bool]:
+    """``value`` as compact JSON within ``budget_chars`` when it can be; whether it was shortened."""
+    text = ""
+    for k, (max_list, max_str) in enumerate(_ROUNDS):
+        text = _dumps(_shorten(value, max_list, max_str))
+        if len(text) <= budget_chars:
+            return text, k > 0
+    return text[: max(budget_chars - 3, 0)] + "...", True
+
+
+def _generic_lead(result: dict[str, Any]) -> list[str]:
+    figures: list[str] = []
+    for key in _HEADLINE:
+        v = result.get(key)
+        if v is None or isinstance(v, dict | list):
+            continue
+        figures.append(f"{key}={_shorten(v, None, 200)}")
+    summary = result.get("summary")
+    lines = [str(_shorten(summary, None, 400))] if isinstance(summary, str) and summary else []
+    if figures:
+        lines.append("; ".join(figures))
+    reasons = result.get("reasons")
+    if isinstance(reasons, list) and reasons:
+        lines.extend(f"reason: {r}" for r in _shorten(reasons, 3, 300))  # pyright: ignore[reportUnknownArgumentType]
+    return lines
+
+
+def answer_text(tool: str, output: BaseModel, brief: Brief | None = None) -> str:
+    """The text content for ``output`` (see the module docstring)."""
+    result = output.model_dump(mode="json")
+    head = f"{tool}: {result.get('state', 'done')}"
+    if result.get("evidence_id"):
+        head += f", evidence {result['evidence_id']}"
+    lead = [head, *(brief(output) if brief is not None else _generic_lead(result))]
+    warnings: Sequence[Any] = result.get("warnings") or []
+    if warnings:
+        lead.append(f"warnings ({len(warnings)}): " + " | ".join(str(w)[:200] for w in warnings[:2]))
+    lead_text = "\n".join(lead)
+    room = TEXT_BUDGET_CHARS - len(lead_text) - 120
+    body, shortened = compact_json(result, max(room, 400))
+    note = (
+        "result (shortened: lists cut to their first items; the full result is in structuredContent and "
+        "the ledger):"
+        if shortened
+        else "result:"
+    )
+    return f"{lead_text}\n{note}\n{body}"

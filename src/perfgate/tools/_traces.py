@@ -1,0 +1,194 @@
+"""Trace analysis shared by `analyze_trace` (read-only) and `profile_segment` (the gated capture).
+
+Both tools take the same analysis knobs (`TraceAnalysisFields`), resolve trace paths inside the
+workspace the same way, and draw the same key plot, so a captured segment and an analyzed trace answer
+alike. The trace modules (numpy, msgspec) are imported where they are used, to keep start-up fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import anyio.to_thread
+from pydantic import BaseModel, ConfigDict, Field
+
+from perfgate.errors import ToolError
+from perfgate.report.plots import breakdown_png, top_ops_png
+from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
+from perfgate.traces import RankProfile, RankSkew, TraceError
+from perfgate.traces.models import Finding
+
+if TYPE_CHECKING:
+    from perfgate.traces import AnalysisOptions
+
+__all__ = [
+    "TraceAnalysisFields",
+    "TraceFile",
+    "analysis_options",
+    "analyze_paths",
+    "key_plot",
+    "resolve_traces",
+    "trace_brief",
+    "trace_files",
+]
+
+
+class TraceAnalysisFields(BaseModel):
+    """The analysis knobs both trace tools accept."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    top_k: Annotated[int, Field(ge=1, le=100, description="Entries in top_kernels and top_ops per rank.")] = (
+        10
+    )
+    hta_compatible: Annotated[
+        bool,
+        Field(
+            description="Round every event to whole microseconds as HTA 0.5 does (to cross-check against it); "
+            "the default keeps the traces' exact times."
+        ),
+    ] = False
+    include_last_step: Annotated[
+        bool,
+        Field(
+            description="Keep the last ProfilerStep in the analysis window (by default it is left out, as in "
+            "HTA: it is often cut short)."
+        ),
+    ] = False
+    short_kernel_us: Annotated[
+        float, Field(gt=0, description="Kernels shorter than this count as short (launch-dominated), us.")
+    ] = 10.0
+
+
+class TraceFile(BaseModel):
+    path: str = Field(description="Relative to the workspace when inside it.")
+    bytes: int = Field(description="File size on disk.")
+    rank: int
+
+
+def analysis_options(inp: TraceAnalysisFields) -> AnalysisOptions:
+    from perfgate.traces import AnalysisOptions
+
+    return AnalysisOptions(
+        top_k=inp.top_k,
+        time_basis="hta_rounded" if inp.hta_compatible else "exact",
+        include_last_step=inp.include_last_step,
+        short_kernel_us=inp.short_kernel_us,
+    )
+
+
+def resolve_traces(raw_paths: list[str], rt: ToolRuntime) -> list[Path]:
+    """Trace files named by the agent (files or folders of per-rank traces), confined to the workspace.
+
+    Raises:
+        ToolError: a path outside the workspace, missing, or a folder without traces.
+    """
+    from perfgate.traces import discover_trace_files
+
+    roots = [rt.resolve_path(p, kind="any") for p in raw_paths]
+    try:
+        files = discover_trace_files(roots)
+    except TraceError as exc:
+        raise ToolError(f"{exc}; pass trace files or folders holding them") from exc
+    # A folder may hold links that point elsewhere: confine every file, not only the folder.
+    return [rt.resolve_path(str(f), kind="file") for f in files]
+
+
+async def analyze_paths(paths: list[Path], inp: TraceAnalysisFields, rt: ToolRuntime) -> list[RankProfile]:
+    """One `RankProfile` per file, read in a worker thread, paths shown relative to the workspace.
+
+    Raises:
+        ToolError: a trace that cannot be read or parsed (the file is named).
+    """
+    from perfgate.traces import analyze_trace
+
+    options = analysis_options(inp)
+    profiles: list[RankProfile] = []
+    for i, path in enumerate(paths):
+        await rt.progress(i, len(paths), f"analyzing {path.name}")
+        try:
+            profiles.append(await anyio.to_thread.run_sync(analyze_trace, path, options))
+        except TraceError as exc:
+            raise ToolError(str(exc)) from exc
+        except OSError as exc:
+            raise ToolError(f"cannot read {rt.relative(path)}: {exc}") from exc
+    await rt.progress(len(paths), len(paths), "analysis done")
+    for p in profiles:
+        p.path = rt.relative(Path(p.path))
+    return profiles
+
+
+def trace_files(paths: list[Path], profiles: list[RankProfile], rt: ToolRuntime) -> list[TraceFile]:
+    rank_of = {p.path: p.rank for p in profiles}
+    return [
+        TraceFile(path=rt.relative(p), bytes=p.stat().st_size, rank=rank_of.get(rt.relative(p), 0))
+        for p in paths
+    ]
+
+
+async def key_plot(ev: EvidenceBuilder, profiles: list[RankProfile], rt: ToolRuntime) -> None:
+    """The breakdown plot: device time per rank, or host self time by op for a CPU-only trace."""
+    if any(r.span_us > 0 for r in profiles):
+        ranks = [r.model_dump(mode="json") for r in profiles]
+        await rt.plot(ev, "breakdown.png", lambda: breakdown_png(ranks), key=True)
+    elif profiles and profiles[0].top_self_ops:
+        # No device activity (a CPU-only run): show where host time went instead. The ops are chosen
+        # and ordered by the time the bars draw (self time), not by inclusive time.
+        ops = [(o.name, o.self_us) for o in profiles[0].top_self_ops]
+        title = f"Host self time by CPU op, rank {profiles[0].rank} (no device activity)"
+        await rt.plot(ev, "breakdown.png", lambda: top_ops_png(ops, title), key=True)
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.2f} ms"
+
+
+def trace_brief(
+    ranks: list[RankProfile], skew: RankSkew | None, findings: list[Finding], paths: list[str]
+) -> list[str]:
+    """Lead lines of a trace analysis: the walls, the top findings with figures, per-rank step, next call."""
+    lines: list[str] = []
+    if not ranks:
+        return ["no trace analyzed"]
+    if findings:
+        lines.append(
+            "walls: "
+            + "; ".join(
+                f"{f.wall} {f.share_of_step:.0%} of step ({_ms(f.time_at_stake_us)}"
+                + (f", rank {f.rank}" if f.rank is not None and len(ranks) > 1 else "")
+                + f", {f.confidence})"
+                for f in findings[:4]
+            )
+        )
+        for i, f in enumerate(findings[:3], 1):
+            lines.append(f"{i}. {f.summary}. Try: {f.candidate}. Guard: {f.guard}.")
+    else:
+        lines.append(
+            "walls: none passed its threshold (see traces/diagnose.py); read host phases and categories"
+        )
+    steps: list[str] = []
+    for r in ranks[:8]:
+        step = r.host.step_us if r.host is not None else (r.steps.mean_us if r.steps else r.span_us)
+        part = f"rank {r.rank} ({r.backend}) step {_ms(step)}"
+        if r.span_us > 0 and r.idle_fraction is not None:
+            part += f", device idle {r.idle_fraction:.0%}"
+        steps.append(part)
+    if len(ranks) > 8:
+        steps.append(f"+{len(ranks) - 8} ranks")
+    lines.append("; ".join(steps))
+    if skew is not None and skew.slowest_rank is not None:
+        busiest = {m.rank: m for m in skew.per_rank_mean_step_us}
+        slow = busiest.get(skew.slowest_rank)
+        if slow is not None:
+            lines.append(
+                f"slowest rank {skew.slowest_rank}: busy {_ms(slow.busy_us)} per step "
+                f"(spread {_ms(skew.busy_spread_us or 0.0)}; busy = step minus excess collective wait)"
+            )
+    if findings:
+        top = findings[0]
+        lines.append(
+            f'next: record_decision(action="open", hypothesis="{top.wall}: ...") for one change, '
+            "run_benchmark_window before and after; analyze_trace on a new capture shows whether the wall moved"
+        )
+    return lines

@@ -1,0 +1,367 @@
+"""Name the walls a profile runs into: ranked findings with figures, time at stake, candidate and guard.
+
+Each rule reads the analyses already in a `RankProfile` (host phases, device temporal and idle
+breakdowns, kernel categories, syncs, steps) and the cross-rank comparison. A finding fires when its
+share of the step passes a threshold; its ``time_at_stake_us`` is an upper bound on what removing the
+wall can save per step (the time the step demonstrably spends on it). Findings are ranked by time at
+stake weighted by confidence (high 1.0, medium 0.7, low 0.4): a sure 30% beats a guessed 35%.
+
+Thresholds (share of the step, per rank unless said otherwise):
+
+========================  ===========================================================================
+wall                      fires when
+========================  ===========================================================================
+input_pipeline            DataLoader ``__next__`` time >= 10% of the step
+evaluation_in_step        ops recorded with grad mode off >= 15% of the step
+synchronization           >= 1 implicit sync (.item(), nonzero) per step and the syncs, or the loop
+                          between the first and last of them, >= 5%; or blocking host syncs >= 5%
+exposed_communication     collective wait not hidden by compute >= 10% (across ranks: the least any
+                          rank waits; the rest is imbalance)
+rank_imbalance            busy-time spread across ranks >= 10% of the mean step
+host_overhead             CPU: >= 300 top-level ops per step with a median under 20 us, and the time
+                          in those short ops plus uncovered host time >= 10%; device: idle time whose
+                          launch came late (host wait) >= 10% of the device span
+memory_bound              copies/memsets plus elementwise/reduction kernels >= 50% of device time,
+                          and that time >= 10% of the step
+compute_efficiency        compute covers >= 80% of the device span and GEMM/conv/attention >= 50% of
+                          device time (then MFU, not the trace, says how far from peak it is)
+profiler_artefact         fewer than 2 steps in the window, or the slowest step >= 3x the median
+========================  ===========================================================================
+
+Candidates and guards follow the evidence -> first candidate -> required guard table of the
+optimization workflow (data wait -> workers/prefetch, guarded by coverage and input equivalence;
+exposed communication -> bucketing/overlap, guarded by all-rank behaviour; compute-bound ->
+compile/fusion, guarded by parity and warm-up; logging/eval -> less synchronization, guarded by
+required observability).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from perfgate.traces.models import Confidence, Finding, RankProfile, RankSkew, Wall
+
+__all__ = ["THRESHOLDS", "diagnose"]
+
+THRESHOLDS: dict[str, float] = {
+    "input_pipeline": 0.10,
+    "evaluation_in_step": 0.15,
+    "synchronization": 0.05,
+    "exposed_communication": 0.10,
+    "rank_imbalance": 0.10,
+    "host_overhead": 0.10,
+    "host_overhead_ops_per_step": 300,
+    "host_overhead_op_p50_us": 20.0,
+    "memory_bound": 0.50,
+    "compute_efficiency_busy": 0.80,
+    "compute_efficiency_matmul": 0.50,
+    "profiler_artefact_step_ratio": 3.0,
+}
+_WEIGHT: dict[Confidence, float] = {"high": 1.0, "medium": 0.7, "low": 0.4}
+
+_PLAYBOOK: dict[Wall, tuple[str, str]] = {
+    "input_pipeline": (
+        "DataLoader num_workers > 0 with prefetch_factor and persistent_workers (or move per-sample Python "
+        "decoding out of __getitem__: cache, vectorize, pre-decode)",
+        "sample coverage and order (audit_samples), host memory per worker, identical inputs (compare_tensors "
+        "on a batch)",
+    ),
+    "evaluation_in_step": (
+        "run the no-grad pass (validation, metrics) every N steps or outside the timed loop",
+        "required observability: the metric is still produced at the needed cadence; keep it out of "
+        "throughput windows, not out of the job",
+    ),
+    "synchronization": (
+        "drop the per-step/per-element .item()/bool()/nonzero calls: accumulate on device, fetch once per "
+        "log interval",
+        "required observability (logged values unchanged at the log interval), numerics of the accumulated "
+        "value",
+    ),
+    "exposed_communication": (
+        "overlap and bucket gradient communication: DDP bucket_cap_mb / gradient_as_bucket_view, no_sync() "
+        "across accumulation micro-steps, fewer larger all-reduces",
+        "version-specific API behaviour, global batch and loss scaling unchanged, all ranks run the same "
+        "schedule (compare_tensors on gradients after one step)",
+    ),
+    "rank_imbalance": (
+        "remove the slow rank's extra work (see its own findings): balance shards or sequence lengths, "
+        "rank-0-only logging/checkpointing off the step, CPU affinity per rank",
+        "all-rank behaviour and global batch unchanged; audit_samples for sharding changes",
+    ),
+    "host_overhead": (
+        "replace per-sample / per-element Python loops with batched tensor ops; then torch.compile or CUDA "
+        "graphs for launch-bound steps",
+        "forward/backward/update parity (compare_tensors), warm-up and recompilation excluded from windows, "
+        "graph breaks",
+    ),
+    "memory_bound": (
+        "fuse elementwise chains (torch.compile), avoid layout copies and redundant casts, larger "
+        "contiguous transfers with pinned memory",
+        "forward/backward/update parity, warm-up excluded, actual overlap of async copies",
+    ),
+    "compute_efficiency": (
+        "measure MFU first (estimate_flops + compute_mfu); then precision (bf16/TF32), shape alignment, "
+        "fused attention or compile",
+        "numerics within the declared tolerance (compare_tensors), same model FLOPs per step",
+    ),
+    "profiler_artefact": (
+        "capture again with a longer schedule (profile_segment warmup >= 1, active >= 3) before deciding",
+        "the same steps are compared: profiled step times are never throughput (run_benchmark_window)",
+    ),
+}
+
+
+def _finding(
+    wall: Wall,
+    rank: int | None,
+    step_us: float,
+    at_stake: float,
+    summary: str,
+    figures: dict[str, float],
+    events: Sequence[str],
+    confidence: Confidence,
+    reason: str,
+) -> Finding:
+    at_stake = max(0.0, min(at_stake, step_us)) if step_us > 0 else max(at_stake, 0.0)
+    candidate, guard = _PLAYBOOK[wall]
+    return Finding(
+        wall=wall,
+        rank=rank,
+        summary=summary,
+        figures={k: round(v, 4) for k, v in figures.items()},
+        events=list(events)[:5],
+        time_at_stake_us=at_stake,
+        share_of_step=at_stake / step_us if step_us > 0 else 0.0,
+        candidate=candidate,
+        guard=guard,
+        confidence=confidence,
+        confidence_reason=reason,
+    )
+
+
+def _step_us(p: RankProfile) -> float:
+    if p.host is not None and p.host.step_us > 0:
+        return p.host.step_us
+    if p.steps is not None and p.steps.mean_us > 0:
+        return p.steps.mean_us
+    return p.span_us
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.2f} ms"
+
+
+def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]:
+    out: list[Finding] = []
+    step = _step_us(p)
+    if step <= 0:
+        return out
+    per_step = p.steps.count if p.steps is not None and p.steps.count else 1
+    host = p.host
+    phase = {ph.phase: ph for ph in host.phases} if host is not None else {}
+    dev = p.span_us > 0
+
+    def share(us: float) -> float:
+        return us / step
+
+    if "data_loading" in phase and share(phase["data_loading"].per_step_us) >= THRESHOLDS["input_pipeline"]:
+        ph = phase["data_loading"]
+        out.append(
+            _finding(
+                "input_pipeline", p.rank, step, ph.per_step_us,
+                f"rank {p.rank}: {_ms(ph.per_step_us)} of a {_ms(step)} step ({ph.share:.0%}) waits in the DataLoader",
+                {"data_loading_us_per_step": ph.per_step_us, "step_us": step, "share": ph.share},
+                ph.top_events, "high", "torch's own DataLoader annotation covers this time",
+            )
+        )  # fmt: skip
+    if "no_grad" in phase and share(phase["no_grad"].per_step_us) >= THRESHOLDS["evaluation_in_step"]:
+        ph = phase["no_grad"]
+        model_ops = [
+            e for e in ph.top_events if any(k in e for k in ("linear", "addmm", "conv", "matmul", "mm"))
+        ]
+        out.append(
+            _finding(
+                "evaluation_in_step", p.rank, step, ph.per_step_us,
+                f"rank {p.rank}: {_ms(ph.per_step_us)} per step ({ph.share:.0%}) runs with grad mode off "
+                "(an evaluation or other no-grad pass inside the step)",
+                {"no_grad_us_per_step": ph.per_step_us, "step_us": step, "share": ph.share},
+                ph.top_events, "high" if model_ops else "medium",
+                "ops recorded without an autograd sequence number"
+                + (", model ops among them" if model_ops else "; no model op among the heaviest, check them"),
+            )
+        )  # fmt: skip
+    if host is not None and host.implicit_syncs_per_step >= 1:
+        sync_ph = phase["sync"].per_step_us if "sync" in phase else 0.0
+        at_stake = max(sync_ph, host.sync_span_us_per_step)
+        direct = sync_ph >= 0.5 * at_stake
+        if share(at_stake) >= THRESHOLDS["synchronization"]:
+            out.append(
+                _finding(
+                    "synchronization", p.rank, step, at_stake,
+                    f"rank {p.rank}: {host.implicit_syncs_per_step:g} implicit syncs (.item()/nonzero) per step; "
+                    f"{_ms(at_stake)} per step from the first to the last",
+                    {"implicit_syncs_per_step": host.implicit_syncs_per_step, "sync_us_per_step": sync_ph,
+                     "sync_span_us_per_step": host.sync_span_us_per_step, "step_us": step},
+                    phase["sync"].top_events if "sync" in phase else ["aten::_local_scalar_dense"],
+                    "high" if dev and direct else "medium",
+                    ("each call waits for a device value" if dev else
+                     "CPU-only trace: each call costs only its own time here, the loop around it is the cost; "
+                     "on an accelerator every call also drains the device queue")
+                    + ("" if direct else "; the bound spans other work between the first and last sync"),
+                )
+            )  # fmt: skip
+    host_sync_per_step = p.sync.host_sync_us / per_step
+    if share(host_sync_per_step) >= THRESHOLDS["synchronization"]:
+        names = [c.name for c in p.sync.calls[:3]]
+        out.append(
+            _finding(
+                "synchronization", p.rank, step, host_sync_per_step,
+                f"rank {p.rank}: {_ms(host_sync_per_step)} per step in blocking host synchronization calls",
+                {"host_sync_us_per_step": host_sync_per_step, "host_sync_calls": p.sync.host_sync_calls},
+                names, "high", "blocking runtime sync calls on the host timeline",
+            )
+        )  # fmt: skip
+    wait = _collective_wait(p)
+    if wait > 0:
+        exposed = wait if comm_floor_us is None else min(wait, comm_floor_us)
+        if share(exposed) >= THRESHOLDS["exposed_communication"]:
+            events = phase["collectives"].top_events if "collectives" in phase else []
+            if not events:
+                events = [c.category for c in p.categories if c.kind == "communication"][:1]
+            out.append(
+                _finding(
+                    "exposed_communication", p.rank, step, exposed,
+                    f"rank {p.rank}: {_ms(exposed)} per step ({share(exposed):.0%}) waits for communication "
+                    "not hidden by compute" + ("" if comm_floor_us is None else " (the least any rank waits)"),
+                    {"collective_wait_us_per_step": wait, "exposed_us_per_step": exposed, "step_us": step},
+                    events, "high",
+                    "collective calls on the timeline with no computing op underneath"
+                    if not dev else "communication kernels not overlapped with compute kernels",
+                )
+            )  # fmt: skip
+    if host is not None and host.top_level_op_p50_us is not None:
+        other = phase["other"].per_step_us if "other" in phase else 0.0
+        many = host.top_level_ops_per_step >= THRESHOLDS["host_overhead_ops_per_step"]
+        tiny = host.top_level_op_p50_us < THRESHOLDS["host_overhead_op_p50_us"]
+        at_stake = host.short_top_level_op_us_per_step + other
+        if many and tiny and share(at_stake) >= THRESHOLDS["host_overhead"] and not dev:
+            out.append(
+                _finding(
+                    "host_overhead", p.rank, step, at_stake,
+                    f"rank {p.rank}: {host.top_level_ops_per_step:g} top-level ops per step, median "
+                    f"{host.top_level_op_p50_us:.1f} us; {_ms(at_stake)} per step in tiny ops and the Python "
+                    "between them",
+                    {"top_level_ops_per_step": host.top_level_ops_per_step,
+                     "top_level_op_p50_us": host.top_level_op_p50_us,
+                     "short_op_us_per_step": host.short_top_level_op_us_per_step, "uncovered_us_per_step": other},
+                    [o.name for o in p.top_self_ops[:3]], "medium",
+                    "op counts and durations; the Python time between ops is not recorded, only its gaps",
+                )
+            )  # fmt: skip
+    if dev and p.idle is not None and p.span_us > 0:
+        host_wait = p.idle.host_wait_us / per_step
+        if p.idle.host_wait_us / p.span_us >= THRESHOLDS["host_overhead"]:
+            out.append(
+                _finding(
+                    "host_overhead", p.rank, step, host_wait,
+                    f"rank {p.rank}: the device idles {_ms(host_wait)} per step waiting for launches "
+                    f"({p.idle.host_wait_us / p.span_us:.0%} of its span); {p.idle.host_bound_steps} of "
+                    f"{p.idle.steps_checked} steps host-bound",
+                    {"host_wait_us_per_step": host_wait, "idle_fraction": p.idle_fraction or 0.0,
+                     "launches_per_step": p.launch.launches_per_step or 0.0},
+                    [o.name for o in p.top_self_ops[:3]], "high",
+                    "idle gaps ended by kernels whose launch call started after the device went idle",
+                )
+            )  # fmt: skip
+    if dev:
+        device_total = sum(c.total_us for c in p.categories) or 1.0
+        mem = sum(
+            c.total_us
+            for c in p.categories
+            if c.kind == "memory" or c.category in ("elementwise", "reduction")
+        )
+        at_stake = p.busy_us * (mem / device_total) / per_step
+        if (
+            mem / device_total >= THRESHOLDS["memory_bound"]
+            and share(at_stake) >= THRESHOLDS["host_overhead"]
+        ):
+            out.append(
+                _finding(
+                    "memory_bound", p.rank, step, at_stake,
+                    f"rank {p.rank}: copies and elementwise/reduction kernels take {mem / device_total:.0%} of "
+                    "device time",
+                    {"memory_like_share": mem / device_total, "busy_us_per_step": p.busy_us / per_step},
+                    [k.name[:80] for k in p.top_kernels if k.category in ("elementwise", "reduction")][:3]
+                    or [c.category for c in p.categories if c.kind == "memory"][:3],
+                    "medium", "kernel categories from names; bytes moved are not in the trace",
+                )
+            )  # fmt: skip
+        matmul = sum(c.total_us for c in p.categories if c.category in ("gemm", "convolution", "attention"))
+        if (p.compute_fraction or 0) >= THRESHOLDS["compute_efficiency_busy"] and (
+            matmul / device_total >= THRESHOLDS["compute_efficiency_matmul"]
+        ):
+            out.append(
+                _finding(
+                    "compute_efficiency", p.rank, step, p.compute_us / per_step,
+                    f"rank {p.rank}: compute covers {p.compute_fraction:.0%} of the device span, GEMM/conv/"
+                    f"attention {matmul / device_total:.0%} of device time: compute-bound, efficiency unknown "
+                    "until MFU is measured",
+                    {"compute_fraction": p.compute_fraction or 0.0, "matmul_share": matmul / device_total},
+                    [k.name[:80] for k in p.top_kernels[:3]], "low",
+                    "the bound is the whole compute time; only MFU says how much of it is recoverable",
+                )
+            )  # fmt: skip
+    if p.steps is not None:
+        in_window = [s.duration_us for s in p.steps.steps if s.in_window]
+        ratio = p.steps.max_us / p.steps.p50_us if p.steps.p50_us > 0 else 1.0
+        if len(in_window) < 2 or ratio >= THRESHOLDS["profiler_artefact_step_ratio"]:
+            at_stake = p.steps.max_us - p.steps.p50_us
+            out.append(
+                _finding(
+                    "profiler_artefact", p.rank, step, at_stake,
+                    f"rank {p.rank}: {len(in_window)} step(s) in the window; slowest step {ratio:.1f}x the median",
+                    {"steps_in_window": len(in_window), "max_over_median": ratio},
+                    [], "medium", "too few or too uneven steps to tell a steady wall from a one-off",
+                )
+            )  # fmt: skip
+    return out
+
+
+def _collective_wait(p: RankProfile) -> float:
+    from perfgate.traces.steps import collective_wait_us
+
+    return collective_wait_us(p)
+
+
+def diagnose(ranks: Sequence[RankProfile], skew: RankSkew | None) -> list[Finding]:
+    """Ranked findings for a set of per-rank profiles (see the module docstring)."""
+    floor: float | None = None
+    if len(ranks) > 1:
+        floor = min(_collective_wait(p) for p in ranks)
+    findings: list[Finding] = []
+    for p in ranks:
+        findings.extend(_rank_findings(p, floor))
+    if skew is not None and skew.busy_spread_us is not None and skew.per_rank_mean_step_us:
+        mean_step = sum(m.mean_step_us for m in skew.per_rank_mean_step_us) / len(skew.per_rank_mean_step_us)
+        if mean_step > 0 and skew.busy_spread_us / mean_step >= THRESHOLDS["rank_imbalance"]:
+            slow = skew.slowest_rank
+            per = {f"busy_us_rank{m.rank}": m.busy_us for m in skew.per_rank_mean_step_us}
+            per |= {f"wait_us_rank{m.rank}": m.collective_wait_us for m in skew.per_rank_mean_step_us}
+            fast = min(skew.per_rank_mean_step_us, key=lambda m: m.busy_us)
+            findings.append(
+                _finding(
+                    "rank_imbalance", slow, mean_step, skew.busy_spread_us,
+                    f"rank {slow} is busy {_ms(skew.busy_spread_us)} per step longer than rank {fast.rank}, "
+                    f"which waits for it in collectives ({skew.busy_spread_us / mean_step:.0%} of the step)",
+                    per, [], "high" if skew.common_steps >= 2 else "medium",
+                    "busy time = step time minus collective wait beyond the least-waiting rank"
+                    + ("" if skew.common_steps >= 2 else "; ranks share fewer than 2 step numbers"),
+                )
+            )  # fmt: skip
+    # One finding per wall and rank: the larger one is kept.
+    best: dict[tuple[str, int | None], Finding] = {}
+    for f in findings:
+        key = (f.wall, f.rank)
+        if key not in best or f.time_at_stake_us > best[key].time_at_stake_us:
+            best[key] = f
+    return sorted(best.values(), key=lambda f: -f.time_at_stake_us * _WEIGHT[f.confidence])

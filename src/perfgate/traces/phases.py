@@ -1,0 +1,218 @@
+"""Where host time goes in a training step: data loading, forward, backward, optimizer, no-grad passes,
+collectives, synchronization.
+
+Every trace has this view, CPU-only ones included. Phases come from torch's own annotations and
+autograd events, not from guesses about op names:
+
+- ``data_loading``: ``enumerate(DataLoader)#...__next__`` annotations;
+- ``optimizer``: ``Optimizer.step#...`` / ``Optimizer.zero_grad#...`` annotations;
+- ``collectives``: collective calls (``gloo:*``, ``nccl:*``, ``c10d::*``, ``record_param_comms``,
+  MPI/UCC/MCCL/HCCL) on any thread, minus the time an ``aten::`` op runs at the same time: what is
+  left is time the step spends waiting for communication (gloo runs on its own threads);
+- ``sync``: ops that wait for a device value (``.item()`` → ``_local_scalar_dense``, ``nonzero``) and
+  blocking host synchronization calls;
+- ``backward``: ``autograd::engine::evaluate_function`` events (and ``*Backward*`` nodes);
+- ``forward``: ops recorded with grad mode on (torch gives them an autograd ``Sequence number``),
+  and ``DistributedDataParallel.forward``;
+- ``no_grad``: ops recorded with grad mode off: evaluation passes, ``torch.no_grad`` blocks;
+- ``other``: step time no op or annotation covers: Python between ops, sleeps, unrecorded waits.
+
+Time is assigned in that order (a moment covered by a DataLoader annotation and a forward op counts as
+data loading), over the union of all threads, inside the analysis window's ProfilerSteps (or the whole
+trace without steps). Phases therefore partition step time: their sum is the step time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from perfgate.traces._np import int_list
+from perfgate.traces.classify import IMPLICIT_SYNC_OPS, host_call_role, is_polling_call
+from perfgate.traces.intervals import clip, difference, merge, union_length
+from perfgate.traces.models import HostBreakdown, HostPhase, PhaseName
+from perfgate.traces.ops import parent_rows, self_times
+from perfgate.traces.prepare import Prepared
+
+__all__ = ["COLLECTIVE_NAME", "PHASE_ORDER", "host_breakdown", "is_collective_name"]
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+
+PHASE_ORDER: tuple[PhaseName, ...] = (
+    "data_loading",
+    "optimizer",
+    "collectives",
+    "sync",
+    "backward",
+    "forward",
+    "no_grad",
+)
+COLLECTIVE_NAME = re.compile(
+    r"^(gloo|nccl|rccl|mccl|hccl|mpi|ucc|xccl):|^c10d::|record_param_comms|ProcessGroup\w*::", re.IGNORECASE
+)
+_SYNC_WRAPPERS = frozenset({"aten::item", "aten::is_nonzero", "aten::equal", "aten::allclose"})
+SHORT_OP_US = 20.0
+"""CPU ops shorter than this (inclusive time) count as tiny: dispatch costs rival their work."""
+
+
+def is_collective_name(name: str) -> bool:
+    """A CPU-side collective call or its annotation (any backend, gloo included)."""
+    return bool(COLLECTIVE_NAME.search(name))
+
+
+def _phase_of_name(name: str) -> PhaseName | None:
+    if name.startswith("enumerate(DataLoader)") or ("DataLoader" in name and "__next__" in name):
+        return "data_loading"
+    if name.startswith("Optimizer.") or name.startswith("Optimizer#"):
+        return "optimizer"
+    if is_collective_name(name):
+        return "collectives"
+    if name in IMPLICIT_SYNC_OPS or name in _SYNC_WRAPPERS:
+        return "sync"
+    if name.startswith("autograd::engine::evaluate_function") or re.search(r"Backward\d*$", name):
+        return "backward"
+    if name.endswith(".forward") and "DistributedDataParallel" in name:
+        return "forward"
+    return None
+
+
+def _window(p: Prepared) -> tuple[float, float, int]:
+    """The time range the phases cover and the number of steps in it."""
+    inside = p.step_in_window
+    if p.step_numbers.size and inside.any():
+        starts = p.step_start[inside]
+        ends = starts + p.step_dur[inside]
+        return float(starts.min()), float(ends.max()), int(inside.sum())
+    cpu = p.cpu
+    if len(cpu) == 0:
+        return 0.0, 0.0, 0
+    return float(cpu.f("ts").min()), float(cpu.f("end").max()), 0
+
+
+def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdown | None:
+    """The phase breakdown of host time per step (None for a trace without CPU ops)."""
+    cpu, host = p.cpu, p.host
+    if len(cpu) == 0:
+        return None
+    lo, hi, steps = _window(p)
+    if hi <= lo:
+        return None
+    names = p.table.names
+    name_ids = cpu.i("name")
+    present = int_list(np.unique(name_ids))
+    phase_of_id: dict[int, PhaseName | None] = {i: _phase_of_name(names[i]) for i in present}
+    op_cats = np.array([i for i, c in enumerate(p.table.cats) if c in ("cpu_op", "Operator")], np.int64)
+    is_cpu_op = np.isin(cpu.i("cat"), op_cats)
+    # Per-name lookups, indexed by the name ids: no Python loop over events.
+    aten_of_id = np.zeros(len(names), bool)
+    code_of_id = np.zeros(len(names), np.int64)  # 0: no phase by name, else 1 + PHASE_ORDER index
+    for i in present:
+        aten_of_id[i] = names[i].startswith("aten::")
+        ph = phase_of_id[i]
+        code_of_id[i] = 0 if ph is None else 1 + PHASE_ORDER.index(ph)
+    is_aten = aten_of_id[name_ids]
+    named = code_of_id[name_ids]
+    grad = cpu.i("grad") == 1
+    ts, end = cpu.f("ts"), cpu.f("end")
+
+    masks: dict[PhaseName, npt.NDArray[np.bool_]] = {ph: named == 1 + k for k, ph in enumerate(PHASE_ORDER)}
+    unnamed_op = (named == 0) & is_cpu_op
+    masks["forward"] = masks["forward"] | (unnamed_op & grad)
+    masks["no_grad"] = unnamed_op & ~grad
+
+    extra: dict[PhaseName, tuple[F64, F64]] = {}
+    if len(host):
+        h_names = host.i("name")
+        sync_ids = [
+            i
+            for i in int_list(np.unique(h_names))
+            if host_call_role(names[i]) == "sync" and not is_polling_call(names[i])
+        ]
+        sync_rows = np.isin(h_names, np.array(sync_ids, np.int64))
+        extra["sync"] = (host.f("ts")[sync_rows], host.f("end")[sync_rows])
+
+    aten_s, aten_e = ts[is_aten & ~masks["collectives"]], end[is_aten & ~masks["collectives"]]
+    covered_s, covered_e = np.empty(0, np.float64), np.empty(0, np.float64)
+    total = hi - lo
+    per_step = max(steps, 1)
+    self_us = self_times(ts, cpu.f("dur"), cpu.i("tid"))
+    phases: list[HostPhase] = []
+    accounted = 0.0
+    for ph in PHASE_ORDER:
+        s, e = ts[masks[ph]], end[masks[ph]]
+        if ph in extra:
+            s, e = np.concatenate([s, extra[ph][0]]), np.concatenate([e, extra[ph][1]])
+        s, e = clip(s, e, lo, hi)
+        if ph == "collectives":
+            # Communication running while an op computes is hidden; only the rest is waited for.
+            s, e = difference(s, e, *clip(aten_s, aten_e, lo, hi))
+        before = union_length(covered_s, covered_e)
+        covered_s, covered_e = merge(np.concatenate([covered_s, s]), np.concatenate([covered_e, e]))
+        time_us = union_length(covered_s, covered_e) - before
+        accounted += time_us
+        phases.append(_phase(ph, time_us, total, per_step, _top_names(p, masks[ph], self_us)))
+    phases.append(_phase("other", max(total - accounted, 0.0), total, per_step, []))
+
+    in_window = (ts >= lo) & (ts < hi)
+    implicit = np.isin(name_ids, np.array(p.table.name_ids(IMPLICIT_SYNC_OPS), np.int64))
+    ops = is_cpu_op & in_window
+    parent = parent_rows(ts, cpu.f("dur"), cpu.i("tid"))
+    top_level = ops & ((parent < 0) | ~is_cpu_op[np.maximum(parent, 0)])
+    durations = cpu.f("dur")[top_level]
+    short = durations < short_op_us
+    return HostBreakdown(
+        sync_span_us_per_step=_sync_span(p, masks["sync"], ts, end) / per_step,
+        basis=(
+            f"{steps} ProfilerStep(s) of the analysis window"
+            if steps
+            else "the whole trace (no ProfilerStep)"
+        ),
+        steps=steps,
+        step_us=total / per_step,
+        phases=phases,
+        ops_per_step=float(ops.sum()) / per_step,
+        top_level_ops_per_step=float(top_level.sum()) / per_step,
+        top_level_op_p50_us=float(np.median(durations)) if durations.size else None,
+        short_op_threshold_us=short_op_us,
+        short_top_level_op_us_per_step=float(durations[short].sum()) / per_step,
+        implicit_syncs_per_step=float(np.sum(implicit & in_window)) / per_step,
+    )
+
+
+def _sync_span(p: Prepared, sync: npt.NDArray[np.bool_], ts: F64, end: F64) -> float:
+    """Sum over steps of the time from the first to the last sync op of the step (a loop of syncs)."""
+    if not sync.any():
+        return 0.0
+    s_ts, s_end = ts[sync], end[sync]
+    inside = p.step_in_window
+    if not (p.step_numbers.size and inside.any()):
+        return float(s_end.max() - s_ts.min())
+    total = 0.0
+    for start, dur in zip(p.step_start[inside].tolist(), p.step_dur[inside].tolist(), strict=True):
+        hit = (s_ts >= start) & (s_ts < start + dur)
+        if hit.any():
+            total += float(s_end[hit].max() - s_ts[hit].min())
+    return total
+
+
+def _phase(ph: PhaseName, time_us: float, total: float, per_step: int, top: Sequence[str]) -> HostPhase:
+    return HostPhase(
+        phase=ph,
+        per_step_us=time_us / per_step,
+        share=time_us / total if total > 0 else 0.0,
+        top_events=list(top),
+    )
+
+
+def _top_names(p: Prepared, mask: npt.NDArray[np.bool_], self_us: F64, k: int = 3) -> list[str]:
+    """The names with the most self time among the events that define a phase."""
+    if not mask.any():
+        return []
+    ids = p.cpu.i("name")[mask]
+    sums = np.bincount(ids, weights=self_us[mask])
+    best = np.argsort(-sums, kind="stable")[:k]
+    return [p.table.names[i] for i in int_list(best) if sums[i] > 0]
