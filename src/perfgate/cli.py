@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import ipaddress
 import json
 import os
 import sys
@@ -60,15 +59,6 @@ def _trust(args: argparse.Namespace) -> TrustRoot:
     return TrustRoot.locate(state_dir=args.state_dir, config_dir=args.config_dir, policy=args.policy)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
     workspace: Path = args.workspace
     if not workspace.is_dir():
@@ -91,20 +81,45 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         gc.freeze()
         if collecting:
             gc.enable()
+    from perfgate.redaction import install_log_filter
+
+    install_log_filter()  # the server's own log never carries a secret
     if args.transport == "stdio":
         server.run("stdio")
         return 0
-    token: str | None = args.token or os.environ.get("PERFGATE_TOKEN") or None
-    if not _is_loopback(args.host) and not token:
-        print(
-            f"perfgate: refusing to bind {args.host} without a bearer token; pass --token or set "
-            "PERFGATE_TOKEN (clients then send 'Authorization: Bearer TOKEN'), or bind 127.0.0.1",
-            file=sys.stderr,
-        )
-        return 2
-    from perfgate._http import serve_http
+    from perfgate._http import TokenError, allowed_hosts, http_token, serve_http
 
-    serve_http(server, host=args.host, port=args.port, token=token)
+    try:
+        token, source = http_token(os.environ.get("PERFGATE_TOKEN"), args.token_file, config.trust.state_dir)
+    except TokenError as exc:
+        print(f"perfgate: {exc}", file=sys.stderr)
+        return 2
+    url_host = f"[{args.host}]" if ":" in args.host else args.host
+    print(
+        f"perfgate: serving http://{url_host}:{args.port}/mcp; every request needs the bearer token in "
+        f"{source}. Host config (JSON server list):\n"
+        + json.dumps(
+            {
+                "mcpServers": {
+                    "perfgate": {
+                        "type": "http",
+                        "url": f"http://{url_host}:{args.port}/mcp",
+                        "headers": {"Authorization": "Bearer <the token>"},
+                    }
+                }
+            },
+            indent=2,
+        ),
+        file=sys.stderr,
+    )
+    serve_http(
+        server,
+        host=args.host,
+        port=args.port,
+        token=token,
+        hosts=allowed_hosts(args.host, args.port, args.allow_host),
+        origins=args.allow_origin,
+    )
     return 0
 
 
@@ -201,6 +216,39 @@ def _cmd_approvals(args: argparse.Namespace) -> int:
     return list_approvals(args.workspace, include_closed=args.all, as_json=args.json, trust=_trust(args))
 
 
+def _cmd_policy(args: argparse.Namespace) -> int:
+    from perfgate.execution.binding import file_sha256
+    from perfgate.execution.policy import PolicyError, load_policy, workspace_policy_files
+
+    trust = _trust(args)
+    workspace: Path = args.workspace.resolve()
+    if args.policy_command == "pin":
+        path: Path = args.file if args.file.is_absolute() else workspace / args.file
+        if not path.is_file():
+            print(f"perfgate: {path} is not a file", file=sys.stderr)
+            return 2
+        rel = path.resolve().relative_to(workspace) if workspace in path.resolve().parents else path.resolve()
+        print(f"# add to {trust.policy_file}")
+        print(f'[[execution.allow]]\nscript = "{rel}"\nsha256 = "{file_sha256(path)}"')
+        return 0
+    print(f"trust root: {trust.describe()}")
+    for found in workspace_policy_files(workspace):
+        print(
+            f"IGNORED {found}: workspace files are never obeyed; move its [execution] table to {trust.policy_file}"
+        )
+    try:
+        policy = load_policy(workspace, trust)
+    except PolicyError as exc:
+        print(f"perfgate: {exc}", file=sys.stderr)
+        return 1
+    print(f"policy: {policy.describe_source()}; max_timeout_s {policy.max_timeout_s:g}")
+    for rule in policy.allow:
+        print(f"allow: {rule.label()}")
+    if not policy.allow:
+        print("allow: nothing (every command asks a human)")
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from perfgate.decisions.experiments import load_experiment
     from perfgate.decisions.export import export_experiment
@@ -284,7 +332,23 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback)")
     serve.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
     serve.add_argument(
-        "--token", default=None, help="bearer token required on every HTTP request ($PERFGATE_TOKEN)"
+        "--token-file",
+        type=Path,
+        default=None,
+        help="file (mode 0600) holding the bearer token every HTTP request needs; default $PERFGATE_TOKEN, "
+        "else one generated into STATE_DIR/http-token",
+    )
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="extra Host header value accepted over HTTP (repeatable; the bind address always is)",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        help="Origin header value accepted over HTTP (repeatable; none by default: browsers are refused)",
     )
     serve.add_argument(
         "--read-only", action="store_true", help="do not register tools that run commands or write decisions"
@@ -328,6 +392,17 @@ def _build_parser() -> argparse.ArgumentParser:
     approvals.add_argument("--all", action="store_true", help="include denied and expired ones")
     approvals.add_argument("--json", action="store_true", help="print JSON")
     approvals.set_defaults(handler=_cmd_approvals)
+
+    policy = sub.add_parser("policy", help="show the operator's execution policy, or print a pinned rule")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    policy_show = policy_sub.add_parser(
+        "show", help="where the policy is, its rules, ignored workspace files"
+    )
+    _workspace_arg(policy_show)
+    policy_pin = policy_sub.add_parser("pin", help="print an allowlist rule pinning FILE's sha256")
+    _workspace_arg(policy_pin)
+    policy_pin.add_argument("file", type=Path, help="the script (relative to the workspace)")
+    policy.set_defaults(handler=_cmd_policy)
 
     export = sub.add_parser("export", help="write an experiment as a run directory (environment.json, ...)")
     _workspace_arg(export)

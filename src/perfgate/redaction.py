@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -37,6 +38,10 @@ __all__ = [
     "scrub_file",
 ]
 
+# A secret-looking flag and its value inside free text (a command line in a log line or a message).
+_FLAG_IN_TEXT = re.compile(
+    r"""(?P<flag>(?<![\w-])--?[A-Za-z][\w-]*)(?P<sep>=|[ \t]+)(?P<quote>["']?)(?P<value>[^\s"',;]+)"""
+)
 _ARGV_KEYS = frozenset({"argv", "command", "cmd", "launch_command", "user_command"})
 _ENV_KEYS = frozenset({"env", "environment_changes"})
 
@@ -109,7 +114,19 @@ class Scrubber:
         return self._redactor.redactions
 
     def text(self, text: str) -> str:
-        return self._redactor.secrets(text)
+        text = self._redactor.secrets(text)
+
+        def flag(m: re.Match[str]) -> str:
+            if (
+                not is_secret_name(m.group("flag"))
+                or m.group("value") == REDACTED
+                or m.group("value").startswith("-")
+            ):
+                return m.group(0)
+            self._redactor.redactions += 1
+            return m.group("flag") + m.group("sep") + m.group("quote") + REDACTED
+
+        return _FLAG_IN_TEXT.sub(flag, text)
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         out: list[str] = []
