@@ -62,7 +62,11 @@ async def call_error(workspace: Path, tool: str, args: dict[str, Any]) -> str:
 
 
 def paced(step_ms: float, **kw: Any) -> dict[str, Any]:
-    contract = {"invariants": {"workload": "paced"}, "execution": {"step_ms": step_ms}}
+    contract = {
+        "invariants": {"workload": "paced"},
+        "execution": {"step_ms": step_ms},
+        "classes": {"step_ms": "execution"},
+    }
     return {
         "command": [PY, PACED, "--steps", "1000", "--step-ms", str(step_ms), "--samples", "8"],
         "timing": "explicit",
@@ -100,11 +104,17 @@ async def test_harness_timed_tiny_training_through_the_protocol(allowed: Path, m
     assert out["peak_memory_kind"] == "host_rss" and out["peak_memory_bytes"] > 0
     assert 0 < out["data_wait_fraction"] < 1 and out["slowest_rank"] == 0
     assert out["contract_problems"] == [] and out["profiled"] is False
+    prov = out["provenance"]
+    assert prov["argv"] == [PY, TINY, "--steps", "100000"] and prov["env_changes"] == []
+    assert prov["code"]["commit"] is None and "not inside a git repository" in prov["code"]["unknown_reason"]
     assert any(a.endswith("step_series.json") for a in out["artifacts"])
     assert any(a.endswith("launch1_rank0.json") for a in out["artifacts"])
     record = Ledger(allowed).get(out["evidence_id"])
     assert record is not None and record.command is not None and "perfgate.harness" in record.command
     assert record.inputs["contract"]["invariants"]["model"] == "tiny-mlp"
+    health = out["health"]  # the losses were read at window edges
+    assert health["verdict"] == "healthy" and health["losses_seen"] == 16
+    assert health["finite"] and health["loss_first"] > 0
 
 
 async def test_a_known_step_time_is_measured_within_two_percent(allowed: Path) -> None:
@@ -120,7 +130,11 @@ async def test_a_two_times_faster_loop_is_improved_with_speedup_near_two(allowed
         return paced(
             step_ms,
             same_process=False,
-            contract={"invariants": {"workload": "paced"}, "execution": {"step_ms": step_ms}},
+            contract={
+                "invariants": {"workload": "paced"},
+                "execution": {"step_ms": step_ms},
+                "classes": {"step_ms": "execution"},
+            },
         )
 
     base = await call(allowed, "run_benchmark_window", loop(16.0))
@@ -203,6 +217,7 @@ async def test_torchrun_over_two_ranks_reports_the_slow_rank(allowed: Path) -> N
     assert out["ranks"][0]["collective_wait_fraction"] > out["ranks"][1]["collective_wait_fraction"]
     assert out["throughput"]["samples_per_s"] == pytest.approx(64 * out["throughput"]["steps_per_s"])
     assert out["contract_problems"] == []
+    assert out["health"]["verdict"] == "healthy" and out["health"]["losses_seen"] == 10
 
 
 async def test_log_timing_parses_step_times_from_stdout(allowed: Path) -> None:
@@ -351,3 +366,19 @@ async def test_evidence_of_another_tool_or_unknown_ids_are_errors(workspace: Pat
     assert "on both sides" in await call_error(
         workspace, "compare_benchmarks", {"baseline": [same], "candidate": [same]}
     )
+
+
+async def test_semantic_keys_as_execution_and_unclassified_keys_are_refused(allowed: Path) -> None:
+    fp8 = {"invariants": {"model": "m"}, "execution": {"precision": "fp8", "microbatch": 8}}
+    message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=fp8))
+    assert "execution.precision is a semantic setting" in message and "training_change" in message
+    odd = {"invariants": {"model": "m", "layer_kind": "cheap"}, "execution": {"step_ms": 1}}
+    message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=odd))
+    assert "unknown contract keys ['layer_kind', 'step_ms']" in message
+    lying = {
+        **odd,
+        "classes": {"step_ms": "execution", "layer_kind": "semantic", "global_batch": "execution"},
+    }
+    message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=lying))
+    assert "contract.classes['global_batch'] says execution, but 'global_batch' is semantic" in message
+    assert Ledger(allowed).records(tool="run_benchmark_window") == []

@@ -313,3 +313,20 @@ def test_a_restarted_log_is_refused() -> None:
     )
     with pytest.raises(Exception, match="backwards"):
         expand_steps(parsed, 0)
+
+
+async def test_a_user_pattern_runs_in_linear_time_or_is_refused(workspace: Path) -> None:
+    (workspace / "a.log").write_text("a" * 5000 + "!\n" + "step 1 time 5.0ms\nstep 2 time 5.0ms\n")
+    pattern = r"(?:(a+)+$)|step (?P<step>\d+) time (?P<step_time_ms>[0-9.]+)ms"  # catastrophic under re
+    out = await call(
+        workspace,
+        "import_benchmark",
+        {"paths": ["a.log"], "format": "regex", "pattern": pattern, "warmup_steps": 0, "windows": 1},
+    )
+    assert out["steps_measured"] == 1  # the first line's interval is unknown; step 2 is used
+    text = await call_error(
+        workspace,
+        "import_benchmark",
+        {"paths": ["a.log"], "format": "regex", "pattern": r"(?P<step>\d+) (?P<step_time_ms>\d+) \1"},
+    )
+    assert "Backreferences" in text

@@ -21,6 +21,7 @@ from typing import Any, cast
 from perfgate.benchmarking.aggregate import RankWindow, WindowSummary
 from perfgate.benchmarking.errors import BenchmarkError
 from perfgate.benchmarking.logformats import LogEntry, ParsedLog
+from perfgate.benchmarking.records import WindowRecord
 from perfgate.benchmarking.stats import step_stats
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "HealthSummary",
     "RankSteps",
     "expand_steps",
+    "health_from_windows",
     "health_of",
     "read_benchmark_json",
     "windows_from_ranks",
@@ -264,6 +266,46 @@ def health_of(entries: Sequence[LogEntry]) -> HealthSummary:
         h.loss_last = _quarter_mean(finite_losses, last=True)
         if h.loss_first != 0:
             h.loss_trend = h.loss_last / h.loss_first - 1.0
+    return h
+
+
+def health_from_windows(by_rank: Sequence[tuple[int, Sequence[WindowRecord]]]) -> HealthSummary | None:
+    """Health of harness windows: the lowest rank's losses for the trend, non-finite losses of any rank.
+
+    A harness skip is a GradScaler step that did not reach the optimizer, which only happens on
+    inf/NaN gradients: every such skip is an AMP overflow (explained). None when no rank saw a loss.
+    """
+    with_loss = [(rank, wins) for rank, wins in sorted(by_rank) if any(w.loss for w in wins)]
+    if not with_loss:
+        return None
+    _, reference = with_loss[0]
+    entries: list[LogEntry] = []
+    scale_start: float | None = None
+    scale_end: float | None = None
+    for w in reference:
+        skipped = {s: n for s, n in (w.skipped_steps or [])}
+        bad = set(w.nonfinite_loss_steps or [])
+        losses = w.loss or []
+        for i, step in enumerate(range(w.first_step, w.last_step + 1)):
+            value = losses[i] if i < len(losses) else None
+            loss = math.nan if step in bad else value
+            entries.append(LogEntry(step=step, step_ms=None, line=0, loss=loss, skipped=skipped.get(step, 0)))
+        scale_start = w.loss_scale_start if scale_start is None else scale_start
+        scale_end = w.loss_scale_end if w.loss_scale_end is not None else scale_end
+    h = health_of(entries)
+    others = sorted({s for _, wins in by_rank for w in wins for s in (w.nonfinite_loss_steps or [])})
+    extra = [s for s in others if s not in h.nonfinite_loss_steps]
+    if extra:
+        h.nonfinite_loss_steps = sorted([*h.nonfinite_loss_steps, *extra])
+        h.findings.append(f"non-finite loss on another rank at step(s) {extra[:10]}")
+    if h.skipped_iterations:
+        h.findings = [f for f in h.findings if "skipped iteration" not in f]
+        h.explained_skips, h.unexplained_skips = h.skipped_iterations, 0
+        scale = f"; loss scale {scale_start:g} -> {scale_end:g}" if scale_start and scale_end else ""
+        h.findings.append(
+            f"GradScaler skipped {h.skipped_iterations} update(s) on inf/NaN gradients (AMP overflow){scale}"
+        )
+    h.min_loss_scale = min((v for v in (scale_start, scale_end) if v is not None), default=None)
     return h
 
 

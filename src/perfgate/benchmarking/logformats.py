@@ -19,7 +19,8 @@ Built-in formats (each reads what its trainer prints to the console):
 - ``regex``: the caller's pattern with named groups ``step`` and ``step_time_ms`` (required) and optionally
   ``loss``, ``grad_norm``, ``loss_scale``, ``skipped``, ``nan``.
 
-User patterns use Python's ``re``: the pattern length and the searched part of each line are capped.
+User patterns run in linear time (RE2, through ``benchmarking.userregex``); the built-in formats' own
+patterns have no nested repetition.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from perfgate.benchmarking.errors import BenchmarkError
+from perfgate.benchmarking.userregex import LinearPattern, UserRegexError, compile_user_regex
 
 __all__ = [
     "FORMATS",
     "MAX_LINE_CHARS",
-    "MAX_PATTERN_CHARS",
     "LogEntry",
     "LogFormat",
     "ParsedLog",
@@ -45,7 +46,6 @@ __all__ = [
 
 LogFormat = Literal["megatron", "nanogpt", "torchtitan", "regex"]
 FORMATS: tuple[LogFormat, ...] = ("megatron", "nanogpt", "torchtitan", "regex")
-MAX_PATTERN_CHARS = 1000
 MAX_LINE_CHARS = 4000
 """Only this much of each line is searched: bounds the work a pathological pattern can do per line."""
 
@@ -102,27 +102,19 @@ def _int(text: str) -> int:
     return int(float(text.replace(",", "")))
 
 
-def compile_user_pattern(pattern: str) -> re.Pattern[str]:
-    """A caller's pattern, checked for the groups the regex format needs.
+def compile_user_pattern(pattern: str) -> LinearPattern:
+    """A caller's pattern, compiled for linear-time search, with the groups the regex format needs.
 
     Raises:
-        BenchmarkError: too long, invalid, or missing ``step`` / ``step_time_ms``.
+        BenchmarkError: too long, not linear-time syntax, or missing ``step`` / ``step_time_ms``.
     """
-    if len(pattern) > MAX_PATTERN_CHARS:
-        raise BenchmarkError(
-            f"pattern is {len(pattern)} characters; at most {MAX_PATTERN_CHARS} are accepted"
-        )
     try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        raise BenchmarkError(f"pattern is not a valid regular expression: {exc}") from exc
-    missing = {"step", "step_time_ms"} - set(compiled.groupindex)
-    if missing:
+        return compile_user_regex(pattern, field="pattern", required_groups=("step", "step_time_ms"))
+    except UserRegexError as exc:
         raise BenchmarkError(
-            f"pattern lacks the named group(s) {sorted(missing)}; e.g. "
+            f"{exc}; e.g. "
             r"'step (?P<step>\d+) .*time (?P<step_time_ms>[0-9.]+)ms( loss (?P<loss>\S+))?'"
-        )
-    return compiled
+        ) from exc
 
 
 # --------------------------------------------------------------------------- Megatron
@@ -272,18 +264,18 @@ def _torchtitan_times(out: ParsedLog, tokens_per_step: int | None, world_size: i
 # --------------------------------------------------------------------------- caller's pattern
 
 
-def _regex(lines: Iterable[str], out: ParsedLog, pattern: re.Pattern[str]) -> None:
-    groups = set(pattern.groupindex)
+def _regex(lines: Iterable[str], out: ParsedLog, pattern: LinearPattern) -> None:
     for no, raw in enumerate(lines, 1):
         out.lines_read = no
-        m = pattern.search(raw[:MAX_LINE_CHARS])
+        m = pattern.search(raw)
         if m is None:
             continue
         try:
-            entry = LogEntry(step=int(m.group("step")), step_ms=_num(m.group("step_time_ms")), line=no)
+            entry = LogEntry(step=int(m["step"] or ""), step_ms=_num(m["step_time_ms"] or ""), line=no)
             for name in _OPTIONAL_GROUPS:
-                if name in groups and m.group(name) is not None:
-                    value = _num(m.group(name))
+                value_text = m.get(name)
+                if value_text is not None:
+                    value = _num(value_text)
                     if name in ("skipped", "nan"):
                         setattr(entry, name, int(value))
                     else:
@@ -298,7 +290,7 @@ def parse_log(
     lines: Iterable[str],
     fmt: LogFormat,
     *,
-    pattern: re.Pattern[str] | None = None,
+    pattern: LinearPattern | None = None,
     mean_since_previous: bool = True,
     tokens_per_step: int | None = None,
     world_size: int | None = None,

@@ -222,21 +222,22 @@ def parse_rocm_smi_json(text: str) -> tuple[str | None, list[SystemDevice]]:
     for key, value in sorted(entries.items()):
         if not isinstance(value, dict):
             continue
-        card = {str(k): v for k, v in cast("dict[Any, Any]", value).items()}
+        # Key case differs between releases ('Card series' in ROCm 5, 'Card Series' in ROCm 6).
+        card = {str(k).lower(): v for k, v in cast("dict[Any, Any]", value).items()}
         for field, field_value in card.items():
-            if "driver version" in field.lower():
+            if "driver version" in field:
                 driver = driver or str(field_value)
         match = re.fullmatch(r"card(\d+)", key)
         if match:
-            name = card.get("Card series") or card.get("Card SKU") or card.get("Card model")
-            memory = card.get("VRAM Total Memory (B)")
+            name = card.get("card series") or card.get("card sku") or card.get("card model")
+            memory = card.get("vram total memory (b)")
             devices.append(
                 SystemDevice(
                     index=int(match.group(1)),
                     name=_clean(str(name)) if name is not None else None,
-                    uuid=_clean(str(card["Unique ID"])) if "Unique ID" in card else None,
+                    uuid=_clean(str(card["unique id"])) if "unique id" in card else None,
                     total_memory_bytes=_memory_bytes(str(memory), "B") if memory is not None else None,
-                    capability=_clean(str(card["GFX Version"])) if "GFX Version" in card else None,
+                    capability=_clean(str(card["gfx version"])) if "gfx version" in card else None,
                 )
             )
     return driver, devices

@@ -7,7 +7,10 @@ Three probes, each installed at most once per process and routed to whichever wi
 * a wrapper around ``_BaseDataLoaderIter.__next__``: the host time the training loop blocked waiting
   for a batch, and the batch size (leading dimension of the first tensor found);
 * a wrapper around ``torch.autograd.backward``: host time inside backward, which under data-parallel
-  training also holds the wait for the other ranks' gradients.
+  training also holds the wait for the other ranks' gradients; a scalar it is called on is the loss,
+  kept as a device tensor (``detach()``, no synchronisation) and read at the window's edge;
+* wrappers around ``torch.amp.GradScaler.scale`` / ``step``: the unscaled loss, and scaler steps that
+  did not reach the optimizer (an AMP overflow skipped the update).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ _active: Window | None = None
 _optimizer_handle: Any = None
 _data_loader_patched = False
 _backward_patched = False
+_scaler_patched = False
 
 
 def active_window() -> Window | None:
@@ -47,6 +51,7 @@ def activate(window: Window, *, data_wait: bool = True, backward: bool = True) -
         _patch_data_loader()
     if backward:
         _patch_backward(torch)
+        _patch_grad_scaler(torch)
 
 
 def deactivate(window: Window) -> None:
@@ -126,6 +131,7 @@ def _patch_backward(torch: Any) -> None:
         window = _active
         if window is None:
             return original(*args, **kwargs)
+        window.add_loss(args[0] if args else kwargs.get("tensors"))
         start = _now()
         try:
             return original(*args, **kwargs)
@@ -135,3 +141,33 @@ def _patch_backward(torch: Any) -> None:
     # Tensor.backward looks this attribute up at call time, so loss.backward() is covered too.
     autograd.backward = timed_backward
     _backward_patched = True
+
+
+def _patch_grad_scaler(torch: Any) -> None:
+    """Route GradScaler's scale (the unscaled loss) and step (skipped updates) to the active window."""
+    global _scaler_patched
+    if _scaler_patched:
+        return
+    amp = getattr(torch, "amp", None)
+    scaler_cls: Any = getattr(amp, "GradScaler", None) if amp is not None else None
+    if scaler_cls is None:
+        return
+    original_scale = scaler_cls.scale
+    original_step = scaler_cls.step
+
+    def scale(self: Any, outputs: Any) -> Any:
+        scaled = original_scale(self, outputs)
+        window = _active
+        if window is not None:
+            window.note_scaled_loss(self, outputs, scaled)
+        return scaled
+
+    def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        window = _active
+        if window is not None:
+            window.add_scaler_step(self)
+        return original_step(self, optimizer, *args, **kwargs)
+
+    scaler_cls.scale = scale
+    scaler_cls.step = step
+    _scaler_patched = True

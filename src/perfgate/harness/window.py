@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import math
 import os
 import sys
 import time
@@ -134,6 +135,14 @@ class Window:
         self._cur_wait = 0
         self._cur_backward = 0
         self._cur_samples: int | None = None
+        # training health: scalar losses of the open window's steps, kept on the device until its edge
+        self._losses: list[tuple[int, Any]] = []
+        self._scaled_id: int | None = None
+        self._scaler: Any = None
+        self._scaler_steps = 0
+        self._scaler_marks: list[int] = []
+        self._step_loss_start = 0
+        self._skipped: list[list[int]] = []
         self._fixed_samples = cfg.samples_per_step
         self._fixed_tokens = cfg.tokens_per_step
         self._events: list[Any] | None = None
@@ -225,6 +234,8 @@ class Window:
         self._cur_wait = 0
         self._cur_backward = 0
         self._cur_samples = None
+        if self._scaler_steps:
+            self._count_skips(n)
 
     def optimizer_step(self, optimizer: object) -> None:
         """Global optimizer post-hook target: the first optimizer that steps delimits steps."""
@@ -245,6 +256,44 @@ class Window:
     def add_backward(self, elapsed_ns: int) -> None:
         """Called by the backward hook with the host time one ``backward()`` call took."""
         self._cur_backward += elapsed_ns
+
+    def add_loss(self, tensor: Any) -> None:
+        """Called by the backward hook: a scalar it runs on is a loss of the current step.
+
+        Kept as a detached device tensor (no synchronisation) and read once at the window's edge. The
+        scaled loss of a GradScaler is skipped: its unscaled value was noted by ``note_scaled_loss``.
+        """
+        if self._open is None or id(tensor) == self._scaled_id:
+            return
+        numel = getattr(tensor, "numel", None)
+        if numel is not None and numel() == 1:
+            self._losses.append((self._count, tensor.detach()))
+
+    def note_scaled_loss(self, scaler: Any, loss: Any, scaled: Any) -> None:
+        """Called by the GradScaler.scale hook: ``loss`` is the step's loss, ``scaled`` goes to backward."""
+        self._scaler = scaler
+        self._scaled_id = id(scaled)
+        numel = getattr(loss, "numel", None)
+        if self._open is not None and numel is not None and numel() == 1:
+            self._losses.append((self._count, loss.detach()))
+
+    def add_scaler_step(self, scaler: Any) -> None:
+        """Called by the GradScaler.step hook (before the optimizer, which it skips on an overflow)."""
+        self._scaler = scaler
+        self._scaler_steps += 1
+        self._scaler_marks.append(len(self._losses))
+
+    def _count_skips(self, n: int) -> None:
+        # Optimizer timing: this boundary is the one scaler step that reached the optimizer; any other
+        # scaler step since the previous boundary was skipped (an inf/NaN gradient under AMP).
+        skipped = self._scaler_steps - 1 if self.timing == "optimizer" else 0
+        if skipped > 0 and self._open is not None:
+            self._skipped.append([n - 1, skipped])
+            # the skipped iterations' losses belong to no update: keep the last iteration's only
+            del self._losses[self._step_loss_start : self._scaler_marks[-2]]
+        self._scaler_steps = 0
+        self._scaler_marks = []
+        self._step_loss_start = len(self._losses)
 
     def close(self, reason: str = "closed", error: str | None = None) -> Path | None:
         """Finish: stop a running profile, write the record (complete or not), detach hooks."""
@@ -373,6 +422,8 @@ class Window:
         self._cur_wait = 0
         self._cur_backward = 0
         self._cur_samples = None
+        if self._scaler_steps:
+            self._count_skips(n)
         if is_edge:
             if self._open is not None:
                 self._end_window(t)
@@ -415,11 +466,15 @@ class Window:
         self._events = events
         self._event_base = n
         self._window_starts[n] = start - self._origin_ns
+        self._losses = []
+        self._step_loss_start = 0
+        self._skipped = []
         self._open = {
             "index": len(self._windows),
             "first_step": n,
             "start_ns": start - self._origin_ns,
             "start_unix_ns": time.time_ns(),
+            "loss_scale_start": self._loss_scale(),
         }
         return start
 
@@ -436,6 +491,7 @@ class Window:
             device_elapsed_ms = float(events[0].elapsed_time(events[-1]))
         allocated, reserved = backend.peak_memory_bytes()
         end_ns = t - self._origin_ns
+        win.update(self._read_health(win["first_step"], self._count - 1))
         win.update(
             {
                 "last_step": self._count - 1,
@@ -454,6 +510,52 @@ class Window:
         self._windows.append(win)
         self._open = None
         self._events = None
+
+    def _loss_scale(self) -> float | None:
+        """The GradScaler's current scale (called at window edges only, after the synchronisation)."""
+        scaler = self._scaler
+        if scaler is None:
+            return None
+        try:
+            value = float(scaler.get_scale())
+            return value if math.isfinite(value) else None
+        except (RuntimeError, TypeError, ValueError, AttributeError):  # an unusual scaler reports nothing
+            return None
+
+    def _read_health(self, first: int, last: int) -> dict[str, Any]:
+        """Per-step losses of the window, read in one transfer at the edge.
+
+        A step's loss is the sum over its micro-steps (loops that accumulate gradients divide each
+        micro-loss by the accumulation count, so the sum is the step's loss).
+        """
+        losses, self._losses = self._losses, []
+        out: dict[str, Any] = {
+            "loss": None,
+            "nonfinite_loss_steps": None,
+            "skipped_steps": list(self._skipped),
+            "loss_scale_end": self._loss_scale(),
+        }
+        torch = sys.modules.get("torch")
+        if not losses or torch is None:
+            return out
+        values = torch.stack([v.detach().float().reshape(()) for _, v in losses]).cpu().tolist()
+        per_step: dict[int, list[float]] = {}
+        for (step, _), value in zip(losses, values, strict=True):
+            per_step.setdefault(step, []).append(float(value))
+        loss: list[float | None] = []
+        bad: list[int] = []
+        for step in range(first, last + 1):
+            vals = per_step.get(step)
+            if not vals:
+                loss.append(None)
+            elif all(math.isfinite(v) for v in vals):
+                loss.append(math.fsum(vals))
+            else:
+                loss.append(None)
+                bad.append(step)
+        out["loss"] = loss
+        out["nonfinite_loss_steps"] = bad
+        return out
 
     def _finish(self) -> None:
         self._done = True

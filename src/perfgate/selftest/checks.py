@@ -40,7 +40,7 @@ STEP_ATOL_MS = 2.0
 STEP_MEDIAN_RTOL = 0.02
 """Per step: median |window step - wall step| <= STEP_MEDIAN_RTOL * median wall step + STEP_MEDIAN_ATOL_MS.
 A window shifted by one step, or events that miss part of a step, fail this on any uneven step series."""
-STEP_MEDIAN_ATOL_MS = 0.05
+STEP_MEDIAN_ATOL_MS = 0.1
 
 MEMORY_SLACK_BYTES = 96 * 1024 * 1024
 """Allowed above the known allocations: allocator rounding, library workspaces (cuBLAS, ...)."""

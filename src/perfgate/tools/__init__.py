@@ -5,6 +5,7 @@ from __future__ import annotations
 from perfgate.tools import (
     analyze_trace,
     audit_samples,
+    check_training_health,
     collect_env,
     compare_benchmarks,
     compare_tensors,
@@ -25,6 +26,7 @@ REGISTRY: tuple[AnySpec, ...] = (
     run_benchmark_window.SPEC,
     import_benchmark.SPEC,
     compare_benchmarks.SPEC,
+    check_training_health.SPEC,
     profile_segment.SPEC,
     analyze_trace.SPEC,
     estimate_flops.SPEC,

@@ -23,13 +23,14 @@ from perfgate.benchmarking.contract import check_observed
 from perfgate.benchmarking.logformats import FORMATS, LogFormat, compile_user_pattern, parse_log
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
+from perfgate.tools._health import TrainingHealth, health_model
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 from perfgate.tools.run_benchmark_window import BenchmarkContract, Throughput, WindowResult
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.aggregate import WindowSummary
-    from perfgate.benchmarking.importing import HealthSummary, RankSteps
+    from perfgate.benchmarking.importing import RankSteps
 
 __all__ = ["SPEC", "ImportBenchmarkInput", "ImportBenchmarkOutput", "run"]
 
@@ -145,30 +146,6 @@ class ImportedRankResult(BaseModel):
     elapsed_s: float
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
-
-
-class TrainingHealth(BaseModel):
-    verdict: Literal["healthy", "unhealthy", "unknown"] = Field(
-        description="unhealthy: non-finite loss/gradients, NaN iterations or unexplained skipped iterations; "
-        "unknown: the source shows no loss."
-    )
-    finite: bool
-    lines: int = Field(description="Logged lines inside the measured windows.")
-    losses_seen: int
-    nonfinite_loss_steps: list[int]
-    nonfinite_grad_norm_steps: list[int]
-    nan_iterations: int
-    skipped_iterations: int
-    explained_skips: int = Field(description="Skipped iterations with a loss-scale drop (AMP overflow).")
-    unexplained_skips: int
-    loss_first: float | None = Field(description="Mean of the first quarter of the finite losses.")
-    loss_last: float | None = Field(description="Mean of the last quarter of the finite losses.")
-    loss_trend: float | None = Field(description="loss_last / loss_first - 1 (negative: the loss falls).")
-    min_loss_scale: float | None
-    max_grad_norm: float | None
-    findings: list[str]
-    whole_log_nan_iterations: int
-    whole_log_skipped_iterations: int
 
 
 class ImportBenchmarkOutput(BaseModel):
@@ -356,37 +333,20 @@ def _read_logs(inp: ImportBenchmarkInput, paths: list[Path]) -> _Read:
     used_steps = {s for steps, _ in cut for s in steps}
     window_entries = [e for e in parsed_ref.entries if e.step in used_steps]
     h = health_of(window_entries)
-    health = _health_model(h, parsed_ref.entries)
+    health = health_model(
+        h,
+        sum(e.nan for e in parsed_ref.entries),
+        sum(e.skipped for e in parsed_ref.entries),
+        min(used_steps),
+        max(used_steps),
+    )
     if len(paths) > 1 and len(paths) < (world or 0):
         warnings.append(f"logs of {len(paths)} of {world} ranks: the slowest rank is among those only")
     return _Read(summaries, world, source, samples, tokens, health, _contract(inp), warnings, ranks)
 
 
-def _health_model(h: HealthSummary, all_entries: list[Any]) -> TrainingHealth:
-    return TrainingHealth(
-        verdict=h.verdict,  # type: ignore[arg-type]  # one of the three literals
-        finite=h.finite,
-        lines=h.lines,
-        losses_seen=h.losses_seen,
-        nonfinite_loss_steps=h.nonfinite_loss_steps,
-        nonfinite_grad_norm_steps=h.nonfinite_grad_norm_steps,
-        nan_iterations=h.nan_iterations,
-        skipped_iterations=h.skipped_iterations,
-        explained_skips=h.explained_skips,
-        unexplained_skips=h.unexplained_skips,
-        loss_first=h.loss_first,
-        loss_last=h.loss_last,
-        loss_trend=h.loss_trend,
-        min_loss_scale=h.min_loss_scale,
-        max_grad_norm=h.max_grad_norm,
-        findings=h.findings,
-        whole_log_nan_iterations=sum(e.nan for e in all_entries),
-        whole_log_skipped_iterations=sum(e.skipped for e in all_entries),
-    )
-
-
 def _contract(inp: ImportBenchmarkInput) -> Contract:
-    return Contract(dict(inp.contract.invariants), dict(inp.contract.execution))
+    return Contract(dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes))
 
 
 def _read_json(inp: ImportBenchmarkInput, paths: list[Path]) -> _Read:
@@ -545,7 +505,11 @@ async def run(inp: ImportBenchmarkInput, rt: ToolRuntime) -> ImportBenchmarkOutp
         if ok
         else [],
         health=got.health,
-        contract=BenchmarkContract(invariants=got.contract.invariants, execution=got.contract.execution),
+        contract=BenchmarkContract(
+            invariants=got.contract.invariants,
+            execution=got.contract.execution,
+            classes={k: v for k, v in got.contract.classes.items() if v in ("semantic", "execution")},  # type: ignore[misc]
+        ),
         contract_problems=contract_problems,
         environment_fingerprint={},
         step_series_artifact=SERIES_NAME,
@@ -578,6 +542,20 @@ def _rank_results(windows: list[WindowSummary]) -> list[ImportedRankResult]:
     return out
 
 
+def _brief(out: ImportBenchmarkOutput) -> list[str]:
+    lines = [f"imported ({out.format}), not launched by perfgate; world size {out.world_size or 'unknown'}"]
+    if out.median_step_ms is not None:
+        lines.append(
+            f"median step {out.median_step_ms:.4g} ms over {out.steps_measured} steps in {out.windows_measured} "
+            f"window(s), slowest rank {out.slowest_rank}"
+        )
+    if out.health is not None:
+        lines.append(
+            f"health {out.health.verdict}" + (f": {out.health.findings[0]}" if out.health.findings else "")
+        )
+    return lines
+
+
 SPEC = ToolSpec(
     name="import_benchmark",
     title="Import windows from an existing log or benchmark file",
@@ -595,4 +573,5 @@ SPEC = ToolSpec(
     destructive=False,
     idempotent=True,
     open_world=False,
+    brief=_brief,
 )

@@ -24,7 +24,9 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
+from perfgate.quoting import file_text
 from perfgate.report.plots import step_times_png
+from perfgate.tools._health import TrainingHealth, health_model
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
@@ -49,14 +51,21 @@ class BenchmarkContract(BaseModel):
 
     invariants: dict[str, Any] = Field(
         default_factory=dict[str, Any],
-        description="What must stay fixed between baseline and candidate: model, data, precision, shapes, "
-        "global_batch, seed, hardware, software, loss, optimizer, ... (free-form keys, JSON values).",
+        description="Semantic settings that must stay fixed between baseline and candidate: model, dataset, "
+        "precision, global_batch (these four are required for a keep), seq_len, loss, optimizer, "
+        "optimizer_hparams, sampling, seed, ... (vocabulary keys, JSON values).",
     )
     execution: dict[str, Any] = Field(
         default_factory=dict[str, Any],
         description="Execution settings an optimization may change: microbatch, accumulation, world_size, "
-        "data_parallel, tensor_parallel, pipeline_parallel, compile, workers, pin_memory, ... Checked: "
-        "global_batch = microbatch x accumulation x data_parallel.",
+        "data_parallel, tensor_parallel, pipeline_parallel, compile, workers, pin_memory, fused_kernels, "
+        "attention_backend, threads, ... A semantic key here is refused. Checked: global_batch = microbatch "
+        "x accumulation x data_parallel.",
+    )
+    classes: dict[str, Literal["semantic", "execution"]] = Field(
+        default_factory=dict[str, Literal["semantic", "execution"]],
+        description="Class of each key outside the vocabulary: 'semantic' (changes what is computed or "
+        "learned) or 'execution' (only how it runs). Unclassified unknown keys are refused.",
     )
 
 
@@ -182,6 +191,27 @@ class WindowResult(BaseModel):
     rank_skew: float
 
 
+class CodeState(BaseModel):
+    commit: str | None = Field(description="git commit of the workspace at launch; null when unknown.")
+    dirty: bool | None = Field(description="Uncommitted changes to tracked files or untracked files.")
+    diff_sha256: str | None = Field(description="sha256 of `git diff --binary HEAD` (the dirty diff).")
+    diff_files: dict[str, str] = Field(description="Path -> sha256 of that path's section of the diff.")
+    diff_artifact: str | None = Field(description="The dirty diff itself, as an artifact of this evidence.")
+    unknown_reason: str | None = Field(
+        description="Why the code state is unknown (no git, not a repository)."
+    )
+
+
+class RunProvenance(BaseModel):
+    argv: list[str] = Field(description="The training command as given (before the harness wrapper).")
+    cwd: str
+    env_changes: list[str] = Field(description="Names of the environment variables this run set.")
+    code: CodeState
+    files: dict[str, str] = Field(
+        description="sha256 of each workspace file the argv names (script, configs; untracked included)."
+    )
+
+
 class RunBenchmarkWindowOutput(BaseModel):
     evidence_id: str
     state: EvidenceState
@@ -217,7 +247,15 @@ class RunBenchmarkWindowOutput(BaseModel):
     artifacts: list[str]
     contract_problems: list[str] = Field(description="Where the run contradicted the declared contract.")
     environment_fingerprint: dict[str, str | None]
+    provenance: RunProvenance | None = Field(
+        default=None, description="What ran: argv, env changes, code state, digests of files argv names."
+    )
     warnings: list[str]
+    health: TrainingHealth | None = Field(
+        default=None,
+        description="Loss health over the measured steps (losses read at window edges only), non-finite "
+        "losses on any rank, updates GradScaler skipped; null when no scalar loss went through backward().",
+    )
     profiled: bool = False
 
 
@@ -246,7 +284,9 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
     """
     from perfgate.harness import HarnessConfig
 
-    contract = Contract(dict(inp.contract.invariants), dict(inp.contract.execution))
+    contract = Contract(
+        dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes)
+    )
     try:
         problems = check_contract(contract)
         argv = wrap_command(inp.command) if inp.timing == "harness" else list(inp.command)
@@ -313,7 +353,7 @@ def _launch_failure(result: CommandResult) -> str:
             "call again with harness_on_path=true"
         )
     last = tail.strip().splitlines()[-1] if tail.strip() else ""
-    return f"{result.summary()}" + (f"; last stderr line: {last[:300]}" if last else "")
+    return f"{result.summary()}" + (f"; last stderr line: {file_text(last)}" if last else "")
 
 
 def _harness_windows(
@@ -354,6 +394,19 @@ def _log_windows(inp: RunBenchmarkWindowInput, stdout: Path) -> list[WindowSumma
     return out
 
 
+def _health(records: list[RankRecord]) -> TrainingHealth | None:
+    from perfgate.benchmarking.importing import health_from_windows
+
+    by_rank: dict[int, list[Any]] = {}
+    for r in records:
+        by_rank.setdefault(r.rank, []).extend(r.windows)
+    h = health_from_windows(list(by_rank.items()))
+    if h is None:
+        return None
+    steps = [s for r in records for w in r.windows for s in (w.first_step, w.last_step)]
+    return health_model(h, None, None, min(steps), max(steps))
+
+
 def _fingerprint(record: RankRecord | None) -> dict[str, str | None]:
     device = record.device if record is not None else None
     return {
@@ -385,6 +438,7 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
 
     request = command(inp, rt)
     ev = rt.evidence()
+    provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
     run_dir = _run_dir(inp, rt)
     record_dir = run_dir / "records"
     if inp.harness_on_path:
@@ -393,11 +447,14 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     windows: list[tuple[int, WindowSummary]] = []
     first_record: RankRecord | None = None
     first_launch: list[RankRecord] = []
+    all_records: list[RankRecord] = []
     world: int | None = None
     exit_code: int | None = None
     failure: str | None = None
     warnings: list[str] = []
-    contract = Contract(dict(inp.contract.invariants), dict(inp.contract.execution))
+    contract = Contract(
+        dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes)
+    )
     contract_problems: list[str] = []
     try:
         for launch in range(launches):
@@ -417,6 +474,7 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
                 got = _harness_windows(inp, records, problems)
                 first_record = first_record or records[0]
                 first_launch = first_launch or records
+                all_records.extend(records)
                 world = records[0].world_size
                 warnings.extend(f"rank {r.rank}: {note}" for r in records for note in r.notes)
             windows.extend((launch, w) for w in got)
@@ -454,10 +512,41 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
             ev, "step_times.png", lambda: step_times_png(by_rank, inp.warmup_steps, title), key=True
         )
     out = _output(inp, ev, rt, summary, windows, world, first_record, exit_code, failure, warnings)
+    out.health = _health(all_records) if summary is not None else None
+    if out.health is not None and out.health.verdict == "unhealthy":
+        out.warnings.append("training health: " + "; ".join(out.health.findings[:3]))
     out.contract_problems = contract_problems
+    out.provenance = provenance
     out.step_series_artifact = series_name
     return await rt.commit(
         ev, out, command=list(request.argv), exit_code=exit_code, environment_id=inp.environment_id
+    )
+
+
+def _provenance(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder) -> RunProvenance:
+    """The run's argv, env change names, code state (git) and digests of the workspace files argv names."""
+    from perfgate.benchmarking.provenance import argv_files, diff_sections
+    from perfgate.envprobe import git_snapshot
+
+    cwd = rt.resolve_path(inp.cwd, kind="dir")
+    snapshot, reason = git_snapshot(rt.workspace)
+    artifact: str | None = None
+    if snapshot is not None and snapshot.diff:
+        artifact = rt.relative(ev.write_bytes("code.diff", snapshot.diff))
+    code = CodeState(
+        commit=snapshot.commit if snapshot else None,
+        dirty=snapshot.dirty if snapshot else None,
+        diff_sha256=snapshot.diff_sha256 if snapshot else None,
+        diff_files=diff_sections(snapshot.diff) if snapshot else {},
+        diff_artifact=artifact,
+        unknown_reason=reason,
+    )
+    return RunProvenance(
+        argv=list(inp.command),
+        cwd=inp.cwd,
+        env_changes=sorted(inp.env),
+        code=code,
+        files=argv_files(inp.command, cwd, rt.workspace),
     )
 
 
