@@ -194,6 +194,28 @@ async def test_without_elicitation_a_terminal_approval_lets_the_same_call_run(
     assert Ledger(workspace).verify().ok
 
 
+async def test_an_approved_script_edited_afterwards_needs_a_new_approval(workspace: Path) -> None:
+    """The approval binds the code: the issue's 'edit the approved script after approval' bypass."""
+    script = workspace / "train.py"
+    marker = workspace / "marker"
+    script.write_text(f"open({str(marker)!r}, 'a').write('honest ')\n")
+    args = {"argv": [PY, "train.py"]}
+    async with Client(server_for(workspace)) as client:
+        approval_id = pending_id(text(await client.call_tool(TOOL, args)))
+        code, shown = await anyio.to_thread.run_sync(
+            run_in_pty, ["approve", approval_id, "--workspace", str(workspace)], "yes"
+        )
+        assert code == 0 and "train.py sha256" in shown, shown
+        assert not (await client.call_tool(TOOL, args)).is_error
+        script.write_text(f"open({str(marker)!r}, 'a').write('evil ')\n")  # edited after approval
+        edited = await client.call_tool(TOOL, args)
+        assert edited.is_error and pending_id(text(edited)) != approval_id, text(edited)
+        (workspace / "helper.py").write_text("X = 1\n")  # new code anywhere in the workspace counts too
+        script.write_text(f"open({str(marker)!r}, 'a').write('honest ')\n")
+        assert (await client.call_tool(TOOL, args)).is_error
+    assert marker.read_text() == "honest "
+
+
 async def test_approve_without_a_terminal_refuses(workspace: Path, mode: str) -> None:
     marker = workspace / "marker"
     async with Client(server_for(workspace), mode=mode) as client:
