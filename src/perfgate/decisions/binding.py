@@ -6,6 +6,7 @@ it rests on, and every other experiment that tried the same changed variable.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -39,21 +40,31 @@ def _canon(name: str) -> str:
     return term.name if term is not None else key
 
 
+def _mentioned(changed_variable: str) -> set[str]:
+    """Names the changed variable mentions: each token canonical, and its vocabulary entry."""
+    tokens = [t for t in re.split(r"[^A-Za-z0-9_:.]+", changed_variable) if t]
+    names = {_canon(t) for t in [changed_variable, *tokens]}
+    return names | {n for name in names for n in _IMPLIED.get(name, set())}
+
+
 def declared_change_problems(exp: Experiment, comparison: EvidenceRecord) -> list[str]:
-    """The comparison must declare exactly the experiment's changed variable (and what it implies)."""
+    """The comparison must declare exactly the experiment's changed variable (and what it implies).
+
+    The changed variable may be prose ("DataLoader num_workers 0 -> 2"): every declared name must be what
+    it names (a token or its vocabulary entry).
+    """
     declared = [d for d in str_list(comparison.inputs.get("declared_changes")) if _canon(d) not in _GENERIC]
-    want = _canon(exp.changed_variable)
-    allowed = {want} | _IMPLIED.get(want, set())
-    names = {_canon(d) for d in declared}
-    if not names:
+    allowed = _mentioned(exp.changed_variable)
+    if not declared:
         return [
             f"the comparison declares no change, but the experiment changes {exp.changed_variable!r}: compare "
-            f"windows that differ in it, with declared_changes=[{exp.changed_variable!r}]"
+            "windows that differ in it, declaring it in declared_changes"
         ]
-    if want not in names or names - allowed:
+    extra = [d for d in declared if _canon(d) not in allowed]
+    if extra:
         return [
             f"the comparison declared {sorted(declared)}, but the experiment's one changed variable is "
-            f"{exp.changed_variable!r}"
+            f"{exp.changed_variable!r} ({sorted(extra)} is another change)"
         ]
     return []
 
