@@ -257,7 +257,7 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
         return 2
     print()
     print(result.report)
-    print(f"ledger record {result.record_id} in {result.workspace} (perfgate ledger show --workspace ...)")
+    print(f"ledger record: perfgate ledger show {result.record_id} --workspace {result.workspace}")
     return result.exit_code
 
 
@@ -347,7 +347,9 @@ def _build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="device to test (default: the first accelerator this interpreter's torch sees, else cpu)",
     )
-    selftest.add_argument("--quick", action="store_true", help="smaller workloads (under a minute on CPU)")
+    selftest.add_argument(
+        "--quick", action="store_true", help="smaller workloads (on the CPU: about 30 s of CPU time)"
+    )
     selftest.add_argument(
         "--workspace", type=Path, default=None, help="where to run (default: a new temp dir)"
     )
