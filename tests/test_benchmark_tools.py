@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from mcp import Client
 
 import perfgate.tools
+from _trust import any_code_rules, operator_policy
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.server import build_server
 from perfgate.tools import compare_benchmarks, run_benchmark_window
@@ -42,8 +42,7 @@ def allowed(workspace: Path) -> Path:
     """An operator allowlist for the commands these tests run (so no human is asked)."""
     torchrun = shutil.which("torchrun", path=str(Path(PY).parent)) or "torchrun"
     rules = [[PY, "-m", "perfgate.harness"], [PY, PACED], [PY, TINY], [torchrun]]
-    text = "[execution]\n" + "".join(f"\n[[execution.allow]]\nargv = {json.dumps(r)}\n" for r in rules)
-    (workspace / "perfgate.toml").write_text(text)
+    operator_policy("[execution]\n" + any_code_rules(*rules))
     return workspace
 
 
