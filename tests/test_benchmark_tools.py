@@ -106,6 +106,12 @@ async def test_harness_timed_tiny_training_through_the_protocol(allowed: Path, m
     assert out["contract_problems"] == [] and out["profiled"] is False
     prov = out["provenance"]
     assert prov["argv"] == [PY, TINY, "--steps", "100000"] and prov["env_changes"] == []
+    # measured inside the training process at the window edge: the env var and what torch made of it
+    fp = out["environment_fingerprint"]
+    assert "OMP_NUM_THREADS" in fp and int(fp["num_threads"]) >= 1 and fp["matmul_precision"] == "highest"
+    assert fp["deterministic_algorithms"] == "False" and fp["device_count"] == "0"
+    assert len(out["host_load"]) == 2  # one per launch, measured or honestly unknown
+    assert all(h["measured"] or h["unknown_reason"] for h in out["host_load"])
     assert prov["code"]["commit"] is None and "not inside a git repository" in prov["code"]["unknown_reason"]
     assert any(a.endswith("step_series.json") for a in out["artifacts"])
     assert any(a.endswith("launch1_rank0.json") for a in out["artifacts"])

@@ -118,6 +118,7 @@ class RankRecord(msgspec.Struct, frozen=True):
     notes: list[str] = msgspec.field(default_factory=list[str])
     python: str | None = None
     torch_version: str | None = None
+    runtime_env: dict[str, str | None] | None = None
 
 
 @dataclass(frozen=True)

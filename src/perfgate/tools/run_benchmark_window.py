@@ -29,6 +29,8 @@ from perfgate.report.plots import step_times_png
 from perfgate.tools._health import TrainingHealth, health_model
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
+from perfgate.traces.hostload import HostLoadSampler, busy_neighbour
+from perfgate.traces.models import HostLoad
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.aggregate import RunSummary, WindowSummary
@@ -256,6 +258,11 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="Loss health over the measured steps (losses read at window edges only), non-finite "
         "losses on any rank, updates GradScaler skipped; null when no scalar loss went through backward().",
     )
+    host_load: list[HostLoad] = Field(
+        default_factory=list[HostLoad],
+        description="Per launch: other processes' CPU use on the host while it ran (/proc at its edges); "
+        "measured=false means unknown, never idle.",
+    )
     profiled: bool = False
 
 
@@ -417,6 +424,7 @@ def _fingerprint(record: RankRecord | None) -> dict[str, str | None]:
         "device_runtime": device.runtime_version if device else None,
         "torch_version": record.torch_version if record else None,
         "python_version": record.python if record else None,
+        **((record.runtime_env or {}) if record else {}),
     }
 
 
@@ -458,12 +466,22 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
         dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes)
     )
     contract_problems: list[str] = []
+    host_loads: list[HostLoad] = []
     try:
         for launch in range(launches):
             shutil.rmtree(record_dir, ignore_errors=True)
             record_dir.mkdir(parents=True)
             label = f"launch{launch}_" if launches > 1 else ""
+            sampler = HostLoadSampler()
+            sampler.start()
             result = await rt.run_command(request, ev, label=label)
+            load = sampler.stop()
+            host_loads.append(load)
+            busy = busy_neighbour(load)
+            if busy is not None:
+                warnings.append(
+                    f"launch {launch}: {busy}: its windows may be slowed; re-measure on a quiet host"
+                )
             exit_code = result.exit_code
             if not result.succeeded:
                 raise _Failure(f"launch {launch}: {_launch_failure(result)}")
@@ -528,6 +546,7 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     out.contract_problems = contract_problems
     out.provenance = provenance
     out.step_series_artifact = series_name
+    out.host_load = host_loads
     return await rt.commit(
         ev, out, command=list(request.argv), exit_code=exit_code, environment_id=inp.environment_id
     )
