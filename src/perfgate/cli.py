@@ -347,7 +347,9 @@ def _build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="device to test (default: the first accelerator this interpreter's torch sees, else cpu)",
     )
-    selftest.add_argument("--quick", action="store_true", help="smaller workloads (under a minute on CPU)")
+    selftest.add_argument(
+        "--quick", action="store_true", help="smaller workloads (on the CPU: about 30 s of CPU time)"
+    )
     selftest.add_argument(
         "--workspace", type=Path, default=None, help="where to run (default: a new temp dir)"
     )
