@@ -88,6 +88,7 @@ class WindowRecord(msgspec.Struct, frozen=True):
     skipped_steps: list[list[int]] | None = None
     loss_scale_start: float | None = None
     loss_scale_end: float | None = None
+    backward_calls: int | None = None
 
 
 class RankRecord(msgspec.Struct, frozen=True):

@@ -174,6 +174,7 @@ class Window:
         self._user_work: dict[str, list[int]] = {}
         self._restarts = 0
         self._runtime_env: dict[str, str | None] | None = None
+        self._backward_calls = 0
         _preload_own_modules()
         self._profiler: Any = None
         if cfg.profile is not None:
@@ -319,6 +320,7 @@ class Window:
     def add_backward(self, elapsed_ns: int) -> None:
         """Called by the backward hook with the host time one ``backward()`` call took."""
         self._cur_backward += elapsed_ns
+        self._backward_calls += 1
 
     def add_loss(self, tensor: Any) -> None:
         """Called by the backward hook: a scalar it runs on is a loss of the current step.
@@ -543,6 +545,7 @@ class Window:
             "start_ns": start - self._origin_ns,
             "start_unix_ns": time.time_ns(),
             "loss_scale_start": self._loss_scale(),
+            "backward_calls": self._backward_calls,  # the count at the start edge; the window's own at its end
         }
         return start
 
@@ -574,6 +577,7 @@ class Window:
                 "peak_reserved_bytes": reserved,
                 "host_rss_bytes": host_rss_bytes(),
                 "host_peak_rss_bytes": host_peak_rss_bytes(),
+                "backward_calls": self._backward_calls - win["backward_calls"],
             }
         )
         self._windows.append(win)

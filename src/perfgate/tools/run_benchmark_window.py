@@ -510,7 +510,15 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     )
     if summary is not None and world is not None:
         measured = _measured_samples_per_step(first_launch, inp)
-        contract_problems = check_observed(contract, world, measured)
+        device = first_record.device if first_record is not None else None
+        contract_problems = check_observed(
+            contract,
+            world,
+            measured,
+            backward_per_step=_measured_backward_per_step(first_launch, inp),
+            device_kind=device.kind if device else None,
+            device_name=device.name if device else None,
+        )
         if inp.samples_per_step is not None and measured is not None and measured != inp.samples_per_step:
             contract_problems.append(
                 f"samples_per_step {inp.samples_per_step} was given, but the harness counted {measured} samples "
@@ -550,6 +558,23 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     return await rt.commit(
         ev, out, command=list(request.argv), exit_code=exit_code, environment_id=inp.environment_id
     )
+
+
+def _measured_backward_per_step(records: list[RankRecord], inp: RunBenchmarkWindowInput) -> int | None:
+    """backward() calls per optimizer step, counted by the harness over each measured window (host
+    counter read at window edges), when every rank and window agrees on a whole number; else ``None``."""
+    if not records or inp.timing == "log" or any(r.timing != "optimizer" for r in records):
+        return None
+    seen: set[float] = set()
+    for r in records:
+        for w in r.windows:
+            if w.backward_calls is None or w.steps <= 0:
+                return None
+            seen.add(w.backward_calls / w.steps)
+    if len(seen) != 1:
+        return None
+    value = seen.pop()
+    return int(value) if value.is_integer() and value > 0 else None
 
 
 def _measured_samples_per_step(records: list[RankRecord], inp: RunBenchmarkWindowInput) -> int | None:
