@@ -39,6 +39,7 @@ __all__ = [
     "ProcessRegistry",
     "StreamCapture",
     "execute",
+    "resolve_program",
 ]
 
 _POLL_S = 0.02
@@ -220,6 +221,15 @@ def _group_alive(pgid: int) -> bool:
         if len(rest) > 2 and int(rest[2]) == pgid and rest[0] not in ("Z", "X"):
             return True
     return False
+
+
+def resolve_program(request: CommandRequest) -> None:
+    """Check the program and working directory exist, as `execute` would before starting it.
+
+    Raises:
+        CommandError: they do not.
+    """
+    _resolve_program(request, {**os.environ, **request.env})
 
 
 def _resolve_program(request: CommandRequest, env: dict[str, str]) -> None:
