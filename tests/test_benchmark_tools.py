@@ -63,7 +63,11 @@ async def call_error(workspace: Path, tool: str, args: dict[str, Any]) -> str:
 
 
 def paced(step_ms: float, **kw: Any) -> dict[str, Any]:
-    contract = {"invariants": {"workload": "paced"}, "execution": {"step_ms": step_ms}}
+    contract = {
+        "invariants": {"workload": "paced"},
+        "execution": {"step_ms": step_ms},
+        "classes": {"step_ms": "execution"},
+    }
     return {
         "command": [PY, PACED, "--steps", "1000", "--step-ms", str(step_ms), "--samples", "8"],
         "timing": "explicit",
@@ -101,6 +105,9 @@ async def test_harness_timed_tiny_training_through_the_protocol(allowed: Path, m
     assert out["peak_memory_kind"] == "host_rss" and out["peak_memory_bytes"] > 0
     assert 0 < out["data_wait_fraction"] < 1 and out["slowest_rank"] == 0
     assert out["contract_problems"] == [] and out["profiled"] is False
+    prov = out["provenance"]
+    assert prov["argv"] == [PY, TINY, "--steps", "100000"] and prov["env_changes"] == []
+    assert prov["code"]["commit"] is None and "not inside a git repository" in prov["code"]["unknown_reason"]
     assert any(a.endswith("step_series.json") for a in out["artifacts"])
     assert any(a.endswith("launch1_rank0.json") for a in out["artifacts"])
     record = Ledger(allowed).get(out["evidence_id"])
@@ -124,7 +131,11 @@ async def test_a_two_times_faster_loop_is_improved_with_speedup_near_two(allowed
         return paced(
             step_ms,
             same_process=False,
-            contract={"invariants": {"workload": "paced"}, "execution": {"step_ms": step_ms}},
+            contract={
+                "invariants": {"workload": "paced"},
+                "execution": {"step_ms": step_ms},
+                "classes": {"step_ms": "execution"},
+            },
         )
 
     base = await call(allowed, "run_benchmark_window", loop(16.0))
@@ -356,3 +367,19 @@ async def test_evidence_of_another_tool_or_unknown_ids_are_errors(workspace: Pat
     assert "on both sides" in await call_error(
         workspace, "compare_benchmarks", {"baseline": [same], "candidate": [same]}
     )
+
+
+async def test_semantic_keys_as_execution_and_unclassified_keys_are_refused(allowed: Path) -> None:
+    fp8 = {"invariants": {"model": "m"}, "execution": {"precision": "fp8", "microbatch": 8}}
+    message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=fp8))
+    assert "execution.precision is a semantic setting" in message and "training_change" in message
+    odd = {"invariants": {"model": "m", "layer_kind": "cheap"}, "execution": {"step_ms": 1}}
+    message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=odd))
+    assert "unknown contract keys ['layer_kind', 'step_ms']" in message
+    lying = {
+        **odd,
+        "classes": {"step_ms": "execution", "layer_kind": "semantic", "global_batch": "execution"},
+    }
+    message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=lying))
+    assert "contract.classes['global_batch'] says execution, but 'global_batch' is semantic" in message
+    assert Ledger(allowed).records(tool="run_benchmark_window") == []

@@ -401,7 +401,7 @@ async def test_a_missing_command_name_is_a_clear_error(workspace: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ("echo 'fatal: not really python' >&2; exit 3", "exited with status 3: fatal: not really python"),
+        ("echo 'fatal: not really python' >&2; exit 3", "exited with status 3: ⟦fatal: not really python⟧"),
         ("exit 0", "does not behave like a Python 3 interpreter"),
     ],
 )

@@ -14,7 +14,7 @@ from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 pytestmark = pytest.mark.anyio
 
 FP = {"device": "cpu", "torch": "2.13.0", "python": "3.11.7", "hostname_sha": "abc"}
-INVARIANTS = {"model": "tiny-mlp", "global_batch": 64, "precision": "fp32", "seed": 0}
+INVARIANTS = {"model": "tiny-mlp", "dataset": "synthetic", "global_batch": 64, "precision": "fp32", "seed": 0}
 
 
 class Evidence:
@@ -134,6 +134,7 @@ async def _keep(client: Client, exp: str, links: list[dict[str, str]], **extra: 
             "experiment_id": exp,
             "decision": "keep",
             "rationale": "faster",
+            "rollback": "git revert 1a2b3c4",
             "evidence": links,
             **extra,
         },
@@ -172,6 +173,26 @@ async def test_an_honest_experiment_is_kept_and_logged(server: Any, workspace: P
     log = (workspace / ".perfgate" / "decisions.md").read_text()
     assert exp in log
     assert "KEEP" in log
+    assert "- **Rollback:** `git revert 1a2b3c4`" in log
+
+
+async def test_a_keep_without_a_rollback_is_refused_and_the_rollback_reaches_the_report(
+    server: Any, workspace: Path
+) -> None:
+    from perfgate.report.html import write_report
+
+    ev = Evidence(workspace)
+    links, _ = _honest(ev)
+    async with Client(server, mode="auto") as client:
+        exp = await _open(client)
+        for missing in ({"rollback": None}, {"rollback": "   "}):
+            refused = await _keep(client, exp, links, **missing)
+            assert refused.is_error
+            assert "a keep needs rollback" in _text(refused)
+        kept = await _keep(client, exp, links, rollback="git revert --no-edit 9f8e7d6")
+    assert not kept.is_error, _text(kept)
+    (page, _) = write_report(Ledger(workspace), exp, workspace / "report")
+    assert "<tr><th>rollback</th><td><code>git revert --no-edit 9f8e7d6</code></td></tr>" in page.read_text()
 
 
 CHEATS = {
@@ -230,6 +251,24 @@ CHEATS = {
     "a single window": (
         "fewer than 3 separate launches",
         lambda ev, links, ids: _swap_comparison(ev, links, ids["base"][:1], ids["cand"][:1]),
+    ),
+    "windows without the required invariants": (
+        "does not declare dataset",
+        lambda ev, links, ids: _swap_comparison(
+            ev,
+            links,
+            [ev.window(invariants={"model": "m", "precision": "fp32", "global_batch": 64}) for _ in range(3)],
+            [ev.window(invariants={"model": "m", "precision": "fp32", "global_batch": 64}) for _ in range(3)],
+        ),
+    ),
+    "log-timed windows with an all-null fingerprint": (
+        "windows without an environment fingerprint",
+        lambda ev, links, ids: _swap_comparison(
+            ev,
+            links,
+            [ev.window(fp={"device_kind": None, "torch_version": None}) for _ in range(3)],
+            [ev.window(fp={"device_kind": None, "torch_version": None}) for _ in range(3)],
+        ),
     ),
     "three windows of one launch": (
         "fewer than 3 separate launches on candidate (1)",

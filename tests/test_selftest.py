@@ -139,6 +139,35 @@ def test_the_selftest_passes_on_each_present_accelerator(kind: str, tmp_path: Pa
     assert statuses["profile"] == "pass" and statuses["parity_bf16"] == "pass"
 
 
+# ---------------------------------------------------------------- the allowlist it writes
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "musa"])
+def test_the_selftest_pre_approves_exactly_its_own_commands(tmp_path: Path, device: str) -> None:
+    from perfgate.execution import load_policy
+    from perfgate.execution.request import CommandRequest
+    from perfgate.selftest import _commands, _write_workspace  # pyright: ignore[reportPrivateUsage]
+
+    _write_workspace(tmp_path, device, quick=True)
+    policy = load_policy(tmp_path)
+    env = {"PERFGATE_WARMUP_STEPS": "3"}
+
+    def allowed(argv: list[str], extra_env: dict[str, str] | None = None) -> bool:
+        request = CommandRequest(
+            argv=tuple(argv), cwd=tmp_path, env={**env, **(extra_env or {})}, timeout_s=600
+        )
+        return policy.match(request) is not None
+
+    commands = [argv for _, argv in _commands(device, quick=True)]
+    assert len(commands) == (6 if device == "cpu" else 7)  # torchrun only where devices may be 2+
+    for argv in commands:
+        assert allowed(argv)
+        assert not allowed([*argv, "--steps", "100000"])  # nothing appended
+        assert not allowed(argv, {"LD_PRELOAD": "/tmp/x.so"})  # no other variables
+    assert not allowed([sys.executable, "-m", "perfgate.harness", "--", "train.py"])
+    assert not allowed([sys.executable, "-c", "print(1)"])
+
+
 # ---------------------------------------------------------------- the job's device resolution
 
 

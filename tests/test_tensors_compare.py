@@ -250,7 +250,7 @@ def test_differing_key_sets_are_incomparable_and_listed(tmp_path: Path) -> None:
     cand = {"a": np.zeros(2), "d": np.zeros(2)}
     report = compare(tmp_path, ref, cand, atol=0.0, rtol=0.0)
     assert (report.status, report.missing_keys, report.extra_keys) == ("incomparable", ["b", "c"], ["d"])
-    assert "missing" in report.summary and "'d'" in report.summary
+    assert "missing" in report.summary and "⟦d⟧" in report.summary
 
 
 def test_shape_mismatch_is_reported_without_comparing_values(tmp_path: Path) -> None:

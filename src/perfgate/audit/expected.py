@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -16,7 +17,7 @@ from numpy.typing import NDArray
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.formats import EXPECTED_SUFFIXES
 from perfgate.audit.ids import IdValue, SampleIds, StringPool, parse_text_id
-from perfgate.audit.read_npz import ids_from_array
+from perfgate.audit.read_npz import check_array_file, ids_from_array
 from perfgate.audit.read_parquet import read_parquet_ids
 
 __all__ = ["EXPECTED_SUFFIXES", "ExpectedIds", "IdRange", "read_expected"]
@@ -145,6 +146,7 @@ def _csv_ids(text: str, path: Path) -> list[IdValue]:
 
 
 def _load_array(path: Path) -> NDArray[Any]:
+    check_array_file(path)
     try:
         loaded = np.load(path, allow_pickle=False)
         if isinstance(loaded, np.ndarray):
@@ -161,7 +163,7 @@ def _load_array(path: Path) -> NDArray[Any]:
                 arr = npz[name]
     except AuditInputError:
         raise
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+    except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
         raise AuditInputError(f"cannot read expected ids {path}: {exc}") from exc
     except ValueError as exc:
         raise AuditInputError(

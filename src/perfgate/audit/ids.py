@@ -10,7 +10,9 @@ from typing import cast
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["IdValue", "SampleIds", "StringPool", "parse_text_id"]
+from perfgate.audit.errors import AuditInputError
+
+__all__ = ["MAX_ID_CHARS", "IdValue", "SampleIds", "StringPool", "parse_text_id"]
 
 IdValue = int | str
 """One sample id as written by the training run: an int, or a string that is never read as a number."""
@@ -33,6 +35,10 @@ def parse_text_id(text: str) -> IdValue:
     return text
 
 
+MAX_ID_CHARS = 4096
+"""Longest string sample id accepted (paths and hashes are far shorter); a longer one is refused."""
+
+
 class StringPool:
     """Interns string ids to dense codes shared by every file of one audit (observed and expected)."""
 
@@ -47,6 +53,12 @@ class StringPool:
         """The code of one string id, interning it on first sight."""
         code = self._codes.get(value)
         if code is None:
+            if len(value) > MAX_ID_CHARS:
+                raise AuditInputError(
+                    f"a sample_id is {len(value)} characters long, over the limit of {MAX_ID_CHARS} "
+                    f"(audit.ids.MAX_ID_CHARS), starting {value[:40]!r}: ids must be short keys (an index, a "
+                    "path, a hash), not the sample itself"
+                )
             code = len(self.strings)
             self._codes[value] = code
             self.strings.append(value)

@@ -13,6 +13,7 @@ from perfgate.audit.coverage import EpochCoverage
 from perfgate.audit.findings import FindingCollector
 from perfgate.audit.records import ObservedRecords
 from perfgate.audit.report import AuditPolicy
+from perfgate.quoting import file_text
 
 __all__ = ["check_epoch", "check_inputs"]
 
@@ -21,7 +22,7 @@ _SHOWN = 3
 
 
 def _ids_text(ids: IdCodes, codes: NDArray[np.int64]) -> str:
-    return ", ".join(repr(v) for v in ids.decode(codes[:_SHOWN]))
+    return ", ".join(file_text(repr(v)) for v in ids.decode(codes[:_SHOWN]))
 
 
 def check_inputs(
@@ -167,7 +168,8 @@ def _check_repeats(
     cross = cov.cross_rank_repeats - padding
     owners = sorted({(r, w) for _, _, who in cov.duplicate_examples for r, w, _ in who})
     example = "; ".join(
-        f"{ids.decode([code])[0]!r} x{count} by " + ", ".join(f"rank {r} worker {w}" for r, w, _ in who)
+        f"{file_text(repr(ids.decode([code])[0]))} x{count} by "
+        + ", ".join(f"rank {r} worker {w}" for r, w, _ in who)
         for code, count, who in cov.duplicate_examples[:_SHOWN]
     )
     hint = ""

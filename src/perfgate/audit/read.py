@@ -73,5 +73,10 @@ def read_observed(
             progress(done, len(files), file)
         if confine is not None:
             file = confine(file)
-        _READERS[_suffix(file)](file, builder)
+        try:
+            _READERS[_suffix(file)](file, builder)
+        except AuditInputError as exc:
+            if str(file) in str(exc):
+                raise
+            raise AuditInputError(f"{file}: {exc}") from exc
     return builder.build()

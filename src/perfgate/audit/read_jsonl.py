@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, cast
@@ -15,10 +16,13 @@ from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import SampleIds
 from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
 
-__all__ = ["read_jsonl"]
+__all__ = ["MAX_LINE_BYTES", "read_jsonl"]
 
 _BLOCK_BYTES = 8 << 20
 _PROBE_LINES = 64
+MAX_LINE_BYTES = 1 << 20
+"""Longest record line read (a sample record is ~100 bytes); a longer line stops the read with an error
+instead of growing without bound."""
 
 
 _ABSENT = -(2**63)
@@ -90,8 +94,8 @@ def read_jsonl(path: Path, builder: RecordBuilder) -> None:
         while True:
             try:
                 data = stream.read(_BLOCK_BYTES)
-            except (OSError, EOFError) as exc:
-                raise AuditInputError(f"cannot read {source}: {exc}") from exc
+            except (OSError, EOFError, zlib.error) as exc:
+                raise AuditInputError(f"cannot read {source} after line {line_base}: {exc}") from exc
             if not data:
                 block, tail = tail, b""
                 if block and not block.endswith(b"\n"):
@@ -100,6 +104,13 @@ def read_jsonl(path: Path, builder: RecordBuilder) -> None:
                 data = tail + data
                 cut = data.rfind(b"\n") + 1
                 block, tail = data[:cut], data[cut:]
+                if len(tail) > MAX_LINE_BYTES:
+                    long_line = line_base + block.count(b"\n") + 1
+                    raise AuditInputError(
+                        f"{source}: line {long_line} is longer than {MAX_LINE_BYTES} bytes "
+                        "(limit audit.read_jsonl.MAX_LINE_BYTES; a sample record is about 100 bytes): the file is "
+                        "not one JSON record per line, or it is corrupt"
+                    )
             if not block:
                 if not data:
                     break

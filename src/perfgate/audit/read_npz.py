@@ -2,18 +2,83 @@
 
 from __future__ import annotations
 
+import math
 import zipfile
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from perfgate.audit._files import MAX_GZIP_RATIO, RATIO_EXEMPT_BYTES
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import SampleIds, StringPool
 from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
 
-__all__ = ["ids_from_array", "read_npz"]
+__all__ = ["check_array_file", "ids_from_array", "read_npz"]
+
+
+def _npy_bytes(stream: IO[bytes], where: str) -> int:
+    """Header plus data bytes that an NPY header declares (read from ``stream``, nothing else)."""
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(stream, max_header_size=10_000)
+        else:
+            shape, _, dtype = np.lib.format.read_array_header_2_0(stream, max_header_size=10_000)
+    except (ValueError, SyntaxError, OverflowError, EOFError, zlib.error, zipfile.BadZipFile) as exc:
+        raise AuditInputError(f"{where}: malformed NPY header ({exc})") from exc
+    if dtype.hasobject:
+        raise AuditInputError(
+            f"{where}: object array: it needs pickle, which is never loaded; save ids as an integer or "
+            "unicode array"
+        )
+    return stream.tell() + math.prod(int(d) for d in shape) * dtype.itemsize
+
+
+def check_array_file(path: Path) -> None:
+    """Refuse an NPY/NPZ file whose headers claim more than the file can hold, before numpy allocates.
+
+    An NPY header may claim any shape (numpy would allocate it); an NPZ member may inflate to any size.
+    Each array's declared size must match what the file (or the member's declared size) holds, and a
+    deflated member may expand at most MAX_GZIP_RATIO times (the same cap as ``.gz`` record files).
+
+    Raises:
+        AuditInputError: naming the file, the member and the limit.
+    """
+    try:
+        if not zipfile.is_zipfile(path):
+            with path.open("rb") as f:
+                size = f.seek(0, 2)
+                f.seek(0)
+                declared = _npy_bytes(f, str(path))
+            if declared != size:
+                raise AuditInputError(
+                    f"{path}: the NPY header declares {declared} bytes but the file holds {size}: truncated or "
+                    "not an array numpy.save wrote"
+                )
+            return
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                where = f"{path}:{info.filename}"
+                limit = max(RATIO_EXEMPT_BYTES, MAX_GZIP_RATIO * info.compress_size)
+                if info.file_size > limit:
+                    raise AuditInputError(
+                        f"{where} declares {info.file_size} bytes from {info.compress_size} compressed, over "
+                        f"{MAX_GZIP_RATIO}x (limit audit._files.MAX_GZIP_RATIO): refusing a possible "
+                        "decompression bomb. If the file is genuine, save it with numpy.savez (uncompressed)"
+                    )
+                if info.filename.endswith(".npy"):
+                    with zf.open(info) as member:
+                        declared = _npy_bytes(member, where)  # pyright: ignore[reportArgumentType]  # a binary stream
+                    if declared != info.file_size:
+                        raise AuditInputError(
+                            f"{where}: the NPY header declares {declared} bytes but the member holds "
+                            f"{info.file_size}: a truncated or lying member"
+                        )
+    except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        raise AuditInputError(f"cannot read {path}: {exc}") from exc
 
 
 def read_npz(path: Path, builder: RecordBuilder) -> None:
@@ -25,6 +90,7 @@ def read_npz(path: Path, builder: RecordBuilder) -> None:
     """
     source = str(path)
     builder.sources.append(source)
+    check_array_file(path)
     try:
         with np.load(path, allow_pickle=False) as npz:
             names = set(npz.files)
@@ -40,7 +106,7 @@ def read_npz(path: Path, builder: RecordBuilder) -> None:
             }
     except AuditInputError:
         raise
-    except (OSError, zipfile.BadZipFile, EOFError) as exc:
+    except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
         raise AuditInputError(f"cannot read {source} as NPZ: {exc}") from exc
     except ValueError as exc:
         raise AuditInputError(

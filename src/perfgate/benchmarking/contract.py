@@ -2,7 +2,8 @@
 
 Invariants name the workload (model, data, precision, shapes, global batch, seed, hardware, software,
 ...); execution settings are what an optimization may change (microbatch, accumulation, world size,
-compile, workers, ...). Keys are free-form; the ones below have meaning to the cross-check.
+compile, workers, ...). Keys come from the vocabulary in :mod:`perfgate.benchmarking.vocabulary`; a key
+outside it needs a class in ``classes``. A semantic key declared as an execution setting is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfgate.benchmarking.errors import ContractError
+from perfgate.benchmarking.vocabulary import vocabulary_problems
 
 __all__ = [
     "Contract",
@@ -32,12 +34,18 @@ _MODEL_PARALLEL_KEYS = ("tensor_parallel", "pipeline_parallel", "context_paralle
 class Contract:
     invariants: dict[str, Any] = field(default_factory=dict[str, Any])
     execution: dict[str, Any] = field(default_factory=dict[str, Any])
+    classes: dict[str, str] = field(default_factory=dict[str, str])
+    """The caller's class ('semantic' or 'execution') of keys outside the vocabulary."""
 
     @classmethod
     def from_mapping(cls, value: Mapping[str, Any] | None) -> Contract:
         if not value:
             return cls()
-        return cls(dict(value.get("invariants") or {}), dict(value.get("execution") or {}))
+        return cls(
+            dict(value.get("invariants") or {}),
+            dict(value.get("execution") or {}),
+            {str(k): str(v) for k, v in dict(value.get("classes") or {}).items()},
+        )
 
 
 def _canon(value: Any) -> str:
@@ -77,13 +85,14 @@ def data_parallel_size(execution: Mapping[str, Any]) -> int | None:
 def check_contract(contract: Contract) -> list[str]:
     """Contradictions within one contract, as sentences; empty when it is consistent.
 
-    ``invariants.global_batch`` must equal ``execution.microbatch x accumulation x data-parallel size``
+    Every key must be in the vocabulary or classified in ``classes``, and no semantic key may be an
+    execution setting. ``invariants.global_batch`` must equal ``execution.microbatch x accumulation x data-parallel size``
     whenever any of them is declared (accumulation defaults to 1 only when the rest is complete).
 
     Raises:
         ContractError: a batch or parallelism entry is not a positive integer.
     """
-    problems: list[str] = []
+    problems: list[str] = vocabulary_problems(contract.invariants, contract.execution, contract.classes)
     overlap = sorted(set(contract.invariants) & set(contract.execution))
     if overlap:
         problems.append(f"keys declared both as invariant and as execution setting: {overlap}")

@@ -41,7 +41,7 @@ def parse_step_log(
 ) -> list[tuple[int, float]]:
     """``(step, step_time_ms)`` for every matching line, in log order.
 
-    Lines whose numbers do not parse (or whose time is not a finite non-negative number) are skipped.
+    Lines whose numbers do not parse (or whose time is not a finite positive number) are skipped.
     ``check`` is called every few thousand lines; it raises to stop (e.g. `anyio.from_thread.check_cancelled`).
     """
     out: list[tuple[int, float]] = []
@@ -58,7 +58,7 @@ def parse_step_log(
             step, ms = int(step_text), float(ms_text)
         except ValueError:
             continue
-        if ms >= 0 and ms != float("inf"):  # also drops NaN
+        if 0 < ms < float("inf"):  # also drops NaN; a step takes time
             out.append((step, ms))
     return out
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -12,6 +13,9 @@ from perfgate.benchmarking.errors import RecordError
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION
 
 __all__ = [
+    "MAX_RECORD_BYTES",
+    "MAX_STEPS",
+    "MAX_WORLD_SIZE",
     "DeviceRecord",
     "RankRecord",
     "RecordSet",
@@ -20,6 +24,22 @@ __all__ = [
     "load_records",
     "read_record",
 ]
+
+
+MAX_WORLD_SIZE = 1 << 20
+"""Most ranks a record may claim; ranks are counted and listed, so a claimed billion is refused up front."""
+MAX_STEPS = 10_000_000
+"""Most steps or windows a record may claim."""
+MAX_RECORD_BYTES = 256 << 20
+"""Largest record file read (a record holds a few numbers per step: ~100 bytes each)."""
+
+# Constrained types: a record is data from a file, so every count and duration is range-checked while it is
+# decoded, before anything is divided by it or sized from it.
+_Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_STEPS)]
+_Ns = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+_PositiveNs = Annotated[int, msgspec.Meta(ge=1, le=2**62)]
+_Ms = Annotated[float, msgspec.Meta(ge=0.0, le=1e15)]
+_Bytes = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
 
 
 class DeviceRecord(msgspec.Struct, frozen=True):
@@ -34,35 +54,35 @@ class DeviceRecord(msgspec.Struct, frozen=True):
 class StepColumns(msgspec.Struct, frozen=True):
     """One entry per step, warm-up included; times in integer nanoseconds."""
 
-    count: int
-    warmup: int
-    start_ns: list[int]
-    end_ns: list[int]
-    step_time_ns: list[int]
-    data_wait_ns: list[int]
-    backward_ns: list[int]
-    samples: list[int | None]
-    tokens: list[int | None]
+    count: _Count
+    warmup: _Count
+    start_ns: list[_Ns]
+    end_ns: list[_Ns]
+    step_time_ns: list[_Ns]
+    data_wait_ns: list[_Ns]
+    backward_ns: list[_Ns]
+    samples: list[_Bytes | None]
+    tokens: list[_Bytes | None]
 
 
 class WindowRecord(msgspec.Struct, frozen=True):
     """One measured window of one rank: steps ``first_step..last_step`` (inclusive)."""
 
-    index: int
-    first_step: int
-    last_step: int
-    steps: int
-    start_ns: int
-    end_ns: int
-    elapsed_ns: int
-    start_unix_ns: int
-    end_unix_ns: int
-    device_elapsed_ms: float | None = None
-    device_step_ms: list[float] | None = None
-    peak_allocated_bytes: int | None = None
-    peak_reserved_bytes: int | None = None
-    host_rss_bytes: int | None = None
-    host_peak_rss_bytes: int | None = None
+    index: _Count
+    first_step: _Count
+    last_step: _Count
+    steps: Annotated[int, msgspec.Meta(ge=1, le=MAX_STEPS)]
+    start_ns: _Ns
+    end_ns: _Ns
+    elapsed_ns: _PositiveNs
+    start_unix_ns: _Ns
+    end_unix_ns: _Ns
+    device_elapsed_ms: _Ms | None = None
+    device_step_ms: list[_Ms] | None = None
+    peak_allocated_bytes: _Bytes | None = None
+    peak_reserved_bytes: _Bytes | None = None
+    host_rss_bytes: _Bytes | None = None
+    host_peak_rss_bytes: _Bytes | None = None
     loss: list[float | None] | None = None
     nonfinite_loss_steps: list[int] | None = None
     skipped_steps: list[list[int]] | None = None
@@ -75,12 +95,12 @@ class RankRecord(msgspec.Struct, frozen=True):
 
     schema: str
     version: int
-    rank: int
-    world_size: int
+    rank: Annotated[int, msgspec.Meta(ge=0, lt=MAX_WORLD_SIZE)]
+    world_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_WORLD_SIZE)]
     timing: str
-    warmup_steps: int
-    measure_steps: int
-    windows_requested: int
+    warmup_steps: _Count
+    measure_steps: _Count
+    windows_requested: _Count
     complete: bool
     profiled: bool
     steps: StepColumns
@@ -122,12 +142,18 @@ def read_record(path: Path) -> RankRecord:
         RecordError: unreadable, not JSON, or not a harness record of a known version.
     """
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:
+            data = f.read(MAX_RECORD_BYTES + 1)
     except OSError as exc:
         raise RecordError(f"cannot read harness record {path}: {exc}") from exc
+    if len(data) > MAX_RECORD_BYTES:
+        raise RecordError(
+            f"{path} is over {MAX_RECORD_BYTES} bytes (limit benchmarking.records.MAX_RECORD_BYTES): not a "
+            "harness record, or one from a run of more than a few million steps; measure fewer steps"
+        )
     try:
         record = _decoder.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:
         raise RecordError(f"{path} is not a valid harness record: {exc}") from exc
     if record.schema != RECORD_SCHEMA or record.version != RECORD_VERSION:
         raise RecordError(
@@ -143,6 +169,15 @@ def read_record(path: Path) -> RankRecord:
     )
     if any(len(c) != n for c in columns) or len(record.steps.samples) != n or len(record.steps.tokens) != n:
         raise RecordError(f"{path}: step columns disagree with steps.count={n} (the file is corrupt)")
+    if record.rank >= record.world_size:
+        raise RecordError(
+            f"{path}: rank {record.rank} is outside world size {record.world_size} (the file is corrupt)"
+        )
+    for w in record.windows:
+        if w.last_step < w.first_step or w.last_step >= n:
+            raise RecordError(
+                f"{path}: window {w.index} spans steps {w.first_step}..{w.last_step} of {n} (the file is corrupt)"
+            )
     return record
 
 
@@ -164,8 +199,11 @@ def load_records(directory: Path) -> RecordSet:
     sizes = {r.world_size for r in records}
     if len(sizes) > 1:
         problems.append(f"records disagree on the world size: {sorted(sizes)}")
-    world = max(sizes)
-    missing = sorted(set(range(world)) - set(ranks))
-    if missing:
-        problems.append(f"no record from rank(s) {missing} of world size {world}")
+    world = max(sizes)  # at most MAX_WORLD_SIZE: read_record checked it
+    seen = set(ranks)
+    absent = world - len(seen)
+    if absent > 0:
+        shown = list(itertools.islice((r for r in range(world) if r not in seen), 20))
+        more = f" and {absent - len(shown)} more" if absent > len(shown) else ""
+        problems.append(f"no record from rank(s) {shown}{more} of world size {world}")
     return RecordSet(records, problems)

@@ -48,6 +48,8 @@ class DecisionEntry:
     label: str | None
     evidence_id: str
     at: str
+    rollback: str | None = None
+    """How to undo the change (a command or a revert commit), as the decide call gave it."""
 
 
 @dataclass
@@ -106,6 +108,7 @@ def _apply(experiments: dict[str, Experiment], record: EvidenceRecord) -> None:
             label=result.get("label"),
             evidence_id=record.id,
             at=record.created_at,
+            rollback=record.inputs.get("rollback") or None,
         )
         (exp.decisions if entry.accepted else exp.attempts).append(entry)
 

@@ -78,7 +78,7 @@ def window_fingerprint(
 ) -> dict[str, Any] | None:
     """The measured environment of a benchmark window: its own fingerprint, else its collect_env record's."""
     value = as_dict(record.result.get("environment_fingerprint"))
-    if value:
+    if any(v is not None for v in value.values()):  # an all-null fingerprint knows nothing: never "same"
         return value
     if record.environment_id and (env := lookup(record.environment_id)) is not None:
         return as_dict(env.result.get("fingerprint")) or None
@@ -160,6 +160,32 @@ def _window_gates(
                 more + ", or decide with fewer_windows_reason",
             )
         )
+
+    from perfgate.benchmarking.vocabulary import REQUIRED_INVARIANTS, VOCABULARY, canonical_key
+
+    lacking: dict[str, list[str]] = {}
+    for w in windows:
+        declared = {
+            term.name
+            for key in as_dict(as_dict(_declared_contract(w)).get("invariants"))
+            if (term := VOCABULARY.get(canonical_key(key))) is not None
+        }
+        missing_keys = [k for k in REQUIRED_INVARIANTS if k not in declared]
+        if missing_keys:
+            lacking[w.id] = missing_keys
+    gates.append(
+        _gate(
+            "required_invariants",
+            not lacking,
+            "every window declares " + ", ".join(REQUIRED_INVARIANTS)
+            if not lacking
+            else "; ".join(f"{wid} does not declare {', '.join(keys)}" for wid, keys in lacking.items()),
+            list(lacking) or [w.id for w in windows],
+            "re-run the windows with contract.invariants naming "
+            + ", ".join(REQUIRED_INVARIANTS)
+            + ", then compare_benchmarks(...) again",
+        )
+    )
 
     invariants = {canonical_json(as_dict(_declared_contract(w)).get("invariants")) for w in windows}
     gates.append(

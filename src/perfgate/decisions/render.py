@@ -27,6 +27,8 @@ def render_experiment(exp: Experiment) -> str:
         if decision.label:
             lines.append(f"- **Label:** {decision.label}")
         lines.append(f"- **Rationale:** {decision.rationale}")
+        if decision.rollback:
+            lines.append(f"- **Rollback:** `{decision.rollback}`")
     if exp.attempts:
         lines.append(f"- **Refused attempts:** {len(exp.attempts)} (see the ledger for each)")
     if exp.links:

@@ -227,6 +227,7 @@ async def _demo(workspace: Path, say: Callable[[str], None]) -> DemoResult:
                 "experiment_id": exp_id,
                 "decision": "keep",
                 "rationale": "faster beyond noise with bit-identical weights and full sample coverage",
+                "rollback": "run the training command with --num-workers 0 again",
                 "evidence": [
                     {"id": evidence["candidate"], "role": "candidate"},
                     {"id": evidence["comparison"], "role": "comparison"},

@@ -7,7 +7,9 @@ context parallelism), then the fewest expert-tensor ranks and virtual stages.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,7 +21,30 @@ from perfgate.planning.mesh import ParallelMesh
 from perfgate.planning.plan import LayoutPlan, plan_layout
 from perfgate.planning.setup import TrainingSetup
 
-__all__ = ["RANKING", "Candidate", "SearchOptions", "SearchResult", "search_layouts"]
+__all__ = [
+    "MAX_CHOICES",
+    "MAX_LAYOUTS",
+    "MAX_WORLD_SIZE",
+    "RANKING",
+    "Candidate",
+    "SearchOptions",
+    "SearchResult",
+    "SearchTooLarge",
+    "search_layouts",
+]
+
+MAX_WORLD_SIZE = 1 << 20
+"""Most GPUs a plan may have (far above any cluster built)."""
+MAX_CHOICES = 64
+"""Most values in each of cp_choices, vpp_choices and etp_choices."""
+MAX_LAYOUTS = 200_000
+"""Most layouts one search may judge (each takes ~0.1 ms); a larger space is refused before searching."""
+_CHECK_EVERY = 256
+
+
+class SearchTooLarge(ValueError):
+    """The search space is over MAX_LAYOUTS; the message says how large and how to narrow it."""
+
 
 RANKING = "smallest tp, then largest ep, then largest dp, then smallest pp, cp, etp, vpp, then least memory"
 
@@ -29,10 +54,17 @@ class SearchOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cp_choices: Annotated[list[int], Field(min_length=1, description="Context-parallel sizes to try.")] = [1]
-    vpp_choices: Annotated[list[int], Field(min_length=1, description="Virtual pipeline sizes to try.")] = [1]
+    cp_choices: Annotated[
+        list[Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]],
+        Field(min_length=1, max_length=MAX_CHOICES, description="Context-parallel sizes to try."),
+    ] = [1]
+    vpp_choices: Annotated[
+        list[Annotated[int, Field(ge=1, le=1024)]],
+        Field(min_length=1, max_length=MAX_CHOICES, description="Virtual pipeline sizes to try."),
+    ] = [1]
     etp_choices: Annotated[
-        list[int], Field(min_length=1, description="Expert tensor-parallel sizes to try.")
+        list[Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE)]],
+        Field(min_length=1, max_length=MAX_CHOICES, description="Expert tensor-parallel sizes to try."),
     ] = [1]
     max_tp: Annotated[int | None, Field(ge=1, description="Largest tp to try; default gpus_per_node.")] = None
     limit: Annotated[int, Field(ge=1, le=100, description="Most fitting layouts to return.")] = 10
@@ -63,7 +95,8 @@ class SearchResult(BaseModel):
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def _candidate(plan: LayoutPlan) -> Candidate:
@@ -88,18 +121,35 @@ def search_layouts(
     gpus_per_node: int,
     device_memory_bytes: int,
     keep_hot_comm_in_node: bool = False,
+    check: Callable[[], None] | None = None,
 ) -> SearchResult:
-    """Every layout of ``world_size`` GPUs over tp, pp, ep divisors and the option lists, judged and ranked."""
+    """Every layout of ``world_size`` GPUs over tp, pp, ep divisors and the option lists, judged and ranked.
+
+    ``check`` is called every few hundred layouts and may raise to stop (cancellation, a deadline).
+
+    Raises:
+        SearchTooLarge: the space holds more than MAX_LAYOUTS candidate layouts (checked before searching).
+    """
     divisors = _divisors(world_size)
     max_tp = options.max_tp if options.max_tp is not None else gpus_per_node
     ep_choices = divisors if model.moe is not None else [1]
     etp_choices = sorted(set(options.etp_choices)) if model.moe is not None else [1]
+    tp_choices = [t for t in divisors if t <= max_tp]
+    space = len(divisors) * len(set(options.cp_choices)) * len(tp_choices) * len(set(options.vpp_choices))
+    space *= len(etp_choices) * len(ep_choices)
+    if space > MAX_LAYOUTS:
+        raise SearchTooLarge(
+            f"the search would try up to {space} layouts ({len(divisors)} pp x {len(set(options.cp_choices))} cp x "
+            f"{len(tp_choices)} tp x {len(set(options.vpp_choices))} vpp x {len(etp_choices)} etp x "
+            f"{len(ep_choices)} ep), over the limit of {MAX_LAYOUTS} (planning.search.MAX_LAYOUTS): narrow "
+            "search.cp_choices / vpp_choices / etp_choices, lower search.max_tp, or check one mesh with mode='check'"
+        )
     rejected: Counter[str] = Counter()
     plans: list[LayoutPlan] = []
     enumerated = 0
     for pp in divisors:
         for cp in sorted(set(options.cp_choices)):
-            for tp in (t for t in divisors if t <= max_tp):
+            for tp in tp_choices:
                 if world_size % (tp * cp * pp) != 0:
                     continue
                 for vpp in sorted(set(options.vpp_choices)):
@@ -118,6 +168,8 @@ def search_layouts(
                                 edp=world_size // (etp * ep * pp),
                             )
                             enumerated += 1
+                            if check is not None and enumerated % _CHECK_EVERY == 0:
+                                check()
                             checks = check_layout(
                                 model,
                                 mesh,

@@ -102,6 +102,8 @@ def render_experiment_page(ledger: Ledger, exp: Experiment) -> str:
     ]
     if decision:
         body.append(f"<tr><th>rationale</th><td>{_e(decision.rationale)}</td></tr>")
+        if decision.rollback:
+            body.append(f"<tr><th>rollback</th><td><code>{_e(decision.rollback)}</code></td></tr>")
         if decision.label:
             body.append(f"<tr><th>label</th><td>{_e(decision.label)}</td></tr>")
     body.append(f"<tr><th>refused keep attempts</th><td>{len(exp.attempts)}</td></tr></table>")

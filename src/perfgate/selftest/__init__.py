@@ -55,6 +55,8 @@ DEVICES: tuple[Device, ...] = ("auto", "cuda", "rocm", "musa", "cpu")
 SCRIPT = "selftest_job.py"
 OUT = "selftest-out"
 EXIT_NO_DEVICE = 3
+PROFILE_STEPS = 20
+"""Steps the profiled job may run; the harness stops it once the profiler schedule is done."""
 
 
 class SelftestError(RuntimeError):
@@ -356,7 +358,9 @@ async def _run(workspace: Path, device: str, quick: bool, say: Callable[[str], N
 
             # 4. A short profile of the same training job (2 ranks when there are 2+ devices).
             world = 2 if kind != "cpu" and int(facts.get("device_count", 0)) >= 2 else 1
-            prof_cmd = _train_cmd(device, plan, f"{OUT}/profile", dump=False, clock=False, steps=20)
+            prof_cmd = _train_cmd(
+                device, plan, f"{OUT}/profile", dump=False, clock=False, steps=PROFILE_STEPS
+            )
             if world > 1:
                 prof_cmd = _torchrun(prof_cmd, world)
             profile, text = await s.call(
@@ -499,21 +503,30 @@ def _finish(
     return SelftestResult(workspace, label, checks, evidence, record_id, report, passed)
 
 
-def _write_workspace(workspace: Path, device: str) -> None:
-    shutil.copyfile(Path(__file__).with_name("job.py"), workspace / SCRIPT)
+def _commands(device: str, quick: bool) -> list[tuple[str, list[str]]]:
+    """Every launch the selftest may make (as the tools will run them), for both workload sizes."""
     from perfgate.benchmarking.launch import wrap_command
 
-    # The commands' sizes depend on the device found, so each rule fixes the program, the harness and
-    # the script and mode, and nothing else may run.
-    py = sys.executable
-    harness = [py, "-m", "perfgate.harness", "--", SCRIPT, "train", "--device", device]
-    rules: list[tuple[str, list[str], bool]] = [
-        ("selftest training job under the harness", harness, False),
-        ("selftest matmul loop (explicit timing)", [py, SCRIPT, "matmul", "--device", device], False),
-    ]
-    if device != "cpu":
-        distributed = wrap_command(_torchrun([py, SCRIPT, "train", "--device", device], 2))
-        rules.append(("selftest profile on 2 ranks", distributed, False))
+    out: list[tuple[str, list[str]]] = []
+    for size in ("cpu", "device"):
+        plan = _plan(size, quick)
+        steps = plan.train_warmup + plan.train_measure + 5
+        train = _train_cmd(device, plan, f"{OUT}/train", dump=True, clock=True, steps=steps)
+        profile = _train_cmd(device, plan, f"{OUT}/profile", dump=False, clock=False, steps=PROFILE_STEPS)
+        out += [
+            (f"selftest training window ({size} sizes)", wrap_command(train)),
+            (f"selftest matmul loop ({size} sizes)", _matmul_cmd(device, plan)),
+            (f"selftest profile ({size} sizes)", wrap_command(profile)),
+        ]
+        if device != "cpu" and size == "device":
+            out.append((f"selftest profile on 2 ranks ({size} sizes)", wrap_command(_torchrun(profile, 2))))
+    return out
+
+
+def _write_workspace(workspace: Path, device: str, quick: bool) -> None:
+    shutil.copyfile(Path(__file__).with_name("job.py"), workspace / SCRIPT)
+    # The allowlist names each command exactly (no extra argument matches): nothing else runs unasked.
+    rules = [(name, argv, True) for name, argv in _commands(device, quick)]
     (workspace / "perfgate.toml").write_text(_policy(rules), encoding="utf-8")
 
 
@@ -535,7 +548,7 @@ def run_selftest(
     if workspace is None:
         workspace = Path(tempfile.mkdtemp(prefix="perfgate-selftest-"))
     workspace.mkdir(parents=True, exist_ok=True)
-    _write_workspace(workspace, device)
+    _write_workspace(workspace, device, quick)
     say(f"perfgate selftest in {workspace} (device {device}{', quick' if quick else ''})")
 
     async def main() -> SelftestResult:

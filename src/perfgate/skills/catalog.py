@@ -96,6 +96,17 @@ REFERENCES: tuple[Reference, ...] = (
         "Mixture-of-experts tuning",
         "Fit, scale, profile, retune, validate; the attention and expert meshes; dispatchers; 50-step runs.",
     ),
+    Reference(
+        "checkpoint-conversion",
+        "Checkpoint conversion and resume",
+        "Why strict loading proves nothing, value parity, key mapping for compiled/wrapped/converted "
+        "weights, resume state.",
+    ),
+    Reference(
+        "casebook",
+        "Casebook: from evidence to a candidate",
+        "Which candidate each finding suggests, its guard, and the evidence level behind each lesson.",
+    ),
 )
 
 

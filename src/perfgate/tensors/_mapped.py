@@ -1,101 +1,131 @@
-"""Read a region of a file through a read-only memory map, chunk by chunk, in bounded memory.
+"""Read a region of a file chunk by chunk, in bounded memory, from one descriptor opened once.
 
-Pages of a file mapping count towards the process's resident set while they stay mapped, so reading a
-checkpoint straight through a map would make RSS grow to the checkpoint's size. After each chunk the
-pages behind it are dropped from this process (``MADV_DONTNEED``); they stay in the page cache, so
-nothing is read twice from disk, but RSS stays at a few chunks.
+Tensors used to be read through a memory map, but a mapped file that shrinks under the reader (training
+re-saving a dump while the agent compares it) kills the whole server with SIGBUS on the next page
+touched. Here every chunk is read with ``pread`` into a fresh array: a file that shrank gives a short
+read, which becomes a `TensorInputError` naming the file and the byte offset, and a file replaced by a
+rename is not seen at all (the descriptor still holds the original). Chunks are owned arrays, so
+nothing stays resident after the consumer drops them; the kernel's page cache and read-ahead
+(``POSIX_FADV_SEQUENTIAL``) keep sequential reads as fast as the map was.
 """
 
 from __future__ import annotations
 
-import contextlib
-import mmap
+import io
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol, cast
 
 import numpy as np
 
-__all__ = ["ChunkStream", "MappedChunks", "MappedFile", "OwnedChunks"]
+from perfgate.tensors._errors import ComparisonCancelled, TensorInputError
 
-_PAGE = mmap.PAGESIZE
-_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)
-_SEQUENTIAL: int | None = getattr(mmap, "MADV_SEQUENTIAL", None)
+__all__ = ["ChunkStream", "ChunkedFile", "FileChunks", "OwnedChunks"]
+
+_SEQUENTIAL: int | None = getattr(os, "POSIX_FADV_SEQUENTIAL", None)
 
 
-class MappedFile:
-    """A whole file mapped read-only (files of zero bytes are not mapped: they hold no elements)."""
+class ChunkedFile:
+    """A file held open by descriptor; its size is taken once, from the descriptor, at open."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, fd: int | None = None) -> None:
+        """Open ``path`` (or adopt ``fd``, an open read-only descriptor of it; this object then owns it)."""
         self.path = path
-        with path.open("rb") as f:
-            self.size_bytes = os.fstat(f.fileno()).st_size
-            self._map: mmap.mmap | None = None
-            if self.size_bytes > 0:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                if _SEQUENTIAL is not None:
-                    self._map.madvise(_SEQUENTIAL)
+        # Reads hold the lock, so close() never pulls the descriptor (whose number the OS may reuse at once)
+        # from under a read still running in an abandoned worker thread of a cancelled call.
+        self._lock = threading.Lock()
+        self._fd: int | None = (
+            fd if fd is not None else os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        )
+        self.size_bytes = os.fstat(self._fd).st_size
+        if _SEQUENTIAL is not None:
+            os.posix_fadvise(self._fd, 0, 0, _SEQUENTIAL)
+
+    @property
+    def fd(self) -> int:
+        assert self._fd is not None, "file is closed"
+        return self._fd
+
+    def stream(self) -> BinaryIO:
+        """A buffered binary stream from byte 0 over the same descriptor (for headers); close it after use."""
+        raw = io.FileIO(os.dup(self.fd), "rb")
+        return io.BufferedReader(raw)
+
+    def read_into(self, out: np.ndarray[Any, np.dtype[Any]], offset: int) -> None:
+        """Fill ``out`` with the bytes at ``offset``.
+
+        Raises:
+            TensorInputError: the file ends early (it shrank since it was opened).
+            ComparisonCancelled: the file was closed meanwhile (only a cancelled call closes it early).
+        """
+        # As raw bytes: also for dtypes the buffer protocol cannot describe (bfloat16, float8).
+        view: memoryview = cast(Any, out).view(np.uint8).data
+        done = 0
+        while done < len(view):
+            with self._lock:
+                if self._fd is None:
+                    raise ComparisonCancelled(f"{self.path.name} was closed while it was being read")
+                n = os.preadv(self._fd, [view[done:]], offset + done)
+            if n == 0:
+                raise TensorInputError(
+                    f"{self.path.name}: the file ends at byte {offset + done}, but {self.size_bytes} bytes were "
+                    "there when it was opened: it was truncated or rewritten during the comparison. Wait until "
+                    "the writer finishes (or compare a copy) and retry"
+                )
+            done += n
 
     def read_bytes(self, offset: int, length: int) -> bytes:
-        """A copy of ``length`` bytes at ``offset`` (for headers; bounds were checked by the caller)."""
-        assert self._map is not None and offset >= 0 and offset + length <= self.size_bytes
-        return self._map[offset : offset + length]
+        """A copy of ``length`` bytes at ``offset`` (bounds were checked by the caller)."""
+        assert offset >= 0 and offset + length <= self.size_bytes
+        out = np.empty(length, dtype=np.uint8)
+        self.read_into(out, offset)
+        return out.tobytes()
 
-    def chunks(self, offset: int, dtype: np.dtype[Any], count: int, chunk_elements: int) -> MappedChunks:
-        """1-D views of ``count`` elements of ``dtype`` starting at byte ``offset``, ``chunk_elements`` at a time."""
+    def chunks(self, offset: int, dtype: np.dtype[Any], count: int, chunk_elements: int) -> FileChunks:
+        """1-D arrays of ``count`` elements of ``dtype`` starting at byte ``offset``, ``chunk_elements`` at a time."""
         assert offset + count * dtype.itemsize <= self.size_bytes
-        return MappedChunks(self, offset, dtype, count, chunk_elements)
-
-    def _release(self, begin: int, end: int) -> None:
-        if _DONTNEED is not None and self._map is not None and end > begin:
-            self._map.madvise(_DONTNEED, begin, end - begin)
+        return FileChunks(self, offset, dtype, count, chunk_elements)
 
     def close(self) -> None:
-        if self._map is None:
-            return
-        mapping, self._map = self._map, None
-        # A caller still holding a view keeps the mapping alive; it is unmapped when that view is collected.
-        with contextlib.suppress(BufferError):
-            mapping.close()
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 class ChunkStream(Protocol):
     """Consecutive 1-D pieces of one tensor in storage order; all but the last have the same length.
 
-    A piece may be a view into a memory map. The consumer calls ``release(n)`` once it no longer needs
-    the first ``n`` elements, which lets a mapped stream drop those pages from the process.
+    The consumer calls ``release(n)`` once it no longer needs the first ``n`` elements (a stream over
+    shared memory may then drop them; the streams here own their arrays and need not).
     """
 
     def __iter__(self) -> Iterator[np.ndarray]: ...
     def release(self, elements_done: int) -> None: ...
 
 
-class MappedChunks:
-    """A `ChunkStream` over a region of a `MappedFile`."""
+class FileChunks:
+    """A `ChunkStream` over a region of a `ChunkedFile`."""
 
-    def __init__(self, file: MappedFile, offset: int, dtype: np.dtype[Any], count: int, chunk_elements: int):
+    def __init__(self, file: ChunkedFile, offset: int, dtype: np.dtype[Any], count: int, chunk_elements: int):
         self._file = file
         self._offset = offset
         self._dtype = dtype
         self._count = count
         self._chunk = chunk_elements
-        self._released = offset // _PAGE * _PAGE
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        mapping = self._file._map  # pyright: ignore[reportPrivateUsage]  # the stream is part of the file
+        itemsize = self._dtype.itemsize
         for start in range(0, self._count, self._chunk):
             n = min(self._chunk, self._count - start)
-            assert mapping is not None
-            yield np.frombuffer(
-                mapping, dtype=self._dtype, count=n, offset=self._offset + start * self._dtype.itemsize
-            )
+            out = np.empty(n, dtype=self._dtype)
+            self._file.read_into(out, self._offset + start * itemsize)
+            yield out
 
     def release(self, elements_done: int) -> None:
-        # Whole pages only: the page holding the next element stays (a later chunk still reads it).
-        end = (self._offset + elements_done * self._dtype.itemsize) // _PAGE * _PAGE
-        self._file._release(self._released, end)  # pyright: ignore[reportPrivateUsage]  # same module
-        self._released = max(self._released, end)
+        return None
 
 
 class OwnedChunks:

@@ -15,7 +15,7 @@ from typing import IO, Any
 import numpy as np
 
 from perfgate.tensors._errors import TensorInputError
-from perfgate.tensors._mapped import ChunkStream, MappedFile
+from perfgate.tensors._mapped import ChunkedFile, ChunkStream
 from perfgate.tensors.dtypes import category
 from perfgate.tensors.entry import TensorEntry
 
@@ -85,10 +85,19 @@ class NpyFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        with path.open("rb") as f:
-            self.header = read_npy_header(f, path.name)
-        size = path.stat().st_size
-        available = size - self.header.header_bytes
+        self._file = ChunkedFile(path)
+        try:
+            with self._file.stream() as f:
+                self.header = read_npy_header(f, path.name)
+            self._check_size()
+        except BaseException:
+            self._file.close()
+            raise
+        self.key = path.stem
+
+    def _check_size(self) -> None:
+        path = self.path
+        available = self._file.size_bytes - self.header.header_bytes
         if available < self.header.data_bytes:
             raise TensorInputError(
                 f"{path.name}: the header describes {self.header.data_bytes} data bytes but the file holds "
@@ -99,8 +108,6 @@ class NpyFile:
                 f"{path.name}: {available - self.header.data_bytes} bytes after the array data: not a file "
                 "numpy.save wrote"
             )
-        self.key = path.stem
-        self._file = MappedFile(path)
 
     def entries(self) -> list[TensorEntry]:
         h = self.header

@@ -3,7 +3,7 @@
 An archive can claim anything: members overlapping the same compressed bytes, sizes of terabytes from a
 few kilobytes of deflate. So the declared sizes are checked against caps first (a zip-bomb-shaped
 member is refused without inflating it), members must occupy disjoint byte ranges of the file, stored
-members must fit in the file and are memory-mapped, and deflated members are inflated chunk by chunk,
+members must fit in the file and are read in chunks, and deflated members are inflated chunk by chunk,
 never past their declared size. Each member's NPY header goes through the same refusal of pickles and
 non-numeric dtypes as a standalone NPY file.
 """
@@ -23,7 +23,7 @@ from typing import BinaryIO
 import numpy as np
 
 from perfgate.tensors._errors import TensorInputError
-from perfgate.tensors._mapped import ChunkStream, MappedFile, OwnedChunks
+from perfgate.tensors._mapped import ChunkedFile, ChunkStream, OwnedChunks
 from perfgate.tensors._npy import NpyHeader, read_npy_header
 from perfgate.tensors.entry import TensorEntry
 
@@ -64,16 +64,20 @@ class NpzFile:
     def __init__(self, path: Path, limits: NpzLimits | None = None) -> None:
         self.path = path
         self._limits = limits or NpzLimits()
+        self._file = ChunkedFile(path)
         try:
-            self._zip = zipfile.ZipFile(path)
-        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            # zipfile reads through its own stream over the same descriptor: one file, opened once.
+            self._stream = self._file.stream()
+            self._zip = zipfile.ZipFile(self._stream)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+            self._stream.close()
+            self._file.close()
             raise TensorInputError(f"{path.name}: not a readable zip archive ({exc})") from exc
         try:
             self._members = self._check_members()
         except BaseException:
-            self._zip.close()
+            self.close()
             raise
-        self._file = MappedFile(path)
 
     def _fail(self, message: str) -> TensorInputError:
         return TensorInputError(f"{self.path.name}: {message}")
@@ -88,12 +92,12 @@ class NpzFile:
                 "a torch.save checkpoint (a zip of pickles), which is never loaded: it can run code. Export "
                 "the tensors with perfgate.harness.dump_tensors or safetensors.torch.save_file"
             )
-        size = self.path.stat().st_size
+        size = self._file.size_bytes
         spans: list[tuple[int, int, str]] = []
         expanded = 0
         keys: dict[str, zipfile.ZipInfo] = {}
         starts: dict[str, int] = {}
-        with self.path.open("rb") as raw:
+        with self._file.stream() as raw:
             for info in infos:
                 name = info.filename
                 if info.is_dir() or not name.endswith(".npy"):
@@ -208,5 +212,6 @@ class NpzFile:
             raise TensorInputError(f"{where}: corrupt member ({exc})") from exc
 
     def close(self) -> None:
-        self._file.close()
         self._zip.close()
+        self._stream.close()  # zipfile does not close a stream it was given
+        self._file.close()

@@ -1,4 +1,4 @@
-"""safetensors files: a validated header, then tensors read through a memory map.
+"""safetensors files: a validated header, then tensors read chunk by chunk from one open descriptor.
 
 Layout: an unsigned 64-bit little-endian header length N, N bytes of JSON
 ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}``, then the data
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from perfgate.tensors._errors import TensorInputError
-from perfgate.tensors._mapped import ChunkStream, MappedFile
+from perfgate.tensors._mapped import ChunkedFile, ChunkStream
 from perfgate.tensors.dtypes import SAFETENSORS_DTYPES, UNSUPPORTED_SAFETENSORS_DTYPES
 from perfgate.tensors.entry import TensorEntry
 
@@ -182,21 +182,23 @@ class SafetensorsFile:
 
     def __init__(self, path: Path, *, max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES) -> None:
         self.path = path
-        with path.open("rb") as f:
-            first = f.read(8)
-            size = path.stat().st_size
-            head = first
-            if len(first) == 8:
-                (declared,) = struct.unpack("<Q", first)
-                if declared <= max_header_bytes and 8 + declared <= size:
-                    head = first + f.read(declared)
+        self._file = ChunkedFile(path)
         try:
+            size = self._file.size_bytes
+            head = self._file.read_bytes(0, min(8, size))
+            if len(head) == 8:
+                (declared,) = struct.unpack("<Q", head)
+                if declared <= max_header_bytes and 8 + declared <= size:
+                    head += self._file.read_bytes(8, declared)
             data_start, slots, self.metadata = parse_header(head, size, max_header_bytes=max_header_bytes)
         except TensorInputError as exc:
+            self._file.close()
             raise TensorInputError(f"{path.name}: {exc}") from exc
+        except BaseException:
+            self._file.close()
+            raise
         self._data_start = data_start
         self._slots = {s.key: s for s in slots}
-        self._file = MappedFile(path)
 
     def entries(self) -> list[TensorEntry]:
         return [TensorEntry(s.key, s.dtype, s.shape, False, self.path) for s in self._slots.values()]

@@ -17,6 +17,7 @@ from typing import Literal
 
 import numpy as np
 
+from perfgate.quoting import file_text
 from perfgate.tensors._engine import Engine, usable_cpus
 from perfgate.tensors._errors import ComparisonCancelled, TensorInputError
 from perfgate.tensors._kernel import KernelParams, TensorStats
@@ -248,7 +249,7 @@ def _compare_one(
         return _comparison(key, r, c, tolerance, "shape_mismatch", None, None)
     if r.fortran_order != c.fortran_order and _effective_ndim(r.shape) > 1:
         raise TensorInputError(
-            f"tensor {key!r} is stored column-major on one side and row-major on the other; re-save both "
+            f"tensor {file_text(key)} is stored column-major on one side and row-major on the other; re-save both "
             "with numpy.ascontiguousarray so elements stream in the same order"
         )
     cat_r, cat_c = category(r.dtype), category(c.dtype)
@@ -288,7 +289,7 @@ def _pairs(
         notes: list[str] = []
         if ref_key != cand_key:
             notes.append(
-                f"two NPY files paired as one tensor: {ref_key!r} (reference) and {cand_key!r} (candidate)"
+                f"two NPY files paired as one tensor: {file_text(ref_key)} (reference) and {file_text(cand_key)} (candidate)"
             )
         return [(ref_key, ref_key, cand_key)], [], [], notes, []
     mapping.check_renames_used(reference.entries, candidate.entries)
@@ -297,7 +298,7 @@ def _pairs(
     ref_selected = _select_names(ref_names, keys)
     cand_selected = _select_names(cand_names, keys)
     if keys is not None and not ref_selected and not cand_selected:
-        sample = ", ".join(repr(k) for k in list(ref_names)[:5])
+        sample = ", ".join(file_text(k) for k in list(ref_names)[:5])
         raise TensorInputError(
             f"the keys patterns {list(keys)} match no tensor; reference keys include {sample}"
         )
@@ -424,25 +425,27 @@ def _summary(
         else:
             detail = f"largest error among them {_fmt(worst.max_abs_error_mismatched)}"
         parts.append(
-            f"over tolerance: {len(bad)} (worst {worst.key!r}: {worst.mismatched} of {worst.elements} "
+            f"over tolerance: {len(bad)} (worst {file_text(worst.key)}: {worst.mismatched} of {worst.elements} "
             f"elements outside atol={worst.atol:g} rtol={worst.rtol:g}, {detail})"
         )
     elif compared:
         worst = max(compared, key=lambda t: t.max_abs_error or 0.0)
-        parts.append(f"largest max_abs_error {_fmt(worst.max_abs_error)} in {worst.key!r}")
+        parts.append(f"largest max_abs_error {_fmt(worst.max_abs_error)} in {file_text(worst.key)}")
     for label, status_name in (("shapes differ", "shape_mismatch"), ("dtypes differ", "dtype_mismatch")):
         items = by_status.get(status_name, [])
         if items:
-            parts.append(f"{label}: {len(items)} ({', '.join(repr(t.key) for t in items[:3])})")
+            parts.append(f"{label}: {len(items)} ({', '.join(file_text(t.key) for t in items[:3])})")
     nonfinite = [t for t in compared if (t.nonfinite_reference or 0) + (t.nonfinite_candidate or 0)]
     if nonfinite:
         parts.append(f"NaN/Inf present in {len(nonfinite)} tensor(s)")
     if missing:
         parts.append(
-            f"{len(missing)} reference keys missing from the candidate ({', '.join(map(repr, missing[:3]))})"
+            f"{len(missing)} reference keys missing from the candidate ({', '.join(map(file_text, missing[:3]))})"
         )
     if extra:
-        parts.append(f"{len(extra)} candidate keys not in the reference ({', '.join(map(repr, extra[:3]))})")
+        parts.append(
+            f"{len(extra)} candidate keys not in the reference ({', '.join(map(file_text, extra[:3]))})"
+        )
     if not tensors:
         parts.append("no key is present on both sides")
     return "; ".join(parts)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from perfgate.quoting import file_text
 from perfgate.tensors._errors import TensorInputError
 
 __all__ = ["KeyMapping"]
@@ -76,7 +77,8 @@ class KeyMapping:
             new = self.name(key)
             if new in mapped:
                 raise TensorInputError(
-                    f"{side}: key mapping sends both {mapped[new]!r} and {key!r} to {new!r}; narrow "
+                    f"{side}: key mapping sends both {file_text(mapped[new])} and {file_text(key)} to {file_text(new)}; "
+                    "narrow "
                     "strip_prefixes/drop_segments or rename one of them"
                 )
             mapped[new] = key
@@ -95,7 +97,7 @@ class KeyMapping:
         unused = [src for src, _ in self.rename if src not in seen]
         if unused:
             raise TensorInputError(
-                f"rename: no tensor is called {', '.join(map(repr, unused[:5]))} on either side (after "
+                f"rename: no tensor is called {', '.join(map(file_text, unused[:5]))} on either side (after "
                 "prefix stripping and segment dropping); check the names in the missing/extra keys of a "
                 "comparison without the rename"
             )

@@ -222,7 +222,10 @@ async def _result(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path) -> B
             failure = "cancelled (" + failure + ")"
         return code, failure, directory / f"launch{launch}_records"
 
-    out = await rbw.measure(window_inp, wrt, request, ev, launch_once, run_id=inp.run_id)
+    raw = manifest["meta"].get("provenance")
+    provenance = rbw.RunProvenance.model_validate(raw) if isinstance(raw, dict) else None
+    # the code state was captured at launch; its diff artifact stays with the start record
+    out = await rbw.measure(window_inp, wrt, request, ev, launch_once, provenance, run_id=inp.run_id)
     (directory / "result.json").write_text(json.dumps({"evidence_id": out.evidence_id}), encoding="utf-8")
     return status.model_copy(
         update={"evidence_id": out.evidence_id, "state": out.state, "result": out, "message": "recorded"}

@@ -31,6 +31,7 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandError, CommandProgress, CommandResult, ExecLimits, execute
 from perfgate.execution.request import CommandRequest
+from perfgate.quoting import file_text
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
@@ -251,7 +252,7 @@ def _rewrite_redacted(path: Path, clean: Callable[[str], str]) -> None:
 def _failure(result: CommandResult, probe: ProbeOutput, redactor: Redactor, timeout_s: float) -> str | None:
     """Why the probe run does not count as a complete observation, with what to do; None when it does."""
     stderr = result.stderr.tail.strip().splitlines()
-    last_err = redactor.text(stderr[-1][:300]) if stderr else ""
+    last_err = file_text(redactor.text(stderr[-1])) if stderr else ""
     stage = probe.last_stage or "start-up"
     if result.timed_out:
         return (

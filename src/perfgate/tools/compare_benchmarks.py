@@ -6,14 +6,15 @@ start-up fast.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfgate.benchmarking import BenchmarkError, Contract, diff_contracts
+from perfgate.benchmarking import BenchmarkError, Contract, ContractDiff, diff_contracts
 from perfgate.benchmarking.contract import same_contract
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
+from perfgate.benchmarking.vocabulary import canonical_key, vocabulary_problems
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState, sha256_file
 from perfgate.evidence.access import as_dict
@@ -60,6 +61,21 @@ class CompareBenchmarksInput(BaseModel):
     ] = DEFAULT_MIN_EFFECT
 
 
+class Difference(BaseModel):
+    field: str = Field(
+        description="What differs, e.g. 'contract.execution.workers', 'env.OMP_NUM_THREADS', "
+        "'argv', 'code', 'file:train.py', 'measured.torch_version'."
+    )
+    kind: Literal["contract", "env", "argv", "code", "file", "measured"]
+    baseline: Any
+    candidate: Any
+    classification: Literal["declared_execution", "undeclared", "semantic"] = Field(
+        description="declared_execution: covered by declared_changes and allowed; undeclared or semantic: "
+        "the comparison is incomparable."
+    )
+    note: str
+
+
 class CompareBenchmarksOutput(BaseModel):
     evidence_id: str
     state: EvidenceState = Field(
@@ -86,10 +102,204 @@ class CompareBenchmarksOutput(BaseModel):
     median_step_speedup: float | None = Field(
         description="Speedup from each side's median step (stalls ignored); compare with speedup."
     )
+    differences: list[Difference] = Field(
+        description="Every difference between the first baseline and candidate windows (argv, env, code, "
+        "files the argv names, measured environment, contract), each classified; any undeclared or semantic "
+        "one makes the comparison incomparable."
+    )
+    unverified: list[str] = Field(
+        description="What could not be compared because a side does not know it (never counted as 'same')."
+    )
     actual_changes: list[str] = Field(description="Execution settings whose values differ between the sides.")
     declared_changes: list[str]
     warnings: list[str]
     method: str
+
+
+_CODE = "code"
+_ARGV = "argv"
+
+
+def _declared_names(declared: list[str]) -> set[str]:
+    """Declared names as compared: canonical, with 'env:' stripped."""
+    from perfgate.benchmarking.vocabulary import canonical_key
+
+    return {canonical_key(d[4:] if d.lower().startswith("env:") else d) for d in declared}
+
+
+def _env_declared(name: str, declared: set[str]) -> bool:
+    from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
+
+    key = canonical_key(name)
+    term = VOCABULARY.get(key)
+    return key in declared or (term is not None and term.cls == "execution" and term.name in declared)
+
+
+def _short(value: Any) -> Any:
+    return value[:200] + "..." if isinstance(value, str) and len(value) > 200 else value
+
+
+def _provenance(record: EvidenceRecord) -> dict[str, Any]:
+    return as_dict(record.result.get("provenance"))
+
+
+def _differences(
+    base: EvidenceRecord, cand: EvidenceRecord, declared: list[str], diff: ContractDiff
+) -> tuple[list[Difference], list[str], set[str]]:
+    """Every difference between the first baseline and candidate windows, classified; what could not be
+    compared (unknown on a side); and the declared names that some non-contract difference used."""
+    from perfgate.benchmarking.provenance import code_differences
+    from perfgate.benchmarking.vocabulary import classify
+
+    names = _declared_names(declared)
+    used: set[str] = set()
+    out: list[Difference] = []
+    unverified: list[str] = []
+    b_contract, c_contract = _contract(base), _contract(cand)
+    classes = {**b_contract.classes, **c_contract.classes}
+    for key in diff.changed_invariants:
+        out.append(
+            Difference(
+                field=f"contract.invariants.{key}",
+                kind="contract",
+                baseline=b_contract.invariants.get(key),
+                candidate=c_contract.invariants.get(key),
+                classification="semantic",
+                note="an invariant changed: a different workload",
+            )
+        )
+    for key in diff.actual_changes:
+        cls, source = classify(key, classes)
+        ok = key in declared
+        out.append(
+            Difference(
+                field=f"contract.execution.{key}",
+                kind="contract",
+                baseline=b_contract.execution.get(key),
+                candidate=c_contract.execution.get(key),
+                classification="semantic"
+                if cls == "semantic"
+                else ("declared_execution" if ok else "undeclared"),
+                note=f"{cls or 'unclassified'} key ({source})",
+            )
+        )
+    execution_changed = any(k in declared for k in diff.actual_changes)
+    # env changes
+    b_env = {str(k): str(v) for k, v in as_dict(base.inputs.get("env")).items()}
+    c_env = {str(k): str(v) for k, v in as_dict(cand.inputs.get("env")).items()}
+    for name in sorted(set(b_env) | set(c_env)):
+        if b_env.get(name) == c_env.get(name):
+            continue
+        cls, source = classify(name, classes)
+        if _env_declared(name, names):
+            verdict: Literal["declared_execution", "undeclared", "semantic"] = (
+                "semantic" if cls == "semantic" else "declared_execution"
+            )
+            used.add(name)
+        else:
+            verdict = "semantic" if cls == "semantic" else "undeclared"
+        out.append(
+            Difference(
+                field=f"env.{name}",
+                kind="env",
+                baseline=_short(b_env.get(name)),
+                candidate=_short(c_env.get(name)),
+                classification=verdict,
+                note=f"environment variable set for the run ({source}); declare it as 'env:{name}' or by its "
+                "vocabulary name",
+            )
+        )
+    # argv (imported evidence has none)
+    b_argv, c_argv = base.inputs.get("command"), cand.inputs.get("command")
+    if isinstance(b_argv, list) and isinstance(c_argv, list) and b_argv != c_argv:
+        b_list = [str(x) for x in cast("list[Any]", b_argv)]
+        c_list = [str(x) for x in cast("list[Any]", c_argv)]
+        changed = [
+            i
+            for i in range(max(len(b_list), len(c_list)))
+            if i >= len(b_list) or i >= len(c_list) or b_list[i] != c_list[i]
+        ]
+        ok = _ARGV in names or execution_changed
+        if _ARGV in names:
+            used.add(_ARGV)
+        out.append(
+            Difference(
+                field="argv",
+                kind="argv",
+                baseline=[b_list[i] if i < len(b_list) else None for i in changed][:20],
+                candidate=[c_list[i] if i < len(c_list) else None for i in changed][:20],
+                classification="declared_execution" if ok else "undeclared",
+                note=f"argv differs at positions {changed[:20]}"
+                + (
+                    "; attributed to the declared execution change" if ok else "; declare the change it makes"
+                ),
+            )
+        )
+    # code state and the files argv names
+    b_prov, c_prov = _provenance(base), _provenance(cand)
+    b_code, c_code = as_dict(b_prov.get("code")), as_dict(c_prov.get("code"))
+    if not b_prov or not c_prov:
+        unverified.append("code state and argv files (a side has no recorded provenance)")
+    else:
+        if b_code.get("commit") is None or c_code.get("commit") is None:
+            unverified.append(
+                "git code state ("
+                + str(b_code.get("unknown_reason") or c_code.get("unknown_reason") or "unknown")
+                + ")"
+            )
+        else:
+            paths = code_differences(b_code, c_code)
+            if paths:
+                if _CODE in names:
+                    used.add(_CODE)
+                out.append(
+                    Difference(
+                        field="code",
+                        kind="code",
+                        baseline={"commit": b_code.get("commit"), "diff": b_code.get("diff_artifact")},
+                        candidate={"commit": c_code.get("commit"), "diff": c_code.get("diff_artifact")},
+                        classification="declared_execution" if _CODE in names else "undeclared",
+                        note="code differs in "
+                        + ", ".join(paths[:20])
+                        + " (diffs are the evidence's code.diff "
+                        "artifacts); declare 'code'",
+                    )
+                )
+        b_files, c_files = as_dict(b_prov.get("files")), as_dict(c_prov.get("files"))
+        for path in sorted(set(b_files) | set(c_files)):
+            if b_files.get(path) == c_files.get(path) or path not in b_files or path not in c_files:
+                continue  # a file only one side names is an argv difference
+            if _CODE in names:
+                used.add(_CODE)
+            out.append(
+                Difference(
+                    field=f"file:{path}",
+                    kind="file",
+                    baseline=b_files[path],
+                    candidate=c_files[path],
+                    classification="declared_execution" if _CODE in names else "undeclared",
+                    note="a workspace file the command names changed (sha256 shown); declare 'code'",
+                )
+            )
+    # measured environment
+    b_fp = as_dict(base.result.get("environment_fingerprint"))
+    c_fp = as_dict(cand.result.get("environment_fingerprint"))
+    if not any(v is not None for v in b_fp.values()) or not any(v is not None for v in c_fp.values()):
+        unverified.append("measured environment (a side has no fingerprint)")
+    else:
+        for key in sorted(set(b_fp) | set(c_fp)):
+            if b_fp.get(key) != c_fp.get(key):
+                out.append(
+                    Difference(
+                        field=f"measured.{key}",
+                        kind="measured",
+                        baseline=b_fp.get(key),
+                        candidate=c_fp.get(key),
+                        classification="undeclared",
+                        note="the measured environment differs: re-run both sides in one environment",
+                    )
+                )
+    return out, unverified, used
 
 
 def _contract(record: EvidenceRecord) -> Contract:
@@ -125,6 +335,10 @@ def _side_reasons(side: str, records: list[EvidenceRecord]) -> list[str]:
             reasons.append(f"{side} evidence {r.id} is {r.state.value}" + (f" ({why})" if why else ""))
     contracts = [_contract(r) for r in records]
     reasons += [f"{side}: {p}" for p in same_contract(contracts)]
+    for problem in sorted(
+        {p for c in contracts for p in vocabulary_problems(c.invariants, c.execution, c.classes)}
+    ):
+        reasons.append(f"{side} contract: {problem}")
     if not any(c.invariants for c in contracts):
         reasons.append(
             f"{side} declares no contract invariants: re-run with contract.invariants (model, data, precision, "
@@ -133,6 +347,38 @@ def _side_reasons(side: str, records: list[EvidenceRecord]) -> list[str]:
     observed = {str(sorted(_observed(r).items())) for r in records}
     if len(observed) > 1:
         reasons.append(f"{side} windows ran on different devices or world sizes")
+    return reasons
+
+
+def _difference_reasons(declared: list[str], diff: ContractDiff, differences: list[Difference]) -> list[str]:
+    """One sentence per undeclared or semantic difference, and per declared change that did not happen."""
+    reasons: list[str] = []
+    for d in differences:
+        if d.classification == "semantic":
+            reasons.append(
+                f"{d.field} changed ({d.baseline!r} -> {d.candidate!r}): a semantic setting ({d.note}); that is a "
+                "training_change, never an equivalent speedup"
+            )
+        elif d.classification == "undeclared":
+            reasons.append(
+                f"{d.field} differs ({d.baseline!r} vs {d.candidate!r}) but was not declared: {d.note}"
+            )
+    happened = {
+        canonical_key(d.field.split(".", 2)[-1]) for d in differences if d.kind in ("contract", "env")
+    }
+    happened |= {d.kind for d in differences if d.kind in (_CODE, _ARGV)}
+    happened |= {_CODE for d in differences if d.kind == "file"}
+    for d in differences:
+        if d.kind == "env":
+            from perfgate.benchmarking.vocabulary import VOCABULARY
+
+            term = VOCABULARY.get(canonical_key(d.field[4:]))
+            if term is not None:
+                happened.add(term.name)
+    for name in sorted(set(declared)):
+        key = canonical_key(name[4:] if name.lower().startswith("env:") else name)
+        if key not in happened and name not in diff.actual_changes:
+            reasons.append(f"declared change {name!r} did not happen (same value on both sides)")
     return reasons
 
 
@@ -176,8 +422,14 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
     base = await _load(rt, inp.baseline)
     cand = await _load(rt, inp.candidate)
     reasons = _side_reasons("baseline", base) + _side_reasons("candidate", cand)
-    diff = diff_contracts(_contract(base[0]), _contract(cand[0]), inp.declared_changes)
-    reasons += diff.reasons()
+    special = [
+        d for d in inp.declared_changes if d.lower().startswith("env:") or canonical_key(d) in (_CODE, _ARGV)
+    ]
+    diff = diff_contracts(
+        _contract(base[0]), _contract(cand[0]), [d for d in inp.declared_changes if d not in special]
+    )
+    differences, unverified, _used = _differences(base[0], cand[0], inp.declared_changes, diff)
+    reasons += _difference_reasons(inp.declared_changes, diff, differences)
     sources = {_measured_by(r) for r in base + cand}
     if len(sources) > 1:
         reasons.append(
@@ -186,9 +438,6 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         )
     imported = [r.id for r in base + cand if r.tool == IMPORT_TOOL]
     b_obs, c_obs = _observed(base[0]), _observed(cand[0])
-    for key in _OBSERVED_INVARIANTS:
-        if b_obs.get(key) != c_obs.get(key):
-            reasons.append(f"measured {key} differs: {b_obs.get(key)!r} vs {c_obs.get(key)!r}")
     actual = list(diff.actual_changes)
     for key in _OBSERVED_EXECUTION:
         declared_in_contract = key in _contract(base[0]).execution or key in _contract(cand[0]).execution
@@ -201,6 +450,8 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
     ev = rt.evidence()
     common: dict[str, Any] = {
         "evidence_id": ev.id,
+        "differences": differences,
+        "unverified": unverified,
         "confidence": 0.95,
         "actual_changes": sorted(set(actual)),
         "declared_changes": sorted(set(inp.declared_changes)),

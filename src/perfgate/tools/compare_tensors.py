@@ -313,12 +313,20 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
                 (t for t in report.tensors if t.status == "value_mismatch" and t.mismatched),
                 key=lambda t: -(t.mismatched or 0),
             )[:MAX_PLOTTED]
-            histograms = {
-                t.key: await anyio.to_thread.run_sync(
-                    error_histogram, reference, candidate, t.reference_key or t.key, 1 << 20, t.candidate_key
-                )
-                for t in worst
-            }
+            try:
+                histograms = {
+                    t.key: await anyio.to_thread.run_sync(
+                        error_histogram,
+                        reference,
+                        candidate,
+                        t.reference_key or t.key,
+                        1 << 20,
+                        t.candidate_key,
+                    )
+                    for t in worst
+                }
+            except TensorInputError as exc:  # a file changed after the comparison read it
+                raise ToolError(str(exc)) from exc
         finally:
             candidate.close()
     finally:

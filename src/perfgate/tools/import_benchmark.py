@@ -346,7 +346,7 @@ def _read_logs(inp: ImportBenchmarkInput, paths: list[Path]) -> _Read:
 
 
 def _contract(inp: ImportBenchmarkInput) -> Contract:
-    return Contract(dict(inp.contract.invariants), dict(inp.contract.execution))
+    return Contract(dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes))
 
 
 def _read_json(inp: ImportBenchmarkInput, paths: list[Path]) -> _Read:
@@ -505,7 +505,11 @@ async def run(inp: ImportBenchmarkInput, rt: ToolRuntime) -> ImportBenchmarkOutp
         if ok
         else [],
         health=got.health,
-        contract=BenchmarkContract(invariants=got.contract.invariants, execution=got.contract.execution),
+        contract=BenchmarkContract(
+            invariants=got.contract.invariants,
+            execution=got.contract.execution,
+            classes={k: v for k, v in got.contract.classes.items() if v in ("semantic", "execution")},  # type: ignore[misc]
+        ),
         contract_problems=contract_problems,
         environment_fingerprint={},
         step_series_artifact=SERIES_NAME,

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import time
 from typing import Annotated, Literal
 
+import anyio.from_thread
+import anyio.to_thread
 from pydantic import BaseModel, Field, model_validator
 
 from perfgate.errors import ToolError
@@ -22,10 +26,14 @@ from perfgate.planning import (
     plan_layout,
     search_layouts,
 )
+from perfgate.planning.search import MAX_WORLD_SIZE, SearchTooLarge
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
-__all__ = ["SPEC", "PlanParallelLayoutInput", "PlanParallelLayoutOutput", "run"]
+__all__ = ["SEARCH_DEADLINE_S", "SPEC", "PlanParallelLayoutInput", "PlanParallelLayoutOutput", "run"]
+
+SEARCH_DEADLINE_S = 60.0
+"""A search still running after this long stops with an error (a safety net behind MAX_LAYOUTS)."""
 
 ASSUMPTIONS = [
     "sequence parallelism is on whenever tp > 1 (required by Megatron-LM for MoE with tp > 1), so all "
@@ -51,7 +59,7 @@ class PlanParallelLayoutInput(TrainingSetup):
     """The model, the cluster, one mesh (check) or search options, and the training setup fields."""
 
     model: Annotated[ModelConfig, Field(description="The transformer, as for estimate_flops.")]
-    world_size: Annotated[int, Field(ge=1, description="Total GPUs.")]
+    world_size: Annotated[int, Field(ge=1, le=MAX_WORLD_SIZE, description="Total GPUs.")]
     gpus_per_node: Annotated[
         int, Field(ge=1, description="GPUs per node (the fast-interconnect domain).")
     ] = 8
@@ -158,7 +166,18 @@ async def run(inp: PlanParallelLayoutInput, rt: ToolRuntime) -> PlanParallelLayo
                 "optimizer offload, or mode='search' for the legal layouts that fit"
             )
     else:
-        result = search_layouts(
+        deadline = time.monotonic() + SEARCH_DEADLINE_S
+
+        def check() -> None:
+            anyio.from_thread.check_cancelled()  # the call was cancelled: stop the worker thread too
+            if time.monotonic() > deadline:
+                raise SearchTooLarge(
+                    f"the search ran past {SEARCH_DEADLINE_S:g} s (plan_parallel_layout.SEARCH_DEADLINE_S): "
+                    "narrow search.cp_choices / vpp_choices / etp_choices or lower search.max_tp"
+                )
+
+        search = functools.partial(
+            search_layouts,
             inp.model,
             setup,
             inp.search,
@@ -166,7 +185,13 @@ async def run(inp: PlanParallelLayoutInput, rt: ToolRuntime) -> PlanParallelLayo
             gpus_per_node=inp.gpus_per_node,
             device_memory_bytes=memory_bytes,
             keep_hot_comm_in_node=inp.keep_hot_comm_in_node,
+            check=check,
         )
+        try:
+            # CPU-bound: off the event loop, so other calls are served and this one can be cancelled.
+            result = await anyio.to_thread.run_sync(search)
+        except SearchTooLarge as exc:
+            raise ToolError(str(exc)) from exc
         if result.candidates:
             best = result.candidates[0]
             summary = (

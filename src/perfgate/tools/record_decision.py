@@ -74,6 +74,14 @@ class RecordDecisionInput(BaseModel):
         Decision | None, Field(description="decide: keep, revert, inconclusive or blocked.")
     ] = None
     rationale: Annotated[str | None, Field(description="decide: why, in a sentence or two.")] = None
+    rollback: Annotated[
+        str | None,
+        Field(
+            max_length=2000,
+            description="decide: how to undo the change: the command (e.g. 'git revert 1a2b3c4', a config "
+            "edit) or the commit that reverts it. Required for keep; shown in decisions.md and the report.",
+        ),
+    ] = None
     fewer_windows_reason: Annotated[
         str | None,
         Field(description="decide: why fewer than 3 windows per side are enough (e.g. 30-minute steps)."),
@@ -90,6 +98,11 @@ class RecordDecisionInput(BaseModel):
         missing = [name for name in need[self.action] if getattr(self, name) in (None, "")]
         if missing:
             raise ValueError(f"action '{self.action}' needs {', '.join(missing)}")
+        if self.action == "decide" and self.decision == "keep" and not (self.rollback or "").strip():
+            raise ValueError(
+                "a keep needs rollback: the command or revert commit that undoes the change "
+                "(e.g. rollback='git revert 1a2b3c4'), so the kept change can be taken back"
+            )
         if self.action == "attach" and not self.evidence:
             raise ValueError("action 'attach' needs at least one evidence link")
         return self
@@ -205,7 +218,7 @@ SPEC = ToolSpec(
         "'decide'. A 'keep' is refused unless the ledger holds: an environment record, a passed "
         "compare_benchmarks of non-profiled windows from one environment with an improvement beyond noise, "
         "passed correctness evidence (and a sample audit when data loading changed), and an intact ledger. "
-        "'revert', 'inconclusive' and 'blocked' are always recorded. Use 'show' to see what is missing."
+        "A keep also needs the rollback command or revert commit. 'revert', 'inconclusive' and 'blocked' are always recorded. Use 'show' to see what is missing."
     ),
     input_model=RecordDecisionInput,
     output_model=RecordDecisionOutput,

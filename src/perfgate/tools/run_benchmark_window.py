@@ -25,6 +25,7 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
+from perfgate.quoting import file_text
 from perfgate.report.plots import step_times_png
 from perfgate.tools._health import TrainingHealth, health_model
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
@@ -51,14 +52,21 @@ class BenchmarkContract(BaseModel):
 
     invariants: dict[str, Any] = Field(
         default_factory=dict[str, Any],
-        description="What must stay fixed between baseline and candidate: model, data, precision, shapes, "
-        "global_batch, seed, hardware, software, loss, optimizer, ... (free-form keys, JSON values).",
+        description="Semantic settings that must stay fixed between baseline and candidate: model, dataset, "
+        "precision, global_batch (these four are required for a keep), seq_len, loss, optimizer, "
+        "optimizer_hparams, sampling, seed, ... (vocabulary keys, JSON values).",
     )
     execution: dict[str, Any] = Field(
         default_factory=dict[str, Any],
         description="Execution settings an optimization may change: microbatch, accumulation, world_size, "
-        "data_parallel, tensor_parallel, pipeline_parallel, compile, workers, pin_memory, ... Checked: "
-        "global_batch = microbatch x accumulation x data_parallel.",
+        "data_parallel, tensor_parallel, pipeline_parallel, compile, workers, pin_memory, fused_kernels, "
+        "attention_backend, threads, ... A semantic key here is refused. Checked: global_batch = microbatch "
+        "x accumulation x data_parallel.",
+    )
+    classes: dict[str, Literal["semantic", "execution"]] = Field(
+        default_factory=dict[str, Literal["semantic", "execution"]],
+        description="Class of each key outside the vocabulary: 'semantic' (changes what is computed or "
+        "learned) or 'execution' (only how it runs). Unclassified unknown keys are refused.",
     )
 
 
@@ -192,6 +200,27 @@ class WindowResult(BaseModel):
     rank_skew: float
 
 
+class CodeState(BaseModel):
+    commit: str | None = Field(description="git commit of the workspace at launch; null when unknown.")
+    dirty: bool | None = Field(description="Uncommitted changes to tracked files or untracked files.")
+    diff_sha256: str | None = Field(description="sha256 of `git diff --binary HEAD` (the dirty diff).")
+    diff_files: dict[str, str] = Field(description="Path -> sha256 of that path's section of the diff.")
+    diff_artifact: str | None = Field(description="The dirty diff itself, as an artifact of this evidence.")
+    unknown_reason: str | None = Field(
+        description="Why the code state is unknown (no git, not a repository)."
+    )
+
+
+class RunProvenance(BaseModel):
+    argv: list[str] = Field(description="The training command as given (before the harness wrapper).")
+    cwd: str
+    env_changes: list[str] = Field(description="Names of the environment variables this run set.")
+    code: CodeState
+    files: dict[str, str] = Field(
+        description="sha256 of each workspace file the argv names (script, configs; untracked included)."
+    )
+
+
 class RunBenchmarkWindowOutput(BaseModel):
     evidence_id: str
     state: EvidenceState
@@ -227,6 +256,9 @@ class RunBenchmarkWindowOutput(BaseModel):
     artifacts: list[str]
     contract_problems: list[str] = Field(description="Where the run contradicted the declared contract.")
     environment_fingerprint: dict[str, str | None]
+    provenance: RunProvenance | None = Field(
+        default=None, description="What ran: argv, env changes, code state, digests of files argv names."
+    )
     warnings: list[str]
     health: TrainingHealth | None = Field(
         default=None,
@@ -264,7 +296,9 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
     """
     from perfgate.harness import HarnessConfig
 
-    contract = Contract(dict(inp.contract.invariants), dict(inp.contract.execution))
+    contract = Contract(
+        dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes)
+    )
     try:
         problems = check_contract(contract)
         argv = wrap_command(inp.command) if inp.timing == "harness" else list(inp.command)
@@ -331,7 +365,7 @@ def _launch_failure(result: CommandResult) -> str:
             "call again with harness_on_path=true"
         )
     last = tail.strip().splitlines()[-1] if tail.strip() else ""
-    return f"{result.summary()}" + (f"; last stderr line: {last[:300]}" if last else "")
+    return f"{result.summary()}" + (f"; last stderr line: {file_text(last)}" if last else "")
 
 
 def _harness_windows(
@@ -421,6 +455,7 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     if inp.detach:
         return await _start_detached(inp, rt, request)
     ev = rt.evidence()
+    provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
     run_dir = _run_dir(inp, rt)
     record_dir = run_dir / "records"
 
@@ -431,7 +466,7 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
         return result.exit_code, None if result.succeeded else _launch_failure(result), record_dir
 
     try:
-        return await measure(inp, rt, request, ev, launch_once)
+        return await measure(inp, rt, request, ev, launch_once, provenance)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -442,6 +477,7 @@ async def measure(
     request: CommandRequest,
     ev: EvidenceBuilder,
     launch_once: LaunchFn,
+    provenance: RunProvenance | None,
     run_id: str | None = None,
 ) -> RunBenchmarkWindowOutput:
     """Run (or collect) every launch through ``launch_once``, summarise the windows and commit the record.
@@ -460,7 +496,9 @@ async def measure(
     exit_code: int | None = None
     failure: str | None = None
     warnings: list[str] = []
-    contract = Contract(dict(inp.contract.invariants), dict(inp.contract.execution))
+    contract = Contract(
+        dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes)
+    )
     contract_problems: list[str] = []
     try:
         for launch in range(launches):
@@ -517,6 +555,7 @@ async def measure(
     if out.health is not None and out.health.verdict == "unhealthy":
         out.warnings.append("training health: " + "; ".join(out.health.findings[:3]))
     out.contract_problems = contract_problems
+    out.provenance = provenance
     out.step_series_artifact = series_name
     out.run_id = run_id
     return await rt.commit(
@@ -530,19 +569,48 @@ async def _start_detached(
     """Start the approved launches under a detached supervisor; the record says where to follow them."""
     launches = 1 if inp.same_process else inp.repeats
     record_dir = None if inp.timing == "log" else str(_run_dir(inp, rt) / "records")
-    run_id, _ = await rt.start_detached(
-        request, launches=launches, record_dir=record_dir, meta={"inputs": inp.model_dump(mode="json")}
-    )
     ev = rt.evidence()
+    # what ran is captured now, at launch (the code may change while the run goes on)
+    provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
+    meta = {"inputs": inp.model_dump(mode="json"), "provenance": provenance.model_dump(mode="json")}
+    run_id, _ = await rt.start_detached(request, launches=launches, record_dir=record_dir, meta=meta)
     out = _output(inp, ev, rt, None, [], None, None, None, None, [])
     out.state = EvidenceState.PLANNED
     out.failure_reason = None
     out.run_id = run_id
+    out.provenance = provenance
     out.warnings = [
         f"detached run {run_id} started ({launches} launch(es)); nothing is measured yet: follow it with "
         f"benchmark_run(action='wait', run_id='{run_id}'), then benchmark_run(action='result', run_id='{run_id}')"
     ]
     return await rt.commit(ev, out, command=list(request.argv), environment_id=inp.environment_id)
+
+
+def _provenance(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder) -> RunProvenance:
+    """The run's argv, env change names, code state (git) and digests of the workspace files argv names."""
+    from perfgate.benchmarking.provenance import argv_files, diff_sections
+    from perfgate.envprobe import git_snapshot
+
+    cwd = rt.resolve_path(inp.cwd, kind="dir")
+    snapshot, reason = git_snapshot(rt.workspace)
+    artifact: str | None = None
+    if snapshot is not None and snapshot.diff:
+        artifact = rt.relative(ev.write_bytes("code.diff", snapshot.diff))
+    code = CodeState(
+        commit=snapshot.commit if snapshot else None,
+        dirty=snapshot.dirty if snapshot else None,
+        diff_sha256=snapshot.diff_sha256 if snapshot else None,
+        diff_files=diff_sections(snapshot.diff) if snapshot else {},
+        diff_artifact=artifact,
+        unknown_reason=reason,
+    )
+    return RunProvenance(
+        argv=list(inp.command),
+        cwd=inp.cwd,
+        env_changes=sorted(inp.env),
+        code=code,
+        files=argv_files(inp.command, cwd, rt.workspace),
+    )
 
 
 def _output(

@@ -1,0 +1,74 @@
+"""What a launched run was: its argv, env changes, the workspace's code state and the files argv names.
+
+Recorded with every benchmark window so a comparison can diff baseline against candidate field by field.
+The code state is the git commit plus a digest of the dirty diff (and per-file digests of its sections,
+so a comparison can name the paths that differ); workspace files named in argv (the script, configs,
+untracked files included) are digested directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["argv_files", "code_differences", "diff_sections", "file_sha256"]
+
+_MAX_FILE_BYTES = 64 * 1024 * 1024
+_SECTION = re.compile(rb"^diff --git a/(.*?) b/(.*?)$", re.MULTILINE)
+
+
+def file_sha256(path: Path) -> str | None:
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_FILE_BYTES:
+            return None
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def argv_files(argv: Sequence[str], cwd: Path, workspace: Path) -> dict[str, str]:
+    """sha256 of each existing file inside ``workspace`` that an argv token (or ``--opt=value``) names.
+
+    Keys are paths relative to the workspace. Files outside the workspace (the interpreter) are skipped.
+    """
+    out: dict[str, str] = {}
+    root = workspace.resolve()
+    for token in argv:
+        for candidate in {token, token.split("=", 1)[1] if "=" in token else token}:
+            if not candidate or candidate.startswith("-") or len(candidate) > 4096:
+                continue
+            try:
+                path = (cwd / candidate).resolve()
+                rel = path.relative_to(root)
+            except (OSError, ValueError):
+                continue
+            if rel.parts and rel.parts[0] == ".perfgate":
+                continue
+            digest = file_sha256(path)
+            if digest is not None:
+                out[rel.as_posix()] = digest
+    return dict(sorted(out.items()))
+
+
+def diff_sections(diff: bytes) -> dict[str, str]:
+    """Per-path sha256 of the sections of a ``git diff`` (path -> digest of that file's hunks)."""
+    starts = [(m.start(), m.group(2).decode("utf-8", "replace")) for m in _SECTION.finditer(diff)]
+    out: dict[str, str] = {}
+    for i, (start, path) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else len(diff)
+        out[path] = hashlib.sha256(diff[start:end]).hexdigest()
+    return out
+
+
+def code_differences(base: Mapping[str, Any], cand: Mapping[str, Any]) -> list[str]:
+    """Paths whose code differs between two recorded code states (commit change listed as 'commit')."""
+    paths: list[str] = []
+    if base.get("commit") != cand.get("commit"):
+        paths.append("commit")
+    b_files: Mapping[str, Any] = base.get("diff_files") or {}
+    c_files: Mapping[str, Any] = cand.get("diff_files") or {}
+    paths += sorted(p for p in set(b_files) | set(c_files) if b_files.get(p) != c_files.get(p))
+    return paths

@@ -1,0 +1,155 @@
+"""Evidence gate v2 through the protocol: every difference between the sides is declared or refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from mcp import Client
+
+from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
+from perfgate.server import build_server
+from perfgate.tools._runtime import ServerConfig
+
+pytestmark = pytest.mark.anyio
+
+INVARIANTS = {"model": "tiny-mlp", "dataset": "synthetic", "precision": "bf16", "global_batch": 32}
+FP = {"device_kind": "cpu", "device_name": "x86", "torch_version": "2.13.0", "python_version": "3.11.7"}
+CODE = {"commit": "a" * 40, "dirty": False, "diff_sha256": None, "diff_files": {}, "diff_artifact": None}
+
+
+def window(
+    workspace: Path,
+    step_ms: float,
+    *,
+    seed: int,
+    env: dict[str, str] | None = None,
+    execution: dict[str, Any] | None = None,
+    invariants: dict[str, Any] | None = None,
+    files: dict[str, str] | None = None,
+    code: dict[str, Any] | None = None,
+    fp: dict[str, Any] | None = None,
+    command: list[str] | None = None,
+    launches: int = 3,
+) -> str:
+    """A run_benchmark_window record as the tool writes it, with a step series of ``launches`` launches."""
+    ledger = Ledger(workspace)
+    eid = Ledger.new_id()
+    rng = np.random.default_rng(seed)
+    windows = [
+        {
+            "launch": k,
+            "index": 0,
+            "host_step_s": list(step_ms / 1e3 * (1 + 0.01 * rng.standard_normal(20))),
+            "samples_per_step": [32.0] * 20,
+            "tokens_per_step": None,
+        }
+        for k in range(launches)
+    ]
+    series = {"schema": "perfgate.benchmark.series", "version": 1, "windows": windows}
+    (ledger.artifact_dir(eid) / "step_series.json").write_text(json.dumps(series))
+    contract = {"invariants": invariants or INVARIANTS, "execution": execution or {"workers": 0}}
+    ledger.append(
+        EvidenceDraft(
+            id=eid,
+            tool="run_benchmark_window",
+            state=EvidenceState.EXECUTED,
+            inputs={"command": command or ["python", "train.py"], "env": env or {}, "contract": contract},
+            result={
+                "evidence_id": eid,
+                "world_size": 1,
+                "environment_fingerprint": FP if fp is None else fp,
+                "windows": [{"launch": k, "index": 0} for k in range(launches)],
+                "provenance": {
+                    "argv": command or ["python", "train.py"],
+                    "cwd": ".",
+                    "env_changes": sorted(env or {}),
+                    "code": code or CODE,
+                    "files": files if files is not None else {"train.py": "1" * 64},
+                },
+            },
+            artifact_names=["step_series.json"],
+        )
+    )
+    return eid
+
+
+async def compare(workspace: Path, base: str, cand: str, declared: list[str]) -> dict[str, Any]:
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        result = await client.call_tool(
+            "compare_benchmarks", {"baseline": [base], "candidate": [cand], "declared_changes": declared}
+        )
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def test_an_undeclared_env_change_makes_the_comparison_incomparable(workspace: Path) -> None:
+    # The issue's example: OMP_NUM_THREADS=1 on the candidate, declared_changes [] -> "improved 15.5x".
+    base = window(workspace, 20, seed=1)
+    cand = window(workspace, 10, seed=2, env={"OMP_NUM_THREADS": "1"})
+    out = await compare(workspace, base, cand, [])
+    assert (out["status"], out["verdict"]) == ("incomparable", "incomparable")
+    (diff,) = [d for d in out["differences"] if d["kind"] == "env"]
+    assert diff == {**diff, "field": "env.OMP_NUM_THREADS", "baseline": None, "candidate": "1"}
+    assert diff["classification"] == "undeclared"
+    assert any("env.OMP_NUM_THREADS differs (None vs '1') but was not declared" in r for r in out["reasons"])
+    # declared (by name, or by its vocabulary entry), the same pair is an honest execution change
+    for declared in (["env:OMP_NUM_THREADS"], ["threads"]):
+        ok = await compare(workspace, base, cand, declared)
+        assert (ok["status"], ok["verdict"]) == ("comparable", "improved"), ok["reasons"]
+
+
+async def test_a_semantic_setting_declared_as_execution_is_incomparable(workspace: Path) -> None:
+    # bf16 -> fp8 declared as an execution setting was kept as an "equivalent speedup".
+    base = window(workspace, 20, seed=1, execution={"precision": "bf16"})
+    cand = window(workspace, 10, seed=2, execution={"precision": "fp8"})
+    out = await compare(workspace, base, cand, ["precision"])
+    assert out["status"] == "incomparable"
+    assert any("execution.precision is a semantic setting" in r for r in out["reasons"])
+    assert any(
+        d["field"] == "contract.execution.precision" and d["classification"] == "semantic"
+        for d in out["differences"]
+    )
+
+
+async def test_a_code_change_must_be_declared_and_names_the_file(workspace: Path) -> None:
+    base = window(workspace, 20, seed=1)
+    cand = window(workspace, 10, seed=2, files={"train.py": "2" * 64}, execution={"workers": 2})
+    out = await compare(workspace, base, cand, ["workers"])
+    assert out["status"] == "incomparable"
+    assert any(
+        d["field"] == "file:train.py" and d["classification"] == "undeclared" for d in out["differences"]
+    )
+    ok = await compare(workspace, base, cand, ["workers", "code"])
+    assert ok["status"] == "comparable", ok["reasons"]
+    dirty = {**CODE, "dirty": True, "diff_sha256": "d" * 64, "diff_files": {"model.py": "e" * 64}}
+    cand2 = window(workspace, 10, seed=3, code=dirty, execution={"workers": 2})
+    out2 = await compare(workspace, base, cand2, ["workers"])
+    (code,) = [d for d in out2["differences"] if d["kind"] == "code"]
+    assert "model.py" in code["note"] and code["classification"] == "undeclared"
+    absent = await compare(
+        workspace, base, window(workspace, 10, seed=4, execution={"workers": 2}), ["workers", "code"]
+    )
+    assert any("declared change 'code' did not happen" in r for r in absent["reasons"])
+
+
+async def test_unknown_sides_are_never_the_same(workspace: Path) -> None:
+    # Log-timed windows carried an all-null fingerprint, and "same environment" passed vacuously.
+    nulls = dict.fromkeys(FP)
+    base = window(workspace, 20, seed=1, fp=nulls, execution={"workers": 0})
+    cand = window(workspace, 10, seed=2, fp=nulls, execution={"workers": 2})
+    out = await compare(workspace, base, cand, ["workers"])
+    assert any("measured environment" in u for u in out["unverified"])
+    assert not any(d["kind"] == "measured" for d in out["differences"])
+
+
+async def test_different_measured_environments_are_named(workspace: Path) -> None:
+    base = window(workspace, 20, seed=1, execution={"workers": 0})
+    cand = window(workspace, 10, seed=2, execution={"workers": 2}, fp={**FP, "device_kind": "musa"})
+    out = await compare(workspace, base, cand, ["workers"])
+    assert out["status"] == "incomparable"
+    assert any(d["field"] == "measured.device_kind" and d["candidate"] == "musa" for d in out["differences"])
