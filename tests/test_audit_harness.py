@@ -67,12 +67,19 @@ def test_the_sampler_numbers_passes_from_set_epoch_or_by_counting(tmp_path: Path
     sampler = RecordingSampler(inner, tmp_path, rank=1, start_epoch=4)
     assert len(sampler) == 3 and sampler.rank == 1
     assert list(sampler) == [10, 11, 12]  # epoch 4 (start_epoch)
+    list(sampler)  # set_epoch never called: counting, epoch 5
     sampler.set_epoch(9)
     list(sampler)  # epoch 9
-    list(sampler)  # set_epoch not called again: epoch 10
+    list(sampler)  # set_epoch not called again after it was: epoch 9 read again, as pass 1
     assert inner.epochs == [9]
     rows = lines(sample_log_path(tmp_path, 1))
-    assert [r["epoch"] for r in rows] == [4] * 3 + [9] * 3 + [10] * 3
+    assert [(r["epoch"], r["pass"]) for r in rows] == [(4, 0)] * 3 + [(5, 0)] * 3 + [(9, 0)] * 3 + [
+        (9, 1)
+    ] * 3
+    report = audit_path(tmp_path, AuditPolicy(world_size=1), expected_range=(10, 13))
+    (repeated,) = [f for f in report.findings if f.kind == "repeated_pass"]
+    assert repeated.severity == "error" and repeated.epochs == [9]
+    assert repeated.message.startswith("epoch 9, rank 1: the loader was read in full 2 times in this epoch")
     assert {r["worker"] for r in rows} == {-1}
 
 
@@ -137,11 +144,65 @@ def test_a_dataset_that_follows_a_sampler_takes_its_epochs_and_its_place(tmp_pat
     assert data.__getstate__()["_logs"] == {}  # loader workers open their own files
 
 
-def test_a_new_process_is_a_new_session_and_the_audit_sees_the_restart(tmp_path: Path) -> None:
+def test_a_resumed_launch_says_so_and_the_audit_sees_its_replays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PERFGATE_LAUNCH_ID", "1")
     first = SampleLog(tmp_path, rank=0)
     first.record(range(6), epoch=0)
-    second = SampleLog(tmp_path, rank=0)
-    assert second.session != first.session
+    monkeypatch.setenv("PERFGATE_LAUNCH_ID", "2")  # the next process
+    second = SampleLog(tmp_path, rank=0, resumed=True)
+    assert (first.session, second.session) == (1, 2)
     second.record(range(10), epoch=0)  # restarted the epoch from the beginning
+    rows = lines(second.path)
+    assert [r.get("restart", False) for r in rows[6:8]] == [True, False]  # its first record only
     report = audit_path(tmp_path, AuditPolicy(world_size=1), expected_range=(0, 10))
     assert {f.kind: f.count for f in report.findings if f.severity == "error"} == {"resume_replayed": 6}
+
+
+def test_repeated_launches_into_one_folder_are_new_runs_not_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for launch in (1, 2, 3):  # three benchmark launches of the same job, each from step 0
+        monkeypatch.setenv("PERFGATE_LAUNCH_ID", str(launch))
+        log = SampleLog(tmp_path, rank=0)
+        for step in range(5):
+            log.record(range(step * 2, step * 2 + 2), epoch=0, step=step)
+        log.close()
+    report = audit_path(tmp_path, AuditPolicy(world_size=1), expected_range=(0, 10))
+    assert report.status == "passed", report.findings
+    assert report.records == 30 and report.epochs[0].records == 10 and report.epochs[0].duplicates == 0
+    (earlier,) = [f for f in report.findings if f.kind == "earlier_runs"]
+    assert earlier.severity == "info" and earlier.count == 2
+    assert earlier.message.startswith("2 earlier launch(es) (20 records, ranks [0]) started the run over")
+
+
+def test_the_launch_id_is_shared_with_processes_started_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfgate.harness.samples import launch_id
+
+    monkeypatch.delenv("PERFGATE_LAUNCH_ID", raising=False)
+    first = launch_id()
+    assert launch_id() == first
+    import os
+
+    assert os.environ["PERFGATE_LAUNCH_ID"] == str(first)  # loader workers inherit it
+
+
+def test_a_peek_keeps_the_epoch_and_counts_the_next_pass(tmp_path: Path) -> None:
+    sampler = RecordingSampler(list(range(6)), tmp_path, rank=0)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        peek = iter(sampler)
+        next(peek)
+        del peek  # next(iter(loader)): the peek's iterator is dropped part-way
+        list(sampler)  # the real pass
+    rows = lines(sample_log_path(tmp_path, 0))
+    assert [(r["epoch"], r["pass"]) for r in rows] == [(0, 0)] + [(0, 1)] * 6 + [(1, 0)] + [(1, 1)] * 6
+    never_announced = RecordingSampler(list(range(6)), tmp_path / "b", rank=0)
+    peek = iter(never_announced)
+    next(peek)
+    del peek
+    list(never_announced)  # after an abandoned pass: the same epoch, next pass
+    list(never_announced)  # after a finished one, without set_epoch ever: the next epoch
+    rows = lines(sample_log_path(tmp_path / "b", 0))
+    assert [(r["epoch"], r["pass"]) for r in rows] == [(0, 0)] + [(0, 1)] * 6 + [(1, 0)] * 6

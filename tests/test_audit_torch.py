@@ -229,14 +229,18 @@ def test_a_resume_that_skips_what_the_checkpoint_consumed_passes(tmp_path: Path)
     assert report.epochs[-1].missing == 0
 
 
-def test_a_sampler_level_resume_without_steps_counts_every_repeat_after_the_restart(tmp_path: Path) -> None:
+def test_a_sampler_level_resume_without_steps_counts_every_repeat_after_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for rank in range(R):
+        monkeypatch.setenv("PERFGATE_LAUNCH_ID", f"{rank}1")
         sampler = RecordingSampler(distributed(rank), tmp_path, rank=rank)
         sampler.set_epoch(0)
         for i, _ in enumerate(make_loader(sampler)):
             if i == 1:
                 break  # the process dies here; its loader is gone
-        restarted = RecordingSampler(distributed(rank), tmp_path, rank=rank)
+        monkeypatch.setenv("PERFGATE_LAUNCH_ID", f"{rank}2")  # the restarted process, which says so
+        restarted = RecordingSampler(distributed(rank), tmp_path, rank=rank, resumed=True)
         restarted.set_epoch(0)
         for _ in make_loader(restarted):
             pass
@@ -249,6 +253,28 @@ def test_a_sampler_level_resume_without_steps_counts_every_repeat_after_the_rest
     assert report.epochs[0].replayed == sum(sessions.values())
     assert errors(report)["resume_replayed"] == sum(sessions.values())
     assert "resume_no_steps" in by_kind(report)
+
+
+def test_a_one_batch_peek_per_epoch_is_reported_as_a_peek_not_as_duplicates(tmp_path: Path) -> None:
+    for rank in range(R):
+        sampler = RecordingSampler(distributed(rank), tmp_path, rank=rank)
+        # small batches, so that the peek's prefetch (2 workers x 2 batches) is a part of the epoch
+        data = RecordingDataset(Ids(), tmp_path, sampler=sampler)
+        loader = DataLoader(data, batch_size=2, sampler=sampler, num_workers=WORKERS, persistent_workers=True)
+        for epoch in range(EPOCHS):
+            sampler.set_epoch(epoch)
+            next(iter(loader))  # look at one batch first
+            for _ in loader:
+                pass
+    report = audit(tmp_path)
+    assert report.status == "passed", report.findings
+    assert all(e.unique == N and e.padding_repeats == PAD and e.duplicates == PAD for e in report.epochs)
+    peeks = by_kind(report)["abandoned_pass"]
+    assert (
+        peeks.severity == "warning" and peeks.epochs == list(range(EPOCHS)) and peeks.ranks == list(range(R))
+    )
+    assert "epoch 0, rank 0: pass(es) [0] stopped after" in peeks.message
+    assert "next(iter(loader))" in peeks.message
 
 
 class Stream(torch.utils.data.IterableDataset[int]):

@@ -1,4 +1,9 @@
-"""`perfgate demo` end to end: real tools, real CPU training, a kept decision the ledger supports."""
+"""`perfgate demo` end to end: real tools, real CPU training, a decision the ledger supports.
+
+The real run's verdict depends on the machine's load, so no test here asserts it: test_report's demo
+run is checked to end kept or inconclusive, and this run forces the comparison to come out inside
+the noise to check the inconclusive path (recorded, explained, not a failure).
+"""
 
 from __future__ import annotations
 
@@ -12,14 +17,18 @@ pytest.importorskip("torch")
 
 
 @pytest.mark.slow
-def test_the_demo_keeps_a_real_speedup_with_every_gate_passed(tmp_path: Path) -> None:
+def test_an_inconclusive_comparison_is_recorded_explained_and_not_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfgate.benchmarking import compare
     from perfgate.demo import run_demo
 
+    monkeypatch.setattr(compare, "decide", lambda *args, **kwargs: "within_noise")
     lines: list[str] = []
     result = run_demo(tmp_path / "demo", say=lines.append)
-    assert result.accepted, "\n".join(lines)
-    assert result.speedup is not None
-    assert result.speedup > 1.0
+    printed = "\n".join(lines)
+    assert result.decision == "inconclusive" and result.verdict == "within_noise", printed
+    assert not result.accepted
     assert set(result.evidence) == {
         "environment",
         "baseline",
@@ -32,11 +41,12 @@ def test_the_demo_keeps_a_real_speedup_with_every_gate_passed(tmp_path: Path) ->
     ledger = Ledger(result.workspace)
     assert ledger.verify().ok
     profile = ledger.get(result.evidence["profile"])
-    assert profile is not None
-    assert profile.profiled
-    assert "KEEP" in result.decisions_md
+    assert profile is not None and profile.profiled
+    assert "INCONCLUSIVE" in result.decisions_md
     assert result.experiment_id in result.decisions_md
-    printed = "\n".join(lines)
+    # what it would do next, in two lines
+    (next_at,) = [i for i, line in enumerate(lines) if "Next:" in line]
+    assert len(lines[next_at].strip().splitlines()) == 2
     for tool in (
         "collect_env",
         "run_benchmark_window",
@@ -47,3 +57,5 @@ def test_the_demo_keeps_a_real_speedup_with_every_gate_passed(tmp_path: Path) ->
         "record_decision",
     ):
         assert f"-> {tool}(" in printed
+    # the parity dump is taken in the warm-up: no window was restarted for it
+    assert "dump_tensors ran inside" not in printed

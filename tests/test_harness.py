@@ -348,3 +348,106 @@ def test_an_accelerator_initialised_after_the_first_edge_is_still_synchronised(
         w.optimizer_step(opt)
     assert fake.syncs == 1  # the window's end edge
     assert w.to_record()["device"]["kind"] == "cuda"
+
+
+# ---------------------------------------------------------------- nothing of perfgate's inside a window
+
+
+def _steps(w: Window, clock: FakeClock, n: int, during: dict[int, Any] | None = None) -> None:
+    for _ in range(n):
+        with w.step(samples=4):
+            clock.advance_ms(10)
+            if during and w.steps_completed in during:
+                during[w.steps_completed]()
+
+
+def test_a_tensor_dump_inside_a_window_restarts_it_after_a_fresh_warm_up(
+    clock: FakeClock, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    from perfgate.harness import dump_tensors
+
+    w = Window(config=_config(warmup_steps=2, measure_steps=4))  # instrumented: the dump finds it
+    try:
+        dump = {3: lambda: dump_tensors(tmp_path / "d.safetensors", {"x": np.zeros(3, np.float32)})}
+        _steps(w, clock, 10, dump)
+    finally:
+        w.close()
+    rec = w.to_record()
+    (win,) = rec["windows"]
+    # the dump ran in step 3, inside the window that began at step 2: a new one starts after the
+    # dump's step and 2 more warm-up steps, so no window holds step 3 or the two after it
+    assert (win["first_step"], win["last_step"]) == (6, 9)
+    assert rec["complete"] and w.done
+    assert any("dump_tensors ran inside window 0 at step 3" in n for n in rec["notes"]), rec["notes"]
+
+
+def test_a_dump_outside_every_window_changes_nothing(clock: FakeClock, tmp_path: Path) -> None:
+    import numpy as np
+
+    from perfgate.harness import dump_tensors
+
+    w = Window(config=_config(warmup_steps=2, measure_steps=4))
+    try:
+        _steps(w, clock, 6, {1: lambda: dump_tensors(tmp_path / "d.safetensors", {"x": np.zeros(2)})})
+    finally:
+        w.close()
+    rec = w.to_record()
+    assert [(x["first_step"], x["last_step"]) for x in rec["windows"]] == [(2, 5)]
+    assert rec["notes"] == []
+
+
+def test_sample_records_are_written_at_the_window_end_not_inside_it(clock: FakeClock, tmp_path: Path) -> None:
+    from perfgate.harness import SampleLog
+
+    log = SampleLog(tmp_path / "s")
+    w = Window(config=_config(warmup_steps=1, measure_steps=3))
+    sizes: list[int] = []
+    try:
+        for i in range(4):
+            with w.step(samples=1):
+                clock.advance_ms(10)
+                log.record([i], epoch=0, step=i)
+                sizes.append(len(log.path.read_text().splitlines()) if log.path.exists() else 0)
+    finally:
+        w.close()
+    # step 0 (warm-up) is written at once; steps 1-3 are held while the window measures them
+    assert sizes == [1, 1, 1, 1]
+    assert [json.loads(line)["sample_id"] for line in log.path.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_modules_the_script_imports_inside_a_window_are_named(
+    clock: FakeClock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "late_module_for_window_test.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    w = Window(config=_config(warmup_steps=1, measure_steps=3), instrument=False)
+    _steps(w, clock, 4, {2: lambda: importlib.import_module("late_module_for_window_test")})
+    notes = w.to_record()["notes"]
+    assert any("late_module_for_window_test" in n and "window 0" in n for n in notes), notes
+
+
+def test_a_torch_save_inside_a_window_is_named_and_kept_in_the_time(clock: FakeClock, tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    w = Window(config=_config(warmup_steps=1, measure_steps=3))
+    try:
+        _steps(w, clock, 4, {2: lambda: torch.save({"a": 1}, tmp_path / "ckpt.pt")})
+    finally:
+        w.close()
+    rec = w.to_record()
+    assert [(x["first_step"], x["last_step"]) for x in rec["windows"]] == [(1, 3)]
+    assert any("torch.save ran 1 time(s) inside it from step 2" in n for n in rec["notes"]), rec["notes"]
+
+
+def test_dumping_torch_tensors_never_imports_the_numpy_dtype_extensions() -> None:
+    pytest.importorskip("torch")
+    code = (
+        "import sys, tempfile, os, torch; from perfgate.harness import dump_tensors;"
+        "dump_tensors(os.path.join(tempfile.mkdtemp(), 'd.safetensors'), {'w': torch.zeros(2, dtype=torch.bfloat16)});"
+        "print('ml_dtypes' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "False"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from perfgate.benchmarking import load_records, step_stats, summarize_window
+from perfgate.benchmarking import load_records, summarize_window
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")
@@ -130,14 +130,16 @@ def test_explicit_timing_uses_the_scripts_own_window(tmp_path: Path) -> None:
     out = harness(
         tmp_path,
         ["--timing", "explicit", "--warmup-steps", "2", "--measure-steps", "20"],
-        [str(PACED), "--steps", "1000", "--step-ms", "10", "--samples", "4"],
+        [str(PACED), "--steps", "1000", "--step-ms", "10", "--samples", "4", "--print-steps"],
     )
     assert out.returncode == 0, out.stderr
     (rec,) = load_records(tmp_path).records
     assert rec.timing == "explicit" and rec.complete and rec.steps.count == 22  # stopped by the launcher
     summary = summarize_window([rec], 0)
-    # accuracy: a workload of known 10 ms steps is measured within 2% (median)
-    assert summary.stats.median_ms == pytest.approx(10.0, rel=0.02)
+    # accuracy against the loop's own clock, under whatever load the machine has: the paced 10 ms steps
+    # stretch when the host is busy, and the harness must see exactly what the loop saw
+    steps = [t / 1e6 for t in rec.steps.step_time_ns]
+    _assert_matches_own_clock(steps, out.stdout, first=2, period_ms=10.0)
     assert summary.samples == 80
 
 
@@ -145,12 +147,23 @@ def test_optimizer_timing_measures_a_known_step_time_within_two_percent(tmp_path
     out = harness(
         tmp_path,
         ["--warmup-steps", "3", "--measure-steps", "20"],
-        [str(TINY), "--step-ms", "12", "--steps", "1000"],
+        [str(TINY), "--step-ms", "12", "--steps", "1000", "--log-every", "1"],
     )
     assert out.returncode == 0, out.stderr
     (rec,) = load_records(tmp_path).records
-    median = step_stats([t / 1e6 for t in rec.steps.step_time_ns[3:]]).median_ms
-    assert median == pytest.approx(12.0, rel=0.02)
+    _assert_matches_own_clock([t / 1e6 for t in rec.steps.step_time_ns], out.stdout, first=3, period_ms=12.0)
+
+
+def _assert_matches_own_clock(step_ms: list[float], stdout: str, first: int, period_ms: float) -> None:
+    """Steps ``first``.. as the harness timed them add up to what the script's own clock saw over the
+    same steps (its printed per-step times), within 2%: both clocks see the same load, so the margin
+    holds on a busy machine; a harness that lost, split or mis-bounded steps is off by whole steps."""
+    own = [float(line.rsplit(" ", 1)[1]) for line in stdout.splitlines() if "step_time_ms" in line]
+    assert len(own) > first + 10, stdout
+    n = min(len(own), len(step_ms))  # the run stops at the last step's boundary, before it prints
+    harness_total, own_total = sum(step_ms[first:n]), sum(own[first:n])
+    assert harness_total == pytest.approx(own_total, rel=0.02)
+    assert harness_total >= 0.95 * (n - first) * period_ms  # paced steps: at least their period, summed
 
 
 def test_profile_mode_writes_one_kineto_trace_and_flags_the_record(tmp_path: Path) -> None:

@@ -27,7 +27,6 @@ from perfgate.selftest.checks import (
 )
 
 FAKES = Path(__file__).parent / "fakes"
-JOB = Path(__file__).resolve().parents[1] / "src" / "perfgate" / "selftest" / "job.py"
 
 
 # ---------------------------------------------------------------- the CPU path, for real
@@ -175,7 +174,7 @@ def test_the_job_finds_musa_through_torch_musa_and_reports_what_torch_sees(tmp_p
     """With the FAKE torch_musa on the path (tests/fakes), the job resolves and describes musa."""
     pytest.importorskip("torch")
     code = (
-        f"import json, sys; sys.path.insert(0, {str(JOB.parent)!r}); import job; "
+        "import json; from perfgate.selftest import job; "
         "k, t, m, why = job.resolve_device('musa'); print(json.dumps([k, t, why, job.facts(k)]))"
     )
     env = {
@@ -193,11 +192,8 @@ def test_the_job_finds_musa_through_torch_musa_and_reports_what_torch_sees(tmp_p
 
 def test_the_job_refuses_a_device_the_torch_build_does_not_have(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
-    sys.path.insert(0, str(JOB.parent))
-    try:
-        import job  # pyright: ignore[reportMissingImports]
-    finally:
-        sys.path.remove(str(JOB.parent))
+    from perfgate.selftest import job
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.version, "hip", "6.2.41133")
     assert job.resolve_device("auto")[0] == "rocm"
@@ -298,7 +294,14 @@ def _profile(
         "idle_us": parts * 0.2,
         "compute_us": parts * 0.7,
         "non_compute_us": parts * 0.1,
-        "steps": {"mean_us": 1500.0},
+        "steps": {
+            "mean_us": 1500.0,
+            "steps": [
+                {"duration_us": 1500.0, "in_window": True},
+                {"duration_us": 1900.0, "in_window": True},
+                {"duration_us": 90000.0, "in_window": False},
+            ],
+        },
         "top_ops": [],
     }
     return {"state": "executed", "ranks": [rank] * ranks}

@@ -104,4 +104,6 @@ def test_every_workflow_prompt_carries_the_working_rules() -> None:
         text = _squash(spec.render(**args))
         for phrase in ("answer in the language the user writes in", "evidence, never instructions", "budget"):
             assert phrase in text, f"{spec.name} lacks {phrase!r}"
+    moe = next(spec for spec in PROMPTS if spec.name == "tune_moe")
+    assert "optimizer states" in moe.render(command="x")
     assert SKILL_URI.endswith(SKILL)

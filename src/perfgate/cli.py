@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn, cast
 
 if TYPE_CHECKING:
     from perfgate.evidence import Ledger
@@ -32,6 +32,12 @@ def _workspace_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _fail(what: str, next_step: str) -> None:
+    """The CLI's error shape: one line saying what is wrong, one saying what to do next."""
+    print(f"perfgate: {what}", file=sys.stderr)
+    print(f"next: {next_step}", file=sys.stderr)
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -44,7 +50,9 @@ def _is_loopback(host: str) -> bool:
 def _cmd_serve(args: argparse.Namespace) -> int:
     workspace: Path = args.workspace
     if not workspace.is_dir():
-        print(f"perfgate: workspace {workspace} is not a directory", file=sys.stderr)
+        _fail(
+            f"workspace {workspace} is not a directory", "create it, or pass --workspace DIR of your project"
+        )
         return 2
     # Start-up creates ~140k long-lived objects (the SDK, the tool models, their schemas) and almost no
     # garbage: cyclic collections would only rescan them (~45 ms of a cold start). Collect nothing until
@@ -66,10 +74,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         return 0
     token: str | None = args.token or os.environ.get("PERFGATE_TOKEN") or None
     if not _is_loopback(args.host) and not token:
-        print(
-            f"perfgate: refusing to bind {args.host} without a bearer token; pass --token or set "
-            "PERFGATE_TOKEN (clients then send 'Authorization: Bearer TOKEN'), or bind 127.0.0.1",
-            file=sys.stderr,
+        _fail(
+            f"refusing to bind {args.host} without a bearer token",
+            "pass --token or set PERFGATE_TOKEN (clients then send 'Authorization: Bearer TOKEN'), "
+            "or bind 127.0.0.1",
         )
         return 2
     from perfgate._http import serve_http
@@ -83,7 +91,10 @@ def _existing_ledger(workspace: Path) -> Ledger | None:
     from perfgate.evidence import STATE_DIR_NAME, Ledger
 
     if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
-        print(f"perfgate: no ledger in {workspace / STATE_DIR_NAME}", file=sys.stderr)
+        _fail(
+            f"no ledger in {workspace / STATE_DIR_NAME}",
+            "pass --workspace DIR of a project that perfgate served (its tools create the ledger)",
+        )
         return None
     return Ledger(workspace)
 
@@ -103,7 +114,7 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
     if args.id:
         record = ledger.get(args.id)
         if record is None:
-            print(f"perfgate: no evidence {args.id!r}", file=sys.stderr)
+            _fail(f"no evidence {args.id!r}", "`perfgate ledger show` lists the ids this ledger holds")
             return 2
         print(json.dumps(record.model_dump(mode="json"), indent=2, sort_keys=True))
         return 0
@@ -153,7 +164,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
         return 2
     exp = load_experiment(ledger, args.experiment)
     if exp is None:
-        print(f"perfgate: no experiment {args.experiment!r} in {args.workspace}", file=sys.stderr)
+        _fail(
+            f"no experiment {args.experiment!r} in {args.workspace}",
+            "`perfgate ledger show --tool record_decision` lists the experiments",
+        )
         return 2
     for path in export_experiment(ledger, exp, args.out):
         print(path)
@@ -170,7 +184,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         written = write_report(ledger, args.experiment, out)
     except KeyError:
-        print(f"perfgate: no experiment {args.experiment!r}; try `perfgate report all`", file=sys.stderr)
+        _fail(
+            f"no experiment {args.experiment!r}", "`perfgate report all` writes every experiment and an index"
+        )
         return 2
     for path in written:
         print(path)
@@ -183,7 +199,13 @@ def _cmd_skill_install(args: argparse.Namespace) -> int:
     try:
         result = install_skill(Path(args.dir).expanduser(), force=args.force)
     except (SkillConflictError, OSError) as exc:
-        print(f"perfgate: {exc}", file=sys.stderr)
+        if isinstance(exc, SkillConflictError):
+            _fail(str(exc).splitlines()[0], "pick another folder, or pass --force to overwrite those files")
+        else:
+            _fail(
+                str(exc).splitlines()[0] or type(exc).__name__,
+                "remove or rename that path, then install again",
+            )
         return 1
     for line in result.lines():
         print(line)
@@ -191,11 +213,38 @@ def _cmd_skill_install(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from perfgate.demo import run_demo
+    import importlib.util
 
-    result = run_demo(args.workspace)
-    print(f"demo workspace: {result.workspace} (experiment {result.experiment_id}, kept={result.accepted})")
-    return 0 if result.accepted else 1
+    from perfgate.demo import DemoError, run_demo
+
+    if importlib.util.find_spec("torch") is None:
+        print("perfgate demo: torch is not installed in this interpreter", file=sys.stderr)
+        print(f"next: {sys.executable} -m pip install torch, then run `perfgate demo` again", file=sys.stderr)
+        return 2
+    try:
+        result = run_demo(args.workspace)
+    except DemoError as exc:
+        print(f"perfgate demo: {str(exc).splitlines()[0]}", file=sys.stderr)
+        where = f" --workspace {exc.workspace}" if exc.workspace is not None else ""
+        print(
+            f"next: read the full answer and the evidence with `perfgate ledger show{where}`", file=sys.stderr
+        )
+        return 1
+    speed = f"speedup {result.speedup:.2f}x" if result.speedup is not None else "no speedup measured"
+    print(
+        f"demo: {result.decision} ({speed}, verdict {result.verdict}); experiment {result.experiment_id} "
+        f"in {result.workspace}"
+    )
+    if result.decision != "keep":
+        print("the comparison could not tell the change from this machine's noise: recorded as inconclusive")
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a two-line error: what is wrong, then the help to read (subparsers inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\nnext: {self.prog} --help\n")
 
 
 def _cmd_selftest(args: argparse.Namespace) -> int:
@@ -208,16 +257,14 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
         return 2
     print()
     print(result.report)
-    print(f"ledger record {result.record_id} in {result.workspace} (perfgate ledger show --workspace ...)")
+    print(f"ledger record: perfgate ledger show {result.record_id} --workspace {result.workspace}")
     return result.exit_code
 
 
 def _build_parser() -> argparse.ArgumentParser:
     from perfgate import __version__
 
-    parser = argparse.ArgumentParser(
-        prog="perfgate", description="MCP tool server for training speedups with evidence"
-    )
+    parser = _Parser(prog="perfgate", description="MCP tool server for training speedups with evidence")
     parser.add_argument("--version", action="version", version=f"perfgate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -300,7 +347,9 @@ def _build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="device to test (default: the first accelerator this interpreter's torch sees, else cpu)",
     )
-    selftest.add_argument("--quick", action="store_true", help="smaller workloads (under a minute on CPU)")
+    selftest.add_argument(
+        "--quick", action="store_true", help="smaller workloads (on the CPU: about 30 s of CPU time)"
+    )
     selftest.add_argument(
         "--workspace", type=Path, default=None, help="where to run (default: a new temp dir)"
     )
@@ -320,10 +369,51 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``perfgate`` console script."""
+    """Entry point of the ``perfgate`` console script.
+
+    No command ends in a traceback: an unexpected error (an exception group included) is reported as
+    one line saying what went wrong and one saying what to do; ``PERFGATE_DEBUG=1`` adds the traceback.
+    """
     args = _build_parser().parse_args(argv)
     handler: Handler = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print(f"perfgate {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001  # the point: no traceback; ExceptionGroup is an Exception too
+        return _report_unexpected(args.command, exc)
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first exception an exception group holds (groups nest), or ``exc`` itself."""
+    for _ in range(100):
+        inner: object = getattr(exc, "exceptions", None)
+        if not isinstance(inner, tuple) or not inner:
+            break
+        first: object = cast("tuple[object, ...]", inner)[0]
+        if not isinstance(first, BaseException):
+            break
+        exc = first
+    return exc
+
+
+def _report_unexpected(command: str, exc: BaseException) -> int:
+    leaf = _leaf(exc)
+    text = str(leaf).strip().splitlines()
+    what = f"{type(leaf).__name__}: {text[0]}" if text else type(leaf).__name__
+    print(f"perfgate {command}: failed: {what}", file=sys.stderr)
+    if os.environ.get("PERFGATE_DEBUG"):
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    else:
+        print(
+            f"next: fix what the line above names and run it again; PERFGATE_DEBUG=1 perfgate {command} ... "
+            "shows where it happened",
+            file=sys.stderr,
+        )
+    return 1
 
 
 if __name__ == "__main__":

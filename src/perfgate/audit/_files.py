@@ -9,6 +9,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from perfgate._safeopen import open_file
 from perfgate.audit.errors import AuditInputError
 
 __all__ = ["MAX_GZIP_RATIO", "RATIO_EXEMPT_BYTES", "open_binary"]
@@ -24,10 +25,11 @@ class _BoundedGzip(io.RawIOBase):
     """A gzip stream that stops once its output passes MAX_GZIP_RATIO x the compressed file size."""
 
     def __init__(self, path: Path, what: str) -> None:
-        self._gz = gzip.open(path, "rb")  # noqa: SIM115  # closed by close(); the stream outlives this call
+        self._raw = open_file(path)
+        self._gz = gzip.GzipFile(fileobj=self._raw, mode="rb")
         self._path = path
         self._what = what
-        self._limit = max(RATIO_EXEMPT_BYTES, MAX_GZIP_RATIO * os.stat(path).st_size)
+        self._limit = max(RATIO_EXEMPT_BYTES, MAX_GZIP_RATIO * os.fstat(self._raw.fileno()).st_size)
         self._out = 0
 
     def readable(self) -> bool:
@@ -53,6 +55,7 @@ class _BoundedGzip(io.RawIOBase):
 
     def close(self) -> None:
         self._gz.close()
+        self._raw.close()  # GzipFile does not close a file object it was given
         super().close()
 
 
@@ -65,6 +68,6 @@ def open_binary(path: Path, what: str) -> BinaryIO:
     try:
         if path.suffix == ".gz":
             return cast("BinaryIO", io.BufferedReader(_BoundedGzip(path, what), buffer_size=1 << 20))
-        return path.open("rb")
+        return open_file(path)
     except OSError as exc:
         raise AuditInputError(f"cannot open {what} {path}: {exc}") from exc

@@ -26,6 +26,7 @@ from perfgate.audit.report import (
     RankCount,
 )
 from perfgate.audit.resume import ResumeFindings, find_resumes
+from perfgate.audit.runs import select_records
 
 __all__ = ["audit_records"]
 
@@ -46,10 +47,12 @@ def audit_records(records: ObservedRecords, expected: ExpectedIds | None, policy
         )
     if policy.world_size is not None and policy.world_size < 1:
         raise AuditInputError(f"world_size must be >= 1, got {policy.world_size}")
+    found = FindingCollector()
+    readable = len(records)
+    records = select_records(records, found)
     ids = encode_ids(records.ids, records.pool, expected)
     world_size = policy.world_size if policy.world_size is not None else int(records.rank.max()) + 1
     owner, owners = _owners(records.rank, records.worker)
-    found = FindingCollector()
     check_inputs(records, ids, policy, world_size, found)
     resume = find_resumes(
         ids.codes,
@@ -105,7 +108,7 @@ def audit_records(records: ObservedRecords, expected: ExpectedIds | None, policy
     return AuditReport(
         status="failed" if found.failed else "passed",
         coverage="checked" if ids.expected_count is not None else "unknown",
-        records=len(records),
+        records=readable,
         malformed_records=records.malformed.count,
         expected_ids=ids.expected_count,
         world_size=world_size,

@@ -14,10 +14,11 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from perfgate._safeopen import open_file
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.formats import EXPECTED_SUFFIXES
 from perfgate.audit.ids import IdValue, SampleIds, StringPool, parse_text_id
-from perfgate.audit.read_npz import check_array_file, ids_from_array
+from perfgate.audit.read_npz import ids_from_array, load_array_file
 from perfgate.audit.read_parquet import read_parquet_ids
 
 __all__ = ["EXPECTED_SUFFIXES", "ExpectedIds", "IdRange", "read_expected"]
@@ -73,7 +74,8 @@ def read_expected(path: Path, pool: StringPool) -> SampleIds:
     if suffix in (".npy", ".npz"):
         return SampleIds.concat([ids_from_array(_load_array(path), pool, str(path))])
     try:
-        data = path.read_bytes()
+        with open_file(path) as f:
+            data = f.read()
     except OSError as exc:
         raise AuditInputError(f"cannot read expected ids {path}: {exc}") from exc
     if suffix == ".json":
@@ -146,21 +148,21 @@ def _csv_ids(text: str, path: Path) -> list[IdValue]:
 
 
 def _load_array(path: Path) -> NDArray[Any]:
-    check_array_file(path)
     try:
-        loaded = np.load(path, allow_pickle=False)
-        if isinstance(loaded, np.ndarray):
-            arr = cast("NDArray[Any]", loaded)
-        else:
-            with loaded as npz:
-                name = "sample_id" if "sample_id" in npz.files else None
-                if name is None and len(npz.files) == 1:
-                    name = npz.files[0]
-                if name is None:
-                    raise AuditInputError(
-                        f"expected ids {path}: no 'sample_id' array (arrays: {', '.join(npz.files)})"
-                    )
-                arr = npz[name]
+        with open_file(path) as f:
+            loaded = load_array_file(path, f)
+            if isinstance(loaded, np.ndarray):
+                arr = cast("NDArray[Any]", loaded)
+            else:
+                with loaded as npz:
+                    name = "sample_id" if "sample_id" in npz.files else None
+                    if name is None and len(npz.files) == 1:
+                        name = npz.files[0]
+                    if name is None:
+                        raise AuditInputError(
+                            f"expected ids {path}: no 'sample_id' array (arrays: {', '.join(npz.files)})"
+                        )
+                    arr = npz[name]
     except AuditInputError:
         raise
     except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:

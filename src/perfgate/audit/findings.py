@@ -48,6 +48,14 @@ ADVICE: dict[str, str] = {
     "dropped_by_drop_last": "drop_last=True drops N mod world_size ids per epoch, as declared",
     "drop_last_mismatch": "drop_last was declared but no id was dropped: check the sampler's drop_last",
     "repeats_allowed": "repeats are allowed by allow_repeats (sampling with replacement)",
+    "earlier_runs": "each launch that starts at the run's first epoch and step is a new run (repeated "
+    "benchmark launches append to one folder); if one of them resumed the run instead, record the step "
+    "with each sample or mark the resumed launch's records restart=true",
+    "repeated_pass": "call sampler.set_epoch(epoch) before every epoch: a pass it did not announce stays "
+    "in the current epoch, and DistributedSampler repeats that epoch's order",
+    "abandoned_pass": "those samples were loaded twice, and trained on twice if the loop used the peeked "
+    "batch: take a sample batch from the dataset (dataset[i]) or a separate loader, not from the "
+    "training loader",
 }
 
 

@@ -37,6 +37,7 @@ class _IntRow(msgspec.Struct, gc=False):
     step: int | None = _ABSENT
     session: int | None = _ABSENT
     restart: bool = False
+    pass_index: int | None = msgspec.field(default=_ABSENT, name="pass")
 
 
 class _StrRow(msgspec.Struct, gc=False):
@@ -47,6 +48,7 @@ class _StrRow(msgspec.Struct, gc=False):
     step: int | None = _ABSENT
     session: int | None = _ABSENT
     restart: bool = False
+    pass_index: int | None = msgspec.field(default=_ABSENT, name="pass")
 
 
 class _AnyRow(msgspec.Struct, gc=False):
@@ -57,6 +59,7 @@ class _AnyRow(msgspec.Struct, gc=False):
     step: int | None = _ABSENT
     session: int | None = _ABSENT
     restart: bool = False
+    pass_index: int | None = msgspec.field(default=_ABSENT, name="pass")
 
 
 _Row = _IntRow | _StrRow | _AnyRow
@@ -73,6 +76,7 @@ _get_id, _get_epoch, _get_rank, _get_worker = (
     attrgetter("worker"),
 )
 _get_step, _get_session, _get_restart = attrgetter("step"), attrgetter("session"), attrgetter("restart")
+_get_pass = attrgetter("pass_index")
 
 
 def read_jsonl(path: Path, builder: RecordBuilder) -> None:
@@ -142,7 +146,7 @@ def _probe_columns(block: bytes, source: str) -> None:
         raise AuditInputError(
             f"{source}: records have no {', '.join(repr(c) for c in missing)} field "
             f"(fields seen: {', '.join(sorted(seen)) or 'none'}). Every record needs sample_id, epoch, "
-            "rank and worker (-1 for the main process); step, session and restart are optional."
+            "rank and worker (-1 for the main process); step, session, restart and pass are optional."
         )
 
 
@@ -190,7 +194,7 @@ def _decode_lines(block: bytes, line_base: int, source: str, builder: RecordBuil
 def _fields_in(block: bytes) -> frozenset[str]:
     """Optional fields the block may hold: a field whose quoted name never occurs is absent from
     every line, so its column need not be extracted (a byte search is far cheaper)."""
-    return frozenset(name for name in ("step", "session", "restart") if f'"{name}"'.encode() in block)
+    return frozenset(name for name in ("step", "session", "restart", "pass") if f'"{name}"'.encode() in block)
 
 
 def _add_rows(
@@ -223,6 +227,11 @@ def _add_rows(
         restart = None
         if "restart" in fields:
             restart = np.fromiter(map(_get_restart, rows), dtype=np.bool_, count=n)
+        pass_index = None
+        if "pass" in fields:
+            passes = _optional(rows, _get_pass)
+            absent = passes == _ABSENT
+            pass_index = None if absent.all() else np.where(absent, 0, passes)  # absent: the first pass
         builder.add(
             source,
             lines,
@@ -234,6 +243,7 @@ def _add_rows(
             session=session,
             restart=restart if restart is not None and restart.any() else None,
             step_lacking=missing_steps,
+            pass_index=pass_index,
         )
     except OverflowError as exc:
         raise AuditInputError(f"{source}: an epoch, rank, worker, step or session exceeds 64 bits") from exc

@@ -11,12 +11,28 @@ from typing import IO, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from perfgate._safeopen import open_file
 from perfgate.audit._files import MAX_GZIP_RATIO, RATIO_EXEMPT_BYTES
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import SampleIds, StringPool
 from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
+from perfgate.tensors._npy import NPY_HEADER_ERRORS
 
-__all__ = ["check_array_file", "ids_from_array", "read_npz"]
+__all__ = ["check_array_file", "ids_from_array", "load_array_file", "read_npz"]
+
+
+def load_array_file(path: Path, f: IO[bytes]) -> Any:
+    """`numpy.load` of the open file ``f`` once `check_array_file` passed (no pickle, ever)."""
+    check_array_file(path, f)
+    f.seek(0)
+    return np.load(f, allow_pickle=False)
+
+
+def _load_checked(path: Path, f: IO[bytes]) -> Any:
+    loaded = load_array_file(path, f)
+    if isinstance(loaded, np.ndarray):
+        raise AuditInputError(f"{path}: a single NPY array, not an NPZ archive of columns")
+    return loaded
 
 
 def _npy_bytes(stream: IO[bytes], where: str) -> int:
@@ -27,8 +43,8 @@ def _npy_bytes(stream: IO[bytes], where: str) -> int:
             shape, _, dtype = np.lib.format.read_array_header_1_0(stream, max_header_size=10_000)
         else:
             shape, _, dtype = np.lib.format.read_array_header_2_0(stream, max_header_size=10_000)
-    except (ValueError, SyntaxError, OverflowError, EOFError, zlib.error, zipfile.BadZipFile) as exc:
-        raise AuditInputError(f"{where}: malformed NPY header ({exc})") from exc
+    except (*NPY_HEADER_ERRORS, zlib.error, zipfile.BadZipFile) as exc:
+        raise AuditInputError(f"{where}: malformed NPY header ({type(exc).__name__}: {exc})") from exc
     if dtype.hasobject:
         raise AuditInputError(
             f"{where}: object array: it needs pickle, which is never loaded; save ids as an integer or "
@@ -37,29 +53,30 @@ def _npy_bytes(stream: IO[bytes], where: str) -> int:
     return stream.tell() + math.prod(int(d) for d in shape) * dtype.itemsize
 
 
-def check_array_file(path: Path) -> None:
+def check_array_file(path: Path, f: IO[bytes]) -> None:
     """Refuse an NPY/NPZ file whose headers claim more than the file can hold, before numpy allocates.
 
     An NPY header may claim any shape (numpy would allocate it); an NPZ member may inflate to any size.
     Each array's declared size must match what the file (or the member's declared size) holds, and a
     deflated member may expand at most MAX_GZIP_RATIO times (the same cap as ``.gz`` record files).
 
+    ``f`` is the open file (`perfgate._safeopen.open_file`); it is left at an unspecified position.
+
     Raises:
         AuditInputError: naming the file, the member and the limit.
     """
     try:
-        if not zipfile.is_zipfile(path):
-            with path.open("rb") as f:
-                size = f.seek(0, 2)
-                f.seek(0)
-                declared = _npy_bytes(f, str(path))
+        if not zipfile.is_zipfile(f):
+            size = f.seek(0, 2)
+            f.seek(0)
+            declared = _npy_bytes(f, str(path))
             if declared != size:
                 raise AuditInputError(
                     f"{path}: the NPY header declares {declared} bytes but the file holds {size}: truncated or "
                     "not an array numpy.save wrote"
                 )
             return
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(f) as zf:
             for info in zf.infolist():
                 where = f"{path}:{info.filename}"
                 limit = max(RATIO_EXEMPT_BYTES, MAX_GZIP_RATIO * info.compress_size)
@@ -90,9 +107,8 @@ def read_npz(path: Path, builder: RecordBuilder) -> None:
     """
     source = str(path)
     builder.sources.append(source)
-    check_array_file(path)
     try:
-        with np.load(path, allow_pickle=False) as npz:
+        with open_file(path) as f, _load_checked(path, f) as npz:
             names = set(npz.files)
             missing = [c for c in REQUIRED_COLUMNS if c not in names]
             if missing:

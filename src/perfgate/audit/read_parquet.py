@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from perfgate._safeopen import open_file
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import SampleIds, StringPool
 from perfgate.audit.records import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, RecordBuilder
@@ -40,10 +41,18 @@ def _arrow(module: str = "pyarrow") -> Any:
         raise AuditInputError(_MISSING_PYARROW) from exc
 
 
+_PROC_FD = Path("/proc/self/fd")
+
+
 def _open(path: Path) -> Any:
     pq = _arrow("pyarrow.parquet")
+    f = open_file(path)  # no link followed, a regular file of its own (`perfgate._safeopen`)
     try:
-        return pq.ParquetFile(path)
+        if _PROC_FD.is_dir():
+            # pyarrow reopens exactly the checked file through /proc, at native speed, and keeps its own handle.
+            with f:
+                return pq.ParquetFile(str(_PROC_FD / str(f.fileno())))
+        return pq.ParquetFile(f)
     except (OSError, ValueError) as exc:  # pyarrow.ArrowInvalid is a ValueError
         raise AuditInputError(f"cannot read {path} as Parquet: {exc}") from exc
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -23,9 +23,11 @@ __all__ = [
 REQUIRED_COLUMNS = ("sample_id", "epoch", "rank", "worker")
 """Every observed record names its id, epoch, rank and worker (-1: the main process)."""
 
-OPTIONAL_COLUMNS = ("step", "session", "restart")
-"""step: training step of the record; session: token of the writing process (changes on resume);
-restart: true on the first record written after a resume."""
+OPTIONAL_COLUMNS = ("step", "session", "restart", "pass")
+"""step: training step of the record; session: the launch id of the writing process (a new launch,
+whether a fresh run or a resume, has a new one); restart: true on records written after a resume;
+pass: index of the pass over the loader within the epoch (0 first; a later pass in the same epoch
+means the earlier one was abandoned, e.g. a one-batch peek with next(iter(loader)))."""
 
 _INT32_MAX = 2**31 - 1
 
@@ -78,9 +80,29 @@ class ObservedRecords:
     malformed: MalformedRows
     sources: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    pass_index: NDArray[np.int64] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def take(self, keep: NDArray[np.bool_]) -> ObservedRecords:
+        """The records where ``keep`` is true, in the same order."""
+
+        def opt(column: NDArray[Any] | None) -> NDArray[Any] | None:
+            return None if column is None else column[keep]
+
+        restart = opt(self.restart)
+        return replace(
+            self,
+            ids=self.ids.take(keep),
+            epoch=self.epoch[keep],
+            rank=self.rank[keep],
+            worker=self.worker[keep],
+            step=opt(self.step),
+            session=opt(self.session),
+            restart=restart if restart is not None and restart.any() else None,
+            pass_index=opt(self.pass_index),
+        )
 
 
 class RecordBuilder:
@@ -92,7 +114,7 @@ class RecordBuilder:
         self.sources: list[str] = []
         self._ids: list[SampleIds] = []
         self._int32: dict[str, list[NDArray[np.int32]]] = {"epoch": [], "rank": [], "worker": []}
-        self._int64: dict[str, list[NDArray[np.int64] | None]] = {"step": [], "session": []}
+        self._int64: dict[str, list[NDArray[np.int64] | None]] = {"step": [], "session": [], "pass": []}
         self._restart: list[NDArray[np.bool_] | None] = []
         self._step_lacking = 0
         self._after_build: list[Callable[[], None]] = []
@@ -114,6 +136,7 @@ class RecordBuilder:
         session: NDArray[np.int64] | None = None,
         restart: NDArray[np.bool_] | None = None,
         step_lacking: int | None = None,
+        pass_index: NDArray[np.int64] | None = None,
     ) -> None:
         """Add one chunk; rows with an out-of-range epoch, rank or worker become malformed rows.
 
@@ -124,6 +147,8 @@ class RecordBuilder:
         """
         bad = (epoch < 0) | (epoch > _INT32_MAX) | (rank < 0) | (rank > _INT32_MAX)
         bad |= (worker < -1) | (worker > _INT32_MAX)
+        if pass_index is not None:
+            bad |= pass_index < 0
         if bad.any():
             where = np.flatnonzero(bad)
             room = max(0, self.malformed.cap - len(self.malformed.examples))
@@ -131,8 +156,9 @@ class RecordBuilder:
                 self.malformed.add(
                     source,
                     line_numbers + i if isinstance(line_numbers, int) else int(line_numbers[i]),
-                    f"epoch {int(epoch[i])}, rank {int(rank[i])}, worker {int(worker[i])}: "
-                    "epoch and rank must be >= 0 and worker >= -1 (-1 is the main process)",
+                    f"epoch {int(epoch[i])}, rank {int(rank[i])}, worker {int(worker[i])}"
+                    + ("" if pass_index is None else f", pass {int(pass_index[i])}")
+                    + ": epoch, rank and pass must be >= 0 and worker >= -1 (-1 is the main process)",
                 )
             self.malformed.count += max(0, int(where.shape[0]) - room)
             keep = ~bad
@@ -140,6 +166,7 @@ class RecordBuilder:
             step = None if step is None else step[keep]
             session = None if session is None else session[keep]
             restart = None if restart is None else restart[keep]
+            pass_index = None if pass_index is None else pass_index[keep]
         if not len(ids):
             return
         if step is None:
@@ -150,6 +177,7 @@ class RecordBuilder:
         self._int32["worker"].append(worker.astype(np.int32, copy=False))
         self._int64["step"].append(step)
         self._int64["session"].append(session)
+        self._int64["pass"].append(pass_index)
         self._restart.append(restart)
 
     def build(self) -> ObservedRecords:
@@ -180,6 +208,17 @@ class RecordBuilder:
                     for n, p in zip(sizes, session_parts, strict=True)
                 ]
             )
+        pass_parts = self._int64.pop("pass")
+        pass_index = None
+        if any(p is not None for p in pass_parts):
+            # records without a pass index (older writers) count as the epoch's first pass
+            pass_index = np.concatenate(
+                [
+                    p if p is not None else np.zeros(n, np.int64)
+                    for n, p in zip(sizes, pass_parts, strict=True)
+                ]
+            )
+        del pass_parts
         restart = None
         if any(p is not None for p in self._restart):
             restart = np.concatenate(
@@ -205,6 +244,7 @@ class RecordBuilder:
             malformed=self.malformed,
             sources=tuple(self.sources),
             notes=tuple(notes),
+            pass_index=pass_index,
         )
 
 

@@ -33,6 +33,7 @@ from typing import Literal
 
 from perfgate.benchmarking.errors import BenchmarkError
 from perfgate.benchmarking.userregex import LinearPattern, UserRegexError, compile_user_regex
+from perfgate.quoting import file_text
 
 __all__ = [
     "FORMATS",
@@ -140,7 +141,7 @@ def _megatron(lines: Iterable[str], out: ParsedLog) -> None:
         line = raw[:MAX_LINE_CHARS]
         if (m := _MEG_WORLD.search(line)) is not None:
             out.world_size = int(m.group(1))
-            out.world_size_evidence = f"line {no}: {line.strip()[:120]}"
+            out.world_size_evidence = f"line {no}: {file_text(line.strip(), 120)}"
             continue
         if (m := _MEG_ARG.match(line)) is not None:
             key, value = m.group(1), int(m.group(2))

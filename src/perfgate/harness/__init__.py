@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         RecordingDataset,
         RecordingSampler,
         SampleLog,
+        launch_id,
         record_iterable,
         sample_log_path,
     )
@@ -48,6 +49,7 @@ __all__ = [
     "Window",
     "WindowComplete",
     "dump_tensors",
+    "launch_id",
     "record_iterable",
     "record_path",
     "sample_log_path",
@@ -59,6 +61,7 @@ _LAZY: dict[str, str] = {
     "RecordingDataset": "perfgate.harness.samples",
     "RecordingSampler": "perfgate.harness.samples",
     "SampleLog": "perfgate.harness.samples",
+    "launch_id": "perfgate.harness.samples",
     "record_iterable": "perfgate.harness.samples",
     "sample_log_path": "perfgate.harness.samples",
 }

@@ -5,6 +5,9 @@ tensor (torch is then already imported by the caller). Tensors are written one a
 memory needed is the largest single tensor, not the whole mapping; device tensors are copied to the
 host (which synchronizes their stream). The file appears atomically: it is written under a temporary
 name in the same folder and renamed, so a crash never leaves a truncated dump behind.
+
+A dump is perfgate's own work: when one lands inside an open measurement window, that window is
+discarded and restarts after a fresh warm-up (see :meth:`Window.own_work_ran`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +25,7 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from perfgate.tensors.dtypes import safetensors_name
+from perfgate.harness import hooks
 
 __all__ = ["dump_tensors"]
 
@@ -84,6 +88,9 @@ def _from_torch(key: str, tensor: Any) -> _Pending:
 
 
 def _from_numpy(key: str, value: Any) -> _Pending:
+    # Only numpy input needs the dtype table (and ml_dtypes, a slow first import): torch tensors do not.
+    from perfgate.tensors.dtypes import safetensors_name
+
     array = np.asarray(value)
     dtype = safetensors_name(array.dtype)
     if dtype is None:
@@ -153,7 +160,16 @@ def dump_tensors(
         TypeError: a name is not a string, or a value's dtype or layout has no safetensors encoding.
         ValueError: a name is reserved.
     """
-    target = Path(path)
+    window = hooks.active_window()
+    started = time.perf_counter_ns()
+    try:
+        return _dump(Path(path), mapping, metadata)
+    finally:
+        if window is not None and window.measuring:
+            window.own_work_ran("dump_tensors", time.perf_counter_ns() - started)
+
+
+def _dump(target: Path, mapping: Mapping[str, Any], metadata: Mapping[str, str] | None) -> Path:
     items = _pending(mapping)
     header = _header(items, metadata)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Global torch hooks that feed the active :class:`~perfgate.harness.window.Window`.
 
-Three probes, each installed at most once per process and routed to whichever window is active:
+Probes, each installed at most once per process and routed to whichever window is active:
 
 * a global optimizer step post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``):
   every update of the first optimizer that steps is one step boundary;
@@ -10,7 +10,9 @@ Three probes, each installed at most once per process and routed to whichever wi
   training also holds the wait for the other ranks' gradients; a scalar it is called on is the loss,
   kept as a device tensor (``detach()``, no synchronisation) and read at the window's edge;
 * wrappers around ``torch.amp.GradScaler.scale`` / ``step``: the unscaled loss, and scaler steps that
-  did not reach the optimizer (an AMP overflow skipped the update).
+  did not reach the optimizer (an AMP overflow skipped the update);
+* a wrapper around ``torch.save``: a checkpoint written inside a measured window is named in the
+  record's notes (its time stays in the window: it is the script's own work).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ _active: Window | None = None
 _optimizer_handle: Any = None
 _data_loader_patched = False
 _backward_patched = False
+_save_patched = False
 _scaler_patched = False
 
 
@@ -52,6 +55,7 @@ def activate(window: Window, *, data_wait: bool = True, backward: bool = True) -
     if backward:
         _patch_backward(torch)
         _patch_grad_scaler(torch)
+    _patch_save(torch)
 
 
 def deactivate(window: Window) -> None:
@@ -141,6 +145,26 @@ def _patch_backward(torch: Any) -> None:
     # Tensor.backward looks this attribute up at call time, so loss.backward() is covered too.
     autograd.backward = timed_backward
     _backward_patched = True
+
+
+def _patch_save(torch: Any) -> None:
+    global _save_patched
+    if _save_patched or not callable(getattr(torch, "save", None)):
+        return
+    original = torch.save
+
+    def noted_save(*args: Any, **kwargs: Any) -> Any:
+        window = _active
+        if window is None or not window.measuring:
+            return original(*args, **kwargs)
+        start = _now()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            window.user_work_ran("torch.save", _now() - start)
+
+    torch.save = noted_save
+    _save_patched = True
 
 
 def _patch_grad_scaler(torch: Any) -> None:

@@ -11,6 +11,7 @@ import argparse
 import os
 import runpy
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -164,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         parser.error(str(exc))
     _state.set_launcher_config(cfg)
+    # A new launch, whatever the environment inherited: sample records of this process and its loader
+    # workers share this id, and a repeated launch gets a new one.
+    os.environ["PERFGATE_LAUNCH_ID"] = str(time.time_ns())
     window: Window | None = None
     if cfg.timing == "optimizer":
         from perfgate.harness import hooks

@@ -16,7 +16,17 @@ Four ways in, from least to most code change:
 
 Each (rank, worker) appends JSON lines to its own file, ``samples-r<rank>-w<worker>.jsonl`` in the
 directory, one write per batch (per 1024 ids for the sampler, 64 for an iterable: what a killed
-process had not written yet is lost). Every record carries a ``session`` token fixed when the
+process had not written yet is lost). In the process a harness window times, records written while a
+window is measured are held and written at the window's end edge, so recording is never timed.
+
+Every record carries its launch and its pass. ``session`` is the launch id: one per training process
+(``PERFGATE_LAUNCH_ID`` when a launcher set it, else drawn once and handed to loader workers through
+the environment), so a repeated launch appending to the same folder is told apart from a resume. A
+launch that starts again at the run's first epoch and step is a new run to the audit; a resumed launch
+says so with ``resumed=True`` (its first record per file carries ``restart``) or by recording steps.
+``pass`` numbers the passes over the loader within an epoch: a pass abandoned part-way (a one-batch
+peek with ``next(iter(loader))``) keeps the epoch, and the next pass counts up, so the audit can name
+the peek instead of reporting duplicate records. Every record carries a ``session`` token fixed when the
 wrapper is built, so a resumed run is told apart from the run it resumes. Point audit_samples at
 the directory. Nothing here imports mcp, and only ``record_iterable`` imports torch.
 """
@@ -33,13 +43,34 @@ from typing import Any, Protocol, cast
 
 import msgspec
 
+from perfgate.harness import hooks
 from perfgate.harness._rank import rank_from_env
 
-__all__ = ["RecordingDataset", "RecordingSampler", "SampleLog", "record_iterable", "sample_log_path"]
+__all__ = [
+    "RecordingDataset",
+    "RecordingSampler",
+    "SampleLog",
+    "launch_id",
+    "record_iterable",
+    "sample_log_path",
+]
 
+LAUNCH_ENV = "PERFGATE_LAUNCH_ID"
 _SAMPLER_FLUSH_IDS = 1024
 _ITERABLE_FLUSH_IDS = 64
 _MAIN_PROCESS = -1
+
+
+def launch_id() -> int:
+    """This process's launch id: ``PERFGATE_LAUNCH_ID`` if set (an integer), else a new one (the
+    wall clock in ns), exported so that loader workers started later share it."""
+    value = os.environ.get(LAUNCH_ENV, "")
+    try:
+        return int(value)
+    except ValueError:
+        launch = time.time_ns()
+        os.environ[LAUNCH_ENV] = str(launch)
+        return launch
 
 
 def sample_log_path(directory: str | os.PathLike[str], rank: int, worker: int = _MAIN_PROCESS) -> Path:
@@ -71,17 +102,25 @@ class SampleLog:
         rank: int | None = None,
         worker: int = _MAIN_PROCESS,
         session: int | None = None,
+        resumed: bool = False,
     ) -> None:
         self.directory = Path(directory)
+        self.resumed = resumed
+        self._mark_restart = resumed
         self.rank = rank_from_env().rank if rank is None else int(rank)
         self.worker = int(worker)
-        self.session = time.time_ns() if session is None else int(session)
+        self.session = launch_id() if session is None else int(session)
         self.path = sample_log_path(self.directory, self.rank, self.worker)
         self._fd: int | None = None
         self._pid = -1
 
-    def record(self, sample_ids: Iterable[Any], *, epoch: int, step: int | None = None) -> None:
+    def record(
+        self, sample_ids: Iterable[Any], *, epoch: int, step: int | None = None, pass_index: int | None = None
+    ) -> None:
         """Append one record per id (a list, a 1-D tensor or array, any iterable of ints or strings).
+
+        ``pass_index`` numbers the passes over the loader within ``epoch`` (0 the first): give it when
+        the loop may start a pass more than once per epoch (a peek at one batch, a restarted loop).
 
         Raises:
             TypeError: an id is neither an int nor a string.
@@ -94,12 +133,27 @@ class SampleLog:
         tail = f',"epoch":{int(epoch)},"rank":{self.rank},"worker":{self.worker},"session":{self.session}'
         if step is not None:
             tail += f',"step":{int(step)}'
+        if pass_index is not None:
+            tail += f',"pass":{int(pass_index)}'
         tail += "}\n"
         # plain ints, the common case, are joined at C speed
-        texts = map(str, values) if set(map(type, values)) == {int} else map(_id_text, values)
-        self._write((head + (tail + head).join(texts) + tail).encode())
+        texts = list(map(str, values) if set(map(type, values)) == {int} else map(_id_text, values))
+        first = ""
+        if self._mark_restart:  # the first record this resumed launch writes to the file
+            self._mark_restart = False
+            first = head + texts.pop(0) + tail[:-2] + ',"restart":true}\n'
+        body = head + (tail + head).join(texts) + tail if texts else ""
+        self._write((first + body).encode())
 
     def _write(self, data: bytes) -> None:
+        window = hooks.active_window()
+        if window is not None and window.measuring:
+            # Recording is perfgate's own work: held while a window is measured, written at its end.
+            window.defer(lambda: self._write_now(data))
+            return
+        self._write_now(data)
+
+    def _write_now(self, data: bytes) -> None:
         if self._fd is None or self._pid != os.getpid():
             self.directory.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -132,9 +186,12 @@ class _Sampler(Protocol):
 class RecordingSampler:
     """Wraps a sampler and records, per pass, the ids it yields.
 
-    The epoch of a pass is the value last given to ``set_epoch`` (forwarded to the wrapped sampler),
-    or the previous pass's epoch + 1 when ``set_epoch`` was not called since: a loop that forgets
-    ``set_epoch`` still records distinct epochs, and the audit then sees the repeated order.
+    The epoch of a pass is the value last given to ``set_epoch`` (forwarded to the wrapped sampler).
+    A pass that ``set_epoch`` did not announce stays in the current epoch as its next pass (``pass``
+    1, 2, ...): after a pass abandoned part-way (``next(iter(loader))``), and in any loop that has
+    called ``set_epoch`` before (the audit then names the missed call). A loop that never calls
+    ``set_epoch`` gets a new epoch per completed pass (starting at ``start_epoch``), and the audit then
+    sees the repeated order.
     """
 
     def __init__(
@@ -144,17 +201,23 @@ class RecordingSampler:
         *,
         rank: int | None = None,
         start_epoch: int = 0,
+        resumed: bool = False,
     ) -> None:
         if rank is None:
             inner_rank = getattr(sampler, "rank", None)
             rank = inner_rank if isinstance(inner_rank, int) else rank_from_env().rank
         self.sampler = sampler
-        self.log = SampleLog(directory, rank=rank)
+        self.log = SampleLog(directory, rank=rank, resumed=resumed)
         self.recording = True
         self._pending: int | None = None
         self._next_epoch = start_epoch
-        # shared with loader workers so a following RecordingDataset sees the epoch, persistent or not
+        self._epoch: int | None = None
+        self._pass = 0
+        self._finished = True
+        self._epochs_announced = False
+        # shared with loader workers so a following RecordingDataset sees the epoch and pass
         self.epoch_value: Any = multiprocessing.Value("q", start_epoch, lock=False)
+        self.pass_value: Any = multiprocessing.Value("q", 0, lock=False)
 
     @property
     def rank(self) -> int:
@@ -163,6 +226,7 @@ class RecordingSampler:
     def set_epoch(self, epoch: int) -> None:
         """Number the next pass `epoch`, and forward it to the wrapped sampler."""
         self._pending = int(epoch)
+        self._epochs_announced = True
         inner = getattr(self.sampler, "set_epoch", None)
         if callable(inner):
             inner(epoch)
@@ -172,27 +236,37 @@ class RecordingSampler:
         return len(cast("Sized", self.sampler))
 
     def __iter__(self) -> Iterator[Any]:
-        epoch = self._next_epoch if self._pending is None else self._pending
+        if self._pending is not None:
+            epoch = self._pending
+        elif self._epoch is not None and (self._epochs_announced or not self._finished):
+            epoch = self._epoch  # an unannounced pass, or one after an abandoned pass: same epoch
+        else:
+            epoch = self._next_epoch
         self._pending = None
+        self._pass = self._pass + 1 if epoch == self._epoch else 0
+        self._epoch = epoch
         self._next_epoch = epoch + 1
+        self._finished = False
         self.epoch_value.value = epoch
-        inner = iter(self.sampler)
-        if not self.recording:
-            return inner
-        return self._recorded(inner, epoch)
+        self.pass_value.value = self._pass
+        return self._recorded(iter(self.sampler), epoch, self._pass)
 
-    def _recorded(self, inner: Iterator[Any], epoch: int) -> Iterator[Any]:
+    def _recorded(self, inner: Iterator[Any], epoch: int, pass_index: int) -> Iterator[Any]:
         batch: list[Any] = []
+        recording = self.recording
         try:
             for index in inner:
-                batch.append(index)
-                if len(batch) >= _SAMPLER_FLUSH_IDS:
-                    self.log.record(batch, epoch=epoch)
-                    batch = []
+                if recording:
+                    batch.append(index)
+                    if len(batch) >= _SAMPLER_FLUSH_IDS:
+                        self.log.record(batch, epoch=epoch, pass_index=pass_index)
+                        batch = []
                 yield index
+            if self._epoch == epoch and self._pass == pass_index:
+                self._finished = True
         finally:
             # runs when the pass ends, and when an abandoned pass's iterator is closed
-            self.log.record(batch, epoch=epoch)
+            self.log.record(batch, epoch=epoch, pass_index=pass_index)
 
 
 class _MapDataset(Protocol):
@@ -217,17 +291,21 @@ class RecordingDataset:
         rank: int | None = None,
         sampler: RecordingSampler | None = None,
         sample_id: Any = None,
+        resumed: bool | None = None,
     ) -> None:
         self.dataset = dataset
+        self.resumed = (sampler is not None and sampler.log.resumed) if resumed is None else resumed
         self.directory = Path(directory)
         if rank is None:
             rank = sampler.rank if sampler is not None else rank_from_env().rank
         self.rank = int(rank)
         self.sample_id = sample_id
-        self.session = time.time_ns() if sampler is None else sampler.log.session
+        self.session = launch_id() if sampler is None else sampler.log.session
+        self._pass: Any = None
         if sampler is not None:
             sampler.recording = False
             self._epoch: Any = sampler.epoch_value
+            self._pass = sampler.pass_value
         else:
             self._epoch = multiprocessing.Value("q", 0, lock=False)
         self._logs: dict[tuple[int, int], SampleLog] = {}
@@ -258,14 +336,20 @@ class RecordingDataset:
         key = (os.getpid(), worker)
         log = self._logs.get(key)
         if log is None:
-            log = SampleLog(self.directory, rank=self.rank, worker=worker, session=self.session)
+            log = SampleLog(
+                self.directory, rank=self.rank, worker=worker, session=self.session, resumed=self.resumed
+            )
             self._logs[key] = log
         ids = (
             indices
             if self.sample_id is None
             else [self.sample_id(i, x) for i, x in zip(indices, items, strict=True)]
         )
-        log.record(ids, epoch=int(self._epoch.value))
+        log.record(
+            ids,
+            epoch=int(self._epoch.value),
+            pass_index=None if self._pass is None else int(self._pass.value),
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_logs": {}}
@@ -294,7 +378,7 @@ class _IterableRecorder:
         self.directory = Path(directory)
         self.sample_id = sample_id
         self.rank = rank_from_env().rank if rank is None else int(rank)
-        self.session = time.time_ns()
+        self.session = launch_id()
         self._epoch: Any = multiprocessing.Value("q", 0, lock=False)
 
     def set_epoch(self, epoch: int) -> None:

@@ -9,6 +9,13 @@ synchronisation) and read back once the window has ended.
 
 The first ``warmup_steps`` steps are kept in the record (for plots) but belong to no window; then
 ``windows`` consecutive windows of ``measure_steps`` steps each follow.
+
+Nothing perfgate itself does runs inside a measured window: the modules its in-process helpers need
+are imported when the window object is built; sample records written while a window is open are held
+and written at its end edge; and a tensor dump that lands inside an open window discards that window,
+which restarts after a fresh warm-up of ``warmup_steps`` steps (the record's notes say so). Work of the
+training script's own that distorts a window (modules first imported inside it, ``torch.save``) is
+kept, and named in the record's notes.
 """
 
 from __future__ import annotations
@@ -161,6 +168,12 @@ class Window:
         self._notes: list[str] = []
         self._written: Path | None = None
         self._scope = _StepScope(self)
+        self._pid = os.getpid()
+        self._deferred: list[Callable[[], object]] = []
+        self._modules_at_start: frozenset[str] = frozenset()
+        self._user_work: dict[str, list[int]] = {}
+        self._restarts = 0
+        _preload_own_modules()
         self._profiler: Any = None
         if cfg.profile is not None:
             self._profiler = _start_profiler(cfg.profile, self.rank.rank)
@@ -187,6 +200,55 @@ class Window:
     def record_file(self) -> Path | None:
         """The record path once written, else ``None``."""
         return self._written
+
+    @property
+    def measuring(self) -> bool:
+        """True while a measured window is open, in the process that owns it (not in forked workers)."""
+        return self._open is not None and os.getpid() == self._pid
+
+    def defer(self, write: Callable[[], object]) -> None:
+        """Run ``write`` once the open window has ended (at its end edge, or on close): perfgate's own
+        bookkeeping (sample records) never runs inside a measured window."""
+        self._deferred.append(write)
+
+    def own_work_ran(self, what: str, elapsed_ns: int) -> None:
+        """perfgate's own heavy work (``what``, e.g. a tensor dump) just ran inside the open window.
+
+        The window is discarded and restarts after a fresh warm-up of ``warmup_steps`` steps, counted
+        from the end of the current step, so no measured window contains the work or its after-effects
+        (loader workers that prefetched meanwhile, a drained device queue). The script then needs that
+        many more steps; the record's notes say where it happened.
+        """
+        win = self._open
+        if win is None or self._done:
+            return
+        step = self._count  # the step in progress
+        self._open = None
+        self._events = None
+        self._restarts += 1
+        cfg = self.config
+        restart = step + 1 + cfg.warmup_steps
+        remaining = cfg.windows - len(self._windows)
+        self._edges = {e for e in self._edges if e <= step} | {
+            restart + k * cfg.measure_steps for k in range(remaining + 1)
+        }
+        self._total = max(
+            restart + remaining * cfg.measure_steps,
+            cfg.profile.total_steps if cfg.profile is not None else 0,
+        )
+        self._notes.append(
+            f"{what} ran inside window {win['index']} at step {step} ({elapsed_ns / 1e6:.0f} ms): that window "
+            f"was discarded and restarts at step {restart} after a fresh warm-up; dump before step "
+            f"{cfg.warmup_steps} or after the last window to keep the planned schedule"
+        )
+        self._schedule_next()
+
+    def user_work_ran(self, what: str, elapsed_ns: int) -> None:
+        """The training script's own ``what`` (e.g. ``torch.save``) ran inside the open window: kept in
+        the measurement (it is the script's work) and named in the record's notes at the window's end."""
+        entry = self._user_work.setdefault(what, [0, 0, self._count])
+        entry[0] += 1
+        entry[1] += elapsed_ns
 
     def begin(self) -> None:
         """Mark the start of step 0 (done implicitly by the first ``step()`` block)."""
@@ -309,6 +371,7 @@ class Window:
         from perfgate.harness import hooks
 
         hooks.deactivate(self)
+        self._run_deferred()
         return self._write()
 
     def __enter__(self) -> Window:
@@ -455,11 +518,13 @@ class Window:
         """
         if not synced and start_ns is None:
             self._sync()
+        self._user_work = {}
         backend = self._device()
         backend.reset_peak_memory()
         events: list[Any] | None = None
         if backend.events:
             events = [backend.new_event() for _ in range(self.config.measure_steps + 1)]
+        self._modules_at_start = frozenset(sys.modules)  # after this edge's own work
         start = _now() if start_ns is None else start_ns
         if events is not None:
             events[0].record()
@@ -479,6 +544,7 @@ class Window:
         return start
 
     def _end_window(self, t: int) -> None:
+        imported = self._imported_inside()  # first: the edge work below may import modules of its own
         win = self._open
         backend = self._backend
         assert win is not None and backend is not None
@@ -510,6 +576,34 @@ class Window:
         self._windows.append(win)
         self._open = None
         self._events = None
+        self._note_user_work(win["index"], imported)
+        self._run_deferred()
+
+    def _imported_inside(self) -> list[str]:
+        """Modules first imported since the open window started (cheap when there are none)."""
+        if len(sys.modules) == len(self._modules_at_start):
+            return []
+        return sorted(m for m in list(sys.modules) if m not in self._modules_at_start)
+
+    def _note_user_work(self, index: int, imported: list[str]) -> None:
+        """Notes on the script's own work inside window ``index`` (after its end timestamp)."""
+        if imported:
+            shown = ", ".join(imported[:5]) + (", ..." if len(imported) > 5 else "")
+            self._notes.append(
+                f"window {index}: the script first imported {shown} inside it (import time counted as step "
+                "time): import them before the training loop"
+            )
+        for what, (calls, elapsed, step) in self._user_work.items():
+            self._notes.append(
+                f"window {index}: the script's {what} ran {calls} time(s) inside it from step {step} "
+                f"({elapsed / 1e6:.0f} ms counted as step time): move it outside the measured steps"
+            )
+        self._user_work = {}
+
+    def _run_deferred(self) -> None:
+        pending, self._deferred = self._deferred, []
+        for write in pending:
+            write()
 
     def _loss_scale(self) -> float | None:
         """The GradScaler's current scale (called at window edges only, after the synchronisation)."""
@@ -581,6 +675,16 @@ class Window:
     def _close_at_exit(self) -> None:
         if not self._closed:
             self.close("process_exit")
+
+
+def _preload_own_modules() -> None:
+    """Import what perfgate's in-process helpers need now, before any window: an import inside a
+    window would be counted as step time. Neither module imports torch or mcp."""
+    import importlib
+
+    for name in ("perfgate.harness.dump", "perfgate.harness.samples"):
+        importlib.import_module(name)
+    host_rss_bytes()  # its first call imports a codec
 
 
 def _start_profiler(cfg: ProfileConfig, rank: int) -> Any:

@@ -263,7 +263,8 @@ async def _run(workspace: Path, device: str, quick: bool, say: Callable[[str], N
             env, env_text = await s.call("environment", "collect_env", {})
             backend = str(obj(obj(env).get("summary")).get("backend") or "cpu")
             expected = backend if device == "auto" else device
-            plan = _plan("cpu" if expected == "cpu" else "device", quick)
+            # collect_env also knows backends the job does not drive (xpu): those run on the host.
+            plan = _plan("device" if expected in ("cuda", "rocm", "musa") else "cpu", quick)
 
             # 2. The training window. Its job also reports what torch sees and writes the parity dumps.
             train_out = f"{OUT}/train"
@@ -288,6 +289,7 @@ async def _run(workspace: Path, device: str, quick: bool, say: Callable[[str], N
                 raise SelftestError(f"the training window did not run: {text or 'no facts from the job'}")
             facts = found
             kind = str(facts["kind"])
+            plan = _plan("cpu" if kind == "cpu" else "device", quick)  # what the job actually runs on
             clock = _read_json(workspace / train_out / "clock.json") or {}
             record_path = s.artifact(window, "launch0_rank0.json")
             record = _read_json(record_path) if record_path else None

@@ -37,7 +37,7 @@ Status = Literal["pass", "fail", "unavailable"]
 STEP_RTOL = 0.05
 """Total over the compared steps: |window - wall| <= STEP_RTOL * wall + STEP_ATOL_MS."""
 STEP_ATOL_MS = 2.0
-STEP_MEDIAN_RTOL = 0.02
+STEP_MEDIAN_RTOL = 0.05
 """Per step: median |window step - wall step| <= STEP_MEDIAN_RTOL * median wall step + STEP_MEDIAN_ATOL_MS.
 A window shifted by one step, or events that miss part of a step, fail this on any uneven step series."""
 STEP_MEDIAN_ATOL_MS = 0.1
@@ -50,7 +50,7 @@ MATMUL_MIN_UTILIZATION = 0.05
 device naming is suspect. Above 100% is refused by compute_mfu itself."""
 
 PROFILE_STEP_RATIO = (0.5, 4.0)
-"""The profiled steps' mean must lie between 0.5 x the window's fastest step and 4 x its slowest: the
+"""The fastest profiled step must lie between 0.5 x the window's fastest step and 4 x its slowest: the
 profiler adds overhead and never removes work, and a unit or step-boundary slip lands far outside."""
 BREAKDOWN_RTOL = 0.01
 """idle + compute + non-compute must add up to the span."""
@@ -327,7 +327,9 @@ def profile_check(
         if not host_ops:
             problems.append("no aten:: host operators in the trace")
     steps = obj(rank.get("steps"))
-    step_us = steps.get("mean_us")
+    in_window = [float(x["duration_us"]) for x in items(steps.get("steps")) if x.get("in_window")]
+    # The fastest profiled step: a preempted step on a busy host says nothing about the measurement.
+    step_us = min(in_window) if in_window else steps.get("mean_us")
     against = "the window's step times are unknown"
     if step_us is None:
         problems.append("the trace has no ProfilerStep to compare with the window")
@@ -345,7 +347,7 @@ def profile_check(
             problems.append(f"profiled step {profiled:.3f} ms is outside {lo:.3f}..{hi:.3f} ms")
     figure = "; ".join(found)
     if step_us is not None:
-        figure += f"; profiled step {float(step_us) / 1e3:.3f} ms"
+        figure += f"; fastest profiled step {float(step_us) / 1e3:.3f} ms"
     return Check(
         "profile",
         "fail" if problems else "pass",

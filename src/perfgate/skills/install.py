@@ -26,7 +26,7 @@ class SkillConflictError(Exception):
         self.other_skill = other_skill
         what = f"a different skill ({other_skill!r})" if other_skill else "different content"
         super().__init__(
-            f"{target} already holds {what} in: {', '.join(conflicts)}. Nothing was written. "
+            f"{target} already holds {what} in: {', '.join(conflicts)}; nothing was written\n"
             "Pick another folder, or pass --force to overwrite these files with perfgate's skill."
         )
 

@@ -4,7 +4,8 @@ Tensors used to be read through a memory map, but a mapped file that shrinks und
 re-saving a dump while the agent compares it) kills the whole server with SIGBUS on the next page
 touched. Here every chunk is read with ``pread`` into a fresh array: a file that shrank gives a short
 read, which becomes a `TensorInputError` naming the file and the byte offset, and a file replaced by a
-rename is not seen at all (the descriptor still holds the original). Chunks are owned arrays, so
+rename is not seen at all (the descriptor still holds the original). The file is opened without following
+any symbolic link (`perfgate._safeopen`), so a folder swapped for a link after the path check fails. Chunks are owned arrays, so
 nothing stays resident after the consumer drops them; the kernel's page cache and read-ahead
 (``POSIX_FADV_SEQUENTIAL``) keep sequential reads as fast as the map was.
 """
@@ -20,6 +21,7 @@ from typing import Any, BinaryIO, Protocol, cast
 
 import numpy as np
 
+from perfgate._safeopen import open_nofollow
 from perfgate.tensors._errors import ComparisonCancelled, TensorInputError
 
 __all__ = ["ChunkStream", "ChunkedFile", "FileChunks", "OwnedChunks"]
@@ -36,9 +38,7 @@ class ChunkedFile:
         # Reads hold the lock, so close() never pulls the descriptor (whose number the OS may reuse at once)
         # from under a read still running in an abandoned worker thread of a cancelled call.
         self._lock = threading.Lock()
-        self._fd: int | None = (
-            fd if fd is not None else os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        )
+        self._fd: int | None = fd if fd is not None else open_nofollow(path)
         self.size_bytes = os.fstat(self._fd).st_size
         if _SEQUENTIAL is not None:
             os.posix_fadvise(self._fd, 0, 0, _SEQUENTIAL)

@@ -8,6 +8,7 @@ all (a raw pickle renamed ``.npy``) is refused by its magic bytes.
 from __future__ import annotations
 
 import math
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -38,6 +39,18 @@ class NpyHeader:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
+NPY_HEADER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    TypeError,
+    SyntaxError,
+    tokenize.TokenError,
+    RecursionError,
+    OverflowError,
+    EOFError,
+)
+"""What numpy's NPY header parser raises on a malformed header (it evaluates a Python literal)."""
+
+
 def read_npy_header(stream: IO[bytes], where: str) -> NpyHeader:
     """Parse the NPY header at the stream's position, refusing anything that is not plain numeric data.
 
@@ -63,10 +76,10 @@ def read_npy_header(stream: IO[bytes], where: str) -> NpyHeader:
             raise TensorInputError(
                 f"{where}: NPY format version {version} is not supported (1.0 and 2.0 are)"
             )
-    except ValueError as exc:
-        if isinstance(exc, TensorInputError):
-            raise
-        raise TensorInputError(f"{where}: malformed NPY header ({exc})") from exc
+    except TensorInputError:
+        raise
+    except NPY_HEADER_ERRORS as exc:
+        raise TensorInputError(f"{where}: malformed NPY header ({type(exc).__name__}: {exc})") from exc
     if dtype.hasobject:
         raise TensorInputError(
             f"{where}: object array (dtype {dtype}): reading it would need pickle, which is never done; "

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Protocol
 
+from perfgate._safeopen import open_file
 from perfgate.tensors._errors import TensorInputError
 from perfgate.tensors._mapped import ChunkStream
 from perfgate.tensors._npy import MAGIC as NPY_MAGIC
@@ -47,7 +48,7 @@ class _Reader(Protocol):
 
 
 def _sniff(path: Path) -> str:
-    with path.open("rb") as f:
+    with open_file(path) as f:
         head = f.read(9)
     if head.startswith(NPY_MAGIC):
         return "npy"
@@ -142,12 +143,15 @@ def _open_all(paths: list[Path], limits: ReaderLimits) -> list[_Reader]:
 
 
 def _read_index(index: Path) -> dict[str, str]:
-    if index.stat().st_size > _MAX_INDEX_BYTES:
+    with open_file(index) as f:
+        data = f.read(_MAX_INDEX_BYTES + 1)
+    if len(data) > _MAX_INDEX_BYTES:
         raise TensorInputError(f"{index.name} is over {_MAX_INDEX_BYTES} bytes; not a checkpoint index")
     try:
-        parsed: Any = json.loads(index.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TensorInputError(f"{index.name}: not valid JSON ({exc})") from exc
+        parsed: Any = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise TensorInputError(f"{index.name}: not valid JSON ({reason})") from exc
     document: dict[str, Any] = parsed if isinstance(parsed, dict) else {}  # pyright: ignore[reportUnknownVariableType]  # JSON
     weight_map: Any = document.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:

@@ -18,6 +18,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from perfgate._safeopen import UnsafeFileError
+
 __all__ = ["argument_message", "crash_message", "field_errors"]
 
 _SHOWN_INPUT_CHARS = 60
@@ -155,6 +157,8 @@ def crash_message(tool: str, exc: BaseException) -> str:
         what = f"compressed input is corrupt or truncated ({detail}); re-create the file and retry"
     elif isinstance(exc, UnicodeError):
         what = f"the input is not valid text ({detail}); pass UTF-8 text"
+    elif isinstance(exc, UnsafeFileError):
+        what = exc.strerror or detail
     elif isinstance(exc, OSError):
         advice = _ERRNO_ADVICE.get(exc.errno or -1, f"the operating system refused: {exc.strerror or detail}")
         name = f" ({_shown(str(exc.filename))})" if exc.filename else ""

@@ -161,22 +161,31 @@ class ToolRuntime:
         """Resolve a user-supplied path (relative to the workspace) and confine it.
 
         Symlinks are resolved before the check, so a link pointing outside the workspace is refused.
-        ``kind`` is ``file``, ``dir`` or ``any``.
+        ``kind`` is ``file``, ``dir`` or ``any``. Readers open the returned path with
+        `perfgate._safeopen.open_file`, which follows no link: a folder swapped for a link after this
+        check makes the read fail instead of leaving the workspace.
 
         Raises:
             ToolError: the path escapes the workspace and the extra read roots, or does not exist.
         """
         if "\x00" in raw:
             raise ToolError("path contains a NUL byte")
-        candidate = Path(raw).expanduser()
-        if not candidate.is_absolute():
-            candidate = self.workspace / candidate
-        resolved = candidate.resolve()
+        try:
+            candidate = Path(raw).expanduser()
+            if not candidate.is_absolute():
+                candidate = self.workspace / candidate
+            resolved = candidate.resolve()
+            resolved.exists()  # raises for names the file system cannot hold
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop on Python 3.10-3.12
+            shown = raw if len(raw) <= 80 else raw[:77] + "..."
+            raise ToolError(
+                f"path {shown!r} cannot be used: {getattr(exc, 'strerror', None) or exc}"
+            ) from exc
         roots = (self.workspace, *self.config.read_roots)
         if not any(resolved == root or root in resolved.parents for root in roots):
             allowed = ", ".join(str(r) for r in roots)
             raise ToolError(
-                f"path {raw!r} resolves to {resolved}, outside the workspace ({allowed}). Copy or link the "
+                f"path {raw[:200]!r} resolves to {str(resolved)[:200]}, outside the workspace ({allowed}). Copy or link the "
                 "file into the workspace, or start the server with --read-root for that folder."
             )
         if must_exist and not resolved.exists():

@@ -145,7 +145,7 @@ def _ms(us: float) -> str:
 
 
 def trace_brief(
-    ranks: list[RankProfile], skew: RankSkew | None, findings: list[Finding], paths: list[str]
+    ranks: list[RankProfile], skew: RankSkew | None, findings: list[Finding], evidence_id: str
 ) -> list[str]:
     """Lead lines of a trace analysis: the walls, the top findings with figures, per-rank step, next call."""
     lines: list[str] = []
@@ -189,6 +189,7 @@ def trace_brief(
         top = findings[0]
         lines.append(
             f'next: record_decision(action="open", hypothesis="{top.wall}: ...") for one change, '
-            "run_benchmark_window before and after; analyze_trace on a new capture shows whether the wall moved"
+            "run_benchmark_window before and after; then analyze_trace(trace_paths=[<new traces>], "
+            f'baseline_evidence_id="{evidence_id}") shows whether the wall moved'
         )
     return lines

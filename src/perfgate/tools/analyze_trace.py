@@ -174,6 +174,6 @@ SPEC = ToolSpec(
     open_world=False,
     brief=lambda out: (
         ([f"diff vs {out.baseline}: " + " | ".join(out.diff.summary)] if out.diff else [])
-        + trace_brief(out.ranks, out.rank_skew, out.findings, [f.path for f in out.trace_files])
+        + trace_brief(out.ranks, out.rank_skew, out.findings, out.evidence_id)
     ),
 )

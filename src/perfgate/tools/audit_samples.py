@@ -40,8 +40,9 @@ class AuditSamplesInput(BaseModel):
             min_length=1,
             description="Observed records, relative to the workspace: a file or a folder of files ("
             + ", ".join(OBSERVED_SUFFIXES)
-            + ") with sample_id, epoch, rank, worker (-1 = main process) and optional step, session, "
-            "restart. perfgate.harness.RecordingSampler / RecordingDataset / SampleLog write such a folder.",
+            + ") with sample_id, epoch, rank, worker (-1 = main process) and optional step, session (launch "
+            "id), restart, pass (JSONL). perfgate.harness.RecordingSampler / RecordingDataset / SampleLog "
+            "write such a folder; repeated launches into it are audited as their latest run.",
         ),
     ]
     expected: Annotated[

@@ -382,5 +382,5 @@ SPEC = ToolSpec(
     open_world=True,
     runs_commands=True,
     command=command,
-    brief=lambda out: trace_brief(out.ranks, out.rank_skew, out.findings, [f.path for f in out.trace_files]),
+    brief=lambda out: trace_brief(out.ranks, out.rank_skew, out.findings, out.evidence_id),
 )

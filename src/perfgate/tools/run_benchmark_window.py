@@ -382,9 +382,11 @@ def _harness_windows(
         if len(r.windows) < want:
             measured = max(0, r.steps.count - r.warmup_steps)
             why = r.error or r.stop_reason or "unknown"
+            restarted = [n for n in r.notes if "restarts at step" in n]
             raise _Failure(
                 f"rank {r.rank} measured {measured} of {want * r.measure_steps} steps after warm-up "
                 f"(the script ended: {why}); run more steps or lower warmup_steps/measure_steps"
+                + (f"; {restarted[0]}" if restarted else "")
             )
     return [summarize_window(records, k, inp.samples_per_step, inp.tokens_per_step) for k in range(want)]
 

@@ -1,8 +1,10 @@
-"""Streaming Kineto trace reader and analyses (used by the ``profile_segment`` tool).
+"""Streaming Kineto trace reader and analyses (used by the ``analyze_trace`` and ``profile_segment`` tools).
 
 Read one trace per rank with bounded memory, then break device time down the way HTA does (idle,
-compute, non-compute), with finer kernel categories, host-side launch and synchronization views,
-per-step times and the comparison across ranks. Durations are microseconds throughout.
+compute, non-compute), with finer kernel categories, host-side launch and synchronization views, host
+step phases (`phases`), device idle causes (`idle`), frequent kernel sequences (`sequences`), per-step
+times and the comparison across ranks; `diagnose` turns these into ranked findings and `diff` compares
+two profiles. Durations are microseconds throughout.
 
 Typical use::
 
@@ -101,7 +103,7 @@ __all__ = [
 ]
 
 # The reader and the analysis (numpy, msgspec) load on first use; the result models above are all the
-# profile_segment tool schema needs, so the server starts without them.
+# trace tools' schemas need, so the server starts without them.
 _LAZY: dict[str, str] = {
     "TRACE_SUFFIXES": "perfgate.traces.analyze",
     "AnalysisOptions": "perfgate.traces.analyze",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
+from perfgate.quoting import file_text
 from perfgate.traces.models import DiffRow, Finding, ProfileDiff, RankProfile
 
 __all__ = ["diff_profiles"]
@@ -147,15 +148,17 @@ def _summary(d: ProfileDiff) -> list[str]:
     if dev:
         lines.append("device: " + ", ".join(f"{r.name} {_ms(r.delta)}" for r in dev))
     if d.kernels:
-        lines.append("kernels: " + ", ".join(f"{r.name[:60]} {_ms(r.delta)}" for r in d.kernels[:2]))
+        lines.append(
+            "kernels: " + ", ".join(f"{file_text(r.name, 60)} {_ms(r.delta)}" for r in d.kernels[:2])
+        )
     if d.new_kernels or d.vanished_kernels:
         lines.append(
             f"{len(d.new_kernels)} new and {len(d.vanished_kernels)} vanished kernels among the top lists"
         )
     if d.new_ops or d.vanished_ops:
         lines.append(
-            "ops new: " + (", ".join(o[:60] for o in d.new_ops[:2]) or "none")
-            + "; vanished: " + (", ".join(o[:60] for o in d.vanished_ops[:2]) or "none")
+            "ops new: " + (", ".join(file_text(o, 60) for o in d.new_ops[:2]) or "none")
+            + "; vanished: " + (", ".join(file_text(o, 60) for o in d.vanished_ops[:2]) or "none")
         )  # fmt: skip
     changed = [r for r in d.counts if r.baseline and r.ratio is not None and abs(r.ratio - 1) >= 0.1]
     if changed:

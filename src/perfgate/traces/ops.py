@@ -9,7 +9,15 @@ from perfgate.traces._np import int_list
 from perfgate.traces.models import FlopsSummary, OpStats
 from perfgate.traces.prepare import Prepared
 
-__all__ = ["FLOPS_BASIS", "flops_summary", "parent_rows", "self_times", "top_ops"]
+__all__ = [
+    "FLOPS_BASIS",
+    "cpu_parents",
+    "cpu_self_times",
+    "flops_summary",
+    "parent_rows",
+    "self_times",
+    "top_ops",
+]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -68,13 +76,33 @@ def parent_rows(ts: F64, dur: F64, tid: I64) -> I64:
     return out
 
 
-def self_times(ts: F64, dur: F64, tid: I64) -> F64:
+def cpu_parents(p: Prepared) -> I64:
+    """`parent_rows` of the prepared CPU ops, computed once per trace."""
+    if "cpu_parent" not in p.cache:
+        cpu = p.cpu
+        p.cache["cpu_parent"] = parent_rows(cpu.f("ts"), cpu.f("dur"), cpu.i("tid"))
+    out: I64 = p.cache["cpu_parent"]  # pyright: ignore[reportAssignmentType]
+    return out
+
+
+def cpu_self_times(p: Prepared) -> F64:
+    """`self_times` of the prepared CPU ops, computed once per trace."""
+    if "cpu_self" not in p.cache:
+        cpu = p.cpu
+        p.cache["cpu_self"] = self_times(cpu.f("ts"), cpu.f("dur"), cpu.i("tid"), cpu_parents(p))
+    out: F64 = p.cache["cpu_self"]  # pyright: ignore[reportAssignmentType]
+    return out
+
+
+def self_times(ts: F64, dur: F64, tid: I64, parent: I64 | None = None) -> F64:
     """Exclusive time of each event: its duration minus that of its direct children on its thread.
 
-    Imperfect nesting never yields a negative result (see `parent_rows`).
+    Imperfect nesting never yields a negative result (see `parent_rows`; pass its result as ``parent``
+    when it is already known).
     """
     out = dur.astype(np.float64, copy=True)
-    parent = parent_rows(ts, dur, tid)
+    if parent is None:
+        parent = parent_rows(ts, dur, tid)
     has = parent >= 0
     if not has.any():
         return out
@@ -91,7 +119,7 @@ def top_ops(p: Prepared, k: int, *, by: str = "total") -> list[OpStats]:
     if len(cpu) == 0 or k <= 0:
         return []
     names, dur = cpu.i("name"), cpu.f("dur")
-    self_us = self_times(cpu.f("ts"), dur, cpu.i("tid"))
+    self_us = cpu_self_times(p)
     # Names are dense ids: bincount groups them without sorting.
     n_names = len(p.table.names)
     totals = np.bincount(names, weights=dur, minlength=n_names)

@@ -34,7 +34,7 @@ from perfgate.traces._np import int_list
 from perfgate.traces.classify import IMPLICIT_SYNC_OPS, host_call_role, is_polling_call
 from perfgate.traces.intervals import clip, difference, merge, union_length
 from perfgate.traces.models import HostBreakdown, HostPhase, PhaseName
-from perfgate.traces.ops import parent_rows, self_times
+from perfgate.traces.ops import cpu_parents, cpu_self_times
 from perfgate.traces.prepare import Prepared
 
 __all__ = ["COLLECTIVE_NAME", "PHASE_ORDER", "host_breakdown", "is_collective_name"]
@@ -139,7 +139,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     covered_s, covered_e = np.empty(0, np.float64), np.empty(0, np.float64)
     total = hi - lo
     per_step = max(steps, 1)
-    self_us = self_times(ts, cpu.f("dur"), cpu.i("tid"))
+    self_us = cpu_self_times(p)
     phases: list[HostPhase] = []
     accounted = 0.0
     for ph in PHASE_ORDER:
@@ -160,7 +160,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     in_window = (ts >= lo) & (ts < hi)
     implicit = np.isin(name_ids, np.array(p.table.name_ids(IMPLICIT_SYNC_OPS), np.int64))
     ops = is_cpu_op & in_window
-    parent = parent_rows(ts, cpu.f("dur"), cpu.i("tid"))
+    parent = cpu_parents(p)
     top_level = ops & ((parent < 0) | ~is_cpu_op[np.maximum(parent, 0)])
     durations = cpu.f("dur")[top_level]
     short = durations < short_op_us

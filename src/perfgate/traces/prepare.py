@@ -14,7 +14,7 @@ Two conventions follow HTA 0.5 so results can be checked against it:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -59,6 +59,7 @@ class Prepared:
     step_start: F64
     step_dur: F64
     step_in_window: npt.NDArray[np.bool_]
+    cache: dict[str, npt.NDArray[np.generic]] = field(default_factory=dict[str, "npt.NDArray[np.generic]"])
 
 
 def _with_times(cols: Columns, rounded: bool) -> Columns:

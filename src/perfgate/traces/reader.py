@@ -14,6 +14,7 @@ size plus the largest single event.
 from __future__ import annotations
 
 import gzip
+import io
 import re
 import zlib
 from collections.abc import Generator, Iterator
@@ -23,6 +24,7 @@ from typing import Any, Literal, NoReturn, Protocol, cast
 
 import msgspec
 
+from perfgate._safeopen import open_file
 from perfgate.traces._events import Event, Header
 from perfgate.traces.errors import TraceFormatError, TraceTooLargeError
 
@@ -80,18 +82,37 @@ def _gzip_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _open(path: Path, decompressor: Decompressor) -> tuple[_Readable, bool]:
-    with path.open("rb") as probe:
-        magic = probe.read(2)
-    if magic != b"\x1f\x8b":
-        return path.open("rb"), False
-    if decompressor != "zlib" and isal_available():
-        from isal import igzip
+class _Owned:
+    """A decompressing stream that also closes the file it was given (gzip leaves a given file open)."""
 
-        return igzip.IGzipFile(str(path), "rb"), True
-    if decompressor == "isal":
-        raise TraceFormatError("decompressor='isal' was requested but python-isal is not installed")
-    return gzip.GzipFile(str(path), "rb"), True
+    def __init__(self, stream: _Readable, raw: io.BufferedReader) -> None:
+        self._stream, self._raw = stream, raw
+
+    def read(self, size: int = -1, /) -> bytes:
+        return self._stream.read(size)
+
+    def close(self) -> None:
+        self._stream.close()
+        self._raw.close()
+
+
+def _open(path: Path, decompressor: Decompressor) -> tuple[_Readable, bool]:
+    # Opened once, following no symbolic link (`perfgate._safeopen`): what is read is what was confined.
+    raw = open_file(path)
+    try:
+        magic = raw.peek(2)[:2]
+        if magic != b"\x1f\x8b":
+            return raw, False
+        if decompressor != "zlib" and isal_available():
+            from isal import igzip
+
+            return _Owned(igzip.IGzipFile(fileobj=raw, mode="rb"), raw), True
+        if decompressor == "isal":
+            raise TraceFormatError("decompressor='isal' was requested but python-isal is not installed")
+        return _Owned(gzip.GzipFile(fileobj=raw, mode="rb"), raw), True
+    except BaseException:
+        raw.close()
+        raise
 
 
 @dataclass
