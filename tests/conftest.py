@@ -9,6 +9,7 @@ import pytest
 
 from perfgate.server import build_server
 from perfgate.tools._runtime import ServerConfig
+from perfgate.trust import TrustRoot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,6 +23,20 @@ def anyio_backend() -> str:
 def mode(request: pytest.FixtureRequest) -> str:
     """Both protocol generations: 2026-07-28 (per-request) and 2025-11-25 (initialize handshake)."""
     return str(request.param)
+
+
+@pytest.fixture(autouse=True)
+def trust_root(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> TrustRoot:
+    """Every test gets its own trust root (keys, approvals, anchors, operator policy) in a temp dir.
+
+    Set through the environment, so subprocesses (`perfgate` on the command line, servers over stdio)
+    see it too; nothing is ever written to the real user's ~/.local/state or ~/.config.
+    """
+    base = tmp_path_factory.mktemp("trust")
+    monkeypatch.setenv("PERFGATE_STATE_DIR", str(base / "state"))
+    monkeypatch.setenv("PERFGATE_CONFIG_DIR", str(base / "config"))
+    monkeypatch.delenv("PERFGATE_POLICY", raising=False)
+    return TrustRoot.locate()
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from perfgate.execution.request import CommandRequest
 def pending(workspace: Path, *argv: str) -> str:
     """Open a pending approval the way the server does for a client without elicitation."""
     ledger = Ledger(workspace)
-    store = ApprovalStore(ledger.state_dir)
+    store = ApprovalStore.open(workspace)
     gate = ApprovalGate(workspace, ledger, store, load_policy(workspace))
     request = CommandRequest(
         argv=argv or ("python", "train.py"), cwd=workspace, timeout_s=60, reason="baseline"
@@ -35,7 +35,7 @@ def pending(workspace: Path, *argv: str) -> str:
 
 
 def status(workspace: Path, approval_id: str) -> ApprovalStatus:
-    approval = ApprovalStore(workspace / ".perfgate").get(approval_id)
+    approval = ApprovalStore.open(workspace).get(approval_id)
     assert approval is not None
     return approval.status
 

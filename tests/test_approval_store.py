@@ -36,7 +36,7 @@ def ledger(tmp_path: Path) -> Ledger:
 
 @pytest.fixture
 def store(ledger: Ledger, clock: Clock) -> ApprovalStore:
-    return ApprovalStore(ledger.state_dir, clock)
+    return ApprovalStore.open(ledger.workspace, clock=clock)
 
 
 def req(ws: Path, *argv: str) -> CommandRequest:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from mcp import Client
 
 import perfgate.tools
+from _trust import any_code_rules, operator_policy
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.server import build_server
 from perfgate.tools import compare_benchmarks, run_benchmark_window
@@ -42,8 +42,7 @@ def allowed(workspace: Path) -> Path:
     """An operator allowlist for the commands these tests run (so no human is asked)."""
     torchrun = shutil.which("torchrun", path=str(Path(PY).parent)) or "torchrun"
     rules = [[PY, "-m", "perfgate.harness"], [PY, PACED], [PY, TINY], [torchrun]]
-    text = "[execution]\n" + "".join(f"\n[[execution.allow]]\nargv = {json.dumps(r)}\n" for r in rules)
-    (workspace / "perfgate.toml").write_text(text)
+    operator_policy("[execution]\n" + any_code_rules(*rules))
     return workspace
 
 
@@ -383,3 +382,14 @@ async def test_semantic_keys_as_execution_and_unclassified_keys_are_refused(allo
     message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=lying))
     assert "contract.classes['global_batch'] says execution, but 'global_batch' is semantic" in message
     assert Ledger(allowed).records(tool="run_benchmark_window") == []
+
+
+async def test_measured_samples_per_step_beat_the_declared_global_batch(allowed: Path) -> None:
+    # The issue's example: global_batch 32 declared while the run processed another count per step.
+    lying = {
+        "invariants": {"workload": "paced", "global_batch": 32},
+        "execution": {"microbatch": 32, "accumulation": 1, "world_size": 1},
+    }
+    out = await call(allowed, "run_benchmark_window", paced(1.0, contract=lying, repeats=1))
+    assert out["state"] == "failed"
+    assert "contract declares global_batch 32 but the ranks processed 8 samples" in out["failure_reason"]

@@ -130,13 +130,17 @@ def test_serve_on_a_missing_workspace(tmp_path: Path, capsys: pytest.CaptureFixt
     assert line == f"perfgate: workspace {tmp_path / 'nope'} is not a directory"
 
 
-def test_serve_refuses_a_public_bind_without_a_token(
+def test_serve_refuses_a_token_file_others_can_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PERFGATE_TOKEN", raising=False)
-    assert cli_main(["serve", "--workspace", str(tmp_path), "--transport", "http", "--host", "0.0.0.0"]) == 2
+    token = tmp_path / "token"
+    token.write_text("abc")
+    token.chmod(0o644)
+    argv = ["serve", "--workspace", str(tmp_path), "--transport", "http", "--token-file", str(token)]
+    assert cli_main(argv) == 2
     line, _ = _two_lines(capsys.readouterr().err)
-    assert line == "perfgate: refusing to bind 0.0.0.0 without a bearer token"
+    assert line == f"perfgate: the token file {token} is readable by other users: chmod 600 it"
 
 
 def test_skill_install_over_another_skill(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

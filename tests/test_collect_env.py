@@ -18,6 +18,7 @@ import pytest
 from mcp import Client
 
 import perfgate.tools
+from _trust import operator_policy
 from perfgate.envprobe import compare_fingerprints, probe_script
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
@@ -76,9 +77,7 @@ def fake_interpreter(tmp_path: Path, name: str, body: str) -> Path:
 
 def allowlist(workspace: Path, python: str | Path) -> None:
     rule = json.dumps([str(python), str(probe_script())])
-    (workspace / "perfgate.toml").write_text(
-        f"[execution]\n\n[[execution.allow]]\nargv = {rule}\nexact = true\n"
-    )
+    operator_policy(f'[execution]\n\n[[execution.allow]]\nargv = {rule}\nexact = true\ncode = "any"\n')
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from mcp.types import ElicitRequestParams, ElicitResult
 import perfgate.tools
 from _approval_pty import run_in_pty
 from _gated_tool import SPEC, marker_argv
+from _trust import any_code_rules, operator_policy
 from perfgate.evidence import Ledger
 from perfgate.execution.audit import APPROVAL_TOOL
 from perfgate.server import build_server
@@ -38,8 +39,7 @@ def registry_with_test_tool(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def allowlist(workspace: Path, *prefixes: list[str], extra: str = "") -> None:
-    rules = "".join(f"\n[[execution.allow]]\nargv = {json.dumps(p)}\n" for p in prefixes)
-    (workspace / "perfgate.toml").write_text(f"[execution]\n{extra}\n{rules}")
+    operator_policy(f"[execution]\n{extra}\n{any_code_rules(*prefixes)}")
 
 
 def server_for(workspace: Path, read_only: bool = False) -> Any:
@@ -92,7 +92,7 @@ async def test_an_allowlisted_command_runs_without_asking(workspace: Path, mode:
     (decision,) = approval_records(workspace)
     assert decision["how"] == "allowlist" and decision["decision"] == "approved"
     assert decision["evidence_id"] == out["approval_evidence_id"]
-    assert decision["who"].startswith("operator policy") and "perfgate.toml" in decision["who"]
+    assert decision["who"].startswith("operator policy") and "policy.toml" in decision["who"]
     record = Ledger(workspace).get(out["evidence_id"])
     assert record is not None and record.exit_code == 0 and record.command == marker_argv(PY, marker)
     assert {a.name for a in record.artifacts} == {"stdout.log", "stderr.log"}
@@ -194,6 +194,28 @@ async def test_without_elicitation_a_terminal_approval_lets_the_same_call_run(
     assert Ledger(workspace).verify().ok
 
 
+async def test_an_approved_script_edited_afterwards_needs_a_new_approval(workspace: Path) -> None:
+    """The approval binds the code: the issue's 'edit the approved script after approval' bypass."""
+    script = workspace / "train.py"
+    marker = workspace / "marker"
+    script.write_text(f"open({str(marker)!r}, 'a').write('honest ')\n")
+    args = {"argv": [PY, "train.py"]}
+    async with Client(server_for(workspace)) as client:
+        approval_id = pending_id(text(await client.call_tool(TOOL, args)))
+        code, shown = await anyio.to_thread.run_sync(
+            run_in_pty, ["approve", approval_id, "--workspace", str(workspace)], "yes"
+        )
+        assert code == 0 and "train.py sha256" in shown, shown
+        assert not (await client.call_tool(TOOL, args)).is_error
+        script.write_text(f"open({str(marker)!r}, 'a').write('evil ')\n")  # edited after approval
+        edited = await client.call_tool(TOOL, args)
+        assert edited.is_error and pending_id(text(edited)) != approval_id, text(edited)
+        (workspace / "helper.py").write_text("X = 1\n")  # new code anywhere in the workspace counts too
+        script.write_text(f"open({str(marker)!r}, 'a').write('honest ')\n")
+        assert (await client.call_tool(TOOL, args)).is_error
+    assert marker.read_text() == "honest "
+
+
 async def test_approve_without_a_terminal_refuses(workspace: Path, mode: str) -> None:
     marker = workspace / "marker"
     async with Client(server_for(workspace), mode=mode) as client:
@@ -262,7 +284,7 @@ async def test_the_policy_is_read_at_start_so_a_run_cannot_widen_its_own_allowli
 
 
 async def test_an_invalid_policy_disables_commands_with_the_reason(workspace: Path, mode: str) -> None:
-    (workspace / "perfgate.toml").write_text("[execution]\nmax_timeout = 5\n")
+    operator_policy("[execution]\nmax_timeout = 5\n")
     marker = workspace / "marker"
     async with Client(server_for(workspace), mode=mode, elicitation_callback=Human("accept")) as client:
         result = await client.call_tool(TOOL, {"argv": marker_argv(PY, marker)})

@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from perfgate.execution.policy import AllowRule, ExecutionPolicy, PolicyError, load_policy, policy_paths
+from _trust import operator_policy
+from perfgate.execution.binding import bind_code
+from perfgate.execution.policy import (
+    AllowRule,
+    ExecutionPolicy,
+    PolicyError,
+    load_policy,
+    policy_paths,
+    workspace_policy_files,
+)
 from perfgate.execution.request import CommandRequest
+from perfgate.execution.target import Target, command_target, user_argv
+from perfgate.trust import TrustRoot
 
 
 def req(
@@ -54,10 +66,9 @@ def test_the_description_shows_everything_the_human_decides_on(tmp_path: Path) -
     assert "60 s" in text and "why" in text and "run_x" in text
 
 
-def write_policy(ws: Path, body: str, where: str = "perfgate.toml") -> None:
-    path = ws / where
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(body)
+def write_policy(ws: Path, body: str) -> None:
+    """The operator's policy, in the test's trust root (the workspace is never read)."""
+    operator_policy(body)
 
 
 def test_without_a_policy_file_nothing_is_allowlisted_and_the_workspace_is_the_only_root(
@@ -72,6 +83,18 @@ def test_without_a_policy_file_nothing_is_allowlisted_and_the_workspace_is_the_o
     assert len(outside) == 1 and "outside the allowed roots" in outside[0]
 
 
+def test_workspace_policy_files_are_reported_never_obeyed(tmp_path: Path) -> None:
+    rule = '[execution]\nmax_timeout_s = 99999\n[[execution.allow]]\nargv = ["python"]\ncode = "any"\n'
+    (tmp_path / "perfgate.toml").write_text(rule)
+    (tmp_path / ".perfgate").mkdir()
+    (tmp_path / ".perfgate" / "policy.toml").write_text(rule)
+    policy = load_policy(tmp_path)
+    assert policy.source is None and policy.allow == () and policy.max_timeout_s == 3600
+    assert workspace_policy_files(tmp_path) == list(policy_paths(tmp_path.resolve()))
+    (tmp_path / "perfgate.toml").write_text("[tool.other]\nx = 1\n")
+    assert workspace_policy_files(tmp_path) == [policy_paths(tmp_path.resolve())[1]]
+
+
 def test_allowlist_rules_match_argv_prefixes_token_by_token(tmp_path: Path) -> None:
     write_policy(
         tmp_path,
@@ -82,19 +105,22 @@ allow_env = ["CUDA_VISIBLE_DEVICES"]
 
 [[execution.allow]]
 argv = ["python", "train.py"]
+code = "any"
 
 [[execution.allow]]
 name = "torchrun"
 argv = ["torchrun", "--nproc-per-node=*", "train.py"]
 env = ["OMP_NUM_THREADS"]
+code = "any"
 
 [[execution.allow]]
 argv = ["nvidia-smi"]
 exact = true
+code = "any"
 """,
     )
     policy = load_policy(tmp_path)
-    assert policy.source == tmp_path.resolve() / "perfgate.toml"
+    assert policy.source == TrustRoot.locate().policy_file
     ok = policy.match(req(tmp_path, "python", "train.py", "--steps", "10"))
     assert ok is not None and ok.label() == "python train.py"
     assert policy.match(req(tmp_path, "python", "other.py")) is None
@@ -114,12 +140,75 @@ exact = true
     assert policy.limit_violations(req(tmp_path, "python", "train.py", timeout_s=121))
 
 
+def test_rules_match_the_users_command_inside_the_harness_wrapper(tmp_path: Path) -> None:
+    """`python -m perfgate.harness *` used to allow every script: rules now see the user's command."""
+    script = tmp_path / "train.py"
+    script.write_text("print('v1')\n")
+    digest = hashlib.sha256(script.read_bytes()).hexdigest()
+    write_policy(
+        tmp_path,
+        f'[execution]\n[[execution.allow]]\nscript = "train.py"\nsha256 = "{digest}"\nargv = ["python"]\n',
+    )
+    policy = load_policy(tmp_path)
+    wrapped = ("python", "-m", "perfgate.harness", "--", "train.py", "--steps", "5")
+    assert user_argv(wrapped) == ("python", "train.py", "--steps", "5")
+    assert policy.match(req(tmp_path, *wrapped)) is not None
+    assert policy.match(req(tmp_path, "python", "train.py")) is not None
+    torchrun = ("torchrun", "--nproc-per-node=2", "-m", "perfgate.harness", "--", "train.py")
+    assert command_target(torchrun) == Target("script", "train.py")
+    # Another script the agent wrote, even under the harness, is not allowed...
+    (tmp_path / "evil.py").write_text("print('x')\n")
+    assert policy.match(req(tmp_path, "python", "-m", "perfgate.harness", "--", "evil.py")) is None
+    # ...nor the allowed script once edited: the pin no longer matches.
+    script.write_text("print('v2')\n")
+    assert policy.match(req(tmp_path, *wrapped)) is None
+    assert "changed since the operator pinned it" in (policy.allow[0].why_not(req(tmp_path, *wrapped)) or "")
+
+
+def test_a_rule_must_pin_its_code_or_opt_out_explicitly(tmp_path: Path) -> None:
+    write_policy(tmp_path, '[execution]\n[[execution.allow]]\nscript = "train.py"\n')
+    with pytest.raises(PolicyError, match="pins no code"):
+        load_policy(tmp_path)
+    write_policy(tmp_path, '[execution]\n[[execution.allow]]\nscript = "train.py"\ncode = "any"\n')
+    rule = load_policy(tmp_path).allow[0]
+    assert rule.any_code and rule.label().endswith("(any code)")
+    write_policy(
+        tmp_path, '[execution]\n[[execution.allow]]\nargv = ["python"]\nsha256 = "' + "a" * 64 + '"\n'
+    )
+    with pytest.raises(PolicyError, match="name one"):
+        load_policy(tmp_path)
+
+
+def test_the_digest_binds_the_code_the_command_runs(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    (tmp_path / "model.py").write_text("X = 1\n")
+    request = req(tmp_path, "python", "-m", "perfgate.harness", "--", "train.py", "--config=cfg.yaml")
+    (tmp_path / "cfg.yaml").write_text("lr: 1\n")
+    bound = bind_code(request, tmp_path)
+    assert bound.code is not None and set(bound.code.files) == {
+        str(script.resolve()),
+        str((tmp_path / "cfg.yaml").resolve()),
+    }
+    assert bind_code(request, tmp_path).digest == bound.digest and bound.digest != request.digest
+    assert bound.unbound().digest == request.digest
+    script.write_text("print(2)\n")  # the approved script, edited
+    assert bind_code(request, tmp_path).digest != bound.digest
+    script.write_text("print(1)\n")
+    (tmp_path / "model.py").write_text("X = 2\n")  # a module it imports, edited
+    assert bind_code(request, tmp_path).digest != bound.digest
+    (tmp_path / "model.py").write_text("X = 1\n")
+    (tmp_path / "checkpoint.pt").write_bytes(b"weights")  # outputs a run writes are not code
+    assert bind_code(request, tmp_path).digest == bound.digest
+    assert "file:" in bound.describe() and "code:" in bound.describe()
+
+
 def test_extra_cwd_roots_relative_and_absolute(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     scratch = tmp_path / "scratch"
     ws.mkdir()
     scratch.mkdir()
-    write_policy(ws, f'[execution]\ncwd_roots = ["sub", "{scratch}"]\n', ".perfgate/policy.toml")
+    write_policy(ws, f'[execution]\ncwd_roots = ["sub", "{scratch}"]\n')
     policy = load_policy(ws)
     assert policy.roots == ((ws / "sub").resolve(), scratch.resolve())
     assert policy.limit_violations(req(ws, "x", cwd=scratch / "a")) == []
@@ -133,10 +222,11 @@ def test_extra_cwd_roots_relative_and_absolute(tmp_path: Path) -> None:
         ("[execution]\nalow = []\n", "unknown keys"),
         ("[execution]\nmax_timeout_s = -1\n", "positive number"),
         ("[execution]\nmax_timeout_s = true\n", "positive number"),
-        ("[[execution.allow]]\nenv = []\n", "needs an argv"),
-        ("[[execution.allow]]\nargv = []\n", "at least the program"),
+        ("[[execution.allow]]\nenv = []\n", "needs a script, a module or an argv"),
+        ("[[execution.allow]]\nargv = ['']\ncode = 'any'\n", "at least the program"),
         ("[[execution.allow]]\nargv = 'python'\n", "list of strings"),
         ("[[execution.allow]]\nargv = ['x']\nshell = true\n", "unknown keys"),
+        ("[[execution.allow]]\nscript = 'a.py'\nsha256 = 'abc'\n", "64 hex digits"),
         ("execution = 3\n", "must be a table"),
         ("[execution\n", "cannot read"),
     ],
@@ -147,17 +237,9 @@ def test_invalid_policies_are_refused_with_the_reason(tmp_path: Path, body: str,
         load_policy(tmp_path)
 
 
-def test_two_policy_files_are_ambiguous(tmp_path: Path) -> None:
-    write_policy(tmp_path, "[execution]\n")
-    write_policy(tmp_path, "[execution]\n", ".perfgate/policy.toml")
-    with pytest.raises(PolicyError, match="keep the policy in one"):
-        load_policy(tmp_path)
-    assert policy_paths(tmp_path) == (tmp_path / "perfgate.toml", tmp_path / ".perfgate" / "policy.toml")
-
-
-def test_a_perfgate_toml_without_an_execution_table_is_ignored(tmp_path: Path) -> None:
+def test_a_policy_file_without_an_execution_table_gives_the_defaults(tmp_path: Path) -> None:
     write_policy(tmp_path, "[other]\nx = 1\n")
-    assert load_policy(tmp_path).source is None
+    assert load_policy(tmp_path).allow == ()
 
 
 def test_rules_can_be_built_in_code(tmp_path: Path) -> None:

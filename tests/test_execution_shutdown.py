@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -15,6 +14,7 @@ from mcp import Client, MCPError, StdioServerParameters
 
 import perfgate.tools
 from _gated_tool import SPEC
+from _trust import any_code_rules, operator_policy
 from perfgate.server import build_server
 from perfgate.tools._runtime import ServerConfig
 
@@ -42,7 +42,7 @@ def alive(pid: int) -> bool:
 
 
 def allow_python(workspace: Path) -> None:
-    (workspace / "perfgate.toml").write_text(f"[execution]\n[[execution.allow]]\nargv = {json.dumps([PY])}\n")
+    operator_policy("[execution]\n" + any_code_rules([PY]))
 
 
 async def wait_for_pids(path: Path) -> list[int]:
@@ -86,7 +86,10 @@ async def test_client_cancellation_kills_the_command_tree(
 async def test_stopping_a_stdio_server_kills_the_command_tree(workspace: Path, how: str) -> None:
     allow_python(workspace)
     pids = workspace / "pids"
-    params = StdioServerParameters(command=PY, args=[str(SERVER_SCRIPT), str(workspace)])
+    # The whole environment: the trust root (conftest) and this checkout on PYTHONPATH.
+    params = StdioServerParameters(
+        command=PY, args=[str(SERVER_SCRIPT), str(workspace)], env=dict(os.environ)
+    )
     async with anyio.create_task_group() as tg:
         async with Client(params) as client:
 

@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from mcp import Client
 
+from _trust import any_code_rules, operator_policy
 from perfgate.harness.dump import dump_tensors
 from perfgate.quoting import FENCE_CLOSE, FENCE_OPEN, MAX_QUOTED_CHARS, file_text
 from perfgate.server import INSTRUCTIONS, build_server
@@ -91,9 +92,7 @@ async def test_a_planted_stderr_line_stays_fenced_in_the_failure_reason(workspac
         + repr(PLANT.replace("\n", " "))
         + " + '\\n')\nsys.exit(3)\n"
     )
-    (workspace / "perfgate.toml").write_text(
-        f"[execution]\n\n[[execution.allow]]\nargv = {json.dumps([sys.executable, str(script)])}\n"
-    )
+    operator_policy("[execution]\n" + any_code_rules([sys.executable, str(script)]))
     args = {
         "command": [sys.executable, str(script)],
         "timing": "explicit",

@@ -14,6 +14,7 @@ from mcp import Client
 from pydantic import ValidationError
 
 import perfgate.tools
+from _trust import operator_policy
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
 from perfgate.server import build_server
@@ -194,10 +195,7 @@ async def test_analyze_through_the_protocol_returns_structured_output(
 @pytest.mark.slow
 async def test_run_mode_profiles_a_tiny_cpu_training_and_flags_it_profiled(workspace: Path) -> None:
     pytest.importorskip("torch")
-    rule = [PY, "-m", "perfgate.harness"]
-    (workspace / "perfgate.toml").write_text(
-        f"[execution]\n\n[[execution.allow]]\nargv = {json.dumps(rule)}\n"
-    )
+    operator_policy(f'[execution]\n\n[[execution.allow]]\nscript = {json.dumps(TINY)}\ncode = "any"\n')
     args = {
         "mode": "run",
         "command": [PY, TINY, "--steps", "50"],

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -27,7 +29,9 @@ MFU_ARGS = {
 
 async def test_stdio_server_lists_tools_and_records_evidence(workspace: Path, mode: str) -> None:
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "perfgate", "serve", "--workspace", str(workspace)]
+        command=sys.executable,
+        args=["-m", "perfgate", "serve", "--workspace", str(workspace)],
+        env=dict(os.environ),  # the test's trust root and this checkout
     )
     async with Client(params, mode=mode) as client:
         names = [t.name for t in (await client.list_tools()).tools]
@@ -59,8 +63,9 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
 async def test_http_requires_the_bearer_token_on_every_request(workspace: Path) -> None:
     port = _free_port()
     cmd = [sys.executable, "-m", "perfgate", "serve", "--workspace", str(workspace), "--transport", "http"]
+    env = {**os.environ, "PERFGATE_TOKEN": "s3cret-token-value"}
     with subprocess.Popen(
-        [*cmd, "--port", str(port), "--token", "s3cret"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*cmd, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
     ) as proc:
         try:
             _wait_for_port(port, proc)
@@ -70,22 +75,66 @@ async def test_http_requires_the_bearer_token_on_every_request(workspace: Path) 
             assert denied.status_code == 401
             async with httpx2.AsyncClient(headers={"Authorization": "Bearer wrong"}) as bad:
                 assert (await bad.post(url, json={})).status_code == 401
-            http = httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret"}, timeout=30)
+            http = httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret-token-value"}, timeout=30)
             async with http, Client(streamable_http_client(url, http_client=http)) as client:
                 result = await client.call_tool("compute_mfu", MFU_ARGS)
             assert not result.is_error
         finally:
             proc.terminate()
-            proc.wait(timeout=30)
+            _, err = proc.communicate(timeout=30)
+    assert b"s3cret-token-value" not in err and b"$PERFGATE_TOKEN" in err
 
 
-def test_http_refuses_a_non_loopback_bind_without_a_token(
-    workspace: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+async def test_http_without_a_token_generates_one_and_checks_host_and_origin(
+    workspace: Path, trust_root: Any
+) -> None:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PERFGATE_TOKEN"}
+    cmd = [sys.executable, "-m", "perfgate", "serve", "--workspace", str(workspace), "--transport", "http"]
+    with subprocess.Popen(
+        [*cmd, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    ) as proc:
+        try:
+            _wait_for_port(port, proc)
+            token_file = trust_root.state_dir / "http-token"
+            assert token_file.stat().st_mode & 0o077 == 0
+            token = token_file.read_text().strip()
+            url = f"http://127.0.0.1:{port}/mcp"
+            body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+            async with httpx2.AsyncClient() as anon:
+                assert (await anon.post(url, json=body)).status_code == 401
+            auth = {"Authorization": f"Bearer {token}"}
+            async with httpx2.AsyncClient(headers=auth) as rebinding:
+                # A DNS-rebinding page: right token (say, stolen), wrong Host / a browser Origin.
+                assert (
+                    await rebinding.post(url, json=body, headers={"Host": "evil.example"})
+                ).status_code in (
+                    400,
+                    403,
+                    421,
+                )
+                origin = {"Origin": "http://evil.example"}
+                assert (await rebinding.post(url, json=body, headers=origin)).status_code in (400, 403)
+            http = httpx2.AsyncClient(headers=auth, timeout=30)
+            async with http, Client(streamable_http_client(url, http_client=http)) as client:
+                assert (await client.list_tools()).tools
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+    assert token.encode() not in err and b"http-token" in err and b"mcpServers" in err
+
+
+def test_a_token_file_readable_by_others_is_refused(
+    workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PERFGATE_TOKEN", raising=False)
-    code = cli_main(["serve", "--workspace", str(workspace), "--transport", "http", "--host", "0.0.0.0"])
-    assert code == 2
-    assert "bearer token" in capsys.readouterr().err
+    token_file = tmp_path / "token"
+    token_file.write_text("abc")
+    token_file.chmod(0o644)
+    code = cli_main(
+        ["serve", "--workspace", str(workspace), "--transport", "http", "--token-file", str(token_file)]
+    )
+    assert code == 2 and "readable by other users" in capsys.readouterr().err
 
 
 def test_schemas_are_in_sync_with_the_code(capsys: pytest.CaptureFixture[str]) -> None:

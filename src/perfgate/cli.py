@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import ipaddress
 import json
 import os
 import sys
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn, cast
 
 if TYPE_CHECKING:
     from perfgate.evidence import Ledger
+    from perfgate.trust import TrustRoot
 
 __all__ = ["main"]
 
@@ -30,21 +30,39 @@ def _workspace_arg(parser: argparse.ArgumentParser) -> None:
         default=Path(os.environ.get("PERFGATE_WORKSPACE", ".")),
         help="directory the server serves; evidence lives in WORKSPACE/.perfgate (default: cwd, or $PERFGATE_WORKSPACE)",
     )
+    trust = parser.add_argument_group(
+        "trust root (operator settings; the agent must not be able to write it)"
+    )
+    trust.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="keys, approvals, ledger anchors ($PERFGATE_STATE_DIR, default $XDG_STATE_HOME/perfgate)",
+    )
+    trust.add_argument(
+        "--config-dir",
+        type=Path,
+        default=None,
+        help="operator configuration ($PERFGATE_CONFIG_DIR, default $XDG_CONFIG_HOME/perfgate)",
+    )
+    trust.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="the execution policy file ($PERFGATE_POLICY, default CONFIG_DIR/policy.toml)",
+    )
+
+
+def _trust(args: argparse.Namespace) -> TrustRoot:
+    from perfgate.trust import TrustRoot
+
+    return TrustRoot.locate(state_dir=args.state_dir, config_dir=args.config_dir, policy=args.policy)
 
 
 def _fail(what: str, next_step: str) -> None:
     """The CLI's error shape: one line saying what is wrong, one saying what to do next."""
     print(f"perfgate: {what}", file=sys.stderr)
     print(f"next: {next_step}", file=sys.stderr)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -63,44 +81,87 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from perfgate.server import build_server
         from perfgate.tools._runtime import ServerConfig
 
-        config = ServerConfig.create(workspace, read_only=args.read_only, read_roots=args.read_root)
+        config = ServerConfig.create(
+            workspace, read_only=args.read_only, read_roots=args.read_root, trust=_trust(args)
+        )
         server = build_server(config)
     finally:
         gc.freeze()
         if collecting:
             gc.enable()
+    from perfgate.redaction import install_log_filter
+
+    install_log_filter()  # the server's own log never carries a secret
     if args.transport == "stdio":
         server.run("stdio")
         return 0
-    token: str | None = args.token or os.environ.get("PERFGATE_TOKEN") or None
-    if not _is_loopback(args.host) and not token:
-        _fail(
-            f"refusing to bind {args.host} without a bearer token",
-            "pass --token or set PERFGATE_TOKEN (clients then send 'Authorization: Bearer TOKEN'), "
-            "or bind 127.0.0.1",
-        )
-        return 2
-    from perfgate._http import serve_http
+    from perfgate._http import TokenError, allowed_hosts, http_token, serve_http
 
-    serve_http(server, host=args.host, port=args.port, token=token)
+    try:
+        token, source = http_token(os.environ.get("PERFGATE_TOKEN"), args.token_file, config.trust.state_dir)
+    except TokenError as exc:
+        _fail(str(exc), "chmod 600 the token file, or set PERFGATE_TOKEN in the server's environment")
+        return 2
+    url_host = f"[{args.host}]" if ":" in args.host else args.host
+    print(
+        f"perfgate: serving http://{url_host}:{args.port}/mcp; every request needs the bearer token in "
+        f"{source}. Host config (JSON server list):\n"
+        + json.dumps(
+            {
+                "mcpServers": {
+                    "perfgate": {
+                        "type": "http",
+                        "url": f"http://{url_host}:{args.port}/mcp",
+                        "headers": {"Authorization": "Bearer <the token>"},
+                    }
+                }
+            },
+            indent=2,
+        ),
+        file=sys.stderr,
+    )
+    serve_http(
+        server,
+        host=args.host,
+        port=args.port,
+        token=token,
+        hosts=allowed_hosts(args.host, args.port, args.allow_host),
+        origins=args.allow_origin,
+    )
     return 0
 
 
-def _existing_ledger(workspace: Path) -> Ledger | None:
+def _existing_ledger(args: argparse.Namespace) -> Ledger | None:
     """The workspace's ledger, or None (with a message) when it has none: reading never creates one."""
     from perfgate.evidence import STATE_DIR_NAME, Ledger
 
+    workspace: Path = args.workspace
     if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
         _fail(
             f"no ledger in {workspace / STATE_DIR_NAME}",
             "pass --workspace DIR of a project that perfgate served (its tools create the ledger)",
         )
         return None
-    return Ledger(workspace)
+    ledger = Ledger(workspace, _trust(args))
+    if not ledger.verifiable:
+        print(
+            f"perfgate: warning: the signing key in {ledger.trust.key_dir} is not readable here, so no record "
+            "can be verified: everything shown is unverified (run as the operator)",
+            file=sys.stderr,
+        )
+    else:
+        problems = ledger.problems()
+        if problems and args.command != "ledger":
+            print(
+                f"perfgate: warning: {len(problems)} record(s) fail verification and are left out; "
+                "`perfgate ledger verify` says which",
+                file=sys.stderr,
+            )
+    return ledger
 
 
 def _cmd_ledger(args: argparse.Namespace) -> int:
-    ledger = _existing_ledger(args.workspace)
+    ledger = _existing_ledger(args)
     if ledger is None:
         return 2
     if args.ledger_command == "verify":
@@ -109,17 +170,28 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
             print(f"ERROR {err}")
         for warn in report.warnings:
             print(f"warning {warn}")
-        print(f"{'ok' if report.ok else 'FAILED'}: {report.records} records checked")
+        signed = (
+            f", {report.signed_records} signed by key {report.key_id}"
+            if report.key_id
+            else ", none verifiable"
+        )
+        print(f"{'ok' if report.ok else 'FAILED'}: {report.records} records checked{signed}")
         return 0 if report.ok else 1
+    problems = ledger.problems() if ledger.verifiable else {}
     if args.id:
-        record = ledger.get(args.id)
+        record = ledger.get(args.id, trusted_only=False)
         if record is None:
             _fail(f"no evidence {args.id!r}", "`perfgate ledger show` lists the ids this ledger holds")
             return 2
+        if args.id in problems:
+            print(
+                f"perfgate: warning: {args.id} is not trusted evidence: {problems[args.id]}", file=sys.stderr
+            )
         print(json.dumps(record.model_dump(mode="json"), indent=2, sort_keys=True))
         return 0
-    for record in ledger.records(tool=args.tool, limit=args.limit):
+    for record in ledger.records(tool=args.tool, limit=args.limit, trusted_only=False):
         flag = " profiled" if record.profiled else ""
+        flag += " UNTRUSTED" if record.id in problems else ""
         print(
             f"{record.seq:>5}  {record.id}  {record.tool:<22} {record.state.value:<11} {record.created_at}{flag}"
         )
@@ -146,20 +218,53 @@ def _cmd_schemas(args: argparse.Namespace) -> int:
 def _cmd_approve(args: argparse.Namespace) -> int:
     from perfgate.execution.approve_cli import approve
 
-    return approve(args.workspace, args.id, deny=args.deny)
+    return approve(args.workspace, args.id, deny=args.deny, trust=_trust(args))
 
 
 def _cmd_approvals(args: argparse.Namespace) -> int:
     from perfgate.execution.approve_cli import list_approvals
 
-    return list_approvals(args.workspace, include_closed=args.all, as_json=args.json)
+    return list_approvals(args.workspace, include_closed=args.all, as_json=args.json, trust=_trust(args))
+
+
+def _cmd_policy(args: argparse.Namespace) -> int:
+    from perfgate.execution.binding import file_sha256
+    from perfgate.execution.policy import PolicyError, load_policy, workspace_policy_files
+
+    trust = _trust(args)
+    workspace: Path = args.workspace.resolve()
+    if args.policy_command == "pin":
+        path: Path = args.file if args.file.is_absolute() else workspace / args.file
+        if not path.is_file():
+            print(f"perfgate: {path} is not a file", file=sys.stderr)
+            return 2
+        rel = path.resolve().relative_to(workspace) if workspace in path.resolve().parents else path.resolve()
+        print(f"# add to {trust.policy_file}")
+        print(f'[[execution.allow]]\nscript = "{rel}"\nsha256 = "{file_sha256(path)}"')
+        return 0
+    print(f"trust root: {trust.describe()}")
+    for found in workspace_policy_files(workspace):
+        print(
+            f"IGNORED {found}: workspace files are never obeyed; move its [execution] table to {trust.policy_file}"
+        )
+    try:
+        policy = load_policy(workspace, trust)
+    except PolicyError as exc:
+        print(f"perfgate: {exc}", file=sys.stderr)
+        return 1
+    print(f"policy: {policy.describe_source()}; max_timeout_s {policy.max_timeout_s:g}")
+    for rule in policy.allow:
+        print(f"allow: {rule.label()}")
+    if not policy.allow:
+        print("allow: nothing (every command asks a human)")
+    return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from perfgate.decisions.experiments import load_experiment
     from perfgate.decisions.export import export_experiment
 
-    ledger = _existing_ledger(args.workspace)
+    ledger = _existing_ledger(args)
     if ledger is None:
         return 2
     exp = load_experiment(ledger, args.experiment)
@@ -177,7 +282,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from perfgate.report.html import write_report
 
-    ledger = _existing_ledger(args.workspace)
+    ledger = _existing_ledger(args)
     if ledger is None:
         return 2
     out: Path = args.out or ledger.state_dir / "report"
@@ -274,7 +379,23 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="HTTP bind address (default loopback)")
     serve.add_argument("--port", type=int, default=8765, help="HTTP port (default 8765)")
     serve.add_argument(
-        "--token", default=None, help="bearer token required on every HTTP request ($PERFGATE_TOKEN)"
+        "--token-file",
+        type=Path,
+        default=None,
+        help="file (mode 0600) holding the bearer token every HTTP request needs; default $PERFGATE_TOKEN, "
+        "else one generated into STATE_DIR/http-token",
+    )
+    serve.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="extra Host header value accepted over HTTP (repeatable; the bind address always is)",
+    )
+    serve.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        help="Origin header value accepted over HTTP (repeatable; none by default: browsers are refused)",
     )
     serve.add_argument(
         "--read-only", action="store_true", help="do not register tools that run commands or write decisions"
@@ -318,6 +439,17 @@ def _build_parser() -> argparse.ArgumentParser:
     approvals.add_argument("--all", action="store_true", help="include denied and expired ones")
     approvals.add_argument("--json", action="store_true", help="print JSON")
     approvals.set_defaults(handler=_cmd_approvals)
+
+    policy = sub.add_parser("policy", help="show the operator's execution policy, or print a pinned rule")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True)
+    policy_show = policy_sub.add_parser(
+        "show", help="where the policy is, its rules, ignored workspace files"
+    )
+    _workspace_arg(policy_show)
+    policy_pin = policy_sub.add_parser("pin", help="print an allowlist rule pinning FILE's sha256")
+    _workspace_arg(policy_pin)
+    policy_pin.add_argument("file", type=Path, help="the script (relative to the workspace)")
+    policy.set_defaults(handler=_cmd_policy)
 
     export = sub.add_parser("export", help="write an experiment as a run directory (environment.json, ...)")
     _workspace_arg(export)

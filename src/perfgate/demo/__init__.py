@@ -16,6 +16,7 @@ would do next, and succeeds: only a refused or failed step is a failure.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -61,19 +62,19 @@ class DemoResult:
     evidence: dict[str, str]
 
 
-def _policy(python: str) -> str:
-    """Allowlist the demo's own launches only: the harness around train.py with the interpreter in use."""
+def _policy(python: str, script_sha256: str) -> str:
+    """Allowlist the demo's own launches only: its train.py, pinned to the bundled content, run by the
+    interpreter in use (the harness wrapper is not part of what a rule matches)."""
     return (
         "# Written by `perfgate demo` for its own temporary workspace.\n"
         "[execution]\n"
         "max_timeout_s = 600\n"
         'allow_env = ["PERFGATE_*"]\n\n'
         "[[execution.allow]]\n"
-        'name = "demo training runs under the harness"\n'
-        f'argv = [{json.dumps(python)}, "-m", "perfgate.harness", "--", "{SCRIPT}"]\n\n'
-        "[[execution.allow]]\n"
-        'name = "demo profiler run"\n'
-        f'argv = [{json.dumps(python)}, "-m", "perfgate.harness", "*"]\n'
+        'name = "the demo training script"\n'
+        f'script = "{SCRIPT}"\n'
+        f'sha256 = "{script_sha256}"\n'
+        f"argv = [{json.dumps(python)}]\n"
     )
 
 
@@ -112,14 +113,15 @@ def _contract(workers: int) -> dict[str, Any]:
     }
 
 
-async def _demo(workspace: Path, say: Callable[[str], None]) -> DemoResult:
+async def _demo(workspace: Path, say: Callable[[str], None], policy: Path) -> DemoResult:
     from mcp import Client
 
     from perfgate.server import build_server
     from perfgate.tools._runtime import ServerConfig
+    from perfgate.trust import TrustRoot
 
     evidence: dict[str, str] = {}
-    server = build_server(ServerConfig.create(workspace))
+    server = build_server(ServerConfig.create(workspace, trust=TrustRoot.locate(policy=policy)))
 
     async with Client(server) as client:
 
@@ -320,11 +322,16 @@ def run_demo(workspace: Path | None = None, say: Callable[[str], None] = print) 
         workspace = Path(tempfile.mkdtemp(prefix="perfgate-demo-"))
     workspace.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(Path(__file__).with_name("train.py"), workspace / SCRIPT)
-    (workspace / "perfgate.toml").write_text(_policy(sys.executable), encoding="utf-8")
-    say(f"perfgate demo in {workspace} (an allowlist for the demo's own commands is in perfgate.toml)")
+    # The allowlist is operator configuration: it lives outside the workspace, like a real one.
+    policy = Path(tempfile.mkdtemp(prefix="perfgate-demo-policy-")) / "policy.toml"
+    digest = hashlib.sha256((workspace / SCRIPT).read_bytes()).hexdigest()
+    policy.write_text(_policy(sys.executable, digest), encoding="utf-8")
+    say(
+        f"perfgate demo in {workspace} (the allowlist for its own {SCRIPT}, pinned by sha256, is in {policy})"
+    )
 
     async def main() -> DemoResult:
-        return await _demo(workspace, say)
+        return await _demo(workspace, say, policy)
 
     try:
         return anyio.run(main)

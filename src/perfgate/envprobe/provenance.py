@@ -20,7 +20,7 @@ from typing import Any, cast
 from perfgate.envprobe.models import ContainerProvenance
 from perfgate.envprobe.systools import RawRun, run_fixed
 
-__all__ = ["GitSnapshot", "container_provenance", "git_snapshot"]
+__all__ = ["CODE_SUFFIXES", "CodeState", "GitSnapshot", "code_state", "container_provenance", "git_snapshot"]
 
 _GIT_SAFETY = (
     "-c",
@@ -140,6 +140,137 @@ def git_snapshot(
         else:
             notes.append(f"git diff failed: {diff_run.describe_failure()}")
     return GitSnapshot(root, commit, branch, changed, untracked, diff, tuple(notes)), None
+
+
+CODE_SUFFIXES = frozenset(
+    {
+        ".py",
+        ".pyx",
+        ".pxd",
+        ".pyi",
+        ".sh",
+        ".bash",
+        ".c",
+        ".cc",
+        ".cpp",
+        ".cxx",
+        ".cu",
+        ".cuh",
+        ".h",
+        ".hpp",
+        ".yaml",
+        ".yml",
+        ".toml",
+        ".cfg",
+        ".ini",
+    }
+)
+"""Files that count as code when untracked (git) or when the workspace is not a repository. Other
+untracked files (checkpoints, logs, data, outputs a run writes) do not change the code state."""
+_MAX_TREE_FILES = 20_000
+_MAX_HASH_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CodeState:
+    """The code a workspace holds right now, as one digest (what an approval and a run record bind to).
+
+    ``kind`` is ``git`` (commit + sha256 of ``git diff --binary HEAD`` + untracked code files) or ``tree``
+    (no repository: every code file under the workspace, by path and content).
+    """
+
+    kind: str
+    digest: str
+    commit: str | None = None
+    diff_sha256: str | None = None
+    dirty: bool = False
+    untracked_code_files: int = 0
+    files: int = 0
+    notes: tuple[str, ...] = ()
+
+    def short(self) -> str:
+        if self.kind == "git":
+            head = (self.commit or "no commit")[:12]
+            return f"git {head}{' + uncommitted changes' if self.dirty else ''} (code {self.digest[:12]})"
+        return f"{self.files} code files (code {self.digest[:12]})"
+
+
+def _hash_file_into(h: Any, path: Path) -> None:
+    try:
+        st = path.stat()
+        if st.st_size > _MAX_HASH_BYTES:
+            h.update(f"size={st.st_size};mtime={st.st_mtime_ns}".encode())
+            return
+        h.update(hashlib.sha256(path.read_bytes()).hexdigest().encode())
+    except OSError as exc:
+        h.update(f"unreadable:{exc.errno}".encode())
+
+
+def _tree_state(workspace: Path) -> CodeState:
+    h = hashlib.sha256(b"tree\n")
+    count = 0
+    notes: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(workspace):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if path.suffix not in CODE_SUFFIXES or path.is_symlink():
+                continue
+            count += 1
+            if count > _MAX_TREE_FILES:
+                notes.append(f"more than {_MAX_TREE_FILES} code files: the rest are not bound")
+                break
+            h.update(str(path.relative_to(workspace)).encode() + b"\0")
+            _hash_file_into(h, path)
+            h.update(b"\n")
+        if notes:
+            break
+    return CodeState("tree", h.hexdigest(), files=count, notes=tuple(notes))
+
+
+def code_state(
+    workspace: Path, *, env: Mapping[str, str] | None = None, timeout_s: float = 30.0
+) -> CodeState:
+    """The workspace's code state: git commit, dirty diff and untracked code files, or a tree digest.
+
+    Untracked files count only when they are code (`CODE_SUFFIXES`) and not ignored by git, and
+    ``.perfgate/`` never counts, so what a run writes (records, checkpoints, logs) does not change it.
+    """
+    snap, _reason = git_snapshot(workspace, env=env, timeout_s=timeout_s)
+    if snap is None:
+        return _tree_state(workspace)
+    h = hashlib.sha256(b"git\n")
+    h.update(f"{snap.commit}\n{snap.diff_sha256}\n".encode())
+    base_env = dict(os.environ if env is None else env)
+    git = shutil.which("git", path=base_env.get("PATH")) or "git"
+    listed = _git(
+        git,
+        workspace,
+        ["ls-files", "--others", "--exclude-standard", "-z"],
+        timeout_s,
+        {**base_env, **_GIT_ENV},
+    )
+    untracked = 0
+    notes = list(snap.notes)
+    if listed.ok:
+        for rel in sorted(listed.stdout.split("\0")):
+            if not rel or rel.startswith(_STATE_DIR) or Path(rel).suffix not in CODE_SUFFIXES:
+                continue
+            untracked += 1
+            h.update(rel.encode() + b"\0")
+            _hash_file_into(h, workspace / rel)
+            h.update(b"\n")
+    else:
+        notes.append(f"untracked files could not be listed: {listed.describe_failure()}")
+    return CodeState(
+        "git",
+        h.hexdigest(),
+        commit=snap.commit,
+        diff_sha256=snap.diff_sha256,
+        dirty=snap.changed_files > 0 or untracked > 0,
+        untracked_code_files=untracked,
+        notes=tuple(notes),
+    )
 
 
 def container_provenance(probe_container: Mapping[str, Any] | None) -> tuple[ContainerProvenance, list[str]]:

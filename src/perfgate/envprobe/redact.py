@@ -39,7 +39,6 @@ MIN_SECRET_CHARS = 4
 _SECRET_SEGMENTS = frozenset(
     {
         "TOKEN",
-        "TOKENS",
         "KEY",
         "KEYS",
         "SECRET",
@@ -69,8 +68,8 @@ _SECRET_SEGMENTS = frozenset(
 )
 # Substrings that mark a secret even inside a longer segment (GITHUBTOKEN, DBPASSWORD, MYSECRETVALUE).
 _SECRET_SUBSTRINGS = ("PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "COOKIE", "APIKEY", "ACCESSKEY", "TOKEN")
-# ...but not these, which contain TOKEN without being one.
-_NOT_SECRET_SEGMENTS = frozenset({"TOKENIZERS", "TOKENIZER", "TOKENIZATION", "TOKENIZE"})
+# ...but not these, which contain TOKEN without being one (TOKENS: counts, as in --tokens-per-step).
+_NOT_SECRET_SEGMENTS = frozenset({"TOKENIZERS", "TOKENIZER", "TOKENIZATION", "TOKENIZE", "TOKENS"})
 
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<cred>[^/\s@'\"]+)@")
 _TOKEN_SHAPES = re.compile(

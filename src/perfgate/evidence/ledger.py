@@ -1,9 +1,18 @@
-"""The evidence ledger: an append-only SQLite database with a hash chain.
+"""The evidence ledger: an append-only SQLite database with a hash chain, signed and anchored.
 
 Every record stores its canonical JSON body and ``hash = sha256(prev_hash || body)``. The chain makes an
 edited, reordered or removed record detectable (`Ledger.verify`), and each record lists its artifacts with
-their sha256 so an artifact edited on disk is detected too. A small ``HEAD`` file, written after every
-commit, catches truncation of the chain's tail.
+their sha256 so an artifact edited on disk is detected too.
+
+The workspace is writable by the agent, so the chain alone proves nothing: anyone can recompute it. Each
+record therefore also carries an HMAC under the signing key of the trust root (`perfgate.trust`, outside
+the workspace), over this ledger's id, the record's sequence number and its hash; and after every append
+the head (sequence and hash, also MACed) is anchored in the trust root. `verify` then tells apart an
+edited record, a recomputed chain or a record written without the key (a forgery), a record signed by a
+key the trust root no longer has (key lost or replaced: unverifiable), a removed tail and a rollback to an
+older copy. The read API (`get`, `get_many`, `records`) returns only records whose MAC verifies, so
+nothing the server did not write is ever used as evidence; without access to the key (another user, a
+lost key) the ledger stays readable for show, export and report, flagged as unverified.
 
 Durability: WAL journal with ``synchronous=FULL``, one short ``BEGIN IMMEDIATE`` transaction per append, so
 concurrent writers (threads or processes) serialize on SQLite's lock, and a record is on disk before the
@@ -22,11 +31,12 @@ import sqlite3
 from collections.abc import Callable, Generator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.evidence.states import EvidenceState
+from perfgate.trust import SigningKey, TrustRoot, TrustRootError, write_private
 
 __all__ = [
     "STATE_DIR_NAME",
@@ -50,8 +60,11 @@ CREATE TABLE IF NOT EXISTS evidence (
     tool TEXT NOT NULL,
     state TEXT NOT NULL,
     body TEXT NOT NULL,
-    hash TEXT NOT NULL
+    hash TEXT NOT NULL,
+    key_id TEXT,
+    mac TEXT
 );
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS evidence_tool ON evidence(tool);
 CREATE TRIGGER IF NOT EXISTS evidence_no_update BEFORE UPDATE ON evidence
 BEGIN SELECT RAISE(ABORT, 'the evidence ledger is append-only'); END;
@@ -146,32 +159,53 @@ class EvidenceRecord(BaseModel):
 
 
 class VerifyReport(BaseModel):
-    """Outcome of `Ledger.verify`: ``ok`` is false when anything was edited or lost."""
+    """Outcome of `Ledger.verify`: ``ok`` is false when anything was edited, forged, lost or rolled back."""
 
     ok: bool
     records: int
     errors: list[str]
     warnings: list[str]
+    signed_records: int = Field(
+        default=0, description="Records whose MAC verifies under the trust root's key."
+    )
+    key_id: str | None = Field(default=None, description="The trust root's current key (None: no key).")
+
+
+_RECORD_MAC = "perfgate-ledger-record"
+_ANCHOR_MAC = "perfgate-ledger-anchor"
 
 
 class Ledger:
     """The append-only evidence store of one workspace.
 
     Methods are synchronous and cheap; call them from a worker thread in async code. Each call opens
-    its own connection, so one `Ledger` is safe to share between threads and processes.
+    its own connection, so one `Ledger` is safe to share between threads and processes. ``trust`` is
+    where the signing key and the anchor live (default: `TrustRoot.locate` from the environment).
     """
 
-    def __init__(self, workspace: Path) -> None:
+    def __init__(self, workspace: Path, trust: TrustRoot | None = None) -> None:
         self.workspace = workspace.resolve()
+        self.trust = trust or TrustRoot.locate()
         self.state_dir = self.workspace / STATE_DIR_NAME
         self.db_path = self.state_dir / "ledger.db"
         self.head_path = self.state_dir / "HEAD"
         self.artifact_root = self.state_dir / "artifacts"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.artifact_root.mkdir(exist_ok=True)
+        self._key: SigningKey | None = None
         with self._connect() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(evidence)")}
+            for column in ("key_id", "mac"):
+                if column not in columns:  # a ledger from before signing: its records stay unsigned
+                    conn.execute(f"ALTER TABLE evidence ADD COLUMN {column} TEXT")
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (name, value) VALUES ('ledger_id', ?)", (secrets.token_hex(16),)
+            )
+            self.ledger_id: str = conn.execute("SELECT value FROM meta WHERE name = 'ledger_id'").fetchone()[
+                0
+            ]
 
     @contextlib.contextmanager
     def _connect(self) -> Generator[sqlite3.Connection]:
@@ -183,6 +217,84 @@ class Ledger:
         finally:
             conn.close()
 
+    # ------------------------------------------------------------------ keys and anchor
+
+    def signing_key(self) -> SigningKey | None:
+        """The trust root's key, or None when this process cannot read it (another user, or none yet)."""
+        if self._key is None:
+            try:
+                self._key = self.trust.key()
+            except TrustRootError:
+                return None
+        return self._key
+
+    @property
+    def verifiable(self) -> bool:
+        """Whether this process can check MACs; without the key, reads return every record unverified."""
+        return self.signing_key() is not None
+
+    @property
+    def anchor_path(self) -> Path:
+        return self.trust.workspace_dir(self.workspace, create=False) / "anchor.json"
+
+    def _record_message(self, seq: int, hash_: str) -> str:
+        return f"{self.ledger_id}:{seq}:{hash_}"
+
+    def _anchor_message(self, seq: int, hash_: str) -> str:
+        return f"{self.workspace}:{self.ledger_id}:{seq}:{hash_}"
+
+    def _read_anchor(self) -> dict[str, Any] | None:
+        data = self.trust.read_json(self.anchor_path)
+        return cast("dict[str, Any]", data) if isinstance(data, dict) else None
+
+    def _write_anchor(self, key: SigningKey, seq: int, hash_: str) -> None:
+        """Move the anchor forward to ``seq`` (never backwards: concurrent writers race here)."""
+        folder = self.trust.workspace_dir(self.workspace)
+        with self.trust.locked(folder / "anchor.lock"):
+            current = self._read_anchor()
+            replaced: list[Any] = []
+            if current is not None:
+                replaced = list(cast("list[Any]", current.get("replaced") or []))
+                if current.get("ledger_id") == self.ledger_id:
+                    if isinstance(current.get("seq"), int) and current["seq"] >= seq:
+                        return
+                else:  # the database was deleted or swapped: remember it, so verify keeps saying so
+                    replaced.append({"ledger_id": current.get("ledger_id"), "seq": current.get("seq")})
+            anchor = {
+                "ledger_id": self.ledger_id,
+                "workspace": str(self.workspace),
+                "seq": seq,
+                "hash": hash_,
+                "key_id": key.key_id,
+                "mac": key.mac(_ANCHOR_MAC, self._anchor_message(seq, hash_)),
+                "replaced": replaced,
+            }
+            write_private(folder / "anchor.json", (json.dumps(anchor, indent=1) + "\n").encode())
+
+    def _record_problem(
+        self, seq: int, body: str, hash_: str, key_id: str | None, mac: str | None
+    ) -> str | None:
+        """Why a stored row is not trustworthy evidence, or None when its hash and MAC verify."""
+        try:
+            record = EvidenceRecord.model_validate_json(body)
+        except ValueError:
+            return "its body is not a valid evidence record"
+        if hashlib.sha256((record.prev_hash + body).encode()).hexdigest() != hash_:
+            return "edited: its hash does not match its body"
+        key = self.signing_key()
+        if key is None:
+            return "unverifiable: this process cannot read the trust root's signing key"
+        if mac is None:
+            return "unsigned: written without the trust root's key (by another process or before signing)"
+        if key_id != key.key_id:
+            if key_id in self.trust.retired_key_ids():
+                return f"signed by retired key {key_id}: unverifiable"
+            return f"signed by key {key_id}, which this trust root does not have (key lost or replaced): unverifiable"
+        if not key.check(_RECORD_MAC, self._record_message(seq, hash_), mac):
+            return "forged: its MAC does not verify (chain recomputed or record written without the key)"
+        return None
+
+    # ------------------------------------------------------------------ writing
     @staticmethod
     def new_id(prefix: str = "ev") -> str:
         """A fresh evidence id: a UTC timestamp for humans plus randomness for uniqueness."""
@@ -216,15 +328,24 @@ class Ledger:
         return artifacts
 
     def append(self, draft: EvidenceDraft) -> EvidenceRecord:
-        """Commit one record; returns it once it is durable on disk.
+        """Commit one record, signed with the trust root's key; returns it once it is durable on disk.
 
         Raises:
             FileNotFoundError: a named artifact does not exist in the record's artifact folder.
             ValueError: the id is already taken, or the draft holds values JSON cannot represent.
+            TrustRootError: the trust root's key cannot be read or created (only the server and the
+                operator's own commands can append evidence).
         """
+        from perfgate.redaction import Scrubber
+
+        key = self._key or self.trust.ensure_key()
+        self._key = key
         artifacts = self._artifacts(draft)
-        inputs = json.loads(canonical_json(draft.inputs))
-        result = json.loads(canonical_json(draft.result))
+        # Nothing secret is ever stored: the one redaction layer, keyed by what this record carries.
+        scrub = Scrubber.for_tree(draft.inputs, draft.result, {"command": draft.command or []})
+        inputs = json.loads(canonical_json(scrub.tree(draft.inputs)))
+        result = json.loads(canonical_json(scrub.tree(draft.result)))
+        command = scrub.argv(draft.command) if draft.command is not None else None
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -241,7 +362,7 @@ class Ledger:
                     inputs=inputs,
                     result=result,
                     profiled=draft.profiled,
-                    command=draft.command,
+                    command=command,
                     exit_code=draft.exit_code,
                     environment_id=draft.environment_id,
                     artifacts=artifacts,
@@ -249,10 +370,12 @@ class Ledger:
                 )
                 body = canonical_json(record.model_dump(mode="json", exclude={"hash"}))
                 record.hash = hashlib.sha256((prev_hash + body).encode()).hexdigest()
+                mac = key.mac(_RECORD_MAC, self._record_message(seq, record.hash))
                 try:
                     conn.execute(
-                        "INSERT INTO evidence (seq, id, tool, state, body, hash) VALUES (?, ?, ?, ?, ?, ?)",
-                        (seq, record.id, record.tool, record.state.value, body, record.hash),
+                        "INSERT INTO evidence (seq, id, tool, state, body, hash, key_id, mac) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (seq, record.id, record.tool, record.state.value, body, record.hash, key.key_id, mac),
                     )
                 except sqlite3.IntegrityError as exc:
                     raise ValueError(f"evidence id {draft.id!r} already exists") from exc
@@ -261,6 +384,7 @@ class Ledger:
                 conn.execute("ROLLBACK")
                 raise
         self._write_head(record.seq, record.hash)
+        self._write_anchor(key, record.seq, record.hash)
         return record
 
     def _write_head(self, seq: int, hash_: str) -> None:
@@ -268,50 +392,84 @@ class Ledger:
         tmp.write_text(f"{seq} {hash_}\n")
         os.replace(tmp, self.head_path)
 
-    @staticmethod
-    def _from_row(body: str, hash_: str) -> EvidenceRecord:
-        record = EvidenceRecord.model_validate_json(body)
-        record.hash = hash_
-        return record
+    # ------------------------------------------------------------------ reading
 
-    def get(self, evidence_id: str) -> EvidenceRecord | None:
-        """The record with this id, or None."""
+    _ROW = "seq, body, hash, key_id, mac"
+
+    def _trusted(self, rows: list[tuple[Any, ...]], trusted_only: bool) -> list[EvidenceRecord]:
+        out: list[EvidenceRecord] = []
+        check = trusted_only and self.verifiable
+        for seq, body, hash_, key_id, mac in rows:
+            if check and self._record_problem(seq, body, hash_, key_id, mac) is not None:
+                continue
+            try:
+                record = EvidenceRecord.model_validate_json(body)
+            except ValueError:
+                continue
+            record.hash = hash_
+            out.append(record)
+        return out
+
+    def get(self, evidence_id: str, *, trusted_only: bool = True) -> EvidenceRecord | None:
+        """The record with this id, or None (also when its MAC does not verify: it is not evidence)."""
         with self._connect() as conn:
-            row = conn.execute("SELECT body, hash FROM evidence WHERE id = ?", (evidence_id,)).fetchone()
-        return None if row is None else self._from_row(row[0], row[1])
+            rows = conn.execute(f"SELECT {self._ROW} FROM evidence WHERE id = ?", (evidence_id,)).fetchall()
+        found = self._trusted(rows, trusted_only)
+        return found[0] if found else None
 
     def get_many(self, evidence_ids: list[str]) -> list[EvidenceRecord]:
         """The records with these ids, in the order given; ids not in the ledger are skipped."""
         return [r for i in evidence_ids if (r := self.get(i)) is not None]
 
-    def records(self, tool: str | None = None, limit: int | None = None) -> list[EvidenceRecord]:
-        """Records in commit order (newest last); optionally one tool's, optionally the newest ``limit``."""
-        query = "SELECT body, hash FROM evidence"
+    def records(
+        self, tool: str | None = None, limit: int | None = None, *, trusted_only: bool = True
+    ) -> list[EvidenceRecord]:
+        """Records in commit order (newest last); optionally one tool's, optionally the newest ``limit``.
+
+        Only records whose MAC verifies are returned (every record when this process has no key, or
+        with ``trusted_only=False``: for display, never for decisions).
+        """
+        query = f"SELECT {self._ROW} FROM evidence"
         params: list[Any] = []
         if tool is not None:
             query += " WHERE tool = ?"
             params.append(tool)
         query += " ORDER BY seq DESC"
-        if limit is not None:
-            query += " LIMIT ?"
-            params.append(limit)
         with self._connect() as conn:
             rows = conn.execute(query, params).fetchall()
-        return [self._from_row(body, h) for body, h in reversed(rows)]
+        found = self._trusted(list(reversed(rows)), trusted_only)
+        return found[-limit:] if limit is not None and limit > 0 else ([] if limit == 0 else found)
+
+    def problems(self) -> dict[str, str]:
+        """Evidence id -> why that record is not trusted (empty when every record verifies)."""
+        with self._connect() as conn:
+            rows = conn.execute("SELECT id, seq, body, hash, key_id, mac FROM evidence").fetchall()
+        out: dict[str, str] = {}
+        for id_, seq, body, hash_, key_id, mac in rows:
+            problem = self._record_problem(seq, body, hash_, key_id, mac)
+            if problem is not None:
+                out[id_] = problem
+        return out
 
     def verify(self) -> VerifyReport:
-        """Recompute the hash chain and every artifact's sha256; report edits, gaps and truncation."""
+        """Recompute the chain, every MAC and artifact sha256, and compare the head with the anchor.
+
+        Errors name what happened: an edited record, a forged or recomputed one (MAC), a record signed by
+        a key the trust root no longer has, removed records, a removed tail or a rollback.
+        """
         errors: list[str] = []
         warnings: list[str] = []
         prev_hash = GENESIS_HASH
         expected_seq = 1
         referenced: set[str] = set()
         hashes: dict[int, str] = {}
+        key = self.signing_key()
+        signed = 0
         with self._connect() as conn:
             rows = conn.execute(
-                "SELECT seq, id, tool, state, body, hash FROM evidence ORDER BY seq"
+                "SELECT seq, id, tool, state, body, hash, key_id, mac FROM evidence ORDER BY seq"
             ).fetchall()
-        for seq, id_, tool, state, body, stored_hash in rows:
+        for seq, id_, tool, state, body, stored_hash, key_id, mac in rows:
             hashes[seq] = stored_hash
             if seq != expected_seq:
                 errors.append(f"record sequence jumps from {expected_seq - 1} to {seq}: records were removed")
@@ -330,6 +488,12 @@ class Ledger:
                 errors.append(f"record {seq} ({id_}): chain link broken")
             if (record.seq, record.id, record.tool, record.state.value) != (seq, id_, tool, state):
                 errors.append(f"record {seq} ({id_}): indexed columns differ from the hashed body")
+            if key is not None:
+                problem = self._record_problem(seq, body, stored_hash, key_id, mac)
+                if problem is None:
+                    signed += 1
+                elif not problem.startswith("edited"):  # an edit is reported above already
+                    errors.append(f"record {seq} ({id_}): {problem}; it is not used as evidence")
             referenced.add(record.id)
             for artifact in record.artifacts:
                 path = self.workspace / artifact.path
@@ -340,6 +504,13 @@ class Ledger:
                         f"record {id_}: artifact {artifact.path} was modified after it was recorded"
                     )
             prev_hash = stored_hash
+        if key is None:
+            warnings.append(
+                f"no signing key readable in {self.trust.key_dir}: MACs and the anchor cannot be checked, so "
+                "nothing here is verified (run as the operator, or pass the server's --state-dir)"
+            )
+        else:
+            errors.extend(self._check_anchor(key, hashes))
         if self.head_path.exists():
             try:
                 head_seq_text, head_hash = self.head_path.read_text().split()
@@ -359,4 +530,59 @@ class Ledger:
                     warnings.append(
                         f"artifact folder {folder.name} belongs to no record (a call that did not complete)"
                     )
-        return VerifyReport(ok=not errors, records=len(rows), errors=errors, warnings=warnings)
+        return VerifyReport(
+            ok=not errors,
+            records=len(rows),
+            errors=errors,
+            warnings=warnings,
+            signed_records=signed,
+            key_id=key.key_id if key else None,
+        )
+
+    def _check_anchor(self, key: SigningKey, hashes: dict[int, str]) -> list[str]:
+        try:
+            anchor = self._read_anchor()
+        except TrustRootError as exc:
+            return [f"the anchor cannot be read: {exc}"]
+        last = max(hashes) if hashes else 0
+        if anchor is None:
+            return (
+                [
+                    f"the trust root holds no anchor for this workspace but the ledger has {last} records: it was "
+                    "written without the server's trust root (or the trust root was reset)"
+                ]
+                if last
+                else []
+            )
+        seq, hash_ = anchor.get("seq"), anchor.get("hash")
+        if not isinstance(seq, int) or not isinstance(hash_, str):
+            return ["the anchor in the trust root is corrupt"]
+        if anchor.get("key_id") != key.key_id:
+            return [
+                f"the anchor was signed by key {anchor.get('key_id')}, not the current key {key.key_id}: the key "
+                "was lost or replaced; records before it are unverifiable"
+            ]
+        if not key.check(
+            _ANCHOR_MAC, self._anchor_message(seq, hash_), cast("str | None", anchor.get("mac"))
+        ):
+            if anchor.get("ledger_id") != self.ledger_id:
+                return [
+                    "the ledger database was replaced: its id differs from the anchored one (a copy of another "
+                    "ledger, or a new database)"
+                ]
+            return ["the anchor's MAC does not verify: it was edited"]
+        if seq > last:
+            return [
+                f"the ledger ends at record {last} but the trust root anchored record {seq}: its tail was removed "
+                "or it was rolled back to an older copy"
+            ]
+        if hashes.get(seq) != hash_:
+            return [
+                f"record {seq} differs from the one anchored in the trust root: the history was rewritten or "
+                "rolled back and regrown"
+            ]
+        return [
+            f"the trust root anchored another ledger database here before (id {old.get('ledger_id')}, "
+            f"{old.get('seq')} records): it was deleted or replaced, and its evidence is gone"
+            for old in cast("list[dict[str, Any]]", anchor.get("replaced") or [])
+        ]

@@ -1,9 +1,14 @@
-"""Pending approvals and human grants, kept in ``<workspace>/.perfgate/approvals.db``.
+"""Pending approvals and human grants, kept in the trust root (``<state>/workspaces/<id>/approvals.db``).
 
 A row is created when a command needs a human and the client cannot ask one (no elicitation). A human
 grants or denies it with ``perfgate approve ID`` in a terminal; the grant then lets the same digest run
 until it expires. Rows change state (pending -> granted | denied | expired), so they live in their own
 SQLite file rather than in the append-only evidence ledger; every decision is also a ledger record.
+
+The database is outside the workspace, and every row carries an HMAC under the trust root's key over all
+its fields: a row edited by anything but perfgate (``UPDATE approvals SET status='granted'``) no longer
+verifies and is ignored (`ApprovalStore.rejected` lists such rows, for ``perfgate approvals``). The stored
+request has its secrets redacted; the digest still binds the real values.
 
 Each method opens its own connection and writes in one ``BEGIN IMMEDIATE`` transaction, so the server
 and the ``perfgate`` command line can use the store at the same time.
@@ -12,6 +17,7 @@ and the ``perfgate`` command line can use the store at the same time.
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import sqlite3
 import time
@@ -22,6 +28,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from perfgate.execution.request import CommandRequest
+from perfgate.trust import SigningKey, TrustRoot
 
 __all__ = ["Approval", "ApprovalStatus", "ApprovalStore", "ApprovalStoreError"]
 
@@ -37,7 +44,8 @@ CREATE TABLE IF NOT EXISTS approvals (
     decided_at REAL,
     decided_by TEXT,
     uses INTEGER NOT NULL DEFAULT 0,
-    evidence_id TEXT
+    evidence_id TEXT,
+    mac TEXT
 );
 CREATE INDEX IF NOT EXISTS approvals_digest ON approvals(digest, status);
 """
@@ -73,23 +81,63 @@ class Approval(BaseModel):
     evidence_id: str | None = None
 
 
+_KEYS = _COLUMNS.split(", ")
+_MAC_PURPOSE = "perfgate-approval"
+
+
 def _row(row: tuple[object, ...]) -> Approval:
-    keys = _COLUMNS.split(", ")
-    data = dict(zip(keys, row, strict=True))
+    data = dict(zip(_KEYS, row, strict=True))
     data["request"] = CommandRequest.model_validate_json(str(data["request"]))
     return Approval.model_validate(data)
 
 
-class ApprovalStore:
-    """Approvals of one workspace. ``clock`` returns epoch seconds (injectable for expiry tests)."""
+def _stored_request(request: CommandRequest) -> str:
+    """The request as kept in the store: secret values redacted (the digest column binds the real ones)."""
+    from perfgate.redaction import redact_request
 
-    def __init__(self, state_dir: Path, clock: Callable[[], float] = time.time) -> None:
-        self.db_path = state_dir / "approvals.db"
+    return redact_request(request).model_dump_json()
+
+
+class ApprovalStore:
+    """Approvals of one workspace, signed with the trust root's key.
+
+    ``folder`` is the workspace's directory in the trust root; ``clock`` returns epoch seconds
+    (injectable for expiry tests). `open` builds one from a workspace.
+    """
+
+    def __init__(self, folder: Path, key: SigningKey, clock: Callable[[], float] = time.time) -> None:
+        self.db_path = folder / "approvals.db"
+        self.key = key
         self.clock = clock
-        state_dir.mkdir(parents=True, exist_ok=True)
+        self.rejected: list[str] = []
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         with self._connect() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
+            if "mac" not in columns:
+                conn.execute("ALTER TABLE approvals ADD COLUMN mac TEXT")
+        self.db_path.chmod(0o600)
+
+    @classmethod
+    def open(
+        cls, workspace: Path, trust: TrustRoot | None = None, clock: Callable[[], float] = time.time
+    ) -> ApprovalStore:
+        """The store of ``workspace`` in ``trust`` (default: from the environment), creating the key if needed.
+
+        Raises:
+            TrustRootError: the trust root is not writable by this user.
+        """
+        trust = trust or TrustRoot.locate()
+        return cls(trust.workspace_dir(workspace), trust.ensure_key(), clock)
+
+    def _mac(self, row: tuple[object, ...]) -> str:
+        return self.key.mac(_MAC_PURPOSE, json.dumps(list(row), separators=(",", ":")))
+
+    def _sign(self, conn: sqlite3.Connection, approval_id: str) -> None:
+        row = conn.execute(f"SELECT {_COLUMNS} FROM approvals WHERE id = ?", (approval_id,)).fetchone()
+        if row is not None:
+            conn.execute("UPDATE approvals SET mac = ? WHERE id = ?", (self._mac(tuple(row)), approval_id))
 
     @contextlib.contextmanager
     def _connect(self) -> Generator[sqlite3.Connection, None, None]:
@@ -112,18 +160,27 @@ class ApprovalStore:
             conn.execute("COMMIT")
 
     def _select(self, conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> list[Approval]:
-        rows = conn.execute(f"SELECT {_COLUMNS} FROM approvals WHERE {where} ORDER BY created_at", params)
-        return [_row(r) for r in rows.fetchall()]
+        """Rows matching ``where`` whose MAC verifies; the others are skipped and listed in `rejected`."""
+        rows = conn.execute(
+            f"SELECT {_COLUMNS}, mac FROM approvals WHERE {where} ORDER BY created_at", params
+        )
+        out: list[Approval] = []
+        for *fields, mac in rows.fetchall():
+            if not self.key.check(_MAC_PURPOSE, json.dumps(fields, separators=(",", ":")), mac):
+                if fields[0] not in self.rejected:
+                    self.rejected.append(str(fields[0]))
+                continue
+            out.append(_row(tuple(fields)))
+        return out
 
     def expire_due(self) -> list[Approval]:
         """Mark pending and granted approvals past their expiry as expired; returns those just expired."""
         now = self.clock()
         with self._write() as conn:
             due = self._select(conn, "status IN ('pending', 'granted') AND expires_at <= ?", (now,))
-            conn.execute(
-                "UPDATE approvals SET status = 'expired' WHERE status IN ('pending', 'granted') AND expires_at <= ?",
-                (now,),
-            )
+            for approval in due:
+                conn.execute("UPDATE approvals SET status = 'expired' WHERE id = ?", (approval.id,))
+                self._sign(conn, approval.id)
         return [a.model_copy(update={"status": ApprovalStatus.EXPIRED}) for a in due]
 
     def get(self, approval_id: str) -> Approval | None:
@@ -157,6 +214,7 @@ class ApprovalStore:
                 return None
             grant = found[-1]
             conn.execute("UPDATE approvals SET uses = uses + 1 WHERE id = ?", (grant.id,))
+            self._sign(conn, grant.id)
         return grant.model_copy(update={"uses": grant.uses + 1})
 
     def open_pending(self, request: CommandRequest, tool: str, ttl_s: float) -> tuple[Approval, bool]:
@@ -186,12 +244,13 @@ class ApprovalStore:
                     approval.id,
                     approval.digest,
                     tool,
-                    request.model_dump_json(),
+                    _stored_request(request),
                     approval.status.value,
                     approval.created_at,
                     approval.expires_at,
                 ),
             )
+            self._sign(conn, approval.id)
         return approval, True
 
     def decide(self, approval_id: str, *, grant: bool, who: str, grant_ttl_s: float) -> Approval:
@@ -219,6 +278,7 @@ class ApprovalStore:
                 "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?, expires_at = ? WHERE id = ?",
                 (status.value, now, who, expires_at, approval_id),
             )
+            self._sign(conn, approval_id)
         return current.model_copy(
             update={"status": status, "decided_at": now, "decided_by": who, "expires_at": expires_at}
         )
@@ -226,4 +286,6 @@ class ApprovalStore:
     def set_evidence(self, approval_id: str, evidence_id: str) -> None:
         """Link the ledger record of the latest decision on this approval."""
         with self._write() as conn:
-            conn.execute("UPDATE approvals SET evidence_id = ? WHERE id = ?", (evidence_id, approval_id))
+            if self._select(conn, "id = ?", (approval_id,)):
+                conn.execute("UPDATE approvals SET evidence_id = ? WHERE id = ?", (evidence_id, approval_id))
+                self._sign(conn, approval_id)

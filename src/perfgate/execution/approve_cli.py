@@ -1,10 +1,15 @@
 """``perfgate approve ID`` and ``perfgate approvals``: a human grants pending commands in a terminal.
 
-``approve`` shows the full request and reads the confirmation from the controlling terminal
-(``/dev/tty``), never from stdin, and refuses when stdin is not a terminal or there is no controlling
-terminal. An agent's shell tool runs commands without a terminal, so it cannot approve its own requests.
-This is a speed bump against an agent, not a sandbox: an agent that can run arbitrary programs with a
-pseudo-terminal, or write ``.perfgate/``, is outside what a local check can stop (sandbox such agents).
+``approve`` shows the full request (with the code it binds) and reads the confirmation from the
+controlling terminal (``/dev/tty``), never from stdin, and refuses when stdin is not a terminal or there
+is no controlling terminal.
+
+What that check does and does not stop, honestly: an agent's plain shell tool has no terminal, so a bare
+``perfgate approve`` from it fails. An agent that can start a pseudo-terminal (``script``, ``pty.fork``,
+``expect``) passes the TTY check. What stops it then is the trust root: a grant is a signed row in the
+operator's state directory, so ``approve`` run by an agent that cannot write (or read the key in) that
+directory fails, whatever terminal it fakes. Run the agent as another user or in a sandbox that confines
+its writes to the workspace, and prefer approving through the agent host's own prompt (elicitation).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from perfgate.execution.approvals import Approval, ApprovalStatus, ApprovalStore
 from perfgate.execution.audit import Decision, How, operator_identity, record_decision
 from perfgate.execution.gate import ApprovalGate, approve_command
 from perfgate.execution.policy import PolicyError, load_policy
+from perfgate.trust import TrustRoot, TrustRootError
 
 __all__ = ["EXIT_NO_TTY", "approve", "list_approvals"]
 
@@ -33,15 +39,23 @@ def _utc(epoch_s: float | None) -> str:
     return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
 
 
-def _open(workspace: Path) -> tuple[ApprovalStore, Ledger] | None:
+def _open(workspace: Path, trust: TrustRoot | None) -> tuple[ApprovalStore, Ledger] | str | None:
+    """The store and ledger, None when the workspace has no perfgate state, or why the trust root failed."""
     if not (workspace / STATE_DIR_NAME).is_dir():
         return None
-    return ApprovalStore(workspace / STATE_DIR_NAME), Ledger(workspace)
+    trust = trust or TrustRoot.locate()
+    try:
+        return ApprovalStore.open(workspace, trust), Ledger(workspace, trust)
+    except (TrustRootError, OSError) as exc:
+        return (
+            f"cannot open the trust root ({trust.state_dir}): {exc}. Approvals are the operator's: run this as "
+            "the user who runs the perfgate server, with the same --state-dir / PERFGATE_STATE_DIR"
+        )
 
 
 def _expire(workspace: Path, store: ApprovalStore, ledger: Ledger) -> None:
     try:
-        policy = load_policy(workspace)
+        policy = load_policy(workspace, ledger.trust)
     except PolicyError as exc:
         ApprovalGate(workspace, ledger, store, None, str(exc)).expire_due()
         return
@@ -63,6 +77,7 @@ def approve(
     deny: bool = False,
     stdin: TextIO | None = None,
     tty_path: str = "/dev/tty",
+    trust: TrustRoot | None = None,
 ) -> int:
     """Grant (or with ``deny``, refuse) one pending approval; returns the process exit status.
 
@@ -71,9 +86,12 @@ def approve(
     """
     stdin = stdin if stdin is not None else sys.stdin
     workspace = workspace.resolve()
-    opened = _open(workspace)
+    opened = _open(workspace, trust)
     if opened is None:
         print(f"perfgate: no perfgate state in {workspace} (is --workspace right?)", file=sys.stderr)
+        return 2
+    if isinstance(opened, str):
+        print(f"perfgate: {opened}", file=sys.stderr)
         return 2
     store, ledger = opened
     _expire(workspace, store, ledger)
@@ -87,7 +105,7 @@ def approve(
         print(f"perfgate: approval {approval_id} is {approval.status.value}, not pending", file=sys.stderr)
         return 2
     try:
-        grant_ttl_s = load_policy(workspace).grant_ttl_s
+        grant_ttl_s = load_policy(workspace, ledger.trust).grant_ttl_s
     except PolicyError as exc:
         print(f"perfgate: {exc}", file=sys.stderr)
         return 2
@@ -160,14 +178,23 @@ def _decide(
 
 
 def list_approvals(
-    workspace: Path, *, include_closed: bool = False, as_json: bool = False, out: TextIO | None = None
+    workspace: Path,
+    *,
+    include_closed: bool = False,
+    as_json: bool = False,
+    out: TextIO | None = None,
+    trust: TrustRoot | None = None,
 ) -> int:
     """Print pending and granted approvals (all of them with ``include_closed``); returns the exit status."""
     out = out if out is not None else sys.stdout
     if out is None:  # sys.stdout is None when there is no stdout
         return 2
     workspace = workspace.resolve()
-    opened = _open(workspace)
+    opened = _open(workspace, trust)
+    rejected: list[str] = []
+    if isinstance(opened, str):
+        print(f"perfgate: {opened}", file=sys.stderr)
+        return 2
     if opened is None:
         rows: list[Approval] = []
     else:
@@ -177,6 +204,13 @@ def list_approvals(
             tuple(ApprovalStatus) if include_closed else (ApprovalStatus.PENDING, ApprovalStatus.GRANTED)
         )
         rows = store.list(statuses)
+        store.list(tuple(ApprovalStatus))
+        rejected = store.rejected
+    for approval_id in rejected:
+        print(
+            f"perfgate: approval row {approval_id} fails its signature check (edited outside perfgate); ignored",
+            file=sys.stderr,
+        )
     if as_json:
         out.write(json.dumps([r.model_dump(mode="json") for r in rows], indent=2) + "\n")
         return 0

@@ -1,10 +1,11 @@
 """Run one approved command: argv only, its own process group, a timeout, captured output.
 
 The child gets ``stdin=/dev/null`` and pipes for stdout and stderr, so it can never read from or write to
-a stdio MCP stream. It starts a new session (``setsid``), which makes it the leader of a process group
-holding everything it spawns; every stop (timeout, client cancellation, server shutdown, processes left
-behind after a normal exit) sends SIGTERM to the whole group, waits ``kill_grace_s``, then SIGKILLs it.
-A process that calls ``setsid`` itself leaves the group and is out of reach (documented limitation).
+a stdio MCP stream. It starts a new session (``setsid``), which makes it the leader of a process group,
+and carries a run tag in its environment; with the server a child subreaper, everything it starts is
+found even after ``setsid``, ``setpgid`` or a double fork (`perfgate.execution.reaper`). Every stop
+(timeout, client cancellation, server shutdown, processes left behind after a normal exit) sends SIGTERM
+to all of them, waits ``kill_grace_s``, then SIGKILLs what is left.
 
 Output streams to ``stdout_path`` / ``stderr_path`` in full (up to ``max_log_bytes`` each) while only the
 last ``tail_bytes`` stay in memory for the result.
@@ -29,6 +30,15 @@ import anyio
 import anyio.abc
 from pydantic import BaseModel, Field
 
+from perfgate.execution.reaper import (
+    RUN_TAG_VAR,
+    RunHandle,
+    RunList,
+    members,
+    new_tag,
+    reap_zombies,
+    stop_blocking,
+)
 from perfgate.execution.request import CommandRequest
 
 __all__ = [
@@ -147,80 +157,63 @@ def _guard_fatal_signals() -> None:
 
 
 class ProcessRegistry:
-    """The process groups a server has running, so shutdown can stop every one of them."""
+    """The commands a server has running, so shutdown can stop every one of them and what they started.
 
-    def __init__(self) -> None:
-        self._groups: set[int] = set()
+    With a `RunList` (in the trust root) the runs are also listed on disk, so a server started after this
+    one was killed can stop what is left (`RunList.stop_leftovers`).
+    """
 
-    def add(self, pgid: int) -> None:
-        self._groups.add(pgid)
+    def __init__(self, run_list: RunList | None = None) -> None:
+        self._runs: dict[str, RunHandle] = {}
+        self.run_list = run_list
+
+    def add(self, run: RunHandle) -> None:
+        self._runs[run.tag] = run
+        if self.run_list is not None:
+            with contextlib.suppress(OSError):
+                self.run_list.add(run)
         _LIVE_REGISTRIES.add(self)
         _guard_fatal_signals()
 
-    def discard(self, pgid: int) -> None:
-        self._groups.discard(pgid)
+    def discard(self, run: RunHandle) -> None:
+        self._runs.pop(run.tag, None)
+        if self.run_list is not None:
+            with contextlib.suppress(OSError):
+                self.run_list.discard(run)
 
     @property
     def groups(self) -> frozenset[int]:
-        return frozenset(self._groups)
+        """Process group ids of the running commands."""
+        return frozenset(r.pgid for r in self._runs.values())
+
+    @property
+    def runs(self) -> tuple[RunHandle, ...]:
+        return tuple(self._runs.values())
 
     def kill_all(self) -> None:
-        """SIGKILL every registered group now (the last resort at interpreter exit)."""
-        for pgid in list(self._groups):
-            _signal_group(pgid, signal.SIGKILL)
-        self._groups.clear()
+        """SIGKILL every process of every run now (the last resort at interpreter exit)."""
+        runs = list(self._runs.values())
+        for _ in range(50):
+            left = members(runs)
+            if not left:
+                break
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(_POLL_S)
+        self._runs.clear()
 
     def stop_all_blocking(self, grace_s: float) -> None:
-        """TERM every group, wait up to ``grace_s`` (blocking), KILL the rest: for signal handlers."""
-        groups = list(self._groups)
-        for pgid in groups:
-            _signal_group(pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
-            time.sleep(_POLL_S)
-        self.kill_all()
+        """TERM every run's processes, wait up to ``grace_s`` (blocking), KILL the rest: for signal handlers."""
+        stop_blocking(list(self._runs.values()), grace_s)
+        self._runs.clear()
 
     async def aclose(self, grace_s: float = 5.0) -> None:
-        """TERM every running group, then KILL what is left after ``grace_s``."""
-        groups = list(self._groups)
-        for pgid in groups:
-            _signal_group(pgid, signal.SIGTERM)
-        with anyio.move_on_after(grace_s):
-            while any(_group_alive(g) for g in groups):
-                await anyio.sleep(_POLL_S)
-        self.kill_all()
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
-
-
-def _group_alive(pgid: int) -> bool:
-    """True while the group has a member that is not a zombie.
-
-    ``killpg(pgid, 0)`` also succeeds for zombies awaiting their reaper, so on Linux the members'
-    states are read from /proc; elsewhere the signal probe is the best available answer.
-    """
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the parenthesised command: state, ppid, pgrp, ...
-        rest = stat[stat.rfind(")") + 2 :].split()
-        if len(rest) > 2 and int(rest[2]) == pgid and rest[0] not in ("Z", "X"):
-            return True
-    return False
+        """TERM every run's processes, then KILL what is left after ``grace_s``."""
+        runs = list(self._runs.values())
+        if runs:
+            await anyio.to_thread.run_sync(stop_blocking, runs, grace_s)
+        self._runs.clear()
 
 
 def resolve_program(request: CommandRequest) -> None:
@@ -288,21 +281,34 @@ async def _pump(source: anyio.abc.ByteReceiveStream, sink: _Stream) -> None:
         return
 
 
-async def _stop_group(process: anyio.abc.Process, pgid: int, grace_s: float) -> bool:
-    """TERM the group, wait up to ``grace_s`` for the leader and every member, then KILL.
+def _alive(run: RunHandle, process: anyio.abc.Process) -> bool:
+    reap_zombies([run])
+    return bool(members([run]) - ({process.pid} if process.returncode is not None else set()))
+
+
+async def _stop_run(process: anyio.abc.Process, run: RunHandle, grace_s: float) -> bool:
+    """TERM every process of the run, wait up to ``grace_s`` for all of them, then KILL until none is left.
 
     Returns True when anything had to be signalled.
     """
-    if process.returncode is not None and not _group_alive(pgid):
+    if process.returncode is not None and not _alive(run, process):
         return False
-    _signal_group(pgid, signal.SIGTERM)
+    for pid in members([run]):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
     with anyio.move_on_after(grace_s):
         await process.wait()
-        while _group_alive(pgid):
+        while _alive(run, process):
             await anyio.sleep(_POLL_S)
-    if process.returncode is None or _group_alive(pgid):
-        _signal_group(pgid, signal.SIGKILL)
-        await process.wait()
+    for _ in range(200):
+        if process.returncode is not None and not _alive(run, process):
+            break
+        for pid in members([run]):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with anyio.move_on_after(_POLL_S * 5):
+            await process.wait()
+    await process.wait()
     return True
 
 
@@ -329,6 +335,9 @@ async def execute(
         raise CommandError(f"working directory {cwd} does not exist or is not a directory")
     env = {**os.environ, **request.env}
     _resolve_program(request, env)
+    # Inherited by everything the command starts: how its descendants are found wherever they go.
+    tag = new_tag()
+    env[RUN_TAG_VAR] = tag
 
     started = time.monotonic()
     with stdout_path.open("wb") as out_file, stderr_path.open("wb") as err_file:
@@ -347,9 +356,9 @@ async def execute(
         except OSError as exc:
             raise CommandError(f"cannot start {request.argv[0]!r}: {exc.strerror or exc}") from exc
         # After setsid the child's pid is its process group id.
-        pgid = process.pid
+        run = RunHandle(process.pid, tag)
         if registry is not None:
-            registry.add(pgid)
+            registry.add(run)
 
         async def report() -> None:
             if on_progress is None:
@@ -383,7 +392,7 @@ async def execute(
                 with anyio.move_on_after(request.timeout_s) as deadline:
                     await process.wait()
                 timed_out = deadline.cancelled_caught
-                signalled = await _stop_group(process, pgid, limits.kill_grace_s)
+                signalled = await _stop_run(process, run, limits.kill_grace_s)
                 stragglers = signalled and not timed_out
                 # A process that left the group may still hold the pipes; do not wait on it forever.
                 with anyio.move_on_after(limits.kill_grace_s):
@@ -391,9 +400,10 @@ async def execute(
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await _stop_group(process, pgid, limits.kill_grace_s)
+                await _stop_run(process, run, limits.kill_grace_s)
+                reap_zombies([run], forget=True)
                 if registry is not None:
-                    registry.discard(pgid)
+                    registry.discard(run)
                 await process.aclose()
         await report()
 

@@ -49,18 +49,30 @@ class ConsentForm(BaseModel):
 
 @dataclass(frozen=True)
 class Grant:
-    """Permission for one tool call to run exactly the request with this digest."""
+    """Permission for one tool call to run exactly the request with this digest (code binding included).
+
+    ``base_digest`` is the digest without the code binding: when only that still matches at run time,
+    the code changed after approval.
+    """
 
     digest: str
     how: How
     who: str
     evidence_id: str
     approval_id: str | None = None
+    base_digest: str = ""
 
 
 def approve_command(approval_id: str, workspace: Path) -> str:
     """The exact shell line a human runs to approve ``approval_id`` in ``workspace``."""
     return f"perfgate approve {approval_id} --workspace {shlex.quote(str(workspace))}"
+
+
+def _shown(request: CommandRequest, tool: str) -> str:
+    """The request as shown outside the approval itself: secrets redacted."""
+    from perfgate.redaction import redact_request
+
+    return redact_request(request).describe(tool)
 
 
 def _utc(epoch_s: float) -> str:
@@ -77,8 +89,10 @@ class ApprovalGate:
         store: ApprovalStore,
         policy: ExecutionPolicy | None,
         policy_error: str | None = None,
+        ignored_policy_files: tuple[Path, ...] = (),
     ) -> None:
         assert (policy is None) != (policy_error is None), "either a policy or the reason it failed to load"
+        self.ignored_policy_files = ignored_policy_files
         self.workspace = workspace
         self.ledger = ledger
         self.store = store
@@ -135,6 +149,8 @@ class ApprovalGate:
     def preapproved(self, request: CommandRequest, tool: str) -> Grant | None:
         """A grant that needs no question (allowlist, or a human's CLI grant), else None.
 
+        ``request`` must carry its code binding (`perfgate.execution.binding.bind_code`).
+
         Raises:
             ToolError: the request is outside the limits, or a human denied this exact command.
         """
@@ -152,7 +168,9 @@ class ApprovalGate:
                 who=who,
                 detail={"rule": rule.label(), "rule_argv": list(rule.argv)},
             )
-            return Grant(request.digest, How.ALLOWLIST, who, evidence_id)
+            return Grant(
+                request.digest, How.ALLOWLIST, who, evidence_id, base_digest=request.unbound().digest
+            )
         live = self.store.live_for(request.digest)
         if live is not None and live.status is ApprovalStatus.DENIED:
             raise ToolError(
@@ -173,15 +191,16 @@ class ApprovalGate:
             approval_id=grant.id,
             detail={"event": "used", "use": grant.uses, "grant_evidence_id": grant.evidence_id},
         )
-        return Grant(request.digest, How.CLI_GRANT, who, evidence_id, grant.id)
+        return Grant(request.digest, How.CLI_GRANT, who, evidence_id, grant.id, request.unbound().digest)
 
     def elicitation_message(self, request: CommandRequest, tool: str) -> str:
         """The question shown to the human. Deterministic: a retried round must render the same text."""
         return (
             "An AI agent asks perfgate to run this command on your machine:\n\n"
-            f"{request.describe(tool)}\n\n"
+            f"{_shown(request, tool)}\n\n"
             "It runs exactly as shown (argv list, no shell), in its own process group, killed at the timeout. "
-            "Accept to run it; decline to refuse."
+            "The approval covers this code only: an edit of the files listed, or of the workspace's code, needs "
+            "a new one. Accept to run it; decline to refuse."
         )
 
     def settle_elicitation(
@@ -205,7 +224,9 @@ class ApprovalGate:
             detail={"note": note} if note else None,
         )
         if action == "accept":
-            return Grant(request.digest, How.ELICITATION, who, evidence_id)
+            return Grant(
+                request.digest, How.ELICITATION, who, evidence_id, base_digest=request.unbound().digest
+            )
         if action == "decline":
             raise ToolError(
                 f"the user declined to run this command (recorded as {evidence_id}). Do not repeat it "
@@ -240,6 +261,6 @@ class ApprovalGate:
             f"id: {approval.id} (expires {_utc(approval.expires_at)}). Ask the user to run, in a terminal:\n\n"
             f"    {approve_command(approval.id, self.workspace)}\n\n"
             "then repeat this exact tool call with the same arguments; it runs once approved. Any change to "
-            "argv, cwd, env or timeout needs a new approval.\n\n"
-            f"{request.describe(tool)}"
+            "argv, cwd, env, timeout or the code it runs needs a new approval.\n\n"
+            f"{_shown(request, tool)}"
         )

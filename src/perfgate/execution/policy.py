@@ -1,8 +1,10 @@
 """The operator's execution policy: what may run without asking, and the limits on every run.
 
-The policy is operator configuration read from the workspace, never model input, and no tool writes it.
-It lives in the ``[execution]`` table of ``<workspace>/perfgate.toml`` or of
-``<workspace>/.perfgate/policy.toml`` (one of them; both is an error)::
+The policy is operator configuration kept in the trust root (`perfgate.trust`), outside the workspace the
+agent writes: ``~/.config/perfgate/policy.toml`` (``$PERFGATE_CONFIG_DIR/policy.toml``, or the file named by
+``$PERFGATE_POLICY`` / ``--policy``). A ``perfgate.toml`` or ``.perfgate/policy.toml`` in the workspace is
+never obeyed: the agent could have written it. When one holds an ``[execution]`` table it is reported
+(server log, refusals, ``perfgate policy``) so the operator can move it::
 
     [execution]
     max_timeout_s = 3600             # hard limit on every run, approved or not
@@ -12,25 +14,36 @@ It lives in the ``[execution]`` table of ``<workspace>/perfgate.toml`` or of
     grant_ttl_s = 28800              # a human's grant is reusable for the same digest this long
 
     [[execution.allow]]
-    argv = ["python", "train.py"]    # prefix, one fnmatch pattern per token
+    script = "train.py"              # the script the command runs (relative to the workspace), or
+                                     # module = "pkg.train"
+    sha256 = "9f2c..."               # that file's content (`perfgate policy pin train.py` prints it); or
+                                     # code = "any" to allow whatever the file holds when it runs
+    argv = ["python", "train.py", "*"]  # optional: patterns for the user's command, one per token
     env = ["OMP_NUM_THREADS"]        # extra keys this rule lets the run set
-    exact = false                    # true: no arguments beyond the prefix
+    exact = false                    # true: no arguments beyond the argv patterns
 
-An allowlist rule matches a request when each pattern matches the argv token at its position and every
-environment variable the request sets is allowed. A request that matches no rule goes to a human; the
-limits (timeout, working directory) bind every request whoever approves it.
+Rules are about the user's command, not perfgate's wrapper: ``python -m perfgate.harness -- train.py``
+is matched as ``python train.py``. A rule matches a request when its argv patterns match the command's
+leading tokens, the command runs the rule's script or module, that file has the pinned sha256 (unless the
+rule says ``code = "any"``), and every environment variable the request sets is allowed. A rule must pin
+its code or opt out explicitly; a request that matches no rule goes to a human, and the limits (timeout,
+working directory) bind every request whoever approves it.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from perfgate.execution.binding import file_sha256
 from perfgate.execution.request import CommandRequest
+from perfgate.execution.target import command_target, user_argv
+from perfgate.trust import TrustRoot
 
 __all__ = [
     "AllowRule",
@@ -38,6 +51,7 @@ __all__ = [
     "PolicyError",
     "load_policy",
     "policy_paths",
+    "workspace_policy_files",
 ]
 
 DEFAULT_MAX_TIMEOUT_S = 3600.0
@@ -47,7 +61,8 @@ DEFAULT_ALLOW_ENV = ("PERFGATE_*",)
 """perfgate's own harness variables; nothing else reads them."""
 
 _POLICY_KEYS = {"max_timeout_s", "cwd_roots", "allow_env", "allow", "pending_ttl_s", "grant_ttl_s"}
-_RULE_KEYS = {"argv", "env", "exact", "name"}
+_RULE_KEYS = {"argv", "env", "exact", "name", "script", "module", "sha256", "code"}
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class PolicyError(ValueError):
@@ -55,29 +70,74 @@ class PolicyError(ValueError):
 
 
 def policy_paths(workspace: Path) -> tuple[Path, Path]:
-    """The two places the policy may live; tools must treat both as read-only."""
+    """The two workspace files an older perfgate read a policy from; now only reported, never obeyed."""
     return (workspace / "perfgate.toml", workspace / ".perfgate" / "policy.toml")
+
+
+def workspace_policy_files(workspace: Path) -> list[Path]:
+    """Workspace files that define ``[execution]``: ignored (the agent can write them), to be reported."""
+    found: list[Path] = []
+    for path in policy_paths(workspace.resolve()):
+        try:
+            if path.is_file() and re.search(r"(?m)^\s*\[\[?\s*execution", path.read_text(errors="replace")):
+                found.append(path)
+        except OSError:
+            continue
+    return found
 
 
 @dataclass(frozen=True)
 class AllowRule:
-    """argv prefix patterns that may run without a human's approval."""
+    """A command that may run without a human: the script or module it runs, its code, argv patterns."""
 
-    argv: tuple[str, ...]
+    argv: tuple[str, ...] = ()
     env: tuple[str, ...] = ()
     exact: bool = False
     name: str = ""
+    script: Path | None = None
+    module: str | None = None
+    sha256: str | None = None
+    any_code: bool = False
 
     def label(self) -> str:
-        return self.name or " ".join(self.argv)
+        if self.name:
+            return self.name
+        if self.script is None and self.module is None:
+            return " ".join(self.argv)
+        what = str(self.script) if self.script else f"-m {self.module}"
+        return what + (f" (sha256 {self.sha256[:12]})" if self.sha256 else " (any code)")
 
     def matches_argv(self, argv: tuple[str, ...]) -> bool:
-        if len(argv) < len(self.argv) or (self.exact and len(argv) != len(self.argv)):
+        """Whether the patterns match the user's command (``argv`` with perfgate's harness removed)."""
+        user = user_argv(argv)
+        if len(user) < len(self.argv) or (self.exact and len(user) != len(self.argv)):
             return False
         return all(
             fnmatch.fnmatchcase(token, pattern)
-            for token, pattern in zip(argv[: len(self.argv)], self.argv, strict=True)
+            for token, pattern in zip(user[: len(self.argv)], self.argv, strict=True)
         )
+
+    def why_not(self, request: CommandRequest) -> str | None:
+        """None when the command, its target and its code match this rule; else the reason."""
+        if not self.matches_argv(request.argv):
+            return "argv does not match"
+        if self.script is None and self.module is None:
+            return None
+        target = command_target(request.argv)
+        if target is None:
+            return "the command runs no script or module perfgate can name"
+        if self.module is not None:
+            if target.kind != "module" or target.name != self.module:
+                return f"it does not run module {self.module}"
+        else:
+            found = target.file(request.cwd) if target.kind != "module" else None
+            if found is None or self.script is None or found != self.script.resolve():
+                return f"it does not run {self.script}"
+        if self.sha256 is not None:
+            found = target.file(request.cwd)
+            if found is None or file_sha256(found) != self.sha256:
+                return f"{target.name} changed since the operator pinned it (sha256 {self.sha256[:12]})"
+        return None
 
 
 @dataclass(frozen=True)
@@ -119,7 +179,7 @@ class ExecutionPolicy:
     def match(self, request: CommandRequest) -> AllowRule | None:
         """The first allowlist rule that lets this request run without asking, or None."""
         for rule in self.allow:
-            if not rule.matches_argv(request.argv):
+            if rule.why_not(request) is not None:
                 continue
             patterns = (*self.allow_env, *rule.env)
             if all(any(fnmatch.fnmatchcase(key, p) for p in patterns) for key in request.env):
@@ -142,24 +202,61 @@ def _number(value: object, where: str) -> float:
     return float(value)
 
 
-def _rule(raw: object, index: int, source: Path) -> AllowRule:
+def _rule(raw: object, index: int, source: Path, workspace: Path) -> AllowRule:
     where = f"{source}: execution.allow[{index}]"
     if not isinstance(raw, dict):
-        raise PolicyError(f"{where} must be a table with an argv list")
+        raise PolicyError(f"{where} must be a table with a script, module or argv")
     table = cast("dict[str, object]", raw)
     unknown = set(table) - _RULE_KEYS
     if unknown:
-        raise PolicyError(f"{where} has unknown keys {sorted(unknown)} (allowed: {sorted(_RULE_KEYS)})")
-    if "argv" not in table:
-        raise PolicyError(f"{where} needs an argv list")
-    argv = _strings(table["argv"], f"{where}.argv")
-    if not argv or not argv[0]:
-        raise PolicyError(f"{where}.argv must name at least the program")
-    exact = table.get("exact", False)
-    name = table.get("name", "")
+        hint = (
+            " (the old `argv` prefix rules matched perfgate's harness wrapper; name the script instead)"
+            if "argv" in table
+            else ""
+        )
+        raise PolicyError(f"{where} has unknown keys {sorted(unknown)} (allowed: {sorted(_RULE_KEYS)}){hint}")
+    argv = _strings(table.get("argv", []), f"{where}.argv")
+    exact, name, script, module = (
+        table.get(k, d) for k, d in (("exact", False), ("name", ""), ("script", None), ("module", None))
+    )
+    sha256, code = table.get("sha256"), table.get("code")
     if not isinstance(exact, bool) or not isinstance(name, str):
         raise PolicyError(f"{where}: exact must be true/false and name a string")
-    return AllowRule(argv=argv, env=_strings(table.get("env", []), f"{where}.env"), exact=exact, name=name)
+    if (script is not None and not isinstance(script, str)) or (
+        module is not None and not isinstance(module, str)
+    ):
+        raise PolicyError(f"{where}: script and module must be strings")
+    if script is not None and module is not None:
+        raise PolicyError(f"{where}: give script or module, not both")
+    if not argv and script is None and module is None:
+        raise PolicyError(f"{where} needs a script, a module or an argv list")
+    if argv and not argv[0]:
+        raise PolicyError(f"{where}.argv must name at least the program")
+    if sha256 is not None and (not isinstance(sha256, str) or not _SHA256.fullmatch(sha256.lower())):
+        raise PolicyError(f"{where}.sha256 must be 64 hex digits (`perfgate policy pin FILE` prints it)")
+    if sha256 is not None and script is None and module is None:
+        raise PolicyError(f"{where}: sha256 pins the script or module; name one")
+    if code not in (None, "any", "pinned"):
+        raise PolicyError(f'{where}.code must be "any" (no pin) or "pinned" (with sha256)')
+    if sha256 is None and code != "any":
+        raise PolicyError(
+            f'{where} pins no code: add sha256 = "<the file\'s sha256>" (`perfgate policy pin FILE` prints it), '
+            'or code = "any" to let whatever the file holds run without asking'
+        )
+    script_path: Path | None = None
+    if isinstance(script, str):
+        script_path = Path(script).expanduser()
+        script_path = script_path if script_path.is_absolute() else workspace / script_path
+    return AllowRule(
+        argv=argv,
+        env=_strings(table.get("env", []), f"{where}.env"),
+        exact=exact,
+        name=name,
+        script=script_path,
+        module=module if isinstance(module, str) else None,
+        sha256=sha256.lower() if isinstance(sha256, str) else None,
+        any_code=code == "any",
+    )
 
 
 def _from_table(workspace: Path, table: Mapping[str, Any], source: Path) -> ExecutionPolicy:
@@ -171,7 +268,7 @@ def _from_table(workspace: Path, table: Mapping[str, Any], source: Path) -> Exec
     raw_rules: object = table.get("allow", [])
     if not isinstance(raw_rules, list):
         raise PolicyError(f"{source}: execution.allow must be an array of tables ([[execution.allow]])")
-    rules = tuple(_rule(r, i, source) for i, r in enumerate(cast("list[object]", raw_rules)))
+    rules = tuple(_rule(r, i, source, workspace) for i, r in enumerate(cast("list[object]", raw_rules)))
     roots = tuple(
         (Path(r).expanduser() if Path(r).expanduser().is_absolute() else workspace / r)
         for r in _strings(table.get("cwd_roots", ["."]), f"{source}: execution.cwd_roots")
@@ -201,28 +298,21 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise PolicyError(f"cannot read the execution policy {path}: {exc}") from exc
 
 
-def load_policy(workspace: Path) -> ExecutionPolicy:
-    """Read the workspace's policy; built-in defaults (nothing allowlisted) when there is none.
+def load_policy(workspace: Path, trust: TrustRoot | None = None) -> ExecutionPolicy:
+    """Read the operator's policy from the trust root; built-in defaults (nothing allowlisted) without one.
+
+    Workspace policy files are not read (see `workspace_policy_files`).
 
     Raises:
-        PolicyError: a policy file is unreadable or invalid, or both files define ``[execution]``.
+        PolicyError: the policy file is unreadable or invalid.
     """
     workspace = workspace.resolve()
-    found: list[tuple[Path, Mapping[str, Any]]] = []
-    for path in policy_paths(workspace):
-        if not path.is_file():
-            continue
-        table: object = _read_toml(path).get("execution")
-        if table is None:
-            continue
-        if not isinstance(table, dict):
-            raise PolicyError(f"{path}: execution must be a table ([execution])")
-        found.append((path, cast("dict[str, Any]", table)))
-    if len(found) > 1:
-        raise PolicyError(
-            f"both {found[0][0]} and {found[1][0]} define [execution]; keep the policy in one of them"
-        )
-    if not found:
+    path = (trust or TrustRoot.locate()).policy_file
+    if not path.is_file():
         return ExecutionPolicy(workspace=workspace)
-    source, table = found[0]
-    return _from_table(workspace, table, source)
+    table: object = _read_toml(path).get("execution")
+    if table is None:
+        return ExecutionPolicy(workspace=workspace, source=path)
+    if not isinstance(table, dict):
+        raise PolicyError(f"{path}: execution must be a table ([execution])")
+    return _from_table(workspace, cast("dict[str, Any]", table), path)

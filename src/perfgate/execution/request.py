@@ -1,9 +1,11 @@
 """A command a tool wants to run, and the digest an approval binds to.
 
 A request is an argv list (never a shell string), an absolute working directory, the environment
-variables it sets on top of the server's environment, and its limits. The digest covers exactly those;
-the agent's stated reason is shown to the human but not bound, so rewording it does not need a new
-approval while any change to what runs does.
+variables it sets on top of the server's environment, its limits, and (once the server bound it, see
+`perfgate.execution.binding`) the code it runs: the digests of the files its argv names and the
+workspace's code state. The digest covers exactly those; the agent's stated reason is shown to the human
+but not bound, so rewording it does not need a new approval while any change to what runs does, an edit
+of the approved script included.
 """
 
 from __future__ import annotations
@@ -16,12 +18,28 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["DIGEST_VERSION", "CommandRequest"]
+__all__ = ["DIGEST_VERSION", "CodeBinding", "CommandRequest"]
 
-DIGEST_VERSION = 1
+DIGEST_VERSION = 2
 """Bumped when the digested fields change, so an old approval can never match a new meaning."""
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class CodeBinding(BaseModel):
+    """The code a request runs, as of when it was bound."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    files: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="Files the command names (its script or module, file arguments): path -> sha256.",
+    )
+    workspace: str = Field(description="The workspace's code state digest (git commit + changes, or tree).")
+    summary: str = Field(description="The code state in words, for the human.")
+
+    def bound(self) -> dict[str, Any]:
+        return {"files": dict(sorted(self.files.items())), "workspace": self.workspace}
 
 
 class CommandRequest(BaseModel):
@@ -40,6 +58,9 @@ class CommandRequest(BaseModel):
     )
     reason: str = Field(
         default="", max_length=2000, description="Why the agent wants to run it (not digested)."
+    )
+    code: CodeBinding | None = Field(
+        default=None, description="The code it runs, filled in by the server's gate (never by a tool input)."
     )
 
     @field_validator("argv")
@@ -79,7 +100,12 @@ class CommandRequest(BaseModel):
             "cwd": str(self.cwd),
             "env": dict(sorted(self.env.items())),
             "timeout_s": float(self.timeout_s),
+            "code": self.code.bound() if self.code is not None else None,
         }
+
+    def unbound(self) -> CommandRequest:
+        """This request without its code binding (what a tool computes from its input)."""
+        return self if self.code is None else self.model_copy(update={"code": None})
 
     @property
     def digest(self) -> str:
@@ -107,6 +133,15 @@ class CommandRequest(BaseModel):
                 or "(none)"
             ),
             f"timeout:  {self.timeout_s:g} s",
+            *(
+                [f"code:     {self.code.summary}"]
+                + [
+                    f"file:     {path} sha256 {digest[:16]}"
+                    for path, digest in sorted(self.code.files.items())
+                ]
+                if self.code is not None
+                else []
+            ),
             f"reason:   {self.reason or '(none given)'}",
             f"digest:   {self.short_digest}",
         ]

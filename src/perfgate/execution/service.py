@@ -1,23 +1,25 @@
 """Server-lifetime execution state, and the per-call runner tools use to run their approved command.
 
-`ExecutionService` is created once in the server lifespan: it loads the operator's policy (once: a run
-cannot widen its own allowlist by editing the policy file), opens the approval store, and tracks the
-process groups it started so shutdown stops them. `CommandRunner` is handed to one tool call; it runs
+`ExecutionService` is created once in the server lifespan: it loads the operator's policy from the trust
+root (once: a run cannot widen its own allowlist), reports policy files found in the workspace (never
+obeyed), opens the approval store, and tracks the process groups it started so shutdown stops them. `CommandRunner` is handed to one tool call; it runs
 only the request whose digest that call's gate approved.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio.to_thread
 
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
 from perfgate.execution.approvals import ApprovalStore
+from perfgate.execution.binding import bind_code
 from perfgate.execution.executor import (
     CommandError,
     CommandProgress,
@@ -28,10 +30,13 @@ from perfgate.execution.executor import (
     resolve_program,
 )
 from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant
-from perfgate.execution.policy import PolicyError, load_policy
+from perfgate.execution.policy import PolicyError, load_policy, workspace_policy_files
+from perfgate.execution.reaper import RunList, become_subreaper
 from perfgate.execution.request import CommandRequest
 
 __all__ = ["ArtifactSink", "CommandRunner", "ExecutionService", "ReportFn", "UnapprovedCommandError"]
+
+_log = logging.getLogger("perfgate")
 
 ReportFn = Callable[[float, "float | None", "str | None"], Awaitable[None]]
 """``(progress, total, message)``: the shape of an MCP progress notification."""
@@ -47,20 +52,66 @@ class UnapprovedCommandError(RuntimeError):
     """A tool tried to run a command its call was not approved for: a bug in the tool, never the agent's."""
 
 
+def record_cleanup(ledger: Ledger, leftovers: list[dict[str, object]]) -> str:
+    """Record that this start stopped what commands of a killed server left running; returns the id."""
+    from perfgate.evidence import EvidenceDraft, EvidenceState
+
+    stopped = sum(len(cast("list[int]", e.get("stopped") or [])) for e in leftovers)
+    _log.warning(
+        "perfgate: a previous server ended without stopping its commands; stopped %d leftover process(es) "
+        "of %d run(s)",
+        stopped,
+        len(leftovers),
+    )
+    evidence_id = Ledger.new_id()
+    ledger.append(
+        EvidenceDraft(
+            id=evidence_id,
+            tool="process_cleanup",
+            state=EvidenceState.EXECUTED,
+            result={
+                "evidence_id": evidence_id,
+                "state": "executed",
+                "runs": leftovers,
+                "processes_stopped": stopped,
+                "note": "commands of a server that was killed (no cleanup ran) were found by their run tag "
+                "and stopped at the next start",
+            },
+        )
+    )
+    return evidence_id
+
+
 class ExecutionService:
     """Policy, approvals and running process groups of one server."""
 
     def __init__(self, workspace: Path, ledger: Ledger, limits: ExecLimits | None = None) -> None:
         self.workspace = workspace.resolve()
         self.limits = limits or ExecLimits()
+        trust = ledger.trust
+        store = ApprovalStore.open(self.workspace, trust)
+        ignored = tuple(workspace_policy_files(self.workspace))
+        for path in ignored:
+            _log.warning(
+                "perfgate: ignoring %s: the execution policy is read from the trust root (%s), never from "
+                "the workspace the agent can write; move the [execution] table there if you wrote it",
+                path,
+                trust.policy_file,
+            )
         try:
             gate = ApprovalGate(
-                self.workspace, ledger, ApprovalStore(ledger.state_dir), load_policy(self.workspace)
+                self.workspace, ledger, store, load_policy(self.workspace, trust), None, ignored
             )
         except PolicyError as exc:
-            gate = ApprovalGate(self.workspace, ledger, ApprovalStore(ledger.state_dir), None, str(exc))
+            gate = ApprovalGate(self.workspace, ledger, store, None, str(exc), ignored)
         self.gate = gate
-        self.registry = ProcessRegistry()
+        # Orphans of our commands are re-parented to us, not to init, so they stay findable.
+        self.subreaper = become_subreaper()
+        run_list = RunList(trust.workspace_dir(self.workspace) / "runs.json")
+        self.registry = ProcessRegistry(run_list)
+        self.leftovers = run_list.stop_leftovers()
+        if self.leftovers:
+            record_cleanup(ledger, self.leftovers)
         # Last resort when the interpreter exits without running the lifespan's cleanup.
         atexit.register(self.registry.kill_all)
 
@@ -68,6 +119,10 @@ class ExecutionService:
         """Stop every process group still running (TERM, then KILL after the grace period)."""
         await self.registry.aclose(self.limits.kill_grace_s)
         atexit.unregister(self.registry.kill_all)
+
+    async def bind(self, request: CommandRequest) -> CommandRequest:
+        """``request`` bound to the code it runs now (file digests, workspace code state)."""
+        return await anyio.to_thread.run_sync(bind_code, request.unbound(), self.workspace)
 
     async def preapproved(self, request: CommandRequest, tool: str) -> Grant | None:
         return await anyio.to_thread.run_sync(self.gate.preapproved, request, tool)
@@ -154,7 +209,18 @@ class CommandRunner:
             UnapprovedCommandError: ``request`` is not the request this call's gate approved.
             ToolError: the request is outside the operator's limits, or cannot be started.
         """
-        if self.grant is None or self.grant.digest != request.digest:
+        if self.grant is None:
+            raise UnapprovedCommandError(
+                f"refusing to run {list(request.argv)!r}: this call approved nothing"
+            )
+        request = await self._service.bind(request)
+        if self.grant.digest != request.digest:
+            if self.grant.base_digest == request.unbound().digest:
+                raise ToolError(
+                    "the code changed after this command was approved (a file it runs or the workspace's code "
+                    f"state: {request.code.summary if request.code else 'unknown'}); it did not run. Call again: "
+                    "the changed code needs a new approval."
+                )
             raise UnapprovedCommandError(
                 f"refusing to run {list(request.argv)!r}: its digest {request.short_digest} is not the one "
                 "approved for this call"
@@ -183,6 +249,26 @@ class CommandRunner:
             raise ToolError(
                 f"{exc}. Fix argv or cwd and call again (a changed command needs a new approval)."
             ) from exc
+        result = await anyio.to_thread.run_sync(_scrub_result, result, request)
         return result.model_copy(
             update={"approved_how": self.grant.how.value, "approval_evidence_id": self.grant.evidence_id}
         )
+
+
+def _scrub_result(result: CommandResult, request: CommandRequest) -> CommandResult:
+    """The command's logs (kept as artifacts) and tails without the secrets it was given or printed."""
+    from perfgate.redaction import Scrubber, scrub_file
+
+    scrub = Scrubber.for_values(request.env, request.argv)
+    for capture in (result.stdout, result.stderr):
+        path = Path(capture.path)
+        if path.is_file():
+            scrub_file(path, scrub)
+    return result.model_copy(
+        update={
+            "argv": scrub.argv(result.argv),
+            "env": {k: str(v) for k, v in scrub.env(result.env).items()},
+            "stdout": result.stdout.model_copy(update={"tail": scrub.text(result.stdout.tail)}),
+            "stderr": result.stderr.model_copy(update={"tail": scrub.text(result.stderr.tail)}),
+        }
+    )

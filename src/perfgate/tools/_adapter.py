@@ -37,7 +37,7 @@ class AppState:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.ledger = Ledger(config.workspace)
+        self.ledger = Ledger(config.workspace, config.trust)
         self.execution = ExecutionService(config.workspace, self.ledger)
 
     async def aclose(self) -> None:

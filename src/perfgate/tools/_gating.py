@@ -93,7 +93,9 @@ def gate_parameters(
 
     async def prepare(ctx: Context, **kwargs: Any) -> Prepared:
         inp = validate(kwargs)
-        return Prepared(inp, command(inp, make_runtime(ctx, inp)))
+        request = command(inp, make_runtime(ctx, inp))
+        # The approval binds the code the command runs, not only its argv (the server computes it).
+        return Prepared(inp, None if request is None else await get_execution(ctx).bind(request))
 
     prepare.__qualname__ = f"{spec.name}.prepare"
     prepare.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # the SDK reads the signature

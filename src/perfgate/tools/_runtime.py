@@ -6,12 +6,13 @@ one directly around a temporary workspace.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import anyio.to_thread
 from pydantic import BaseModel
@@ -21,6 +22,7 @@ from perfgate.evidence import EvidenceDraft, EvidenceRecord, Ledger
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.service import CommandRunner, UnapprovedCommandError
+from perfgate.trust import TrustRoot
 
 __all__ = ["EvidenceBuilder", "ProgressFn", "ServerConfig", "ToolRuntime"]
 
@@ -39,15 +41,21 @@ class ServerConfig:
     workspace: Path
     read_only: bool = False
     read_roots: tuple[Path, ...] = ()
+    trust: TrustRoot = field(default_factory=TrustRoot.locate)
 
     @classmethod
     def create(
-        cls, workspace: Path, read_only: bool = False, read_roots: Sequence[Path] = ()
+        cls,
+        workspace: Path,
+        read_only: bool = False,
+        read_roots: Sequence[Path] = (),
+        trust: TrustRoot | None = None,
     ) -> ServerConfig:
         return cls(
             workspace=workspace.resolve(),
             read_only=read_only,
             read_roots=tuple(p.resolve() for p in read_roots),
+            trust=trust or TrustRoot.locate(),
         )
 
 
@@ -228,15 +236,27 @@ class ToolRuntime:
         The output must carry ``evidence_id == builder.id`` and a ``state``; the whole output is stored
         as the record's result so later tools (comparisons, decisions, reports) can read it back.
         """
+        from pydantic import ValidationError
+
+        from perfgate.redaction import Scrubber
+
         result = output.model_dump(mode="json")
         assert result.get("evidence_id") == builder.id, "output.evidence_id must be the builder's id"
         state = result.get("state")
         assert state is not None, "tool outputs carry a state"
+        # The stored record and the answer the agent gets carry no secret (argv flags, env values, URLs).
+        scrub = Scrubber.for_tree(self.inputs, result, {"command": command or []})
+        scrubbed = scrub.tree(result)
+        if scrub.redactions:
+            result = scrubbed
+            # A constrained field that cannot hold the marker keeps the answer as is; the record is scrubbed.
+            with contextlib.suppress(ValidationError):
+                output = type(output).model_validate(scrubbed)
         draft = EvidenceDraft(
             id=builder.id,
             tool=builder.tool,
             state=state,
-            inputs=_stored_inputs(self.inputs),
+            inputs=scrub.tree(self.inputs),
             result=result,
             profiled=profiled,
             command=command,
@@ -261,13 +281,3 @@ class ToolRuntime:
                 "`perfgate ledger show` or use an evidence_id returned by an earlier tool call"
             )
         return record
-
-
-def _stored_inputs(inputs: dict[str, Any]) -> dict[str, Any]:
-    """What the ledger keeps of a call's inputs: an ``env`` mapping loses its secret values."""
-    env = inputs.get("env")
-    if not isinstance(env, dict):
-        return inputs
-    from perfgate.envprobe.redact import redact_env_values
-
-    return {**inputs, "env": redact_env_values(cast("dict[str, Any]", env))}

@@ -1,0 +1,48 @@
+"""Bind a request to the code it runs, so an approval covers that code and nothing else.
+
+`bind_code` adds a `CodeBinding` to a request: the sha256 of every file its argv names (the script or
+module the harness will run, config files given as arguments) and the workspace's code state (git commit
+plus uncommitted changes and untracked code files, or a digest of the code files when the workspace is
+not a repository). The binding is part of the request's digest, so editing the approved script, committing
+something else or adding a module the script imports needs a new approval. The gate binds when it decides,
+and the runner binds again right before it starts the process: a change in between is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from perfgate.execution.request import CodeBinding, CommandRequest
+from perfgate.execution.target import files_named
+
+__all__ = ["bind_code", "file_sha256"]
+
+_MAX_HASH_BYTES = 256 * 1024 * 1024
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 (hex) of a file; for files above 256 MiB (data, not code) size and mtime stand in."""
+    try:
+        st = path.stat()
+        if st.st_size > _MAX_HASH_BYTES:
+            return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+
+
+def bind_code(request: CommandRequest, workspace: Path) -> CommandRequest:
+    """``request`` with its code binding computed now (any earlier binding is replaced)."""
+    from perfgate.envprobe.provenance import code_state
+
+    state = code_state(workspace)
+    files = {str(path): file_sha256(path) for path in files_named(request.argv, request.cwd)}
+    summary = state.short() + ("; " + "; ".join(state.notes) if state.notes else "")
+    return request.model_copy(
+        update={"code": CodeBinding(files=files, workspace=state.digest, summary=summary)}
+    )

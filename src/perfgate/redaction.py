@@ -1,0 +1,254 @@
+"""One redaction layer for everything perfgate persists or returns.
+
+Applied to ledger records (so reports and exports, which read the ledger, inherit it), tool results,
+approvals, the logs of commands kept as artifacts, messages shown to the agent and the server's own log.
+What goes:
+
+- values of secret-looking argv flags: ``--token X``, ``--password=X``, ``--api-key X``, ... (and those
+  values wherever else they appear);
+- values of environment variables with secret-looking names (in the server's environment or set by a
+  request), wherever they appear;
+- credentials in URLs of any variable or string (``s3://KEY:SECRET@bucket``), known token formats
+  (GitHub, Hugging Face, AWS, JWTs, ...), private key blocks, ``password=...`` style assignments.
+
+Redaction is one-way: approvals and digests bind the real values before anything is redacted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from perfgate.envprobe.redact import REDACTED, Redactor, is_secret_name
+
+if TYPE_CHECKING:
+    from perfgate.execution.request import CommandRequest
+
+__all__ = [
+    "REDACTED",
+    "LogRedactionFilter",
+    "Scrubber",
+    "flag_secrets",
+    "install_log_filter",
+    "redact_request",
+    "scrub_file",
+]
+
+# A secret-looking flag and its value inside free text (a command line in a log line or a message).
+_FLAG_IN_TEXT = re.compile(
+    r"""(?P<flag>(?<![\w-])--?[A-Za-z][\w-]*)(?P<sep>=|[ \t]+)(?P<quote>["']?)(?P<value>[^\s"',;]+)"""
+)
+_ARGV_KEYS = frozenset({"argv", "command", "cmd", "launch_command", "user_command"})
+_ENV_KEYS = frozenset({"env", "environment_changes"})
+
+
+def flag_secrets(argv: Sequence[str]) -> list[str]:
+    """Values given to secret-looking flags in ``argv`` (``--token X``, ``--api-key=X``)."""
+    found: list[str] = []
+    tokens = list(argv)
+    for i, token in enumerate(tokens):
+        if not token.startswith("-"):
+            continue
+        flag, eq, value = token.partition("=")
+        if not is_secret_name(flag):
+            continue
+        if eq and value:
+            found.append(value)
+        elif not eq and i + 1 < len(tokens):
+            found.append(tokens[i + 1])
+    return [v for v in found if len(v) >= 4]
+
+
+class Scrubber:
+    """Removes secrets from strings, argv lists, env mappings and JSON trees.
+
+    Args:
+        env: environment whose secret-named values (and URL credentials) are scrubbed wherever they
+            appear; the server's own environment is always included.
+        secrets: further literal values to scrub (flag values from a request's argv, say).
+    """
+
+    def __init__(self, env: Mapping[str, str] | None = None, secrets: Iterable[str] = ()) -> None:
+        merged = {**os.environ, **(env or {})}
+        for i, value in enumerate(secrets):
+            merged[f"PERFGATE_REDACT_SECRET_{i}"] = value
+        self._redactor = Redactor(merged)
+
+    @classmethod
+    def for_values(cls, env: Mapping[str, Any] | None = None, argv: Sequence[Any] | None = None) -> Scrubber:
+        """A scrubber for what a request or a tool input carries: its env and its argv flag values."""
+        str_env = {str(k): str(v) for k, v in (env or {}).items()}
+        return cls(str_env, flag_secrets([str(a) for a in argv or ()]))
+
+    @classmethod
+    def for_tree(cls, *trees: Any) -> Scrubber:
+        """A scrubber for every env mapping and argv list found (under env/argv-like keys) in ``trees``."""
+        env: dict[str, str] = {}
+        argv: list[str] = []
+
+        def walk(value: Any, key: str | None) -> None:
+            if isinstance(value, Mapping):
+                items = cast("Mapping[Any, Any]", value)
+                if key in _ENV_KEYS:
+                    env.update({str(k): str(v) for k, v in items.items() if isinstance(v, str)})
+                for k, v in items.items():
+                    walk(v, k if isinstance(k, str) else None)
+            elif isinstance(value, (list, tuple)):
+                seq = cast("Sequence[Any]", value)
+                if key in _ARGV_KEYS and all(isinstance(v, str) for v in seq):
+                    argv.extend([*cast("Sequence[str]", seq), "--"])
+                else:
+                    for v in seq:
+                        walk(v, None)
+
+        for tree in trees:
+            walk(tree, None)
+        return cls(env, flag_secrets(argv))
+
+    @property
+    def redactions(self) -> int:
+        return self._redactor.redactions
+
+    def text(self, text: str) -> str:
+        text = self._redactor.secrets(text)
+
+        def flag(m: re.Match[str]) -> str:
+            if (
+                not is_secret_name(m.group("flag"))
+                or m.group("value") == REDACTED
+                or m.group("value").startswith("-")
+            ):
+                return m.group(0)
+            self._redactor.redactions += 1
+            return m.group("flag") + m.group("sep") + m.group("quote") + REDACTED
+
+        return _FLAG_IN_TEXT.sub(flag, text)
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        out: list[str] = []
+        hide_next = False
+        for token in argv:
+            if hide_next:
+                out.append(REDACTED)
+                hide_next = False
+                continue
+            if token.startswith("-"):
+                flag, eq, value = token.partition("=")
+                if is_secret_name(flag):
+                    if eq:
+                        out.append(flag + "=" + (REDACTED if value else ""))
+                    else:
+                        out.append(token)
+                        hide_next = True
+                    continue
+            out.append(self.text(token))
+        return out
+
+    def env(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: (REDACTED if is_secret_name(k) and v else self.tree(v)) for k, v in env.items()}
+
+    def tree(self, value: Any, key: str | None = None) -> Any:
+        """A JSON-like tree with secrets removed; lists under argv-like keys are read as argv."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            items = cast("Mapping[Any, Any]", value)
+            if key in _ENV_KEYS and all(isinstance(k, str) for k in items):
+                return self.env(cast("Mapping[str, Any]", items))
+            return {
+                (self.text(k) if isinstance(k, str) else k): self.tree(v, k if isinstance(k, str) else None)
+                for k, v in items.items()
+            }
+        if isinstance(value, (list, tuple)):
+            seq = cast("Sequence[Any]", value)
+            if key in _ARGV_KEYS and all(isinstance(v, str) for v in seq):
+                return self.argv(cast("Sequence[str]", seq))
+            return [self.tree(v) for v in seq]
+        return value
+
+
+def scrub_file(path: Path, scrub: Scrubber, chunk_bytes: int = 1 << 20) -> int:
+    """Rewrite a text log in place without secrets (streamed in whole-line chunks); returns redactions."""
+    before = scrub.redactions
+    tmp = path.with_name(f".{path.name}.scrub")
+    with path.open("rb") as src, tmp.open("wb") as dst:
+        pending = b""
+        while True:
+            block = src.read(chunk_bytes)
+            data = pending + block
+            if not block:
+                if data:
+                    dst.write(
+                        scrub.text(data.decode("utf-8", errors="surrogateescape")).encode(
+                            "utf-8", errors="surrogateescape"
+                        )
+                    )
+                break
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                pending = data
+                continue
+            dst.write(
+                scrub.text(data[:cut].decode("utf-8", errors="surrogateescape")).encode(
+                    "utf-8", errors="surrogateescape"
+                )
+            )
+            pending = data[cut:]
+    if scrub.redactions == before:
+        tmp.unlink()
+    else:
+        os.replace(tmp, path)
+    return scrub.redactions - before
+
+
+def redact_request(request: CommandRequest) -> CommandRequest:
+    """``request`` with secrets removed from argv, env values and reason (for storage and display).
+
+    Its digest changes; keep the real request's digest where it must match (approvals do).
+    """
+    scrub = Scrubber.for_values(request.env, request.argv)
+    return request.model_copy(
+        update={
+            "argv": tuple(scrub.argv(request.argv)),
+            "env": {k: str(v) for k, v in scrub.env(request.env).items()},
+            "reason": scrub.text(request.reason),
+        }
+    )
+
+
+class LogRedactionFilter(logging.Filter):
+    """A logging filter that scrubs every record's message (the server's own log)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._scrub = Scrubber()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # a broken format string: leave it to the handler to report
+            return True
+        cleaned = self._scrub.text(message)
+        if record.exc_info and record.exc_info[1] is not None:
+            import traceback
+
+            cleaned += "\n" + self._scrub.text("".join(traceback.format_exception(*record.exc_info)))
+            record.exc_info = None
+            record.exc_text = None
+        record.msg, record.args = cleaned, None
+        return True
+
+
+def install_log_filter() -> None:
+    """Scrub the root logger's handlers (and any added later through the root logger) of secrets."""
+    root = logging.getLogger()
+    flt = LogRedactionFilter()
+    if not root.handlers:
+        logging.basicConfig(level=logging.WARNING)
+    for handler in root.handlers:
+        handler.addFilter(flt)
+    root.addFilter(flt)
