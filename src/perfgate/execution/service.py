@@ -172,7 +172,18 @@ class CommandRunner:
         """
         from perfgate.execution import detached
 
-        if self.grant is None or self.grant.digest != request.digest:
+        if self.grant is None:
+            raise UnapprovedCommandError(
+                f"refusing to start {list(request.argv)!r}: this call approved nothing"
+            )
+        request = await self._service.bind(request)
+        if self.grant.digest != request.digest:
+            if self.grant.base_digest == request.unbound().digest:
+                raise ToolError(
+                    "the code changed after this command was approved (a file it runs or the workspace's code "
+                    f"state: {request.code.summary if request.code else 'unknown'}); it did not start. Call "
+                    "again: the changed code needs a new approval."
+                )
             raise UnapprovedCommandError(
                 f"refusing to start {list(request.argv)!r}: its digest {request.short_digest} is not the one "
                 "approved for this call"

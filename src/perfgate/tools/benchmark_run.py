@@ -204,11 +204,17 @@ async def _result(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path) -> B
     exit_codes: list[int | None] = list(st.get("exit_codes", []))
     timed_out: list[int] = list(st.get("timed_out", []))
 
+    from perfgate.redaction import Scrubber, scrub_file
+
+    scrub = Scrubber.for_values(request.env, request.argv)
+
     async def launch_once(launch: int, label: str) -> tuple[int | None, str | None, Path]:
         for stream in ("stdout", "stderr"):
             src = directory / f"launch{launch}_{stream}.log"
-            if src.is_file():
-                shutil.copyfile(src, ev.path(f"{label}{stream}.log"))
+            if src.is_file():  # kept as artifacts without the secrets the command was given or printed
+                target = ev.path(f"{label}{stream}.log")
+                shutil.copyfile(src, target)
+                await anyio.to_thread.run_sync(scrub_file, target, scrub)
         if launch >= len(exit_codes):
             why = "the run was cancelled" if st["state"] == "cancelled" else f"the run is {st['state']}"
             return None, f"{why} before this launch finished", directory / f"launch{launch}_records"
