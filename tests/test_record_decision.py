@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -574,3 +575,22 @@ async def test_export_writes_the_run_directory(server: Any, workspace: Path, tmp
         assert (out / name).is_file(), name
     assert (out / "profiles" / "framework").is_dir()
     assert "python train.py" in (out / "command.txt").read_text()
+
+
+async def test_a_refusal_leads_with_what_is_wrong_and_the_next_call(server: Any, workspace: Path) -> None:
+    ev = Evidence(workspace)
+    links, _ = _honest(ev)
+    without_comparison = [link for link in links if link["role"] != "comparison"]
+    async with Client(server, mode="auto") as client:
+        exp = await _open(client)
+        refused = await _keep(client, exp, without_comparison)
+    assert refused.is_error
+    lines = _text(refused).split("keep refused", 1)[1].splitlines()  # after the SDK's own prefix
+    assert re.fullmatch(
+        rf" for {exp}: \d+ gate\(s\) unmet \([a-z_, ]*comparison[a-z_, ]*\); refusal recorded as ev-\S+",
+        lines[0],
+    ), lines[0]
+    assert lines[1].startswith("next: compare_benchmarks(") or lines[1].startswith(
+        "next: record_decision("
+    ), lines
+    assert lines[1].endswith("or decide 'revert', 'inconclusive' or 'blocked'")

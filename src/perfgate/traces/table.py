@@ -8,11 +8,13 @@ per kept event. All times are microseconds as written in the trace.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
+from typing import cast
 
 import msgspec
 import numpy as np
@@ -87,21 +89,27 @@ _DIRECTIONS: dict[str, int] = {
 def _to_int(value: Scalar, default: int = -1) -> int:
     """An integer arg as HTA reads it: ints and integral strings; anything else is ``default``."""
     if isinstance(value, int):
-        return value
+        return value if -(2**63) <= value < 2**63 else default
     if isinstance(value, float):
-        return int(value) if value == value else default
+        return int(value) if abs(value) < 2.0**63 else default  # also NaN (comparisons are False)
     if isinstance(value, str):
+        if len(value) > 20:  # longer than any int64; int() of a huge digit string is also slow
+            return default
         try:
-            return int(value)
+            parsed = int(value)
         except ValueError:
             return default
+        return parsed if -(2**63) <= parsed < 2**63 else default
     return default
 
 
 def _to_float(value: Scalar) -> float:
     """A numeric arg as float, NaN when absent or not numeric."""
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond any float: a corrupt file
+            return math.nan
     if isinstance(value, str):
         try:
             return float(value)
@@ -113,15 +121,20 @@ def _to_float(value: Scalar) -> float:
 def _floats(values: list[Scalar]) -> F64:
     """Column of numeric args (NaN when absent); numpy converts numbers and None in one C loop."""
     if str not in set(map(type, values)):
-        return np.array(values, np.float64)
+        try:
+            return np.array(values, np.float64)
+        except OverflowError:
+            pass  # an int beyond any float: convert one by one
     return np.array([_to_float(v) for v in values], np.float64)
 
 
 def _ints(values: list[Scalar]) -> I64:
     """Column of integer args, -1 when absent or not an integer (``"0x0"`` streams, as HTA does)."""
     if str not in set(map(type, values)):
-        as_float = np.array(values, np.float64)
-        return np.where(np.isnan(as_float), -1, as_float).astype(np.int64)
+        as_float = _floats(values)
+        # Absent (NaN) or beyond int64 (a corrupt file) both read as -1, never as a wrapped number.
+        unusable = np.isnan(as_float) | (np.abs(as_float) >= 2.0**63)
+        return np.where(unusable, -1, as_float).astype(np.int64)
     return np.array([_to_int(v) for v in values], np.int64)
 
 
@@ -221,8 +234,8 @@ _DEVICE_FLOAT = ("ts", "dur", "nbytes")
 _DEVICE_INT = ("name", "cat", "stream", "corr", "device", "direction")
 _HOST_FLOAT = ("ts", "dur", "nbytes")
 _HOST_INT = ("name", "cat", "corr", "tid")
-_CPU_FLOAT = ("ts", "dur", "flops")
-_CPU_INT = ("name", "cat", "tid", "grad")
+_CPU_FLOAT = ("ts", "dur", "flops", "shape_flops", "shape_bytes")
+_CPU_INT = ("name", "cat", "tid", "grad", "shape_prec")
 
 
 def _empty(floats: Sequence[str], ints: Sequence[str]) -> Columns:
@@ -271,6 +284,7 @@ class TableBuilder:
     """Accumulates batches of events into an `EventTable`."""
 
     _names: _Interner = field(default_factory=_Interner)
+    _shape_ids: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
     _cats: _Interner = field(default_factory=_Interner)
     _tids: _TidInterner = field(default_factory=_TidInterner)
     _route: dict[str, int] = field(default_factory=dict[str, int])
@@ -388,7 +402,33 @@ class TableBuilder:
             data["flops"] = _floats(list(map(_GET_FLOPS, decode_args(raws))))
         else:
             data["flops"] = np.full(n, np.nan)
+        self._shape_columns(events, raws, data)
         return Columns(data)
+
+    def _shape_columns(
+        self, events: list[Event], raws: list[msgspec.Raw], data: dict[str, npt.NDArray[np.generic]]
+    ) -> None:
+        """FLOPs/bytes of the GEMM, attention and copy ops with recorded shapes (see `shapes`)."""
+        from perfgate.traces.shapes import SHAPE_OPS, decode_shapes, shape_work
+
+        n = len(events)
+        flops, nbytes = np.full(n, np.nan), np.full(n, np.nan)
+        prec = np.full(n, -1, np.int64)
+        data["shape_flops"], data["shape_bytes"], data["shape_prec"] = flops, nbytes, prec
+        names = self._names
+        if len(self._shape_ids) < len(names):
+            # Which interned names are shape ops: checked once per new name, not per event.
+            new = list(names)[len(self._shape_ids) :]
+            self._shape_ids = np.concatenate([self._shape_ids, np.array([x in SHAPE_OPS for x in new], bool)])
+        ids = cast("I64", data["name"])
+        rows = np.flatnonzero(self._shape_ids[ids])
+        if rows.size == 0:
+            return
+        picked = rows.tolist()
+        lookup = list(names)
+        for i, a in zip(picked, decode_shapes([raws[i] for i in picked]), strict=True):
+            f, b, c = shape_work(lookup[int(ids[i])], a)
+            flops[i], nbytes[i], prec[i] = f, b, c
 
     def _category_counts(self, tables: dict[str, Columns]) -> Counter[str]:
         counts = Counter[str](self._skipped_counts)
