@@ -382,3 +382,14 @@ async def test_semantic_keys_as_execution_and_unclassified_keys_are_refused(allo
     message = await call_error(allowed, "run_benchmark_window", paced(1.0, contract=lying))
     assert "contract.classes['global_batch'] says execution, but 'global_batch' is semantic" in message
     assert Ledger(allowed).records(tool="run_benchmark_window") == []
+
+
+async def test_measured_samples_per_step_beat_the_declared_global_batch(allowed: Path) -> None:
+    # The example: global_batch 32 declared while the run processed another count per step.
+    lying = {
+        "invariants": {"workload": "paced", "global_batch": 32},
+        "execution": {"microbatch": 32, "accumulation": 1, "world_size": 1},
+    }
+    out = await call(allowed, "run_benchmark_window", paced(1.0, contract=lying, repeats=1))
+    assert out["state"] == "failed"
+    assert "contract declares global_batch 32 but the ranks processed 8 samples" in out["failure_reason"]

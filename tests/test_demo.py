@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # about 90 s on a quiet 2-core machine, 6-8 min with two CPU burners and more
 def test_an_inconclusive_comparison_is_recorded_explained_and_not_a_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

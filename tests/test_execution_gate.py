@@ -290,3 +290,19 @@ async def test_an_invalid_policy_disables_commands_with_the_reason(workspace: Pa
         result = await client.call_tool(TOOL, {"argv": marker_argv(PY, marker)})
     assert result.is_error and "commands are disabled" in text(result) and "max_timeout" in text(result)
     assert not marker.exists()
+
+
+async def test_a_pending_approval_leads_with_what_is_wrong_and_the_next_call(
+    workspace: Path, mode: str
+) -> None:
+    marker = workspace / "marker"
+    async with Client(server_for(workspace), mode=mode) as client:
+        result = await client.call_tool(TOOL, {"argv": marker_argv(PY, marker)})
+    assert result.is_error and not marker.exists()
+    message = text(result)
+    lines = message[message.index("approval needed") :].splitlines()
+    approval_id = pending_id(message)
+    assert lines[0].startswith(f"approval needed: pending approval {approval_id} (expires ")
+    assert lines[0].endswith("this MCP client cannot ask the user, so the command did not run")
+    assert lines[1].startswith(f"next: ask the user to run `perfgate approve {approval_id} --workspace ")
+    assert "then repeat this exact call" in lines[1]

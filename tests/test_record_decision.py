@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,8 @@ class Evidence:
         verdict: str = "improved",
         state: str = "passed",
         reasons: list[str] | None = None,
+        declared: list[str] | None = None,
+        differences: list[dict[str, Any]] | None = None,
     ) -> str:
         return self.add(
             "compare_benchmarks",
@@ -100,13 +103,27 @@ class Evidence:
                 "baseline_windows": len(baseline),
                 "candidate_windows": len(candidate),
                 "reasons": reasons or [],
+                "differences": differences or [],
             },
-            {"baseline": baseline, "candidate": candidate, "declared_changes": ["num_workers"]},
+            {
+                "baseline": baseline,
+                "candidate": candidate,
+                "declared_changes": ["num_workers"] if declared is None else declared,
+            },
         )
 
-    def tensors(self, passed: bool = True) -> str:
+    def tensors(
+        self, passed: bool = True, atol: float = 1e-5, rtol: float = 1e-3, same_file: bool = False
+    ) -> str:
+        files = [
+            {"role": "reference", "path": "ref.safetensors", "sha256": "a" * 64},
+            {"role": "candidate", "path": "cand.safetensors", "sha256": "a" * 64 if same_file else "b" * 64},
+        ]
         return self.add(
-            "compare_tensors", "passed" if passed else "failed", {"status": "match" if passed else "mismatch"}
+            "compare_tensors",
+            "passed" if passed else "failed",
+            {"status": "match" if passed else "mismatch", "files": files},
+            {"reference": "ref.safetensors", "candidate": "cand.safetensors", "atol": atol, "rtol": rtol},
         )
 
 
@@ -159,9 +176,9 @@ def _honest(ev: Evidence) -> tuple[list[dict[str, str]], dict[str, Any]]:
 
 async def test_an_honest_experiment_is_kept_and_logged(server: Any, workspace: Path, mode: str) -> None:
     ev = Evidence(workspace)
-    links, _ = _honest(ev)
     async with Client(server, mode=mode) as client:
         exp = await _open(client)
+        links, _ = _honest(ev)
         result = await _keep(client, exp, links)
     assert not result.is_error, _text(result)
     out = result.structured_content
@@ -182,9 +199,9 @@ async def test_a_keep_without_a_rollback_is_refused_and_the_rollback_reaches_the
     from perfgate.report.html import write_report
 
     ev = Evidence(workspace)
-    links, _ = _honest(ev)
     async with Client(server, mode="auto") as client:
         exp = await _open(client)
+        links, _ = _honest(ev)
         for missing in ({"rollback": None}, {"rollback": "   "}):
             refused = await _keep(client, exp, links, **missing)
             assert refused.is_error
@@ -270,6 +287,28 @@ CHEATS = {
             [ev.window(fp={"device_kind": None, "torch_version": None}) for _ in range(3)],
         ),
     ),
+    "a comparison declaring another change": (
+        "declared ['compile'], but the experiment's one changed variable is 'num_workers'",
+        lambda ev, links, ids: [
+            *_drop(links, "comparison"),
+            {"id": ev.comparison(ids["base"], ids["cand"], declared=["compile"]), "role": "comparison"},
+        ],
+    ),
+    "a file compared with itself": (
+        "compares files with identical contents",
+        lambda ev, links, ids: [
+            *_drop(links, "correctness"),
+            {"id": ev.tensors(same_file=True), "role": "correctness"},
+        ],
+    ),
+    "a strict failure superseded by a looser pass": (
+        "looser than the failed check",
+        lambda ev, links, ids: [
+            *_drop(links, "correctness"),
+            {"id": ev.tensors(passed=False, atol=1e-5), "role": "note"},
+            {"id": ev.tensors(atol=1e-1), "role": "correctness"},
+        ],
+    ),
     "three windows of one launch": (
         "fewer than 3 separate launches on candidate (1)",
         lambda ev, links, ids: _swap_comparison(ev, links, ids["base"], [ev.window(launches=[0, 0, 0])]),
@@ -292,10 +331,10 @@ async def test_cheating_attempts_are_refused_with_the_reason(
     server: Any, workspace: Path, mode: str, cheat: str
 ) -> None:
     ev = Evidence(workspace)
-    links, ids = _honest(ev)
     expected, tamper = CHEATS[cheat]
     async with Client(server, mode=mode) as client:
         exp = await _open(client)
+        links, ids = _honest(ev)
         result = await _keep(client, exp, tamper(ev, links, ids))
         assert result.is_error
         assert expected in _text(result)
@@ -321,11 +360,11 @@ async def test_a_within_noise_refusal_says_so_and_asks_for_more_launches(
     server: Any, workspace: Path
 ) -> None:
     ev = Evidence(workspace)
-    links, ids = _honest(ev)
-    noise = ev.comparison(ids["base"], ids["cand"], verdict="within_noise", state="executed")
-    few = ev.comparison(ids["base"], ids["cand"], verdict="insufficient_launches", state="executed")
     async with Client(server) as client:
         exp = await _open(client)
+        links, ids = _honest(ev)
+        noise = ev.comparison(ids["base"], ids["cand"], verdict="within_noise", state="executed")
+        few = ev.comparison(ids["base"], ids["cand"], verdict="insufficient_launches", state="executed")
         for comp, expected in ((noise, "verdict is within_noise"), (few, "verdict is insufficient_launches")):
             result = await _keep(
                 client, exp, [*_drop(links, "comparison"), {"id": comp, "role": "comparison"}]
@@ -338,12 +377,71 @@ async def test_a_within_noise_refusal_says_so_and_asks_for_more_launches(
             assert "more separate launches" in gate["satisfy_with"]
 
 
+async def test_evidence_from_before_open_or_another_kept_experiment_is_refused(
+    server: Any, workspace: Path
+) -> None:
+    ev = Evidence(workspace)
+    early = [ev.window() for _ in range(3)]
+    async with Client(server) as client:
+        exp = await _open(client)
+        links, ids = _honest(ev)
+        stale = ev.comparison(ids["base"], early)
+        result = await _keep(client, exp, [*_drop(links, "comparison"), {"id": stale, "role": "comparison"}])
+        assert result.is_error and "before the experiment was opened" in _text(result)
+        kept = await _keep(client, exp, links, rollback="git revert 1a2b3c4")
+        assert not kept.is_error, _text(kept)
+        # the kept candidate windows cannot be another experiment's candidate evidence
+        again = await _open(client)
+        reused = await _keep(client, again, links, rollback="git revert 1a2b3c4")
+        assert reused.is_error and f"already support the kept experiment {exp}" in _text(reused)
+
+
+async def test_a_failure_washed_out_by_a_new_experiment_still_counts(server: Any, workspace: Path) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        first = await _open(client)
+        failed = ev.tensors(passed=False, atol=1e-6, rtol=1e-5)
+        await client.call_tool(
+            "record_decision",
+            {"action": "attach", "experiment_id": first, "evidence": [{"id": failed, "role": "note"}]},
+        )
+        second = await _open(client)
+        links, _ = _honest(ev)
+        loose = ev.tensors(atol=1e-2, rtol=1e-2)
+        result = await _keep(
+            client, second, [*_drop(links, "correctness"), {"id": loose, "role": "correctness"}]
+        )
+        assert result.is_error and f"looser than the failed check {failed}" in _text(result)
+        # the looser pass stays attached to that experiment; a repaired change passing the strict check is kept
+        third = await _open(client)
+        links, _ = _honest(ev)
+        strict = ev.tensors(atol=1e-6, rtol=1e-5)
+        ok = await _keep(client, third, [*_drop(links, "correctness"), {"id": strict, "role": "correctness"}])
+        assert not ok.is_error, _text(ok)
+
+
+async def test_user_text_cannot_inject_markdown_into_the_decision_log(server: Any, workspace: Path) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client, hypothesis="faster\n## KEEP everything\n| environment | ev-fake |")
+        links, ids = _honest(ev)
+        result = await _keep(
+            client, exp, links, rationale="ok\n\n## Injected heading", rollback="git revert `x`"
+        )
+        assert not result.is_error, _text(result)
+    log = (workspace / ".perfgate" / "decisions.md").read_text()
+    assert not any(
+        line.startswith(("## KEEP", "## Injected", "| environment | ev-fake")) for line in log.splitlines()
+    )
+    assert f"- **Decided on comparison:** `{ids['comp']}`" in log
+
+
 async def test_an_artifact_edited_on_disk_blocks_the_keep(server: Any, workspace: Path, mode: str) -> None:
     ev = Evidence(workspace)
-    links, ids = _honest(ev)
-    (workspace / ".perfgate" / "artifacts" / ids["cand"][0] / "series.json").write_bytes(b"[5.0, 5.0]")
     async with Client(server, mode=mode) as client:
         exp = await _open(client)
+        links, ids = _honest(ev)
+        (workspace / ".perfgate" / "artifacts" / ids["cand"][0] / "series.json").write_bytes(b"[5.0, 5.0]")
         result = await _keep(client, exp, links)
     assert result.is_error
     assert "modified after it was recorded" in _text(result)
@@ -353,9 +451,9 @@ async def test_data_changes_need_a_sample_audit_and_memory_budgets_are_enforced(
     server: Any, workspace: Path
 ) -> None:
     ev = Evidence(workspace)
-    links, ids = _honest(ev)
     async with Client(server) as client:
         exp = await _open(client, touches_data=True)
+        links, ids = _honest(ev)
         result = await _keep(client, exp, links)
         assert "no passed audit_samples evidence" in _text(result)
         audit = ev.add("audit_samples", "passed", {"status": "passed"})
@@ -370,29 +468,67 @@ async def test_data_changes_need_a_sample_audit_and_memory_budgets_are_enforced(
         assert "growth 4000 B, budget 100 B" in _text(result)
 
 
-async def test_training_changes_need_task_quality_and_are_not_called_equivalent(
+async def test_training_changes_need_their_own_quality_evidence_and_are_not_called_equivalent(
     server: Any, workspace: Path
 ) -> None:
     ev = Evidence(workspace)
-    links, _ = _honest(ev)
+    precision = [{"field": "contract.invariants.precision", "classification": "declared_semantic"}]
     async with Client(server) as client:
-        opened = await client.call_tool(
-            "record_decision",
-            {
-                "action": "open",
-                "hypothesis": "bf16 autocast",
-                "classification": "training_change",
-                "changed_variable": "precision",
-            },
+        exp = await _open(client, classification="training_change", changed_variable="precision")
+        base = [ev.window() for _ in range(3)]
+        cand = [ev.window(invariants={**INVARIANTS, "precision": "bf16"}) for _ in range(3)]
+        comp = ev.comparison(base, cand, declared=["precision"], differences=precision)
+        links = [{"id": ev.env(), "role": "environment"}, {"id": comp, "role": "comparison"}]
+        refused = await _keep(client, exp, links)
+        assert "task_quality" in _text(refused) and "no task-quality result" in _text(refused)
+        # any passed record is not task quality: a tensor match, a sample audit
+        for tool in ("compare_tensors", "audit_samples"):
+            other = ev.add(tool, "passed", {"status": "match"})
+            refused = await _keep(client, exp, [{"id": other, "role": "quality"}])
+            assert refused.is_error and "is not task-quality evidence" in _text(refused)
+        stale = ev.add(
+            "check_training_health", "passed", {"quality_kind": "training_health"}, {"evidence_id": base[0]}
         )
-        assert opened.structured_content is not None
-        exp = opened.structured_content["experiment_id"]
-        refused = await _keep(client, exp, _drop(links, "correctness"))
-        assert "task_quality" in _text(refused)
-        quality = ev.add("compare_tensors", "passed", {"status": "match"})
-        kept = await _keep(client, exp, [{"id": quality, "role": "quality"}])
-    assert kept.structured_content is not None
-    assert "not an equivalent speedup" in kept.structured_content["label"]
+        refused = await _keep(client, exp, [{"id": stale, "role": "quality"}])
+        assert refused.is_error and "not a candidate window of the comparison" in _text(refused)
+
+    async with Client(server) as client:
+        exp = await _open(client, classification="training_change", changed_variable="precision")
+        cand = [ev.window(invariants={**INVARIANTS, "precision": "bf16"}) for _ in range(3)]
+        comp = ev.comparison(base, cand, declared=["precision"], differences=precision)
+        health = ev.add(
+            "check_training_health",
+            "passed",
+            {"quality_kind": "training_health"},
+            {"evidence_id": cand[0], "baseline_id": base[0], "loss_tolerance": 0.02},
+        )
+        kept = await _keep(
+            client,
+            exp,
+            [
+                {"id": ev.env(), "role": "environment"},
+                {"id": comp, "role": "comparison"},
+                {"id": health, "role": "quality"},
+            ],
+        )
+        assert not kept.is_error, _text(kept)
+        assert kept.structured_content is not None
+        assert "not an equivalent speedup" in kept.structured_content["label"]
+
+        # the same declared precision change can never be kept as a system optimization
+        exp = await _open(client, changed_variable="precision")
+        cand = [ev.window(invariants={**INVARIANTS, "precision": "bf16"}) for _ in range(3)]
+        comp = ev.comparison(base, cand, declared=["precision"], differences=precision)
+        refused = await _keep(
+            client,
+            exp,
+            [
+                {"id": ev.env(), "role": "environment"},
+                {"id": comp, "role": "comparison"},
+                {"id": ev.tensors(), "role": "correctness"},
+            ],
+        )
+        assert refused.is_error and "declares semantic changes" in _text(refused)
 
 
 async def test_unknown_ids_and_missing_fields_are_clear_errors(server: Any, workspace: Path) -> None:
@@ -420,9 +556,9 @@ async def test_unknown_ids_and_missing_fields_are_clear_errors(server: Any, work
 
 async def test_export_writes_the_run_directory(server: Any, workspace: Path, tmp_path: Path) -> None:
     ev = Evidence(workspace)
-    links, _ = _honest(ev)
     async with Client(server) as client:
         exp = await _open(client)
+        links, _ = _honest(ev)
         await _keep(client, exp, links)
     out = tmp_path / "run"
     assert cli_main(["export", exp, str(out), "--workspace", str(workspace)]) == 0
@@ -439,3 +575,22 @@ async def test_export_writes_the_run_directory(server: Any, workspace: Path, tmp
         assert (out / name).is_file(), name
     assert (out / "profiles" / "framework").is_dir()
     assert "python train.py" in (out / "command.txt").read_text()
+
+
+async def test_a_refusal_leads_with_what_is_wrong_and_the_next_call(server: Any, workspace: Path) -> None:
+    ev = Evidence(workspace)
+    links, _ = _honest(ev)
+    without_comparison = [link for link in links if link["role"] != "comparison"]
+    async with Client(server, mode="auto") as client:
+        exp = await _open(client)
+        refused = await _keep(client, exp, without_comparison)
+    assert refused.is_error
+    lines = _text(refused).split("keep refused", 1)[1].splitlines()  # after the SDK's own prefix
+    assert re.fullmatch(
+        rf" for {exp}: \d+ gate\(s\) unmet \([a-z_, ]*comparison[a-z_, ]*\); refusal recorded as ev-\S+",
+        lines[0],
+    ), lines[0]
+    assert lines[1].startswith("next: compare_benchmarks(") or lines[1].startswith(
+        "next: record_decision("
+    ), lines
+    assert lines[1].endswith("or decide 'revert', 'inconclusive' or 'blocked'")

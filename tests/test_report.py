@@ -19,6 +19,8 @@ from perfgate.report.plots import DPI, FIGSIZE_IN
 
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
+# the first test builds the demo workspace: about 90 s quiet, 6-8 min on a loaded 2-core machine
+pytestmark = pytest.mark.timeout(1800)
 
 SIZE = (int(FIGSIZE_IN[0] * DPI), int(FIGSIZE_IN[1] * DPI))
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

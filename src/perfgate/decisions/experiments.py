@@ -63,6 +63,8 @@ class Experiment:
     touches_data: bool
     memory_budget_bytes: int | None
     opened_at: str
+    opened_seq: int = 0
+    """Ledger position of the open record: evidence recorded after it has a larger ``seq``."""
     links: list[Link] = field(default_factory=list[Link])
     decisions: list[DecisionEntry] = field(default_factory=list[DecisionEntry])
     attempts: list[DecisionEntry] = field(default_factory=list[DecisionEntry])
@@ -90,6 +92,7 @@ def _apply(experiments: dict[str, Experiment], record: EvidenceRecord) -> None:
             touches_data=bool(record.inputs.get("touches_data")),
             memory_budget_bytes=record.inputs.get("memory_budget_bytes"),
             opened_at=record.created_at,
+            opened_seq=record.seq,
         )
     exp = experiments.get(exp_id)
     if exp is None:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from perfgate.decisions.experiments import Experiment
+from perfgate.decisions.experiments import Experiment, load_experiments
 from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
 from perfgate.evidence.access import as_dict, as_list, str_list
 
@@ -187,13 +187,34 @@ def _window_gates(
         )
     )
 
-    invariants = {canonical_json(as_dict(_declared_contract(w)).get("invariants")) for w in windows}
+    # invariants agree, except the semantic changes the comparison declared (a training change)
+    declared = set(str_list(comparison.inputs.get("declared_changes")))
+    semantic = {
+        str(d.get("field")).removeprefix("contract.invariants.")
+        for d in map(as_dict, as_list(comparison.result.get("differences")))
+        if d.get("classification") == "declared_semantic"
+    } & declared
+
+    def invariants_of(w: EvidenceRecord) -> str:
+        inv = as_dict(as_dict(_declared_contract(w)).get("invariants"))
+        return canonical_json({k: v for k, v in inv.items() if k not in semantic})
+
+    invariants = {invariants_of(w) for w in windows}
+    per_side = [
+        {canonical_json(as_dict(_declared_contract(w)).get("invariants")) for w in windows if w.id in ids}
+        for ids in (set(baseline), set(candidate))
+    ]
+    same = len(invariants) <= 1 and all(len(side) <= 1 for side in per_side)
     gates.append(
         _gate(
             "invariants_match",
-            len(invariants) <= 1,
-            "every window declares the same invariants"
-            if len(invariants) <= 1
+            same,
+            (
+                "every window declares the same invariants"
+                if not semantic
+                else f"invariants match except the declared semantic change ({', '.join(sorted(semantic))})"
+            )
+            if same
             else "windows declare different invariants",
             [w.id for w in windows],
             "re-run the candidate with the baseline's contract invariants (only execution settings may change)",
@@ -348,7 +369,103 @@ def _comparison_gates(exp: Experiment, ev: _Evidence, fewer_reason: str | None) 
         ]
     else:
         gates = [_gate("comparison", True, f"improved: speedup {figure}", [latest.id])]
+    gates += _binding_gates(exp, latest, ev)
     return gates + _window_gates(exp, latest, ev, fewer_reason)
+
+
+def _binding_gates(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> list[Gate]:
+    """The comparison is about this experiment: its declared change, fresh candidate windows, not reused."""
+    from perfgate.decisions.binding import (
+        candidate_after_open_problems,
+        declared_change_problems,
+        reused_candidate_problems,
+    )
+
+    experiments = load_experiments(ev.ledger)
+    semantic = [
+        str(d.get("field"))
+        for d in map(as_dict, as_list(comparison.result.get("differences")))
+        if d.get("classification") == "declared_semantic"
+    ]
+    cmp_fix = (
+        f"compare_benchmarks(baseline=[...], candidate=[...], declared_changes=[{exp.changed_variable!r}]) on "
+        "candidate windows measured for this experiment, then " + _attach(exp, "comparison")
+    )
+    gates = [
+        _gate(
+            "declared_change",
+            not (problems := declared_change_problems(exp, comparison)),
+            "; ".join(problems)
+            or f"the comparison declares the experiment's change ({exp.changed_variable})",
+            [comparison.id],
+            cmp_fix,
+        ),
+        _gate(
+            "candidate_after_open",
+            not (late := candidate_after_open_problems(exp, comparison, ev.get)),
+            "; ".join(late) or "the candidate windows were measured after the experiment was opened",
+            [comparison.id],
+            "run_benchmark_window(...) for the candidate now, then " + cmp_fix,
+        ),
+        _gate(
+            "evidence_not_reused",
+            not (reused := reused_candidate_problems(exp, comparison, experiments, ev.get)),
+            "; ".join(reused) or "the candidate windows support no other kept experiment",
+            [comparison.id],
+            "measure new candidate windows for this experiment, then " + cmp_fix,
+        ),
+    ]
+    if semantic and exp.classification != "training_change":
+        gates.append(
+            _gate(
+                "classification",
+                False,
+                f"the comparison declares semantic changes ({', '.join(semantic)}): it changes what the model "
+                f"learns, which a {exp.classification} cannot keep",
+                [comparison.id],
+                "record_decision(action='open', classification='training_change', ...) for this change, with a "
+                "task-quality result",
+            )
+        )
+    return gates
+
+
+def _correctness_gate(exp: Experiment, ev: _Evidence) -> Gate:
+    from perfgate.decisions.binding import correctness_binding_problems
+
+    fix = "compare_tensors(reference=..., candidate=..., atol=..., rtol=...), then " + _attach(
+        exp, "correctness"
+    )
+    base = _passed_by(exp, ev, "correctness", "compare_tensors", "correctness", fix)
+    problems, ids = correctness_binding_problems(exp, load_experiments(ev.ledger), ev.get)
+    if base.status == "failed" or not problems:
+        return base
+    return _gate(
+        "correctness",
+        False,
+        "; ".join(problems),
+        ids,
+        "compare_tensors on the baseline's and the candidate's own tensor files at the failed check's "
+        "tolerances or stricter, then " + _attach(exp, "correctness"),
+    )
+
+
+def _quality_gate(exp: Experiment, ev: _Evidence) -> Gate:
+    from perfgate.decisions.binding import QUALITY_KINDS, quality_problems
+
+    comparisons = [
+        r for i in exp.ids("comparison") if (r := ev.get(i)) is not None and r.tool == "compare_benchmarks"
+    ]
+    problems, good = quality_problems(exp, comparisons[-1] if comparisons else None, ev.get)
+    tool = ", ".join(QUALITY_KINDS.values())
+    return _gate(
+        "task_quality",
+        not problems,
+        "; ".join(problems) or "a passed task-quality result about the candidate windows",
+        good or exp.ids("quality"),
+        f"{tool}(evidence_id=<candidate window>, baseline_id=<baseline window>, loss_tolerance=...), then "
+        + _attach(exp, "quality"),
+    )
 
 
 def _passed_by(exp: Experiment, ev: _Evidence, role: str, tool: str | None, name: str, fix: str) -> Gate:
@@ -372,15 +489,7 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
     """Every gate for keeping ``exp``, each with its status; the keep is accepted when none failed."""
     ev = _Evidence(ledger)
     gates = [_environment_gate(exp, ev)]
-    tensors = _passed_by(
-        exp,
-        ev,
-        "correctness",
-        "compare_tensors",
-        "correctness",
-        "compare_tensors(reference=..., candidate=..., atol=..., rtol=...), then "
-        + _attach(exp, "correctness"),
-    )
+    tensors = _correctness_gate(exp, ev)
     if exp.classification == "correctness_repair":
         gates.append(tensors)
         gates.append(_new_baseline_gate(exp, ev))
@@ -392,16 +501,7 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
             gates.append(
                 _na("correctness", "a training change alters numerics by design; task quality decides")
             )
-            gates.append(
-                _passed_by(
-                    exp,
-                    ev,
-                    "quality",
-                    None,
-                    "task_quality",
-                    "a passed task-quality result (e.g. eval loss parity), then " + _attach(exp, "quality"),
-                )
-            )
+            gates.append(_quality_gate(exp, ev))
     if exp.touches_data:
         gates.append(
             _passed_by(

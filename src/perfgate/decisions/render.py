@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from perfgate.decisions.experiments import Experiment
+from perfgate.evidence.access import str_list
 
 __all__ = ["render_decisions", "render_experiment"]
 
 _STATUS_MARK = {"passed": "pass", "failed": "FAIL", "not_applicable": "n/a"}
+_ESCAPE = str.maketrans({c: "\\" + c for c in "\\`*_[]<>|#!"})
+
+
+def _inline(text: object, limit: int = 2000) -> str:
+    """User text as one inert Markdown line: no line breaks (so no headings or table rows), specials escaped."""
+    flat = " ".join(str(text).split())
+    if len(flat) > limit:
+        flat = flat[:limit] + " ..."
+    return flat.translate(_ESCAPE)
+
+
+def _code(text: object) -> str:
+    """User text inside an inline code span that it cannot close."""
+    flat = " ".join(str(text).split())
+    fence = "``" if "`" in flat else "`"
+    return f"{fence} {flat} {fence}" if fence == "``" else f"`{flat}`"
 
 
 def render_experiment(exp: Experiment) -> str:
@@ -15,9 +34,9 @@ def render_experiment(exp: Experiment) -> str:
     lines = [
         f"## {exp.id}: {verdict}",
         "",
-        f"- **Hypothesis:** {exp.hypothesis}",
+        f"- **Hypothesis:** {_inline(exp.hypothesis)}",
         f"- **Classification:** {exp.classification}",
-        f"- **Changed variable:** {exp.changed_variable}",
+        f"- **Changed variable:** {_inline(exp.changed_variable)}",
         f"- **Opened:** {exp.opened_at}",
     ]
     if exp.memory_budget_bytes is not None:
@@ -25,20 +44,27 @@ def render_experiment(exp: Experiment) -> str:
     if decision:
         lines.append(f"- **Decided:** {decision.at} (record {decision.evidence_id})")
         if decision.label:
-            lines.append(f"- **Label:** {decision.label}")
-        lines.append(f"- **Rationale:** {decision.rationale}")
+            lines.append(f"- **Label:** {_inline(decision.label)}")
+        empty: dict[str, Any] = {}
+        comparison = next((g for g in decision.gates if g.get("name") == "comparison"), empty)
+        ids = str_list(comparison.get("evidence_ids"))
+        if ids:
+            lines.append(
+                f"- **Decided on comparison:** {_code(ids[0])} ({_inline(comparison.get('reason', ''))})"
+            )
+        lines.append(f"- **Rationale:** {_inline(decision.rationale)}")
         if decision.rollback:
-            lines.append(f"- **Rollback:** `{decision.rollback}`")
+            lines.append(f"- **Rollback:** {_code(decision.rollback)}")
     if exp.attempts:
         lines.append(f"- **Refused attempts:** {len(exp.attempts)} (see the ledger for each)")
     if exp.links:
         lines += ["", "| role | evidence |", "|---|---|"]
-        lines += [f"| {link.role} | `{link.evidence_id}` |" for link in exp.links]
+        lines += [f"| {link.role} | {_code(link.evidence_id)} |" for link in exp.links]
     gates = decision.gates if decision else (exp.attempts[-1].gates if exp.attempts else [])
     if gates:
         lines += ["", "| gate | status | reason |", "|---|---|---|"]
         for gate in gates:
-            reason = str(gate.get("reason", "")).replace("|", "\\|")
+            reason = _inline(gate.get("reason", ""))
             lines.append(
                 f"| {gate.get('name')} | {_STATUS_MARK.get(str(gate.get('status')), gate.get('status'))} | {reason} |"
             )

@@ -29,11 +29,11 @@ from typing import Any, cast
 __all__ = ["DemoError", "DemoResult", "run_demo"]
 
 WARMUP_STEPS = 5
-MEASURE_STEPS = 30
+MEASURE_STEPS = 60
 BATCH = 16
 REPEATS = 3
-DECODE_MS = 2.0
-"""Loader time per sample: 32 ms a batch against a training step of a few ms."""
+DECODE_MS = 4.0
+"""Loader wait per sample: 64 ms a batch against a training step of a few ms."""
 DUMP_STEP = 3
 """The parity dump is taken in step DUMP_STEP - 1, inside the warm-up, never in a measured window."""
 WORKERS = 4

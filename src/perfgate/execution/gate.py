@@ -257,10 +257,10 @@ class ApprovalGate:
             )
             self.store.set_evidence(approval.id, evidence_id)
         raise ToolError(
-            f"this command needs a human's approval, and this MCP client cannot ask for it. Pending approval "
-            f"id: {approval.id} (expires {_utc(approval.expires_at)}). Ask the user to run, in a terminal:\n\n"
-            f"    {approve_command(approval.id, self.workspace)}\n\n"
-            "then repeat this exact tool call with the same arguments; it runs once approved. Any change to "
-            "argv, cwd, env, timeout or the code it runs needs a new approval.\n\n"
+            f"approval needed: pending approval {approval.id} (expires {_utc(approval.expires_at)}); this MCP "
+            "client cannot ask the user, so the command did not run\n"
+            f"next: ask the user to run `{approve_command(approval.id, self.workspace)}` in a terminal, then "
+            "repeat this exact call (any change to argv, cwd, env, timeout or the code it runs needs a new "
+            "approval)\n\n"
             f"{_shown(request, tool)}"
         )

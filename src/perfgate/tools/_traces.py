@@ -177,6 +177,14 @@ def trace_brief(
     if len(ranks) > 8:
         steps.append(f"+{len(ranks) - 8} ranks")
     lines.append("; ".join(steps))
+    load = ranks[0].host_load
+    if load.measured:
+        lines.append(
+            f"host load during capture: other processes {load.other_cpus:g} of {load.cpus} CPUs, job "
+            f"{load.job_cpus:g}" + (f" (most: {load.top_other[0].name})" if load.top_other else "")
+        )
+    else:
+        lines.append("host load during capture: unknown (only profile_segment mode='run' measures it)")
     if skew is not None and skew.slowest_rank is not None:
         busiest = {m.rank: m for m in skew.per_rank_mean_step_us}
         slow = busiest.get(skew.slowest_rank)

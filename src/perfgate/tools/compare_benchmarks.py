@@ -69,9 +69,10 @@ class Difference(BaseModel):
     kind: Literal["contract", "env", "argv", "code", "file", "measured"]
     baseline: Any
     candidate: Any
-    classification: Literal["declared_execution", "undeclared", "semantic"] = Field(
-        description="declared_execution: covered by declared_changes and allowed; undeclared or semantic: "
-        "the comparison is incomparable."
+    classification: Literal["declared_execution", "declared_semantic", "undeclared", "semantic"] = Field(
+        description="declared_execution: covered by declared_changes and allowed; declared_semantic: a "
+        "declared change of what is learned (comparable, but only a training_change can be kept on it); "
+        "undeclared or semantic: the comparison is incomparable."
     )
     note: str
 
@@ -158,14 +159,18 @@ def _differences(
     b_contract, c_contract = _contract(base), _contract(cand)
     classes = {**b_contract.classes, **c_contract.classes}
     for key in diff.changed_invariants:
+        declared_here = key in declared
         out.append(
             Difference(
                 field=f"contract.invariants.{key}",
                 kind="contract",
                 baseline=b_contract.invariants.get(key),
                 candidate=c_contract.invariants.get(key),
-                classification="semantic",
-                note="an invariant changed: a different workload",
+                classification="declared_semantic" if declared_here else "semantic",
+                note="a declared training change: only a training_change with task-quality evidence can be "
+                "kept on it"
+                if declared_here
+                else "an invariant changed: a different workload; declare it to compare as a training change",
             )
         )
     for key in diff.actual_changes:
@@ -192,7 +197,7 @@ def _differences(
             continue
         cls, source = classify(name, classes)
         if _env_declared(name, names):
-            verdict: Literal["declared_execution", "undeclared", "semantic"] = (
+            verdict: Literal["declared_execution", "declared_semantic", "undeclared", "semantic"] = (
                 "semantic" if cls == "semantic" else "declared_execution"
             )
             used.add(name)

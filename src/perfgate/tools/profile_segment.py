@@ -295,7 +295,12 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         try:
             if inp.harness_on_path:
                 await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.state_dir))
+            from perfgate.traces.hostload import HostLoadSampler
+
+            sampler = HostLoadSampler()
+            sampler.start()
             result = await rt.run_command(request, ev)
+            host_load = sampler.stop()
             exit_code = result.exit_code
             traces = sorted((run_dir / "traces").glob("rank*.pt.trace.json*"))
             if not result.succeeded:
@@ -307,6 +312,8 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                 )
             if traces:
                 profiles = await analyze_paths(traces, inp, rt)
+                for p in profiles:
+                    p.host_load = host_load
                 trace_artifacts = await _keep_traces(ev, traces, rt)
                 files = [
                     TraceFile(path=a, bytes=(rt.workspace / a).stat().st_size, rank=p.rank)

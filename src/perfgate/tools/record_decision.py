@@ -200,10 +200,14 @@ async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput
     await rt.commit(ev, out)
     await anyio.to_thread.run_sync(_render, rt.ledger)
     if not accepted:
+        unmet = [g for g in gates if g.status == "failed"]
+        first = next((g.satisfy_with for g in unmet if g.satisfy_with), None)
         raise ToolError(
-            f"keep refused for {exp_id}: the evidence does not support it (refusal recorded as {ev.id}).\n"
+            f"keep refused for {exp_id}: {len(unmet)} gate(s) unmet ({', '.join(g.name for g in unmet)}); "
+            f"refusal recorded as {ev.id}\n"
+            + (f"next: {first}, " if first else "next: add the evidence named below, ")
+            + "or decide 'revert', 'inconclusive' or 'blocked'\n"
             + summarize(gates)
-            + "\nDecide 'revert', 'inconclusive' or 'blocked' instead, or add the evidence named above."
         )
     return out
 

@@ -491,13 +491,21 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
         summarize_run([w for _, w in windows]) if windows and failure is None else None
     )
     if summary is not None and world is not None:
-        per_step = {w.samples // w.steps for _, w in windows if w.samples is not None}
-        contract_problems = check_observed(contract, world, per_step.pop() if len(per_step) == 1 else None)
-        for problem in contract_problems:
-            if "world_size" in problem:
-                failure = f"the run contradicts its contract: {problem}"
-            else:
-                warnings.append(problem)
+        measured = _measured_samples_per_step(first_launch, inp)
+        contract_problems = check_observed(contract, world, measured)
+        if inp.samples_per_step is not None and measured is not None and measured != inp.samples_per_step:
+            contract_problems.append(
+                f"samples_per_step {inp.samples_per_step} was given, but the harness counted {measured} samples "
+                "per optimizer step"
+            )
+        if contract_problems:
+            # measured beats declared: a window whose run contradicts its contract is no evidence
+            failure = "the run contradicts its contract: " + "; ".join(contract_problems)
+        elif measured is None and inp.timing != "log":
+            warnings.append(
+                "samples per optimizer step were not measured (no DataLoader batches seen): throughput and the "
+                "global batch rest on what was declared"
+            )
     series_name: str | None = None
     if windows:
         series_name = SERIES_NAME
@@ -523,6 +531,22 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     return await rt.commit(
         ev, out, command=list(request.argv), exit_code=exit_code, environment_id=inp.environment_id
     )
+
+
+def _measured_samples_per_step(records: list[RankRecord], inp: RunBenchmarkWindowInput) -> int | None:
+    """Global samples per optimizer step the ranks' DataLoaders delivered over the measured steps, when
+    every rank counted every step and the count is constant; ``None`` otherwise."""
+    if not records or inp.timing == "log":
+        return None
+    start = inp.warmup_steps
+    totals: set[int] = set()
+    steps = min(r.steps.count for r in records)
+    for j in range(start, steps):
+        column = [r.steps.samples[j] for r in records]
+        if any(v is None for v in column):
+            return None
+        totals.add(sum(v or 0 for v in column))
+    return totals.pop() if len(totals) == 1 else None
 
 
 def _provenance(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder) -> RunProvenance:

@@ -26,6 +26,13 @@ memory_bound              copies/memsets plus elementwise/reduction kernels >= 5
 compute_efficiency        compute covers >= 80% of the device span and GEMM/conv/attention >= 50% of
                           device time (then MFU, not the trace, says how far from peak it is)
 profiler_artefact         fewer than 2 steps in the window, or the slowest step >= 3x the median
+host_contention           captured runs only (profile_segment mode='run'): other processes used >= 25%
+                          of the CPUs the job may run on, and job + others kept >= 75% of them busy
+                          (the job could not simply use idle CPUs). Time at stake: step x that share.
+                          It is ranked above op-level findings (host_overhead, memory_bound,
+                          compute_efficiency), whose confidence drops one level: contention inflates
+                          op times, so the top ops point away from the cause. Unknown load (traces
+                          analyzed without a capture) never fires it.
 ========================  ===========================================================================
 
 Candidates and guards follow the evidence -> first candidate -> required guard table of the
@@ -56,7 +63,12 @@ THRESHOLDS: dict[str, float] = {
     "compute_efficiency_busy": 0.80,
     "compute_efficiency_matmul": 0.50,
     "profiler_artefact_step_ratio": 3.0,
+    "host_contention": 0.25,
+    "host_contention_busy": 0.75,
 }
+# Walls read from op and kernel times, which other processes on the CPUs inflate.
+_OP_LEVEL: frozenset[Wall] = frozenset({"host_overhead", "memory_bound", "compute_efficiency"})
+_LOWER: dict[Confidence, Confidence] = {"high": "medium", "medium": "low", "low": "low"}
 _WEIGHT: dict[Confidence, float] = {"high": 1.0, "medium": 0.7, "low": 0.4}
 
 _PLAYBOOK: dict[Wall, tuple[str, str]] = {
@@ -103,6 +115,13 @@ _PLAYBOOK: dict[Wall, tuple[str, str]] = {
         "measure MFU first (estimate_flops + compute_mfu); then precision (bf16/TF32), shape alignment, "
         "fused attention or compile",
         "numerics within the declared tolerance (compare_tensors), same model FLOPs per step",
+    ),
+    "host_contention": (
+        "stop or move the other processes named in the figures (or pin the job and them to disjoint CPUs: "
+        "taskset / torch.set_num_threads to the free cores), then profile again before trusting op-level "
+        "findings",
+        "the same host state for baseline and candidate: a benchmark window taken under contention is not "
+        "comparable with one taken without it (collect_env before both)",
     ),
     "profiler_artefact": (
         "capture again with a longer schedule (profile_segment warmup >= 1, active >= 3) before deciding",
@@ -358,10 +377,58 @@ def diagnose(ranks: Sequence[RankProfile], skew: RankSkew | None) -> list[Findin
                     + ("" if skew.common_steps >= 2 else "; ranks share fewer than 2 step numbers"),
                 )
             )  # fmt: skip
+    contention = _host_contention(ranks)
+    if contention is not None:
+        for i, f in enumerate(findings):
+            if f.wall in _OP_LEVEL:
+                findings[i] = f.model_copy(
+                    update={
+                        "confidence": _LOWER[f.confidence],
+                        "confidence_reason": f.confidence_reason
+                        + f"; captured while other processes used {contention.figures['other_cpus']:g} of "
+                        f"{contention.figures['cpus']:g} CPUs: op times are inflated",
+                    }
+                )
+        findings.append(contention)
     # One finding per wall and rank: the larger one is kept.
     best: dict[tuple[str, int | None], Finding] = {}
     for f in findings:
         key = (f.wall, f.rank)
         if key not in best or f.time_at_stake_us > best[key].time_at_stake_us:
             best[key] = f
-    return sorted(best.values(), key=lambda f: -f.time_at_stake_us * _WEIGHT[f.confidence])
+    ranked = sorted(best.values(), key=lambda f: -f.time_at_stake_us * _WEIGHT[f.confidence])
+    if contention is not None:
+        # Contention outranks the op-level findings it distorts.
+        at = next(i for i, f in enumerate(ranked) if f.wall == "host_contention")
+        first_op = next((i for i, f in enumerate(ranked) if f.wall in _OP_LEVEL), at)
+        if first_op < at:
+            ranked.insert(first_op, ranked.pop(at))
+    return ranked
+
+
+def _host_contention(ranks: Sequence[RankProfile]) -> Finding | None:
+    """One finding for the host (all ranks of a run share it), from the most contended measurement."""
+    loads = [p.host_load for p in ranks if p.host_load.measured]
+    if not loads:
+        return None
+    load = max(loads, key=lambda h: h.other_share or 0.0)
+    cpus, other, job = load.cpus or 0, load.other_cpus or 0.0, load.job_cpus or 0.0
+    share = load.other_share or 0.0
+    if cpus <= 0 or share < THRESHOLDS["host_contention"]:
+        return None
+    if (other + job) / cpus < THRESHOLDS["host_contention_busy"]:
+        return None
+    steps = [_step_us(q) for q in ranks]
+    step = sum(steps) / len(steps)
+    names = [f"{o.name} (pid {o.pid}, {o.cpus:g} CPUs)" for o in load.top_other]
+    figures = {"other_cpus": other, "cpus": float(cpus), "other_share": share, "job_cpus": job}
+    if load.load_avg_1m is not None:
+        figures["load_avg_1m"] = load.load_avg_1m
+    return _finding(
+        "host_contention", None, step, step * share,
+        f"other processes used {other:.2f} of the job's {cpus} CPUs ({share:.0%}) during the capture"
+        + (f", most {names[0]}" if names else ""),
+        figures, names, "medium",
+        "measured from /proc over the whole launch (start-up included), not per step; intra-op threads that "
+        "wait for each other can lose more than this share",
+    )  # fmt: skip

@@ -248,6 +248,39 @@ class AnalysisWindow(BaseModel):
     excluded_last_step: bool
 
 
+class OtherProcess(BaseModel):
+    """A process outside the job that used CPU during the capture."""
+
+    pid: int
+    name: str = Field(description="Short command name (/proc/<pid>/stat), not the argv.")
+    cpus: float = Field(description="Mean CPUs it used over the capture window.")
+
+
+_UNKNOWN_LOAD = "not captured by profile_segment mode='run': the host's load during the capture is unknown"
+
+
+class HostLoad(BaseModel):
+    """How busy the host was with other processes while the profile was captured (see traces/hostload.py)."""
+
+    measured: bool = Field(description="False: the load is unknown (not zero); unknown_reason says why.")
+    unknown_reason: str | None = None
+    basis: str = (
+        "/proc over the whole launch: busy time of the CPUs the job may run on minus the job's own CPU time "
+        "(server and reaped children)"
+    )
+    window_s: float | None = None
+    cpus: int | None = Field(default=None, description="CPUs the job may run on (affinity set).")
+    job_cpus: float | None = Field(default=None, description="Mean CPUs the job used.")
+    other_cpus: float | None = Field(default=None, description="Mean CPUs other processes used.")
+    other_share: float | None = Field(default=None, description="other_cpus / cpus.")
+    load_avg_1m: float | None = None
+    top_other: list[OtherProcess] = Field(default_factory=list[OtherProcess])
+
+
+def _unknown_load() -> HostLoad:
+    return HostLoad(measured=False, unknown_reason=_UNKNOWN_LOAD)
+
+
 class RankProfile(BaseModel):
     """Analysis of one trace file (one rank)."""
 
@@ -300,6 +333,10 @@ class RankProfile(BaseModel):
     )
     event_counts: dict[str, int]
     warnings: list[str]
+    host_load: HostLoad = Field(
+        default_factory=_unknown_load,
+        description="Other processes' CPU use during the capture; measured only for profile_segment runs.",
+    )
 
 
 class RankStepMean(BaseModel):
@@ -351,6 +388,7 @@ Wall = Literal[
     "rank_imbalance",
     "evaluation_in_step",
     "profiler_artefact",
+    "host_contention",
 ]
 Confidence = Literal["high", "medium", "low"]
 

@@ -1,0 +1,191 @@
+"""Gates that bind evidence to its experiment: declared changes, timing, tensor files, failed checks, quality.
+
+Each is evaluated from the ledger: the experiment (opened before its candidate evidence), the comparison
+it rests on, and every other experiment that tried the same changed variable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from perfgate.decisions.experiments import Experiment
+from perfgate.evidence import EvidenceRecord
+from perfgate.evidence.access import as_dict, as_list, str_list
+
+__all__ = [
+    "QUALITY_KINDS",
+    "candidate_after_open_problems",
+    "correctness_binding_problems",
+    "declared_change_problems",
+    "quality_problems",
+    "reused_candidate_problems",
+]
+
+Lookup = Callable[[str], EvidenceRecord | None]
+
+QUALITY_KINDS: dict[str, str] = {"training_health": "check_training_health"}
+"""Task-quality evidence the gate accepts: ``result.quality_kind`` -> the tool that produces it."""
+
+_IMPLIED = {"microbatch": {"accumulation"}, "accumulation": {"microbatch"}}
+_GENERIC = {"code", "argv"}
+
+
+def _canon(name: str) -> str:
+    from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
+
+    key = canonical_key(name[4:] if name.lower().startswith("env:") else name)
+    term = VOCABULARY.get(key)
+    return term.name if term is not None else key
+
+
+def _mentioned(changed_variable: str) -> set[str]:
+    """Names the changed variable mentions: each token canonical, and its vocabulary entry."""
+    tokens = [t for t in re.split(r"[^A-Za-z0-9_:.]+", changed_variable) if t]
+    names = {_canon(t) for t in [changed_variable, *tokens]}
+    return names | {n for name in names for n in _IMPLIED.get(name, set())}
+
+
+def declared_change_problems(exp: Experiment, comparison: EvidenceRecord) -> list[str]:
+    """The comparison must declare exactly the experiment's changed variable (and what it implies).
+
+    The changed variable may be prose ("DataLoader num_workers 0 -> 2"): every declared name must be what
+    it names (a token or its vocabulary entry).
+    """
+    declared = [d for d in str_list(comparison.inputs.get("declared_changes")) if _canon(d) not in _GENERIC]
+    allowed = _mentioned(exp.changed_variable)
+    if not declared:
+        return [
+            f"the comparison declares no change, but the experiment changes {exp.changed_variable!r}: compare "
+            "windows that differ in it, declaring it in declared_changes"
+        ]
+    extra = [d for d in declared if _canon(d) not in allowed]
+    if extra:
+        return [
+            f"the comparison declared {sorted(declared)}, but the experiment's one changed variable is "
+            f"{exp.changed_variable!r} ({sorted(extra)} is another change)"
+        ]
+    return []
+
+
+def candidate_after_open_problems(exp: Experiment, comparison: EvidenceRecord, lookup: Lookup) -> list[str]:
+    """Candidate windows must be measured after the experiment was opened."""
+    problems: list[str] = []
+    for wid in str_list(comparison.inputs.get("candidate")):
+        record = lookup(wid)
+        if record is None:
+            continue
+        started = record.started_at or record.created_at
+        if record.seq < exp.opened_seq or started < exp.opened_at:
+            problems.append(
+                f"candidate window {wid} was measured at {started}, before the experiment was opened "
+                f"({exp.opened_at})"
+            )
+    return problems
+
+
+def reused_candidate_problems(
+    exp: Experiment, comparison: EvidenceRecord, experiments: dict[str, Experiment], lookup: Lookup
+) -> list[str]:
+    """Candidate windows already kept as another experiment's candidate evidence."""
+    mine = set(str_list(comparison.inputs.get("candidate")))
+    problems: list[str] = []
+    for other in experiments.values():
+        if other.id == exp.id or other.decision is None or other.decision.decision != "keep":
+            continue
+        for cid in other.ids("comparison"):
+            record = lookup(cid)
+            theirs: set[str] = set(str_list(record.inputs.get("candidate"))) if record else set()
+            shared = sorted(mine & theirs)
+            if shared:
+                problems.append(f"candidate windows {shared} already support the kept experiment {other.id}")
+    return problems
+
+
+def _tolerance(record: EvidenceRecord) -> tuple[float, float] | None:
+    atol, rtol = record.inputs.get("atol"), record.inputs.get("rtol")
+    if isinstance(atol, (int, float)) and isinstance(rtol, (int, float)):
+        return float(atol), float(rtol)
+    return None
+
+
+def correctness_binding_problems(
+    exp: Experiment, experiments: dict[str, Experiment], lookup: Lookup
+) -> tuple[list[str], list[str]]:
+    """(problems, ids): the passed tensor checks compare two different files, and no failed check for this
+    changed variable (in any role, in this or an earlier experiment) is superseded by a looser one."""
+    problems: list[str] = []
+    passed: list[EvidenceRecord] = []
+    for cid in exp.ids("correctness"):
+        record = lookup(cid)
+        if record is None or record.tool != "compare_tensors" or record.state.value != "passed":
+            continue
+        passed.append(record)
+        files = [as_dict(f) for f in as_list(record.result.get("files"))]
+        ref = {f.get("sha256") for f in files if f.get("role") == "reference"}
+        cand = {f.get("sha256") for f in files if f.get("role") == "candidate"}
+        if ref and ref == cand:
+            problems.append(
+                f"{cid} compares files with identical contents: the candidate's tensors must come from the "
+                "candidate run, the reference's from the baseline run"
+            )
+    variable = _canon(exp.changed_variable)
+    failed: list[EvidenceRecord] = []
+    for other in [exp, *(e for e in experiments.values() if e.id != exp.id)]:  # exp: with this call's links
+        if other.id != exp.id and _canon(other.changed_variable) != variable:
+            continue
+        for link in other.links:
+            record = lookup(link.evidence_id)
+            if record is not None and record.tool == "compare_tensors" and record.state.value == "failed":
+                failed.append(record)
+    for bad in failed:
+        strict = _tolerance(bad)
+        for good in passed:
+            loose = _tolerance(good)
+            if strict is not None and loose is not None and (loose[0] > strict[0] or loose[1] > strict[1]):
+                problems.append(
+                    f"{good.id} passed at atol={loose[0]:g}, rtol={loose[1]:g}, looser than the failed check "
+                    f"{bad.id} (atol={strict[0]:g}, rtol={strict[1]:g}) for {exp.changed_variable!r}: a failed "
+                    "correctness check is not superseded by a looser one"
+                )
+    if failed and not passed:
+        problems.append(
+            f"correctness checks for {exp.changed_variable!r} failed ({', '.join(r.id for r in failed)}) and no "
+            "check at the same or stricter tolerances passed"
+        )
+    return problems, [r.id for r in failed + passed]
+
+
+def quality_problems(
+    exp: Experiment, comparison: EvidenceRecord | None, lookup: Lookup
+) -> tuple[list[str], list[str]]:
+    """Task quality is its own evidence: a passed record of a known quality kind, from the tool that makes
+    it, about this comparison's candidate windows."""
+    candidates: set[str] = set(str_list(comparison.inputs.get("candidate"))) if comparison else set()
+    good: list[str] = []
+    problems: list[str] = []
+    for qid in exp.ids("quality"):
+        record = lookup(qid)
+        if record is None:
+            continue
+        kind: Any = record.result.get("quality_kind")
+        if kind not in QUALITY_KINDS or QUALITY_KINDS[kind] != record.tool:
+            problems.append(
+                f"{qid} ({record.tool}) is not task-quality evidence: attach a {', '.join(QUALITY_KINDS.values())} "
+                "result"
+            )
+        elif record.state.value != "passed":
+            problems.append(f"quality evidence {qid} is {record.state.value}")
+        elif candidates and record.inputs.get("evidence_id") not in candidates:
+            problems.append(
+                f"quality evidence {qid} checks {record.inputs.get('evidence_id')}, not a candidate window of the comparison"
+            )
+        else:
+            good.append(qid)
+    failed = [p for p in problems if " is failed" in p]
+    if failed:
+        return failed, good
+    if good:
+        return [], good
+    return problems or ["no task-quality result is attached in role quality"], good
