@@ -393,3 +393,17 @@ def test_the_required_invariants_the_skill_names_are_the_ones_the_gate_requires(
     required: tuple[str, ...] = vocabulary.REQUIRED_INVARIANTS
     row = next(line for line in _skill().splitlines() if line.startswith("| `required_invariants` |"))
     assert set(re.findall(r"`([a-z_]+)`", row)) - {"required_invariants"} == set(required)
+
+
+def test_the_task_quality_advice_names_the_tools_the_gate_accepts() -> None:
+    binding = pytest.importorskip("perfgate.decisions.binding")
+    accepted = set(binding.QUALITY_KINDS.values())
+    section = _section(
+        (SKILL_DIR / "references" / "correctness.md").read_text(encoding="utf-8"), "Task quality"
+    )
+    called = set(re.findall(r"(?<![\w.])([a-z]+(?:_[a-z]+)+)\(", section))
+    assert accepted <= called, f"correctness.md's task-quality section must show {sorted(accepted - called)}"
+    assert called <= accepted, (
+        f"correctness.md's task-quality section shows {sorted(called - accepted)}, which the task_quality "
+        "gate does not accept"
+    )
