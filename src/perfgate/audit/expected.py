@@ -102,7 +102,7 @@ def _text(data: bytes, path: Path) -> str:
 def _json_ids(data: bytes, path: Path) -> list[IdValue]:
     try:
         doc = msgspec.json.decode(data, type=_JSON_TYPE)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested thousands deep
         raise AuditInputError(
             f'expected ids {path}: {exc}. Write a JSON list of int or string ids, or {{"ids": [...]}}'
         ) from exc
@@ -122,7 +122,7 @@ def _jsonl_ids(data: bytes, path: Path) -> list[IdValue]:
             continue
         try:
             value = decoder.decode(line)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested thousands deep
             raise AuditInputError(f"expected ids {path}, line {number}: {exc}") from exc
         out.append(value.sample_id if isinstance(value, _IdObject) else value)
     return out

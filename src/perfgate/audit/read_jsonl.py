@@ -136,7 +136,7 @@ def _probe_columns(block: bytes, source: str) -> None:
     for line in block.split(b"\n", _PROBE_LINES)[:_PROBE_LINES]:
         try:
             obj = msgspec.json.decode(line)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             continue
         if isinstance(obj, dict):
             seen.update(str(k) for k in cast("dict[object, object]", obj))
@@ -164,7 +164,7 @@ def _decode_block(
                 rows: list[_Row] = _BLOCK_DECODERS[which].decode(joined)
             except msgspec.ValidationError:
                 continue  # another id type may fit; a bad field fails every decoder
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 break
             if len(rows) != n_lines:
                 break  # a line held more or less than one value: find it line by line
@@ -183,7 +183,7 @@ def _decode_lines(block: bytes, line_base: int, source: str, builder: RecordBuil
             continue
         try:
             rows.append(_LINE_DECODER.decode(line))
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # RecursionError: nested thousands deep
             builder.malformed.add(source, offset, str(exc))
             continue
         numbers.append(offset)

@@ -67,7 +67,12 @@ class ChunkedFile:
             with self._lock:
                 if self._fd is None:
                     raise ComparisonCancelled(f"{self.path.name} was closed while it was being read")
-                n = os.preadv(self._fd, [view[done:]], offset + done)
+                try:
+                    n = os.preadv(self._fd, [view[done:]], offset + done)
+                except OSError as exc:
+                    raise TensorInputError(
+                        f"{self.path.name}: cannot read at byte {offset + done} ({exc.strerror or exc})"
+                    ) from exc
             if n == 0:
                 raise TensorInputError(
                     f"{self.path.name}: the file ends at byte {offset + done}, but {self.size_bytes} bytes were "

@@ -208,7 +208,7 @@ class NpzFile:
                 # Reading at the end makes zipfile compare the CRC of everything inflated.
                 tail = stream.read(1)
                 assert not tail, "zipfile never reads past a member's declared size"
-        except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        except (zipfile.BadZipFile, EOFError, zlib.error, OSError) as exc:
             raise TensorInputError(f"{where}: corrupt member ({exc})") from exc
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Protocol
 
-from perfgate._safeopen import open_file
+from perfgate._safeopen import UnsafeFileError, open_file
 from perfgate.tensors._errors import TensorInputError
 from perfgate.tensors._mapped import ChunkStream
 from perfgate.tensors._npy import MAGIC as NPY_MAGIC
@@ -65,12 +65,17 @@ def _sniff(path: Path) -> str:
 
 
 def _open_file(path: Path, limits: ReaderLimits) -> _Reader:
-    kind = _sniff(path)
-    if kind == "npy":
-        return NpyFile(path)
-    if kind == "npz":
-        return NpzFile(path, limits.npz)
-    return SafetensorsFile(path, max_header_bytes=limits.max_safetensors_header_bytes)
+    try:
+        kind = _sniff(path)
+        if kind == "npy":
+            return NpyFile(path)
+        if kind == "npz":
+            return NpzFile(path, limits.npz)
+        return SafetensorsFile(path, max_header_bytes=limits.max_safetensors_header_bytes)
+    except UnsafeFileError:
+        raise
+    except OSError as exc:  # e.g. a zip directory whose offsets point past any file
+        raise TensorInputError(f"{path.name}: cannot be read ({exc.strerror or exc})") from exc
 
 
 def _default_confine(root: Path) -> Callable[[Path], Path]:
@@ -174,9 +179,13 @@ def _open_indexed(index: Path, confine: Callable[[Path], Path], limits: ReaderLi
     shard_names = list(dict.fromkeys(weight_map.values()))
     paths: list[Path] = []
     for name in shard_names:
-        path = confine(_shard_path(index.parent, name, index))
-        if not path.is_file():
-            raise TensorInputError(f"{index.name} lists shard {name!r}, which does not exist")
+        try:
+            path = confine(_shard_path(index.parent, name, index))
+            exists = path.is_file()
+        except OSError as exc:  # a name the file system cannot hold (too long, NUL)
+            raise TensorInputError(f"{index.name} lists shard {name[:80]!r}: {exc.strerror or exc}") from exc
+        if not exists:
+            raise TensorInputError(f"{index.name} lists shard {name[:80]!r}, which does not exist")
         paths.append(path)
     readers = _open_all(paths, limits)
     try:

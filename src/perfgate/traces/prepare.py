@@ -36,7 +36,8 @@ _DIR_CATEGORY: dict[int, Category] = {
     DIR_D2D: "memcpy_d2d",
     DIR_OTHER: "memcpy_other",
 }
-_STEP = re.compile(r"ProfilerStep\s*#\s*(\d+)")
+_STEP = re.compile(r"ProfilerStep\s*#\s*(\d{1,18})(?!\d)")
+"""A step number of more digits is not a step (and would not fit an int64 column): such names are ignored."""
 
 
 @dataclass

@@ -155,6 +155,12 @@ class TraceStream:
                 f"{self.path}: cannot decompress ({type(exc).__name__}: {exc}); the gzip file is corrupt or "
                 "was truncated while being written. Re-copy or re-capture the trace."
             ) from exc
+        except RecursionError as exc:
+            # msgspec decodes nested values recursively: a trace nested thousands deep is not a profile.
+            raise TraceFormatError(
+                f"{self.path}: a value is nested too deeply to decode (past Python's recursion limit, within "
+                f"the {len(self._buf)} bytes buffered); the file is corrupt or not a Kineto trace"
+            ) from exc
         finally:
             self._file.close()
             self._file = None

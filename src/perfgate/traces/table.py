@@ -8,6 +8,7 @@ per kept event. All times are microseconds as written in the trace.
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -87,21 +88,27 @@ _DIRECTIONS: dict[str, int] = {
 def _to_int(value: Scalar, default: int = -1) -> int:
     """An integer arg as HTA reads it: ints and integral strings; anything else is ``default``."""
     if isinstance(value, int):
-        return value
+        return value if -(2**63) <= value < 2**63 else default
     if isinstance(value, float):
-        return int(value) if value == value else default
+        return int(value) if abs(value) < 2.0**63 else default  # also NaN (comparisons are False)
     if isinstance(value, str):
+        if len(value) > 20:  # longer than any int64; int() of a huge digit string is also slow
+            return default
         try:
-            return int(value)
+            parsed = int(value)
         except ValueError:
             return default
+        return parsed if -(2**63) <= parsed < 2**63 else default
     return default
 
 
 def _to_float(value: Scalar) -> float:
     """A numeric arg as float, NaN when absent or not numeric."""
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int beyond any float: a corrupt file
+            return math.nan
     if isinstance(value, str):
         try:
             return float(value)
@@ -113,15 +120,20 @@ def _to_float(value: Scalar) -> float:
 def _floats(values: list[Scalar]) -> F64:
     """Column of numeric args (NaN when absent); numpy converts numbers and None in one C loop."""
     if str not in set(map(type, values)):
-        return np.array(values, np.float64)
+        try:
+            return np.array(values, np.float64)
+        except OverflowError:
+            pass  # an int beyond any float: convert one by one
     return np.array([_to_float(v) for v in values], np.float64)
 
 
 def _ints(values: list[Scalar]) -> I64:
     """Column of integer args, -1 when absent or not an integer (``"0x0"`` streams, as HTA does)."""
     if str not in set(map(type, values)):
-        as_float = np.array(values, np.float64)
-        return np.where(np.isnan(as_float), -1, as_float).astype(np.int64)
+        as_float = _floats(values)
+        # Absent (NaN) or beyond int64 (a corrupt file) both read as -1, never as a wrapped number.
+        unusable = np.isnan(as_float) | (np.abs(as_float) >= 2.0**63)
+        return np.where(unusable, -1, as_float).astype(np.int64)
     return np.array([_to_int(v) for v in values], np.int64)
 
 
