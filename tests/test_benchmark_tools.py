@@ -235,7 +235,9 @@ async def test_log_timing_parses_step_times_from_stdout(allowed: Path) -> None:
         },
     )
     assert out["state"] == "executed" and out["steps_measured"] == 10
-    assert out["median_step_ms"] == pytest.approx(10.0, rel=0.05)
+    # paced 10 ms steps: a busy machine stretches them without bound, but their median stays at or above
+    # the period (5% margin); a mis-parse (the step number, 4-13, or the loss) lands below it
+    assert out["median_step_ms"] >= 9.5
     assert out["ranks"][0]["step_time_source"] == "log"
 
 

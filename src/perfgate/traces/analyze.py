@@ -18,7 +18,14 @@ from perfgate.traces.errors import TraceError
 from perfgate.traces.host import launch_stats, sync_stats
 from perfgate.traces.idle import idle_breakdown
 from perfgate.traces.kernels import category_stats, top_kernels
-from perfgate.traces.models import Backend, RankProfile, RankSource, TimeBasis, TraceSetReport
+from perfgate.traces.models import (
+    Backend,
+    OpEfficiencySummary,
+    RankProfile,
+    RankSource,
+    TimeBasis,
+    TraceSetReport,
+)
 from perfgate.traces.ops import flops_summary, top_ops
 from perfgate.traces.phases import host_breakdown
 from perfgate.traces.prepare import Prepared, prepare
@@ -280,9 +287,19 @@ def analyze_table(
         host=host_breakdown(prepared),
         idle=idle_breakdown(prepared),
         kernel_sequences=frequent_sequences(prepared, min(options.top_k, 5)),
+        op_efficiency=_op_efficiency(prepared, device, t.span_us > 0, options.top_k),
         event_counts=counts,
         warnings=_warnings(table, counts["device"], prepared, stream),
     )
+
+
+def _op_efficiency(prepared: Prepared, device: str, on_device: bool, k: int) -> OpEfficiencySummary | None:
+    from perfgate.traces.efficiency import op_efficiency
+
+    out = op_efficiency(prepared, device, on_device)
+    if out is not None:
+        out.ops = out.ops[:k]
+    return out
 
 
 def analyze_trace(path: Path, options: AnalysisOptions = AnalysisOptions()) -> RankProfile:

@@ -25,6 +25,11 @@ memory_bound              copies/memsets plus elementwise/reduction kernels >= 5
                           and that time >= 10% of the step
 compute_efficiency        compute covers >= 80% of the device span and GEMM/conv/attention >= 50% of
                           device time (then MFU, not the trace, says how far from peak it is)
+op efficiency             traces with shapes and a device whose peak the table holds: GEMM/attention
+                          ops taking >= 10% of the step below 50% of the dense peak. Operands under
+                          50 FLOPs/byte (below every listed accelerator's ridge point) make it
+                          memory_bound (small shapes), the rest compute_efficiency; time at stake:
+                          their time minus the time at peak
 profiler_artefact         fewer than 2 steps in the window, or the slowest step >= 3x the median
 host_contention           captured runs only (profile_segment mode='run'): other processes used >= 25%
                           of the CPUs the job may run on, and job + others kept >= 75% of them busy
@@ -46,7 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from perfgate.traces.models import Confidence, Finding, RankProfile, RankSkew, Wall
+from perfgate.traces.models import Confidence, Finding, OpEfficiency, RankProfile, RankSkew, Wall
 
 __all__ = ["THRESHOLDS", "diagnose"]
 
@@ -63,6 +68,9 @@ THRESHOLDS: dict[str, float] = {
     "compute_efficiency_busy": 0.80,
     "compute_efficiency_matmul": 0.50,
     "profiler_artefact_step_ratio": 3.0,
+    "op_efficiency_share": 0.10,
+    "op_efficiency_peak": 0.50,
+    "op_efficiency_intensity": 50.0,
     "host_contention": 0.25,
     "host_contention_busy": 0.75,
 }
@@ -330,6 +338,7 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
                     "the bound is the whole compute time; only MFU says how much of it is recoverable",
                 )
             )  # fmt: skip
+    out.extend(_op_efficiency_findings(p, step, per_step))
     if p.steps is not None:
         in_window = [s.duration_us for s in p.steps.steps if s.in_window]
         ratio = p.steps.max_us / p.steps.p50_us if p.steps.p50_us > 0 else 1.0
@@ -343,6 +352,50 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
                     [], "medium", "too few or too uneven steps to tell a steady wall from a one-off",
                 )
             )  # fmt: skip
+    return out
+
+
+def _op_efficiency_findings(p: RankProfile, step: float, per_step: int) -> list[Finding]:
+    eff = p.op_efficiency
+    if eff is None:
+        return []
+    out: list[Finding] = []
+    rows = [o for o in eff.ops if o.kind != "copy" and o.peak_tflops and o.time_us > 0]
+    low = THRESHOLDS["op_efficiency_intensity"]
+    groups: list[tuple[Wall, list[OpEfficiency]]] = [
+        ("memory_bound", [o for o in rows if (o.intensity or 0.0) < low]),
+        ("compute_efficiency", [o for o in rows if (o.intensity or 0.0) >= low]),
+    ]
+    for wall, group in groups:
+        t = sum(o.time_us for o in group)
+        if not group or t / per_step / step < THRESHOLDS["op_efficiency_share"]:
+            continue
+        ideal = sum(o.flops / (o.peak_tflops or 1.0) / 1e6 for o in group)
+        achieved = sum(o.flops for o in group) / t / 1e6
+        peak_mix = sum(o.flops for o in group) / ideal / 1e6 if ideal > 0 else 0.0
+        if peak_mix <= 0 or achieved / peak_mix >= THRESHOLDS["op_efficiency_peak"]:
+            continue
+        worst = sorted(group, key=lambda o: -(o.time_us - o.flops / (o.peak_tflops or 1.0) / 1e6))
+        names = [
+            f"{o.op} {o.precision} {o.achieved_tflops or 0:.1f}/{o.peak_tflops:g} TFLOP/s" for o in worst[:3]
+        ]
+        kind = (
+            "small-operand GEMM/attention (under {low:g} FLOPs/byte): memory-bound"
+            if wall == "memory_bound"
+            else "GEMM/attention with enough arithmetic intensity: compute-bound but inefficient"
+        ).format(low=low)
+        out.append(
+            _finding(
+                wall, p.rank, step, (t - ideal) / per_step,
+                f"rank {p.rank}: {kind}, {achieved:.1f} TFLOP/s achieved of {peak_mix:.0f} peak "
+                f"({achieved / peak_mix:.0%}) over {_ms(t / per_step)} per step",
+                {"achieved_tflops": achieved, "peak_tflops": peak_mix, "time_us_per_step": t / per_step,
+                 "ideal_us_per_step": ideal / per_step},
+                names, "medium",
+                "FLOPs from recorded shapes over the device time of the kernels each op launched; the peak is "
+                "the device's dense figure (fp32 ops may run as TF32 and beat the fp32 peak)",
+            )
+        )  # fmt: skip
     return out
 
 

@@ -238,6 +238,32 @@ class KernelSequence(BaseModel):
     share: float = Field(description="time_us / all device time.")
 
 
+class OpEfficiency(BaseModel):
+    """One op (and precision) with recorded shapes: the work it did and how fast."""
+
+    op: str
+    kind: Literal["gemm", "attention", "copy"]
+    precision: str = Field(description="From the first operand's type: fp32, bf16, fp16, fp8, int8, other.")
+    count: int
+    time_us: float = Field(description="Device time of its kernels (CPU-only traces: the op's duration).")
+    flops: float
+    bytes: float = Field(description="Operand bytes (GEMM/attention) or bytes read + written (copies).")
+    achieved_tflops: float | None
+    achieved_gbps: float | None
+    intensity: float | None = Field(description="FLOPs per operand byte: low = memory-bound shapes.")
+    peak_tflops: float | None = Field(description="Dense peak of this device and precision; null: unknown.")
+    efficiency: float | None = Field(description="achieved_tflops / peak_tflops.")
+
+
+class OpEfficiencySummary(BaseModel):
+    """Per-op efficiency where the trace recorded shapes (see traces/efficiency.py)."""
+
+    basis: str
+    device: str
+    ops: list[OpEfficiency] = Field(description="Most time first.")
+    peak_unknown: list[str] = Field(description="Why a peak is null (never borrowed from another device).")
+
+
 class AnalysisWindow(BaseModel):
     """Which part of the trace the breakdowns cover."""
 
@@ -333,6 +359,11 @@ class RankProfile(BaseModel):
     )
     event_counts: dict[str, int]
     warnings: list[str]
+    op_efficiency: OpEfficiencySummary | None = Field(
+        default=None,
+        description="Achieved TFLOP/s and GB/s of GEMM/attention/copy ops from recorded shapes; null "
+        "when the trace has no shapes (record_shapes=False).",
+    )
     host_load: HostLoad = Field(
         default_factory=_unknown_load,
         description="Other processes' CPU use during the capture; measured only for profile_segment runs.",

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
+from typing import cast
 
 import msgspec
 import numpy as np
@@ -233,8 +234,8 @@ _DEVICE_FLOAT = ("ts", "dur", "nbytes")
 _DEVICE_INT = ("name", "cat", "stream", "corr", "device", "direction")
 _HOST_FLOAT = ("ts", "dur", "nbytes")
 _HOST_INT = ("name", "cat", "corr", "tid")
-_CPU_FLOAT = ("ts", "dur", "flops")
-_CPU_INT = ("name", "cat", "tid", "grad")
+_CPU_FLOAT = ("ts", "dur", "flops", "shape_flops", "shape_bytes")
+_CPU_INT = ("name", "cat", "tid", "grad", "shape_prec")
 
 
 def _empty(floats: Sequence[str], ints: Sequence[str]) -> Columns:
@@ -283,6 +284,7 @@ class TableBuilder:
     """Accumulates batches of events into an `EventTable`."""
 
     _names: _Interner = field(default_factory=_Interner)
+    _shape_ids: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
     _cats: _Interner = field(default_factory=_Interner)
     _tids: _TidInterner = field(default_factory=_TidInterner)
     _route: dict[str, int] = field(default_factory=dict[str, int])
@@ -400,7 +402,33 @@ class TableBuilder:
             data["flops"] = _floats(list(map(_GET_FLOPS, decode_args(raws))))
         else:
             data["flops"] = np.full(n, np.nan)
+        self._shape_columns(events, raws, data)
         return Columns(data)
+
+    def _shape_columns(
+        self, events: list[Event], raws: list[msgspec.Raw], data: dict[str, npt.NDArray[np.generic]]
+    ) -> None:
+        """FLOPs/bytes of the GEMM, attention and copy ops with recorded shapes (see `shapes`)."""
+        from perfgate.traces.shapes import SHAPE_OPS, decode_shapes, shape_work
+
+        n = len(events)
+        flops, nbytes = np.full(n, np.nan), np.full(n, np.nan)
+        prec = np.full(n, -1, np.int64)
+        data["shape_flops"], data["shape_bytes"], data["shape_prec"] = flops, nbytes, prec
+        names = self._names
+        if len(self._shape_ids) < len(names):
+            # Which interned names are shape ops: checked once per new name, not per event.
+            new = list(names)[len(self._shape_ids) :]
+            self._shape_ids = np.concatenate([self._shape_ids, np.array([x in SHAPE_OPS for x in new], bool)])
+        ids = cast("I64", data["name"])
+        rows = np.flatnonzero(self._shape_ids[ids])
+        if rows.size == 0:
+            return
+        picked = rows.tolist()
+        lookup = list(names)
+        for i, a in zip(picked, decode_shapes([raws[i] for i in picked]), strict=True):
+            f, b, c = shape_work(lookup[int(ids[i])], a)
+            flops[i], nbytes[i], prec[i] = f, b, c
 
     def _category_counts(self, tables: dict[str, Columns]) -> Counter[str]:
         counts = Counter[str](self._skipped_counts)
