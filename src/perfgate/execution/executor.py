@@ -49,6 +49,7 @@ __all__ = [
     "ProcessRegistry",
     "StreamCapture",
     "execute",
+    "resolve_program",
 ]
 
 _POLL_S = 0.02
@@ -213,6 +214,15 @@ class ProcessRegistry:
         if runs:
             await anyio.to_thread.run_sync(stop_blocking, runs, grace_s)
         self._runs.clear()
+
+
+def resolve_program(request: CommandRequest) -> None:
+    """Check the program and working directory exist, as `execute` would before starting it.
+
+    Raises:
+        CommandError: they do not.
+    """
+    _resolve_program(request, {**os.environ, **request.env})
 
 
 def _resolve_program(request: CommandRequest, env: dict[str, str]) -> None:

@@ -12,7 +12,7 @@ import atexit
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import anyio.to_thread
 
@@ -27,6 +27,7 @@ from perfgate.execution.executor import (
     ExecLimits,
     ProcessRegistry,
     execute,
+    resolve_program,
 )
 from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant
 from perfgate.execution.policy import PolicyError, load_policy, workspace_policy_files
@@ -150,6 +151,63 @@ class CommandRunner:
     def registry(self) -> ProcessRegistry:
         """The server's process registry: a process started here is stopped when the server shuts down."""
         return self._service.registry
+
+    async def start_detached(
+        self,
+        request: CommandRequest,
+        state_dir: Path,
+        *,
+        launches: int,
+        record_dir: str | None,
+        meta: dict[str, Any],
+    ) -> tuple[str, Path]:
+        """Start the approved ``request`` under a detached supervisor (see `perfgate.execution.detached`).
+
+        The same approval and limits apply as to `run`; the run is not in the server's process registry,
+        so it outlives the call and the server. Returns (run id, run directory).
+
+        Raises:
+            UnapprovedCommandError: ``request`` is not the request this call's gate approved.
+            ToolError: outside the operator's limits, or the program does not exist.
+        """
+        from perfgate.execution import detached
+
+        if self.grant is None:
+            raise UnapprovedCommandError(
+                f"refusing to start {list(request.argv)!r}: this call approved nothing"
+            )
+        request = await self._service.bind(request)
+        if self.grant.digest != request.digest:
+            if self.grant.base_digest == request.unbound().digest:
+                raise ToolError(
+                    "the code changed after this command was approved (a file it runs or the workspace's code "
+                    f"state: {request.code.summary if request.code else 'unknown'}); it did not start. Call "
+                    "again: the changed code needs a new approval."
+                )
+            raise UnapprovedCommandError(
+                f"refusing to start {list(request.argv)!r}: its digest {request.short_digest} is not the one "
+                "approved for this call"
+            )
+        self._service.gate.check_limits(request)
+        try:
+            resolve_program(request)
+        except CommandError as exc:
+            raise ToolError(
+                f"{exc}. Fix argv or cwd and call again (a changed command needs a new approval)."
+            ) from exc
+        meta = {**meta, "approved_how": self.grant.how.value, "approval_evidence_id": self.grant.evidence_id}
+        return await anyio.to_thread.run_sync(
+            lambda: detached.start(
+                state_dir,
+                argv=list(request.argv),
+                cwd=request.cwd,
+                env=dict(request.env),
+                timeout_s=request.timeout_s,
+                launches=launches,
+                record_dir=record_dir,
+                meta=meta,
+            )
+        )
 
     async def run(
         self, request: CommandRequest, artifacts: ArtifactSink, *, label: str = ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from perfgate.tools import (
     analyze_trace,
     audit_samples,
+    benchmark_run,
     check_training_health,
     collect_env,
     compare_benchmarks,
@@ -24,6 +25,7 @@ __all__ = ["REGISTRY", "ToolSpec", "registered_specs"]
 REGISTRY: tuple[AnySpec, ...] = (
     collect_env.SPEC,
     run_benchmark_window.SPEC,
+    benchmark_run.SPEC,
     import_benchmark.SPEC,
     compare_benchmarks.SPEC,
     check_training_health.SPEC,

@@ -130,6 +130,21 @@ class ToolRuntime:
             raise UnapprovedCommandError(f"{self.tool} declares no ToolSpec.command; it cannot run commands")
         return await self.commands.run(request, evidence, label=label)
 
+    async def start_detached(
+        self, request: CommandRequest, *, launches: int, record_dir: str | None, meta: dict[str, Any]
+    ) -> tuple[str, Path]:
+        """Start this call's approved command detached (it outlives the call); returns (run id, run dir).
+
+        Raises:
+            ToolError: outside the operator's limits, or the program does not exist.
+            UnapprovedCommandError: not the approved request, or the tool declares no command.
+        """
+        if self.commands is None:
+            raise UnapprovedCommandError(f"{self.tool} declares no ToolSpec.command; it cannot run commands")
+        return await self.commands.start_detached(
+            request, self.ledger.state_dir, launches=launches, record_dir=record_dir, meta=meta
+        )
+
     async def plot(
         self, evidence: EvidenceBuilder, name: str, render: Callable[[], bytes], *, key: bool = False
     ) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -141,6 +142,14 @@ class RunBenchmarkWindowInput(BaseModel):
     reason: Annotated[
         str, Field(max_length=2000, description="Why this run is needed (shown to the approver).")
     ] = ""
+    detach: Annotated[
+        bool,
+        Field(
+            description="Start the run and return a run_id at once (same approval); the run outlives this call, "
+            "a client disconnect and a server restart. Follow it with benchmark_run(action='status'|'wait'|"
+            "'result'|'cancel', run_id=...); 'result' records the same evidence a blocking call would."
+        ),
+    ] = False
 
     @model_validator(mode="after")
     def _pattern_matches_timing(self) -> RunBenchmarkWindowInput:
@@ -257,6 +266,9 @@ class RunBenchmarkWindowOutput(BaseModel):
         "losses on any rank, updates GradScaler skipped; null when no scalar loss went through backward().",
     )
     profiled: bool = False
+    run_id: str | None = Field(
+        default=None, description="Detached runs: the id for benchmark_run (status, wait, result, cancel)."
+    )
 
 
 # --------------------------------------------------------------------------- the command
@@ -434,17 +446,49 @@ def _collect_records(
     return found.records, found.problems
 
 
-async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWindowOutput:
-    from perfgate.benchmarking import summarize_run
-    from perfgate.benchmarking.series import SERIES_NAME, series_document
+LaunchFn = Callable[[int, str], Awaitable[tuple[int | None, str | None, Path]]]
+"""``(launch index, log label) -> (exit code, failure text or None, folder holding its rank records)``."""
 
+
+async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWindowOutput:
     request = command(inp, rt)
+    if inp.harness_on_path:
+        await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.state_dir))
+    if inp.detach:
+        return await _start_detached(inp, rt, request)
     ev = rt.evidence()
     provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
     run_dir = _run_dir(inp, rt)
     record_dir = run_dir / "records"
-    if inp.harness_on_path:
-        await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.state_dir))
+
+    async def launch_once(launch: int, label: str) -> tuple[int | None, str | None, Path]:
+        shutil.rmtree(record_dir, ignore_errors=True)
+        record_dir.mkdir(parents=True)
+        result = await rt.run_command(request, ev, label=label)
+        return result.exit_code, None if result.succeeded else _launch_failure(result), record_dir
+
+    try:
+        return await measure(inp, rt, request, ev, launch_once, provenance)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+async def measure(
+    inp: RunBenchmarkWindowInput,
+    rt: ToolRuntime,
+    request: CommandRequest,
+    ev: EvidenceBuilder,
+    launch_once: LaunchFn,
+    provenance: RunProvenance | None,
+    run_id: str | None = None,
+) -> RunBenchmarkWindowOutput:
+    """Run (or collect) every launch through ``launch_once``, summarise the windows and commit the record.
+
+    The blocking call and a detached run's result both end here, so their evidence has the same form.
+    """
+    from perfgate.benchmarking import summarize_run
+    from perfgate.benchmarking.series import SERIES_NAME, series_document
+
     launches = 1 if inp.same_process else inp.repeats
     windows: list[tuple[int, WindowSummary]] = []
     first_record: RankRecord | None = None
@@ -460,13 +504,10 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     contract_problems: list[str] = []
     try:
         for launch in range(launches):
-            shutil.rmtree(record_dir, ignore_errors=True)
-            record_dir.mkdir(parents=True)
             label = f"launch{launch}_" if launches > 1 else ""
-            result = await rt.run_command(request, ev, label=label)
-            exit_code = result.exit_code
-            if not result.succeeded:
-                raise _Failure(f"launch {launch}: {_launch_failure(result)}")
+            exit_code, launch_failure, record_dir = await launch_once(launch, label)
+            if launch_failure is not None:
+                raise _Failure(f"launch {launch}: {launch_failure}")
             if inp.timing == "log":
                 # Parsing and record reading are CPU-bound: off the event loop, cancellable.
                 got = await anyio.to_thread.run_sync(_log_windows, inp, ev.path(f"{label}stdout.log"))
@@ -484,8 +525,6 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
         failure = str(exc)
     except BenchmarkError as exc:
         failure = str(exc)
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
 
     summary: RunSummary | None = (
         summarize_run([w for _, w in windows]) if windows and failure is None else None
@@ -528,9 +567,33 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     out.contract_problems = contract_problems
     out.provenance = provenance
     out.step_series_artifact = series_name
+    out.run_id = run_id
     return await rt.commit(
         ev, out, command=list(request.argv), exit_code=exit_code, environment_id=inp.environment_id
     )
+
+
+async def _start_detached(
+    inp: RunBenchmarkWindowInput, rt: ToolRuntime, request: CommandRequest
+) -> RunBenchmarkWindowOutput:
+    """Start the approved launches under a detached supervisor; the record says where to follow them."""
+    launches = 1 if inp.same_process else inp.repeats
+    record_dir = None if inp.timing == "log" else str(_run_dir(inp, rt) / "records")
+    ev = rt.evidence()
+    # what ran is captured now, at launch (the code may change while the run goes on)
+    provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
+    meta = {"inputs": inp.model_dump(mode="json"), "provenance": provenance.model_dump(mode="json")}
+    run_id, _ = await rt.start_detached(request, launches=launches, record_dir=record_dir, meta=meta)
+    out = _output(inp, ev, rt, None, [], None, None, None, None, [])
+    out.state = EvidenceState.PLANNED
+    out.failure_reason = None
+    out.run_id = run_id
+    out.provenance = provenance
+    out.warnings = [
+        f"detached run {run_id} started ({launches} launch(es)); nothing is measured yet: follow it with "
+        f"benchmark_run(action='wait', run_id='{run_id}'), then benchmark_run(action='result', run_id='{run_id}')"
+    ]
+    return await rt.commit(ev, out, command=list(request.argv), environment_id=inp.environment_id)
 
 
 def _measured_samples_per_step(records: list[RankRecord], inp: RunBenchmarkWindowInput) -> int | None:

@@ -1,0 +1,187 @@
+"""Detached runs: a real 2-rank torchrun (gloo) that outlives its client and the server, and cancel."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from _trust import any_code_rules, operator_policy
+from perfgate.evidence import Ledger
+from perfgate.server import build_server
+from perfgate.tools._runtime import ServerConfig
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+PY = sys.executable
+REPO = Path(__file__).resolve().parents[1]
+TINY = str(REPO / "examples" / "tiny_train.py")
+PACED = str(REPO / "examples" / "paced_loop.py")
+CONTRACT = {
+    "invariants": {"model": "tiny-mlp", "global_batch": 64},
+    "execution": {"microbatch": 32, "world_size": 2},
+}
+
+
+@pytest.fixture
+def allowed(workspace: Path) -> Path:
+    torchrun = shutil.which("torchrun", path=str(Path(PY).parent)) or "torchrun"
+    rules = [[PY, "-m", "perfgate.harness"], [PY, PACED], [torchrun]]
+    operator_policy("[execution]\n" + any_code_rules(*rules))
+    return workspace
+
+
+async def call(workspace: Path, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    """One call on a fresh server and client: every call here is a reconnect to a restarted server."""
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        result = await client.call_tool(tool, args)
+    assert not result.is_error, result.content[0].text  # type: ignore[union-attr]
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+def two_ranks(port: int, **kw: Any) -> dict[str, Any]:
+    torchrun = shutil.which("torchrun", path=str(Path(PY).parent))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed next to this interpreter")
+    argv = [torchrun, "--nproc-per-node", "2", "--master-port", str(port), TINY, "--ddp", "--steps", "1000"]
+    return {"command": argv, "warmup_steps": 2, "measure_steps": 6, "repeats": 1, "contract": CONTRACT, **kw}
+
+
+async def _wait(workspace: Path, run_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 240
+    while True:
+        out = await call(workspace, "benchmark_run", {"action": "wait", "run_id": run_id, "wait_s": 20})
+        if out["run_state"] != "running" and out["run_state"] != "starting":
+            return out
+        assert time.monotonic() < deadline, out
+
+
+async def test_a_detached_two_rank_run_survives_restarts_and_matches_the_blocking_path(allowed: Path) -> None:
+    started = await call(allowed, "run_benchmark_window", two_ranks(29653, detach=True))
+    assert started["state"] == "planned" and started["run_id"].startswith("run-")
+    run_id = started["run_id"]
+    # the server that started it is gone (its lifespan ended with the call); a new one answers
+    status = await call(allowed, "benchmark_run", {"action": "status", "run_id": run_id})
+    assert status["run_state"] in ("starting", "running", "finished")
+    done = await _wait(allowed, run_id)
+    assert done["run_state"] == "finished" and done["exit_codes"] == [0]
+    assert done["latest_window"]["steps"] == 6 and done["health_verdict"] == "healthy"
+    res = await call(allowed, "benchmark_run", {"action": "result", "run_id": run_id})
+    detached = res["result"]
+    assert res["state"] == "executed", detached["failure_reason"]
+    again = await call(allowed, "benchmark_run", {"action": "result", "run_id": run_id})
+    assert again["evidence_id"] == res["evidence_id"]  # recorded once
+
+    blocking = await call(allowed, "run_benchmark_window", two_ranks(29653))
+    assert blocking["state"] == "executed"
+    same = ("state", "world_size", "windows_measured", "steps_measured", "device", "timing", "label")
+    assert {k: detached[k] for k in same} == {k: blocking[k] for k in same}
+    assert detached["health"]["verdict"] == blocking["health"]["verdict"] == "healthy"
+    assert [r["rank"] for r in detached["ranks"]] == [0, 1]
+
+    def names(out: dict[str, Any]) -> list[str]:
+        return sorted(Path(a).name for a in out["artifacts"])
+
+    assert names(detached) == names(blocking)
+    assert set(detached) == set(blocking)
+    assert detached["provenance"]["argv"][:3] == blocking["provenance"]["argv"][:3]
+    ledger = Ledger(allowed)
+    d, b = ledger.get(res["evidence_id"]), ledger.get(blocking["evidence_id"])
+    assert d is not None and b is not None
+    assert d.tool == b.tool == "run_benchmark_window"
+    assert d.command is not None and b.command is not None and len(d.command) == len(b.command)
+    # compare_benchmarks takes the detached record like any window
+    cmp = await call(allowed, "compare_benchmarks", {"baseline": [b.id], "candidate": [d.id]})
+    assert cmp["status"] == "comparable", cmp["reasons"]
+
+
+async def test_cancel_stops_the_run_and_its_process_group(allowed: Path) -> None:
+    args = {
+        "command": [PY, PACED, "--steps", "100000", "--step-ms", "20"],
+        "timing": "explicit",
+        "warmup_steps": 2,
+        "measure_steps": 50000,
+        "repeats": 1,
+        "timeout_s": 300,
+        "contract": {"invariants": {"workload": "paced"}},
+        "detach": True,
+    }
+    started = await call(allowed, "run_benchmark_window", args)
+    run_id = started["run_id"]
+    run_dir = allowed / ".perfgate" / "detached" / run_id
+    deadline = time.monotonic() + 60
+    while not (run_dir / "launch0_stderr.log").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    supervisor = int((run_dir / "supervisor.pid").read_text())
+    out = await call(allowed, "benchmark_run", {"action": "cancel", "run_id": run_id})
+    assert out["run_state"] == "cancelled"
+    deadline = time.monotonic() + 20
+    while True:  # the supervisor exits once it has recorded the cancellation (and is reaped)
+        try:
+            os.kill(supervisor, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    res = await call(allowed, "benchmark_run", {"action": "result", "run_id": run_id})
+    assert res["state"] == "failed" and "cancelled" in res["result"]["failure_reason"]
+    out = await call(allowed, "benchmark_run", {"action": "cancel", "run_id": run_id})
+    assert "no longer running" in out["message"]
+
+
+async def test_unknown_or_malformed_run_ids_are_refused(allowed: Path) -> None:
+    async with Client(build_server(ServerConfig.create(allowed))) as client:
+        for run_id in ("run-0000000000000000", "../../etc", "run-zz"):
+            result = await client.call_tool("benchmark_run", {"action": "status", "run_id": run_id})
+            assert result.is_error
+            assert "detach=true" in result.content[0].text  # type: ignore[union-attr]
+
+
+def test_a_lost_supervisor_is_reported_as_lost(tmp_path: Path) -> None:
+    from perfgate.execution import detached
+
+    run_id, directory = detached.start(
+        tmp_path,
+        argv=[PY, "-c", "import time; time.sleep(60)"],
+        cwd=tmp_path,
+        env={},
+        timeout_s=120,
+        launches=1,
+        record_dir=None,
+        meta={},
+    )
+    pid = int((directory / "supervisor.pid").read_text())
+    deadline = time.monotonic() + 30
+    while detached.read_status(directory)["state"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)  # a crash: no status is written
+    deadline = time.monotonic() + 10
+    while detached.read_status(directory)["state"] != "lost":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert detached.run_dir(tmp_path, run_id) == directory
+    # cancel still reaches the orphaned launch through its recorded process group
+    assert detached.cancel(directory)
+    child = int(detached.read_status(directory)["pid"])
+    deadline = time.monotonic() + 10
+    while _running(child):  # gone, or a zombie waiting for init to reap it
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
