@@ -75,3 +75,14 @@ def test_the_copy_of_perfgate_is_importable_without_the_installed_package(tmp_pa
         check=True,
     )
     assert out.stdout.strip().startswith(str(target))
+
+
+def test_an_edited_harness_copy_is_replaced_before_it_runs(tmp_path: Path) -> None:
+    """The copy lives in the agent-writable workspace: an edited timing harness must never run."""
+    target = prepare_harness_path(harness_pythonpath(tmp_path))
+    window = target / "perfgate" / "harness" / "window.py"
+    honest = window.read_bytes()
+    window.write_bytes(honest + b"\nSTEP_TIME_SCALE = 0.5  # planted\n")
+    (target / "perfgate" / "sitecustomize.py").write_text("print('planted')\n")
+    assert prepare_harness_path(harness_pythonpath(tmp_path)) == target
+    assert window.read_bytes() == honest and not (target / "perfgate" / "sitecustomize.py").exists()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
+from _trust import operator_policy
 from perfgate.server import build_server
 from perfgate.tools._runtime import ServerConfig
 from perfgate.tools._traces import trace_brief
@@ -97,10 +98,7 @@ async def test_a_capture_beside_a_burner_names_host_contention_first(workspace: 
     pytest.importorskip("torch")
     if not hasattr(os, "sched_setaffinity") or not Path("/proc/stat").is_file():
         pytest.skip("needs Linux /proc and CPU affinity")
-    rule = [PY, "-m", "perfgate.harness"]
-    (workspace / "perfgate.toml").write_text(
-        f"[execution]\n\n[[execution.allow]]\nargv = {json.dumps(rule)}\n"
-    )
+    operator_policy(f'[execution]\n\n[[execution.allow]]\nscript = {json.dumps(str(TINY))}\ncode = "any"\n')
     args = {"mode": "run", "command": [PY, TINY, "--steps", "8"], "skip_first": 1, "warmup": 1, "active": 2,
             "timeout_s": 120, "top_k": 3}  # fmt: skip
     saved = os.sched_getaffinity(0)

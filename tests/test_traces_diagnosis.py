@@ -79,6 +79,22 @@ def test_real_traces_name_their_known_walls(hta_traces: Path) -> None:
     assert nccl.idle.idle_us == pytest.approx(nccl.idle_us, rel=1e-6)
 
 
+def test_the_lightweight_critical_path_partitions_each_step_and_names_the_side(hta_traces: Path) -> None:
+    # The MI250 toy step waits on launches: the host is on the critical path.
+    amd = analyze_trace(hta_traces / "amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz").idle
+    assert amd is not None and amd.steps_checked > 0 and amd.bound == "host"
+    assert amd.host_bound_us > 0.5 * amd.steps_span_us
+    for path in sorted(p for p in hta_traces.glob("*.json.gz") if p.stat().st_size < 1_200_000):
+        for rank in analyze_traces([path]).ranks:
+            idle = rank.idle
+            if idle is None or not idle.steps_checked:
+                continue
+            parts = idle.device_bound_us + idle.host_bound_us + idle.other_wait_us
+            assert parts == pytest.approx(idle.steps_span_us, rel=1e-6, abs=1e-3), path.name
+            assert min(idle.device_bound_us, idle.host_bound_us, idle.other_wait_us) >= 0, path.name
+            assert idle.bound in ("host", "device", "mixed"), path.name
+
+
 def test_the_diff_of_dataloader_workers_0_to_2_shows_the_change_where_it_happened() -> None:
     from perfgate.traces import AnalysisOptions
     from perfgate.traces.diff import diff_profiles

@@ -13,6 +13,7 @@ deepspeed, shell scripts) cannot be rewritten safely: use explicit timing there.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -134,10 +135,27 @@ def harness_pythonpath(state_dir: Path) -> Path:
     return state_dir / "harness-path" / h.hexdigest()[:16]
 
 
+def _copy_matches(target: Path, root: Path) -> bool:
+    """Whether the copy holds exactly the installed package's files (the workspace is the agent's to
+    write: an edited harness would time what it likes)."""
+    copy = target / "perfgate"
+    wanted = {p.relative_to(root): p for p in _package_files(root)}
+    present: set[Path] = {p.relative_to(copy) for p in _package_files(copy)} if copy.is_dir() else set()
+    if present != set(wanted):
+        return False
+    return all((copy / rel).read_bytes() == src.read_bytes() for rel, src in wanted.items())
+
+
 def prepare_harness_path(target: Path) -> Path:
-    """Create the copy at ``target`` (from :func:`harness_pythonpath`) unless it already exists."""
-    if (target / "perfgate" / "__init__.py").is_file():
+    """Create the copy at ``target`` (from :func:`harness_pythonpath`), or replace it when its content
+    differs from the installed package (someone edited it)."""
+    if (target / "perfgate" / "__init__.py").is_file() and _copy_matches(target, _package_root()):
         return target
+    if target.exists():
+        stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=target.parent))
+        with contextlib.suppress(OSError):
+            target.rename(stale / "old")
+        shutil.rmtree(stale, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     root = _package_root()

@@ -173,6 +173,12 @@ def trace_brief(
         part = f"rank {r.rank} ({r.backend}) step {_ms(step)}"
         if r.span_us > 0 and r.idle_fraction is not None:
             part += f", device idle {r.idle_fraction:.0%}"
+        idle = r.idle
+        if idle is not None and idle.bound is not None and idle.steps_span_us > 0:
+            part += (
+                f", critical path {idle.bound}-bound (device {idle.device_bound_us / idle.steps_span_us:.0%}"
+                f", host {idle.host_bound_us / idle.steps_span_us:.0%})"
+            )
         steps.append(part)
     if len(ranks) > 8:
         steps.append(f"+{len(ranks) - 8} ranks")

@@ -12,12 +12,18 @@ event; it is classified by that event, with HTA's rules:
   launch overhead between back-to-back kernels;
 - ``other`` otherwise (waits on events, syncs, the host doing something else).
 
-``host_bound_steps``
-counts the steps whose host-wait idle exceeds half of the step's device span: steps the host, not the
-device, paced — the lightweight critical-path verdict.
+The lightweight critical path splits the device span of every step inside the window (first kernel
+start to last kernel end of the step) into the time the device was busy (``device_bound_us``: the
+device was on the critical path), the host-wait gaps (``host_bound_us``: the CPU was, because the
+next kernel had not been launched yet) and the remaining gaps (``other_wait_us``: launch latency,
+event waits, syncs). The three add up to ``steps_span_us``. ``host_bound_steps`` counts the steps whose
+host-wait idle exceeds half of their device span: steps the host, not the device, paced; ``bound``
+names the side that paced the majority of the checked time.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 
@@ -55,6 +61,7 @@ def idle_breakdown(
 
     host_bound = 0
     steps = 0
+    span_total = host_total = other_total = 0.0
     inside = p.step_in_window
     if p.step_numbers.size and inside.any():
         for start, dur in zip(p.step_start[inside].tolist(), p.step_dur[inside].tolist(), strict=True):
@@ -62,9 +69,25 @@ def idle_breakdown(
             if not in_step.any():
                 continue
             steps += 1
+            first = int(np.argmax(in_step))
+            inner = valid & in_step
+            inner[first] = False  # the gap before a step's first kernel lies outside its span
             span = float(e[in_step].max() - t[in_step].min())
-            if span > 0 and float(gap[host_wait & in_step].sum()) > 0.5 * span:
+            waited_host = float(gap[host_wait & inner].sum())
+            span_total += span
+            host_total += waited_host
+            other_total += float(gap[inner & ~host_wait].sum())
+            if span > 0 and waited_host > 0.5 * span:
                 host_bound += 1
+    device_total = max(span_total - host_total - other_total, 0.0)
+    bound: Literal["host", "device", "mixed"] | None = None
+    if span_total > 0:
+        if host_total > 0.5 * span_total:
+            bound = "host"
+        elif device_total > 0.5 * span_total:
+            bound = "device"
+        else:
+            bound = "mixed"
     return IdleBreakdown(
         basis="gaps with no device activity, classified by the event that ends them (HTA's rules, streams pooled)",
         consecutive_kernel_delay_us=consecutive_kernel_delay_us,
@@ -75,4 +98,9 @@ def idle_breakdown(
         host_wait_fraction=float(gap[host_wait].sum()) / total if total > 0 else None,
         steps_checked=steps,
         host_bound_steps=host_bound,
+        steps_span_us=span_total,
+        device_bound_us=device_total,
+        host_bound_us=host_total,
+        other_wait_us=other_total,
+        bound=bound,
     )

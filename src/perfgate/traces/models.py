@@ -227,6 +227,17 @@ class IdleBreakdown(BaseModel):
     host_bound_steps: int = Field(
         description="Steps whose host-wait idle exceeds half their device span: paced by the host."
     )
+    steps_span_us: float = Field(
+        0.0, description="Lightweight critical path: summed device span of the checked steps."
+    )
+    device_bound_us: float = Field(0.0, description="Of steps_span_us: the device was busy (device-bound).")
+    host_bound_us: float = Field(
+        0.0, description="Of steps_span_us: idle until the host launched the next kernel (host-bound)."
+    )
+    other_wait_us: float = Field(0.0, description="Of steps_span_us: launch latency, event waits and syncs.")
+    bound: Literal["host", "device", "mixed"] | None = Field(
+        None, description="The side on the critical path for more than half of steps_span_us; null: no steps."
+    )
 
 
 class KernelSequence(BaseModel):

@@ -10,7 +10,8 @@ the work follows from the shapes alone:
   2x); their ``_backward`` ops 2.5x that (two matmuls per product plus the recomputed scores).
 - copies: ``aten::copy_`` moves numel * (source + destination element size) bytes.
 
-Only the args of events with these names are decoded, in one call per batch.
+Only the args of events with these names are decoded, in one call per batch; an op whose name and
+shapes were seen before in the batch is not worked out again.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any, cast
 
 import msgspec
 
-__all__ = ["ATTENTION_OPS", "COPY_OPS", "GEMM_OPS", "SHAPE_OPS", "decode_shapes", "shape_work"]
+__all__ = ["ATTENTION_OPS", "COPY_OPS", "GEMM_OPS", "SHAPE_OPS", "shape_work", "shapes_work"]
 
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"})
 _ATTN_FWD = (
@@ -56,22 +57,47 @@ class _ShapeArgs(msgspec.Struct, gc=False):
     types: Any = msgspec.field(default=None, name="Input type")
 
 
-_DECODE = msgspec.json.Decoder(list[_ShapeArgs])
-_DECODE_ONE = msgspec.json.Decoder(_ShapeArgs)
+class _RawShapeArgs(msgspec.Struct, gc=False):
+    """The two keys kept as raw JSON: repeated shapes are then recognized by their bytes."""
+
+    dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    types: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
 
 
-def decode_shapes(raws: list[msgspec.Raw]) -> list[_ShapeArgs]:
+_DECODE_RAW = msgspec.json.Decoder(list[_RawShapeArgs])
+_DECODE_RAW_ONE = msgspec.json.Decoder(_RawShapeArgs)
+_ANY = msgspec.json.Decoder()
+
+
+def shapes_work(names: list[str], raws: list[msgspec.Raw]) -> list[tuple[float, float, int]]:
+    """`shape_work` of many ops; an op whose name and shapes were seen before is not worked out again."""
     parts = [r if r else b"{}" for r in raws]
+    decoded: list[_RawShapeArgs]
     try:
-        return _DECODE.decode(b"[" + b",".join(parts) + b"]")
+        decoded = _DECODE_RAW.decode(b"[" + b",".join(parts) + b"]")
     except msgspec.DecodeError:
-        out: list[_ShapeArgs] = []
+        decoded = []
         for part in parts:
             try:
-                out.append(_DECODE_ONE.decode(part))
+                decoded.append(_DECODE_RAW_ONE.decode(part))
             except msgspec.DecodeError:
-                out.append(_ShapeArgs())
-        return out
+                decoded.append(_RawShapeArgs())
+    seen: dict[tuple[str, bytes, bytes], tuple[float, float, int]] = {}
+    out: list[tuple[float, float, int]] = []
+    for name, a in zip(names, decoded, strict=True):
+        key = (name, bytes(a.dims), bytes(a.types))
+        hit = seen.get(key)
+        if hit is None:
+            try:
+                args = _ShapeArgs(
+                    dims=_ANY.decode(a.dims) if a.dims else None,
+                    types=_ANY.decode(a.types) if a.types else None,
+                )
+            except msgspec.DecodeError:
+                args = _ShapeArgs()
+            hit = seen[key] = shape_work(name, args)
+        out.append(hit)
+    return out
 
 
 def _shape(dims: list[Any], i: int) -> list[int] | None:

@@ -409,7 +409,7 @@ class TableBuilder:
         self, events: list[Event], raws: list[msgspec.Raw], data: dict[str, npt.NDArray[np.generic]]
     ) -> None:
         """FLOPs/bytes of the GEMM, attention and copy ops with recorded shapes (see `shapes`)."""
-        from perfgate.traces.shapes import SHAPE_OPS, decode_shapes, shape_work
+        from perfgate.traces.shapes import SHAPE_OPS, shapes_work
 
         n = len(events)
         flops, nbytes = np.full(n, np.nan), np.full(n, np.nan)
@@ -426,8 +426,8 @@ class TableBuilder:
             return
         picked = rows.tolist()
         lookup = list(names)
-        for i, a in zip(picked, decode_shapes([raws[i] for i in picked]), strict=True):
-            f, b, c = shape_work(lookup[int(ids[i])], a)
+        work = shapes_work([lookup[int(ids[i])] for i in picked], [raws[i] for i in picked])
+        for i, (f, b, c) in zip(picked, work, strict=True):
             flops[i], nbytes[i], prec[i] = f, b, c
 
     def _category_counts(self, tables: dict[str, Columns]) -> Counter[str]:
