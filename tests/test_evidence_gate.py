@@ -35,6 +35,7 @@ def window(
     command: list[str] | None = None,
     launches: int = 3,
     host_load: list[dict[str, Any]] | None = None,
+    world: int = 1,
 ) -> str:
     """A run_benchmark_window record as the tool writes it, with a step series of ``launches`` launches."""
     ledger = Ledger(workspace)
@@ -61,7 +62,7 @@ def window(
             inputs={"command": command or ["python", "train.py"], "env": env or {}, "contract": contract},
             result={
                 "evidence_id": eid,
-                "world_size": 1,
+                "world_size": world,
                 "environment_fingerprint": FP if fp is None else fp,
                 "windows": [{"launch": k, "index": 0} for k in range(launches)],
                 "host_load": host_load or [],
@@ -79,10 +80,11 @@ def window(
     return eid
 
 
-async def compare(workspace: Path, base: str, cand: str, declared: list[str]) -> dict[str, Any]:
+async def compare(workspace: Path, base: str, cand: str, declared: list[str], **kw: Any) -> dict[str, Any]:
     async with Client(build_server(ServerConfig.create(workspace))) as client:
         result = await client.call_tool(
-            "compare_benchmarks", {"baseline": [base], "candidate": [cand], "declared_changes": declared}
+            "compare_benchmarks",
+            {"baseline": [base], "candidate": [cand], "declared_changes": declared, **kw},
         )
     assert not result.is_error, result.content
     assert result.structured_content is not None
@@ -192,3 +194,18 @@ async def test_a_busy_neighbour_is_flagged_in_the_comparison(workspace: Path) ->
     assert out["verdict"] == "improved"
     (warning,) = [w for w in out["warnings"] if "busy neighbour" in w]
     assert warning.startswith(f"baseline evidence {base} ") and "70%" in warning
+
+
+async def test_a_topology_change_is_never_an_equivalent_speedup(workspace: Path) -> None:
+    # Two ranks at 10 ms a step against one at 20 ms: "2x faster" in total, the same per device.
+    base = window(workspace, 20, seed=1, execution={"world_size": 1, "workers": 0})
+    cand = window(workspace, 10, seed=2, execution={"world_size": 2, "workers": 0}, world=2)
+    out = await compare(workspace, base, cand, ["world_size"])
+    assert out["status"] == "incomparable"
+    assert any(
+        r.startswith("the topology changed (world_size; measured world size 1 -> 2)") for r in out["reasons"]
+    )
+    per_device = await compare(workspace, base, cand, ["world_size"], per_device=True)
+    assert per_device["status"] == "comparable", per_device["reasons"]
+    assert per_device["verdict"] == "within_noise" and 0.9 < per_device["speedup"] < 1.1
+    assert "per device" in per_device["method"]

@@ -32,6 +32,14 @@ IMPORT_TOOL = "import_benchmark"
 _WINDOW_TOOLS = (BENCHMARK_TOOL, IMPORT_TOOL)
 _USABLE = {EvidenceState.EXECUTED, EvidenceState.PASSED}
 _OBSERVED_EXECUTION = ("world_size",)
+_TOPOLOGY = (
+    "world_size",
+    "data_parallel",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "context_parallel",
+    "expert_parallel",
+)
 _OBSERVED_INVARIANTS = ("device_kind", "device_name")
 Verdict = Literal["improved", "regressed", "within_noise", "insufficient_launches", "incomparable"]
 
@@ -53,6 +61,14 @@ class CompareBenchmarksInput(BaseModel):
             "have happened."
         ),
     ] = Field(default_factory=list[str])
+    per_device: Annotated[
+        bool,
+        Field(
+            description="Normalize throughput per device (work per device-second: step time x world size). "
+            "Required when the world size or a parallel degree changed: a topology change is never an "
+            "equivalent speedup of total throughput."
+        ),
+    ] = False
     min_effect: Annotated[
         float,
         Field(
@@ -450,6 +466,17 @@ def _samples(rt: ToolRuntime, record: EvidenceRecord) -> list[WindowSample]:
         raise ToolError(str(exc)) from exc
 
 
+def _per_device(windows: list[WindowSample], record: EvidenceRecord, per_device: bool) -> list[WindowSample]:
+    """Step times x the measured world size (device-seconds per step) when comparing per device."""
+    import dataclasses
+
+    if not per_device:
+        return windows
+    world = record.result.get("world_size")
+    n = world if isinstance(world, int) and world > 0 else 1
+    return [dataclasses.replace(w, step_s=[t * n for t in w.step_s]) for w in windows]
+
+
 async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarksOutput:
     from perfgate.benchmarking.compare import compare_windows
 
@@ -485,6 +512,13 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
                 reasons.append(
                     f"measured {key} changed ({b_obs.get(key)} -> {c_obs.get(key)}) but was not declared"
                 )
+    topology = sorted({canonical_key(k) for k in actual} & set(_TOPOLOGY))
+    if topology and not inp.per_device:
+        reasons.append(
+            f"the topology changed ({', '.join(topology)}; measured world size {b_obs.get('world_size')} -> "
+            f"{c_obs.get('world_size')}): total throughput grows with devices, so this is not an equivalent "
+            "speedup; compare with per_device=true (work per device-second) and declare the change"
+        )
     ev = rt.evidence()
     common: dict[str, Any] = {
         "evidence_id": ev.id,
@@ -494,7 +528,8 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         "actual_changes": sorted(set(actual)),
         "declared_changes": sorted(set(inp.declared_changes)),
         "method": "speedup = candidate / baseline throughput, each pooled as total work / total time over its "
-        "windows; 95% interval = the union of a Welch t interval on per-launch log throughputs and a two-level "
+        + ("windows, per device (step time x measured world size);" if inp.per_device else "windows;")
+        + " 95% interval = the union of a Welch t interval on per-launch log throughputs and a two-level "
         "bootstrap (launches, then steps; 2000 resamples, seed 0), widened to contain the speedup; "
         f"improved/regressed when the interval excludes 1 and the effect is at least {inp.min_effect:g}, and "
         "only with at least 2 launches per side",
@@ -520,8 +555,8 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
             warnings=busy,
         )
         return await rt.commit(ev, out)
-    base_windows = [w for r in base for w in _samples(rt, r)]
-    cand_windows = [w for r in cand for w in _samples(rt, r)]
+    base_windows = [w for r in base for w in _per_device(_samples(rt, r), r, inp.per_device)]
+    cand_windows = [w for r in cand for w in _per_device(_samples(rt, r), r, inp.per_device)]
     try:
         result = await anyio.to_thread.run_sync(
             lambda: compare_windows(base_windows, cand_windows, min_effect=inp.min_effect)
