@@ -106,6 +106,12 @@ async def test_harness_timed_tiny_training_through_the_protocol(allowed: Path, m
     assert out["contract_problems"] == [] and out["profiled"] is False
     prov = out["provenance"]
     assert prov["argv"] == [PY, TINY, "--steps", "100000"] and prov["env_changes"] == []
+    # measured inside the training process at the window edge: the env var and what torch made of it
+    fp = out["environment_fingerprint"]
+    assert "OMP_NUM_THREADS" in fp and int(fp["num_threads"]) >= 1 and fp["matmul_precision"] == "highest"
+    assert fp["deterministic_algorithms"] == "False" and fp["device_count"] == "0"
+    assert len(out["host_load"]) == 2  # one per launch, measured or honestly unknown
+    assert all(h["measured"] or h["unknown_reason"] for h in out["host_load"])
     assert prov["code"]["commit"] is None and "not inside a git repository" in prov["code"]["unknown_reason"]
     assert any(a.endswith("step_series.json") for a in out["artifacts"])
     assert any(a.endswith("launch1_rank0.json") for a in out["artifacts"])
@@ -395,3 +401,25 @@ async def test_measured_samples_per_step_beat_the_declared_global_batch(allowed:
     out = await call(allowed, "run_benchmark_window", paced(1.0, contract=lying, repeats=1))
     assert out["state"] == "failed"
     assert "contract declares global_batch 32 but the ranks processed 8 samples" in out["failure_reason"]
+
+
+async def test_measured_backward_passes_and_device_beat_the_declared_contract(allowed: Path) -> None:
+    # Declares 4 x 8 accumulation on a GPU; the run does 2 x 16 on the CPU (same 32 samples per step).
+    lying = {
+        "invariants": {**CONTRACT["invariants"], "hardware": "cuda"},
+        "execution": {"microbatch": 8, "accumulation": 4, "world_size": 1},
+    }
+    args = {
+        "command": [PY, TINY, "--steps", "100000", "--batch", "16", "--accumulation", "2"],
+        "warmup_steps": 2,
+        "measure_steps": 4,
+        "repeats": 1,
+        "contract": lying,
+    }
+    out = await call(allowed, "run_benchmark_window", args)
+    assert out["state"] == "failed"
+    assert (
+        "accumulation 4 but the harness counted 2 backward pass(es) per optimizer step"
+        in out["failure_reason"]
+    )
+    assert "contract declares hardware 'cuda' but the ranks ran on cpu" in out["failure_reason"]

@@ -34,6 +34,7 @@ def window(
     fp: dict[str, Any] | None = None,
     command: list[str] | None = None,
     launches: int = 3,
+    host_load: list[dict[str, Any]] | None = None,
 ) -> str:
     """A run_benchmark_window record as the tool writes it, with a step series of ``launches`` launches."""
     ledger = Ledger(workspace)
@@ -63,6 +64,7 @@ def window(
                 "world_size": 1,
                 "environment_fingerprint": FP if fp is None else fp,
                 "windows": [{"launch": k, "index": 0} for k in range(launches)],
+                "host_load": host_load or [],
                 "provenance": {
                     "argv": command or ["python", "train.py"],
                     "cwd": ".",
@@ -153,3 +155,40 @@ async def test_different_measured_environments_are_named(workspace: Path) -> Non
     out = await compare(workspace, base, cand, ["workers"])
     assert out["status"] == "incomparable"
     assert any(d["field"] == "measured.device_kind" and d["candidate"] == "musa" for d in out["differences"])
+
+
+RUNTIME = {"OMP_NUM_THREADS": None, "num_threads": "8", "interop_threads": "8", "allow_tf32": "False"}
+
+
+async def test_measured_process_settings_must_match_or_be_declared(workspace: Path) -> None:
+    # The candidate process ran with 2 torch threads instead of 8, set in code (no env change, no argv).
+    base = window(workspace, 20, seed=1, fp={**FP, **RUNTIME})
+    cand = window(workspace, 10, seed=2, fp={**FP, **RUNTIME, "num_threads": "2"})
+    out = await compare(workspace, base, cand, [])
+    assert out["status"] == "incomparable"
+    (diff,) = [d for d in out["differences"] if d["kind"] == "measured"]
+    assert (diff["field"], diff["baseline"], diff["candidate"]) == ("measured.num_threads", "8", "2")
+    assert any("measured.num_threads differs ('8' vs '2')" in r for r in out["reasons"])
+    ok = await compare(workspace, base, cand, ["threads"])
+    assert ok["status"] == "comparable", ok["reasons"]
+    # a precision switch flipped inside the process is a training change, never an equivalent speedup
+    tf32 = window(workspace, 10, seed=3, fp={**FP, **RUNTIME, "allow_tf32": "True"})
+    out = await compare(workspace, base, tf32, [])
+    assert any("measured.allow_tf32 changed" in r and "training_change" in r for r in out["reasons"])
+    declared = await compare(workspace, base, tf32, ["allow_tf32"])
+    assert [d["classification"] for d in declared["differences"]] == ["declared_semantic"]
+    # a setting one side never recorded is unverified, not "the same"
+    old = window(workspace, 10, seed=4, fp=FP)
+    partial = await compare(workspace, old, cand, ["threads"])
+    assert any("measured.num_threads (recorded on one side only)" in u for u in partial["unverified"])
+    assert any("declared change 'threads' did not happen" in r for r in partial["reasons"])
+
+
+async def test_a_busy_neighbour_is_flagged_in_the_comparison(workspace: Path) -> None:
+    busy = {"measured": True, "cpus": 2, "other_cpus": 1.4, "other_share": 0.7, "job_cpus": 1.0}
+    base = window(workspace, 20, seed=1, host_load=[busy, {"measured": False}])
+    cand = window(workspace, 10, seed=2, host_load=[{"measured": True, "other_share": 0.01}])
+    out = await compare(workspace, base, cand, [])
+    assert out["verdict"] == "improved"
+    (warning,) = [w for w in out["warnings"] if "busy neighbour" in w]
+    assert warning.startswith(f"baseline evidence {base} ") and "70%" in warning

@@ -451,3 +451,31 @@ def test_dumping_torch_tensors_never_imports_the_numpy_dtype_extensions() -> Non
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "False"
+
+
+def test_process_settings_are_measured_at_window_edges_and_a_change_is_noted(clock: FakeClock) -> None:
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    w = Window(config=_config(warmup_steps=0, measure_steps=1, windows=2), instrument=False)
+    try:
+        with w.step():  # window 0 opens at its start
+            torch.set_num_threads(1 if before != 1 else 2)  # the script changes threads inside it
+        with w.step():  # window 1 opened at the edge before this step
+            pass
+    finally:
+        torch.set_num_threads(before)
+    record = w.to_record()
+    assert record["runtime_env"]["num_threads"] == str(before)
+    assert record["runtime_env"]["matmul_precision"] == torch.get_float32_matmul_precision()
+    assert any(
+        "window 1: the process's settings changed" in n and "num_threads" in n for n in record["notes"]
+    )
+
+
+def test_process_settings_do_not_import_torch_for_a_job_without_it() -> None:
+    code = (
+        "import sys; from perfgate.harness.runtime_env import measure_runtime_env; env = measure_runtime_env(); "
+        "assert 'torch' not in sys.modules and 'mcp' not in sys.modules, sorted(sys.modules); "
+        "assert 'num_threads' not in env and 'OMP_NUM_THREADS' in env"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

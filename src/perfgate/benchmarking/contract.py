@@ -129,9 +129,56 @@ def check_contract(contract: Contract) -> list[str]:
     return problems
 
 
-def check_observed(contract: Contract, world_size: int, samples_per_step: int | None) -> list[str]:
-    """Contradictions between the contract and what the run showed (ranks that wrote records, samples)."""
+_DEVICE_KINDS: dict[str, set[str]] = {
+    "cpu": {"cpu"},
+    "cuda": {"cuda"},
+    "gpu": {"cuda", "rocm", "hip", "musa", "xpu", "mps"},
+    "rocm": {"rocm", "hip", "cuda"},
+    "hip": {"rocm", "hip", "cuda"},
+    "musa": {"musa"},
+    "mps": {"mps"},
+    "xpu": {"xpu"},
+}
+
+
+def check_observed(
+    contract: Contract,
+    world_size: int,
+    samples_per_step: int | None,
+    *,
+    backward_per_step: int | None = None,
+    device_kind: str | None = None,
+    device_name: str | None = None,
+) -> list[str]:
+    """Contradictions between the contract and what the run showed (ranks that wrote records, samples,
+    backward passes per optimizer step, the device)."""
     problems: list[str] = []
+    accumulation = next(
+        (
+            contract.execution[k]
+            for k in ("accumulation", "gradient_accumulation", "grad_accum")
+            if k in contract.execution
+        ),
+        None,
+    )
+    if isinstance(accumulation, int) and backward_per_step is not None and backward_per_step != accumulation:
+        problems.append(
+            f"contract declares accumulation {accumulation} but the harness counted {backward_per_step} backward "
+            "pass(es) per optimizer step"
+        )
+    for section in (contract.execution, contract.invariants):
+        for key in ("device_type", "device", "hardware"):
+            declared = section.get(key)
+            if not isinstance(declared, str) or device_kind is None:
+                continue
+            want = declared.strip().lower()
+            kinds = _DEVICE_KINDS.get(want)
+            ok = device_kind.lower() in kinds if kinds is not None else want in (device_name or "").lower()
+            if not ok:
+                problems.append(
+                    f"contract declares {key} {declared!r} but the ranks ran on {device_kind}"
+                    + (f" ({device_name})" if device_name else "")
+                )
     declared_world = contract.execution.get("world_size")
     if isinstance(declared_world, int) and declared_world != world_size:
         problems.append(f"contract declares world_size {declared_world} but {world_size} rank(s) ran")

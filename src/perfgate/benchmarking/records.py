@@ -88,6 +88,7 @@ class WindowRecord(msgspec.Struct, frozen=True):
     skipped_steps: list[list[int]] | None = None
     loss_scale_start: float | None = None
     loss_scale_end: float | None = None
+    backward_calls: int | None = None
 
 
 class RankRecord(msgspec.Struct, frozen=True):
@@ -118,6 +119,7 @@ class RankRecord(msgspec.Struct, frozen=True):
     notes: list[str] = msgspec.field(default_factory=list[str])
     python: str | None = None
     torch_version: str | None = None
+    runtime_env: dict[str, str | None] | None = None
 
 
 @dataclass(frozen=True)

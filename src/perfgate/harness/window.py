@@ -173,6 +173,8 @@ class Window:
         self._modules_at_start: frozenset[str] = frozenset()
         self._user_work: dict[str, list[int]] = {}
         self._restarts = 0
+        self._runtime_env: dict[str, str | None] | None = None
+        self._backward_calls = 0
         _preload_own_modules()
         self._profiler: Any = None
         if cfg.profile is not None:
@@ -318,6 +320,7 @@ class Window:
     def add_backward(self, elapsed_ns: int) -> None:
         """Called by the backward hook with the host time one ``backward()`` call took."""
         self._cur_backward += elapsed_ns
+        self._backward_calls += 1
 
     def add_loss(self, tensor: Any) -> None:
         """Called by the backward hook: a scalar it runs on is a loss of the current step.
@@ -441,6 +444,7 @@ class Window:
             "notes": list(self._notes),
             "python": sys.version.split()[0],
             "torch_version": getattr(sys.modules.get("torch"), "__version__", None),
+            "runtime_env": self._runtime_env,
         }
 
     # ------------------------------------------------------------------ internals
@@ -519,6 +523,7 @@ class Window:
         if not synced and start_ns is None:
             self._sync()
         self._user_work = {}
+        self._check_runtime_env(len(self._windows))
         backend = self._device()
         backend.reset_peak_memory()
         events: list[Any] | None = None
@@ -540,6 +545,7 @@ class Window:
             "start_ns": start - self._origin_ns,
             "start_unix_ns": time.time_ns(),
             "loss_scale_start": self._loss_scale(),
+            "backward_calls": self._backward_calls,  # the count at the start edge; the window's own at its end
         }
         return start
 
@@ -571,6 +577,7 @@ class Window:
                 "peak_reserved_bytes": reserved,
                 "host_rss_bytes": host_rss_bytes(),
                 "host_peak_rss_bytes": host_peak_rss_bytes(),
+                "backward_calls": self._backward_calls - win["backward_calls"],
             }
         )
         self._windows.append(win)
@@ -578,6 +585,24 @@ class Window:
         self._events = None
         self._note_user_work(win["index"], imported)
         self._run_deferred()
+
+    def _check_runtime_env(self, index: int) -> None:
+        """Measure the process's thread/precision/device settings at a window's start edge (before its
+        timestamp): the first window's go into the record; a later window that saw others is noted."""
+        from perfgate.harness.runtime_env import measure_runtime_env
+
+        now = measure_runtime_env()
+        if self._runtime_env is None:
+            self._runtime_env = now
+            return
+        changed = [
+            f"{k} {self._runtime_env.get(k)}->{v}" for k, v in now.items() if self._runtime_env.get(k) != v
+        ]
+        if changed:
+            self._notes.append(
+                f"window {index}: the process's settings changed since the first window ({', '.join(changed)}): "
+                "set them before the training loop"
+            )
 
     def _imported_inside(self) -> list[str]:
         """Modules first imported since the open window started (cheap when there are none)."""
@@ -682,7 +707,7 @@ def _preload_own_modules() -> None:
     window would be counted as step time. Neither module imports torch or mcp."""
     import importlib
 
-    for name in ("perfgate.harness.dump", "perfgate.harness.samples"):
+    for name in ("perfgate.harness.dump", "perfgate.harness.samples", "perfgate.harness.runtime_env"):
         importlib.import_module(name)
     host_rss_bytes()  # its first call imports a codec
 

@@ -293,17 +293,30 @@ def _differences(
         unverified.append("measured environment (a side has no fingerprint)")
     else:
         for key in sorted(set(b_fp) | set(c_fp)):
-            if b_fp.get(key) != c_fp.get(key):
-                out.append(
-                    Difference(
-                        field=f"measured.{key}",
-                        kind="measured",
-                        baseline=b_fp.get(key),
-                        candidate=c_fp.get(key),
-                        classification="undeclared",
-                        note="the measured environment differs: re-run both sides in one environment",
-                    )
+            if key not in b_fp or key not in c_fp:
+                unverified.append(f"measured.{key} (recorded on one side only)")
+                continue
+            if b_fp.get(key) == c_fp.get(key):
+                continue
+            cls, source = classify(key, classes)
+            declared_here = _env_declared(key, names) or canonical_key(key) in names
+            if declared_here:
+                used.add(key)
+            if cls == "semantic":
+                verdict = "declared_semantic" if declared_here else "semantic"
+            else:
+                verdict = "declared_execution" if declared_here else "undeclared"
+            out.append(
+                Difference(
+                    field=f"measured.{key}",
+                    kind="measured",
+                    baseline=b_fp.get(key),
+                    candidate=c_fp.get(key),
+                    classification=verdict,
+                    note=f"measured inside the training process ({source}): declare '{key}' if it changed on "
+                    "purpose, else re-run both sides in one environment",
                 )
+            )
     return out, unverified, used
 
 
@@ -325,6 +338,24 @@ def _observed(record: EvidenceRecord) -> dict[str, object]:
     fp = as_dict(record.result.get("environment_fingerprint"))
     out: dict[str, object] = {k: fp.get(k) for k in _OBSERVED_INVARIANTS}
     out["world_size"] = record.result.get("world_size")
+    return out
+
+
+def _busy_neighbours(records: list[EvidenceRecord], side: str) -> list[str]:
+    """A warning per window whose launches ran beside a busy neighbour (other processes' CPU use)."""
+    from perfgate.traces.hostload import BUSY_NEIGHBOUR_SHARE
+
+    out: list[str] = []
+    for r in records:
+        loads = [as_dict(x) for x in cast("list[Any]", r.result.get("host_load") or [])]
+        shares = [float(x.get("other_share") or 0.0) for x in loads if x.get("measured")]
+        worst = max(shares, default=0.0)
+        if worst >= BUSY_NEIGHBOUR_SHARE:
+            out.append(
+                f"{side} evidence {r.id} ran beside a busy neighbour (other processes took up to {worst:.0%} of "
+                "its CPUs): its windows may be slowed; re-measure both sides on a quiet host before trusting "
+                "the speedup"
+            )
     return out
 
 
@@ -371,13 +402,14 @@ def _difference_reasons(declared: list[str], diff: ContractDiff, differences: li
     happened = {
         canonical_key(d.field.split(".", 2)[-1]) for d in differences if d.kind in ("contract", "env")
     }
+    happened |= {canonical_key(d.field[len("measured.") :]) for d in differences if d.kind == "measured"}
     happened |= {d.kind for d in differences if d.kind in (_CODE, _ARGV)}
     happened |= {_CODE for d in differences if d.kind == "file"}
     for d in differences:
-        if d.kind == "env":
+        if d.kind in ("env", "measured"):
             from perfgate.benchmarking.vocabulary import VOCABULARY
 
-            term = VOCABULARY.get(canonical_key(d.field[4:]))
+            term = VOCABULARY.get(canonical_key(d.field.split(".", 1)[1]))
             if term is not None:
                 happened.add(term.name)
     for name in sorted(set(declared)):
@@ -442,6 +474,7 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
             "timer and perfgate's window are not the same measurement; import both sides or launch both"
         )
     imported = [r.id for r in base + cand if r.tool == IMPORT_TOOL]
+    busy = _busy_neighbours(base, "baseline") + _busy_neighbours(cand, "candidate")
     b_obs, c_obs = _observed(base[0]), _observed(cand[0])
     actual = list(diff.actual_changes)
     for key in _OBSERVED_EXECUTION:
@@ -484,7 +517,7 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
             baseline_launches=0,
             candidate_launches=0,
             median_step_speedup=None,
-            warnings=[],
+            warnings=busy,
         )
         return await rt.commit(ev, out)
     base_windows = [w for r in base for w in _samples(rt, r)]
@@ -521,7 +554,8 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
             ]
             if imported
             else []
-        ),
+        )
+        + busy,
     )
     base_ms = [t * 1e3 for w in base_windows for t in w.step_s]
     cand_ms = [t * 1e3 for w in cand_windows for t in w.step_s]

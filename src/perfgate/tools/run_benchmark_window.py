@@ -30,6 +30,8 @@ from perfgate.report.plots import step_times_png
 from perfgate.tools._health import TrainingHealth, health_model
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
+from perfgate.traces.hostload import HostLoadSampler, busy_neighbour
+from perfgate.traces.models import HostLoad
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.aggregate import RunSummary, WindowSummary
@@ -265,6 +267,11 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="Loss health over the measured steps (losses read at window edges only), non-finite "
         "losses on any rank, updates GradScaler skipped; null when no scalar loss went through backward().",
     )
+    host_load: list[HostLoad] = Field(
+        default_factory=list[HostLoad],
+        description="Per launch: other processes' CPU use on the host while it ran (/proc at its edges); "
+        "measured=false means unknown, never idle.",
+    )
     profiled: bool = False
     run_id: str | None = Field(
         default=None, description="Detached runs: the id for benchmark_run (status, wait, result, cancel)."
@@ -429,6 +436,7 @@ def _fingerprint(record: RankRecord | None) -> dict[str, str | None]:
         "device_runtime": device.runtime_version if device else None,
         "torch_version": record.torch_version if record else None,
         "python_version": record.python if record else None,
+        **((record.runtime_env or {}) if record else {}),
     }
 
 
@@ -461,14 +469,19 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     run_dir = _run_dir(inp, rt)
     record_dir = run_dir / "records"
 
+    host_loads: list[HostLoad] = []
+
     async def launch_once(launch: int, label: str) -> tuple[int | None, str | None, Path]:
         shutil.rmtree(record_dir, ignore_errors=True)
         record_dir.mkdir(parents=True)
+        sampler = HostLoadSampler()
+        sampler.start()
         result = await rt.run_command(request, ev, label=label)
+        host_loads.append(sampler.stop())
         return result.exit_code, None if result.succeeded else _launch_failure(result), record_dir
 
     try:
-        return await measure(inp, rt, request, ev, launch_once, provenance)
+        return await measure(inp, rt, request, ev, launch_once, provenance, host_loads=host_loads)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -481,10 +494,12 @@ async def measure(
     launch_once: LaunchFn,
     provenance: RunProvenance | None,
     run_id: str | None = None,
+    host_loads: list[HostLoad] | None = None,
 ) -> RunBenchmarkWindowOutput:
     """Run (or collect) every launch through ``launch_once``, summarise the windows and commit the record.
 
     The blocking call and a detached run's result both end here, so their evidence has the same form.
+    ``host_loads`` is filled by ``launch_once`` (one per launch) where the launches run here.
     """
     from perfgate.benchmarking import summarize_run
     from perfgate.benchmarking.series import SERIES_NAME, series_document
@@ -502,10 +517,17 @@ async def measure(
         dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes)
     )
     contract_problems: list[str] = []
+    host_loads = [] if host_loads is None else host_loads
     try:
         for launch in range(launches):
             label = f"launch{launch}_" if launches > 1 else ""
             exit_code, launch_failure, record_dir = await launch_once(launch, label)
+            if launch < len(host_loads):
+                busy = busy_neighbour(host_loads[launch])
+                if busy is not None:
+                    warnings.append(
+                        f"launch {launch}: {busy}: its windows may be slowed; re-measure on a quiet host"
+                    )
             if launch_failure is not None:
                 raise _Failure(f"launch {launch}: {launch_failure}")
             if inp.timing == "log":
@@ -531,7 +553,15 @@ async def measure(
     )
     if summary is not None and world is not None:
         measured = _measured_samples_per_step(first_launch, inp)
-        contract_problems = check_observed(contract, world, measured)
+        device = first_record.device if first_record is not None else None
+        contract_problems = check_observed(
+            contract,
+            world,
+            measured,
+            backward_per_step=_measured_backward_per_step(first_launch, inp),
+            device_kind=device.kind if device else None,
+            device_name=device.name if device else None,
+        )
         if inp.samples_per_step is not None and measured is not None and measured != inp.samples_per_step:
             contract_problems.append(
                 f"samples_per_step {inp.samples_per_step} was given, but the harness counted {measured} samples "
@@ -567,10 +597,28 @@ async def measure(
     out.contract_problems = contract_problems
     out.provenance = provenance
     out.step_series_artifact = series_name
+    out.host_load = host_loads
     out.run_id = run_id
     return await rt.commit(
         ev, out, command=list(request.argv), exit_code=exit_code, environment_id=inp.environment_id
     )
+
+
+def _measured_backward_per_step(records: list[RankRecord], inp: RunBenchmarkWindowInput) -> int | None:
+    """backward() calls per optimizer step, counted by the harness over each measured window (host
+    counter read at window edges), when every rank and window agrees on a whole number; else ``None``."""
+    if not records or inp.timing == "log" or any(r.timing != "optimizer" for r in records):
+        return None
+    seen: set[float] = set()
+    for r in records:
+        for w in r.windows:
+            if w.backward_calls is None or w.steps <= 0:
+                return None
+            seen.add(w.backward_calls / w.steps)
+    if len(seen) != 1:
+        return None
+    value = seen.pop()
+    return int(value) if value.is_integer() and value > 0 else None
 
 
 async def _start_detached(

@@ -22,9 +22,22 @@ import time
 
 from perfgate.traces.models import HostLoad, OtherProcess
 
-__all__ = ["HostLoadSampler", "unknown_host_load"]
+__all__ = ["BUSY_NEIGHBOUR_SHARE", "HostLoadSampler", "busy_neighbour", "unknown_host_load"]
 
 _TOP_OTHERS = 3
+BUSY_NEIGHBOUR_SHARE = 0.25
+"""Other processes' share of the job's CPUs from which a timed window is flagged as distorted."""
+
+
+def busy_neighbour(load: HostLoad) -> str | None:
+    """A sentence when other processes took enough of the job's CPUs to distort a timing, else ``None``."""
+    if not load.measured or (load.other_share or 0.0) < BUSY_NEIGHBOUR_SHARE:
+        return None
+    top = ", ".join(f"{o.name} (pid {o.pid}, {o.cpus:g} CPUs)" for o in load.top_other)
+    return (
+        f"busy neighbour: other processes used {load.other_cpus or 0:.2f} of {load.cpus} CPUs "
+        f"({load.other_share or 0:.0%}) during the launch" + (f", most {top}" if top else "")
+    )
 
 
 def unknown_host_load(reason: str) -> HostLoad:
