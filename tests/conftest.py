@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,14 @@ from perfgate.tools._runtime import ServerConfig
 from perfgate.trust import TrustRoot
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A trust root for the whole session too, before any fixture runs (module-scoped fixtures run before the
+# per-test `trust_root` below): no test may touch the real user's ~/.local/state or ~/.config.
+_SESSION_TRUST = Path(tempfile.mkdtemp(prefix="perfgate-test-trust-"))
+os.environ["PERFGATE_STATE_DIR"] = str(_SESSION_TRUST / "state")
+os.environ["PERFGATE_CONFIG_DIR"] = str(_SESSION_TRUST / "config")
+os.environ.pop("PERFGATE_POLICY", None)
+atexit.register(shutil.rmtree, _SESSION_TRUST, True)
 
 
 @pytest.fixture
