@@ -594,3 +594,45 @@ async def test_a_refusal_leads_with_what_is_wrong_and_the_next_call(server: Any,
         "next: record_decision("
     ), lines
     assert lines[1].endswith("or decide 'revert', 'inconclusive' or 'blocked'")
+
+
+async def test_a_kept_change_can_be_reverted_later_and_the_history_stays(
+    server: Any, workspace: Path
+) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client)
+        links, _ = _honest(ev)
+        kept = await _keep(client, exp, links)
+        assert not kept.is_error, _text(kept)
+        # A kept experiment takes no second keep and no other decision but a revert.
+        again = await _keep(client, exp, [])
+        assert again.is_error and f"{exp} is kept; the only decision left is 'revert'" in _text(again)
+        other = await client.call_tool(
+            "record_decision",
+            {"action": "decide", "experiment_id": exp, "decision": "inconclusive", "rationale": "hmm"},
+        )
+        assert other.is_error
+        revert = await client.call_tool(
+            "record_decision",
+            {
+                "action": "decide",
+                "experiment_id": exp,
+                "decision": "revert",
+                "rationale": "loss diverged later",
+            },
+        )
+        assert not revert.is_error, _text(revert)
+        # Reverted, it cannot be kept again on the same experiment ...
+        rekeep = await _keep(client, exp, [])
+        assert rekeep.is_error and "kept and then reverted" in _text(rekeep)
+        # ... and its candidate windows cannot carry another experiment's keep.
+        second = await _open(client)
+        reuse = await _keep(client, second, links)
+        assert reuse.is_error and "evidence_not_reused" in _text(reuse)
+        shown = await client.call_tool("record_decision", {"action": "show", "experiment_id": exp})
+    assert shown.structured_content is not None
+    log = (workspace / ".perfgate" / "decisions.md").read_text()
+    section = log[log.index(f"## {exp}") :]
+    assert section.startswith(f"## {exp}: REVERT")
+    assert "- **History:** keep at" in section and "-> revert at" in section

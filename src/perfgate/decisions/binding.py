@@ -92,7 +92,7 @@ def reused_candidate_problems(
     mine = set(str_list(comparison.inputs.get("candidate")))
     problems: list[str] = []
     for other in experiments.values():
-        if other.id == exp.id or other.decision is None or other.decision.decision != "keep":
+        if other.id == exp.id or not any(d.decision == "keep" for d in other.decisions):
             continue
         for cid in other.ids("comparison"):
             record = lookup(cid)

@@ -55,6 +55,9 @@ def render_experiment(exp: Experiment) -> str:
         lines.append(f"- **Rationale:** {_inline(decision.rationale)}")
         if decision.rollback:
             lines.append(f"- **Rollback:** {_code(decision.rollback)}")
+    if len(exp.decisions) > 1:
+        history = " -> ".join(f"{d.decision} at {d.at} ({_code(d.evidence_id)})" for d in exp.decisions)
+        lines.append(f"- **History:** {history}; the current state is the last")
     if exp.attempts:
         lines.append(f"- **Refused attempts:** {len(exp.attempts)} (see the ledger for each)")
     if exp.links:

@@ -178,8 +178,17 @@ async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput
     state = EvidenceState.EXECUTED
     if inp.action == "decide":
         assert exp is not None
-        if exp.decision is not None and exp.decision.decision == "keep":
-            raise ToolError(f"{exp_id} was already kept; open a new experiment for a further change")
+        kept_before = any(d.decision == "keep" for d in exp.decisions)
+        if exp.decision is not None and exp.decision.decision == "keep" and inp.decision != "revert":
+            raise ToolError(
+                f"{exp_id} is kept; the only decision left is 'revert' (the keep stays in the history)\n"
+                "next: decide 'revert' with the reason, or open a new experiment for a further change"
+            )
+        if kept_before and inp.decision == "keep":
+            raise ToolError(
+                f"{exp_id} was kept and then reverted; a change is kept once per experiment\n"
+                "next: open a new experiment (with fresh candidate evidence) to keep it again"
+            )
         if inp.decision == "keep":
             accepted = all(g.status != "failed" for g in gates)
             label = _LABELS[exp.classification] if accepted else None
@@ -222,7 +231,8 @@ SPEC = ToolSpec(
         "'decide'. A 'keep' is refused unless the ledger holds: an environment record, a passed "
         "compare_benchmarks of non-profiled windows from one environment with an improvement beyond noise, "
         "passed correctness evidence (and a sample audit when data loading changed), and an intact ledger. "
-        "A keep also needs the rollback command or revert commit. 'revert', 'inconclusive' and 'blocked' are always recorded. Use 'show' to see what is missing."
+        "A keep also needs the rollback command or revert commit. 'revert', 'inconclusive' and 'blocked' are always recorded; "
+        "a kept change can later be reverted (the keep stays in the history). Use 'show' to see what is missing."
     ),
     input_model=RecordDecisionInput,
     output_model=RecordDecisionOutput,
