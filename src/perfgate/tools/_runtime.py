@@ -193,8 +193,9 @@ class ToolRuntime:
         if not any(resolved == root or root in resolved.parents for root in roots):
             allowed = ", ".join(str(r) for r in roots)
             raise ToolError(
-                f"path {raw[:200]!r} resolves to {str(resolved)[:200]}, outside the workspace ({allowed}). Copy or link the "
-                "file into the workspace, or start the server with --read-root for that folder."
+                f"path {raw[:200]!r} resolves to {str(resolved)[:200]}, outside the workspace ({allowed})\n"
+                "next: copy the file into the workspace (links are not followed out of it), or ask the operator "
+                "to start the server with --read-root for that folder"
             )
         if must_exist and not resolved.exists():
             raise ToolError(f"path {raw!r} does not exist (resolved to {resolved})")
