@@ -118,7 +118,7 @@ def test_the_pending_path_records_once_and_tells_the_agent_the_exact_command(
         gate.require_human(req(tmp_path), "run_x")
     (approval,) = store.list()
     assert f"perfgate approve {approval.id} --workspace {tmp_path}" in str(first.value)
-    assert "repeat this exact tool call" in str(first.value)
+    assert "repeat this exact call" in str(first.value)
     assert approval.id in str(second.value)
     assert decisions(ledger) == [("pending", "cli_pending", "scaffolded")]
     assert store.get(approval.id).evidence_id == ledger.records(tool=APPROVAL_TOOL)[0].id  # type: ignore[union-attr]
