@@ -117,7 +117,11 @@ class Evidence:
     ) -> str:
         files = [
             {"role": "reference", "path": "ref.safetensors", "sha256": "a" * 64},
-            {"role": "candidate", "path": "cand.safetensors", "sha256": "a" * 64 if same_file else "b" * 64},
+            {
+                "role": "candidate",
+                "path": "ref.safetensors" if same_file else "cand.safetensors",
+                "sha256": "a" * 64 if same_file else "b" * 64,
+            },
         ]
         return self.add(
             "compare_tensors",
@@ -295,7 +299,7 @@ CHEATS = {
         ],
     ),
     "a file compared with itself": (
-        "compares files with identical contents",
+        "compares a file with itself",
         lambda ev, links, ids: [
             *_drop(links, "correctness"),
             {"id": ev.tensors(same_file=True), "role": "correctness"},

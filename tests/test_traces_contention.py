@@ -20,7 +20,7 @@ from perfgate.server import build_server
 from perfgate.tools._runtime import ServerConfig
 from perfgate.tools._traces import trace_brief
 from perfgate.traces import analyze_traces, combine
-from perfgate.traces.diagnose import THRESHOLDS
+from perfgate.traces.diagnose import _OP_LEVEL, THRESHOLDS  # pyright: ignore[reportPrivateUsage]
 from perfgate.traces.models import HostLoad, OtherProcess
 
 PLANTED = Path(__file__).parent / "fixtures" / "traces" / "planted"
@@ -94,7 +94,9 @@ def test_an_analyzed_trace_says_its_load_is_unknown_not_absent() -> None:
 
 @pytest.mark.slow
 @pytest.mark.anyio
-async def test_a_capture_beside_a_burner_names_host_contention_first(workspace: Path) -> None:
+async def test_a_capture_beside_a_burner_names_host_contention_before_op_level_findings(
+    workspace: Path,
+) -> None:
     pytest.importorskip("torch")
     if not hasattr(os, "sched_setaffinity") or not Path("/proc/stat").is_file():
         pytest.skip("needs Linux /proc and CPU affinity")
@@ -118,5 +120,10 @@ async def test_a_capture_beside_a_burner_names_host_contention_first(workspace: 
     load = out["ranks"][0]["host_load"]
     assert load["measured"] is True and load["cpus"] == 1, load
     assert load["other_share"] >= THRESHOLDS["host_contention"], load
-    assert out["findings"][0]["wall"] == "host_contention", [f["wall"] for f in out["findings"]]
+    # Named, and ahead of every op-level finding it distorts. A larger wall that is not op-level (the tiny
+    # job's own loader wait, slowed by the same burner) may rank above it: that is the documented rule.
+    walls = [f["wall"] for f in out["findings"]]
+    assert "host_contention" in walls, walls
+    at = walls.index("host_contention")
+    assert all(i > at for i, wall in enumerate(walls) if wall in _OP_LEVEL), walls
     assert "host load during capture: other processes" in result.content[0].text  # type: ignore[union-attr]

@@ -182,8 +182,27 @@ async def _demo(workspace: Path, say: Callable[[str], None], policy: Path) -> De
             f"DataLoader workers so it overlaps training. One change: num_workers 0 -> {WORKERS}."
         )
 
+        opened = await call(
+            "4. Open the experiment before any candidate evidence exists",
+            "record_decision",
+            {
+                "action": "open",
+                "hypothesis": f"decoding in {WORKERS} DataLoader workers overlaps data loading with training",
+                "classification": "system_optimization",
+                "changed_variable": f"DataLoader num_workers 0 -> {WORKERS}",
+                "touches_data": True,
+                "evidence": [
+                    {"id": evidence["environment"], "role": "environment"},
+                    {"id": evidence["baseline"], "role": "baseline"},
+                    {"id": evidence["profile"], "role": "profile"},
+                ],
+            },
+            ("experiment_id",),
+        )
+        exp_id = str(opened["experiment_id"])
+
         cand = await call(
-            f"4. Candidate: the same job with num_workers={WORKERS}",
+            f"5. Candidate: the same job with num_workers={WORKERS}",
             "run_benchmark_window",
             {
                 "command": _command(WORKERS, "cand.safetensors", "samples-candidate"),
@@ -201,7 +220,7 @@ async def _demo(workspace: Path, say: Callable[[str], None], policy: Path) -> De
         evidence["candidate"] = cand["evidence_id"]
 
         comp = await call(
-            "5. Compare: same invariants, only the declared change, noise-aware verdict",
+            "6. Compare: same invariants, only the declared change, noise-aware verdict",
             "compare_benchmarks",
             {
                 "baseline": [evidence["baseline"]],
@@ -213,7 +232,7 @@ async def _demo(workspace: Path, say: Callable[[str], None], policy: Path) -> De
         evidence["comparison"] = comp["evidence_id"]
 
         parity = await call(
-            f"6. Correctness: weights and loss of step {DUMP_STEP} (dumped in the warm-up), bit-for-bit",
+            f"7. Correctness: weights and loss of step {DUMP_STEP} (dumped in the warm-up), bit-for-bit",
             "compare_tensors",
             {"reference": "ref.safetensors", "candidate": "cand.safetensors", "atol": 0.0, "rtol": 0.0},
             ("status", "summary"),
@@ -221,7 +240,7 @@ async def _demo(workspace: Path, say: Callable[[str], None], policy: Path) -> De
         evidence["correctness"] = parity["evidence_id"]
 
         audit = await call(
-            "7. The change touches data loading: did the candidate see every sample once?",
+            "8. The change touches data loading: did the candidate see every sample once?",
             "audit_samples",
             {
                 "observed": "samples-candidate",
@@ -232,24 +251,6 @@ async def _demo(workspace: Path, say: Callable[[str], None], policy: Path) -> De
         )
         evidence["audit"] = audit["evidence_id"]
 
-        opened = await call(
-            "8. Record the experiment",
-            "record_decision",
-            {
-                "action": "open",
-                "hypothesis": f"decoding in {WORKERS} DataLoader workers overlaps data loading with training",
-                "classification": "system_optimization",
-                "changed_variable": f"DataLoader num_workers 0 -> {WORKERS}",
-                "touches_data": True,
-                "evidence": [
-                    {"id": evidence["environment"], "role": "environment"},
-                    {"id": evidence["baseline"], "role": "baseline"},
-                    {"id": evidence["profile"], "role": "profile"},
-                ],
-            },
-            ("experiment_id",),
-        )
-        exp_id = str(opened["experiment_id"])
         after = [
             {"id": evidence["candidate"], "role": "candidate"},
             {"id": evidence["comparison"], "role": "comparison"},
