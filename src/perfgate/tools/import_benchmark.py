@@ -26,7 +26,7 @@ from perfgate.evidence import EvidenceState, file_digest
 from perfgate.tools._health import TrainingHealth, health_model
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
-from perfgate.tools.run_benchmark_window import BenchmarkContract, Throughput, WindowResult
+from perfgate.tools.run_benchmark_window import BenchmarkContract, Throughput, WindowResult, window_result
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.aggregate import WindowSummary
@@ -484,26 +484,7 @@ async def run(inp: ImportBenchmarkInput, rt: ToolRuntime) -> ImportBenchmarkOutp
         slowest_rank=summary.slowest_rank if ok else None,
         rank_skew=summary.rank_skew if ok else None,
         ranks=_rank_results(got.windows) if ok else [],
-        windows=[
-            WindowResult(
-                launch=0,
-                index=w.index,
-                median_step_ms=w.stats.median_ms,
-                p95_step_ms=w.stats.p95_ms,
-                iqr_ratio=w.stats.iqr_ratio,
-                noisy=w.stats.noisy,
-                steps=w.steps,
-                elapsed_s=w.elapsed_s,
-                samples_per_s=w.samples_per_s,
-                tokens_per_s=w.tokens_per_s,
-                steps_per_s=w.steps_per_s,
-                slowest_rank=w.slowest_rank,
-                rank_skew=w.rank_skew,
-            )
-            for w in got.windows
-        ]
-        if ok
-        else [],
+        windows=[window_result(0, w) for w in got.windows] if ok else [],
         health=got.health,
         contract=BenchmarkContract(
             invariants=got.contract.invariants,

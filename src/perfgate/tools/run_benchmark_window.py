@@ -759,24 +759,26 @@ def _output(
         slowest_rank=summary.slowest_rank,
         rank_skew=summary.rank_skew,
         ranks=_rank_results([w for _, w in windows]),
-        windows=[
-            WindowResult(
-                launch=launch,
-                index=w.index,
-                median_step_ms=w.stats.median_ms,
-                p95_step_ms=w.stats.p95_ms,
-                iqr_ratio=w.stats.iqr_ratio,
-                noisy=w.stats.noisy,
-                steps=w.steps,
-                elapsed_s=w.elapsed_s,
-                samples_per_s=w.samples_per_s,
-                tokens_per_s=w.tokens_per_s,
-                steps_per_s=w.steps_per_s,
-                slowest_rank=w.slowest_rank,
-                rank_skew=w.rank_skew,
-            )
-            for launch, w in windows
-        ],
+        windows=[window_result(launch, w) for launch, w in windows],
+    )
+
+
+def window_result(launch: int, w: WindowSummary) -> WindowResult:
+    """One measured window as the tools report it (launched and imported alike)."""
+    return WindowResult(
+        launch=launch,
+        index=w.index,
+        median_step_ms=w.stats.median_ms,
+        p95_step_ms=w.stats.p95_ms,
+        iqr_ratio=w.stats.iqr_ratio,
+        noisy=w.stats.noisy,
+        steps=w.steps,
+        elapsed_s=w.elapsed_s,
+        samples_per_s=w.samples_per_s,
+        tokens_per_s=w.tokens_per_s,
+        steps_per_s=w.steps_per_s,
+        slowest_rank=w.slowest_rank,
+        rank_skew=w.rank_skew,
     )
 
 
