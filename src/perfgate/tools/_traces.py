@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate._deadline import DeadlineExceeded, checkpoint, deadline
 from perfgate.errors import ToolError
-from perfgate.report.plots import breakdown_png, top_ops_png
+from perfgate.report.raster import breakdown_png, top_ops_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.traces import RankProfile, RankSkew, TraceError
 from perfgate.traces.models import Finding
