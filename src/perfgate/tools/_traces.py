@@ -10,11 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
+import anyio.from_thread
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.errors import ToolError
-from perfgate.report.raster import breakdown_png, top_ops_png
+from perfgate.report.plots import breakdown_png, top_ops_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.traces import RankProfile, RankSkew, TraceError
 from perfgate.traces.models import Finding
@@ -96,23 +97,27 @@ def resolve_traces(raw_paths: list[str], rt: ToolRuntime) -> list[Path]:
 
 
 async def analyze_paths(paths: list[Path], inp: TraceAnalysisFields, rt: ToolRuntime) -> list[RankProfile]:
-    """One `RankProfile` per file, read in a worker thread, paths shown relative to the workspace.
+    """One `RankProfile` per file, paths shown relative to the workspace.
+
+    Read off the event loop; several ranks' files in parallel worker processes (`perfgate.traces.pool`).
 
     Raises:
         ToolError: a trace that cannot be read or parsed (the file is named).
     """
-    from perfgate.traces import analyze_trace
+    from perfgate.traces.pool import analyze_many
 
     options = analysis_options(inp)
-    profiles: list[RankProfile] = []
-    for i, path in enumerate(paths):
-        await rt.progress(i, len(paths), f"analyzing {path.name}")
-        try:
-            profiles.append(await anyio.to_thread.run_sync(analyze_trace, path, options))
-        except TraceError as exc:
-            raise ToolError(str(exc)) from exc
-        except OSError as exc:
-            raise ToolError(f"cannot read {rt.relative(path)}: {exc}") from exc
+
+    def progress(done: int, total: int, message: str) -> None:
+        anyio.from_thread.run(rt.progress, done, total, message)
+
+    try:
+        profiles = await anyio.to_thread.run_sync(analyze_many, paths, options, progress)
+    except TraceError as exc:
+        raise ToolError(str(exc)) from exc
+    except OSError as exc:
+        name = rt.relative(Path(exc.filename)) if exc.filename else "a trace file"
+        raise ToolError(f"cannot read {name}: {exc}") from exc
     await rt.progress(len(paths), len(paths), "analysis done")
     for p in profiles:
         p.path = rt.relative(Path(p.path))

@@ -321,17 +321,16 @@ def analyze_traces(
 ) -> TraceSetReport:
     """Analyze several trace files (one per rank) and compare the ranks.
 
-    Files are read one after the other, so memory holds one trace's columns at a time plus the
-    small per-rank results.
+    Large sets are read in parallel worker processes, one file per worker at a time
+    (`perfgate.traces.pool`), so memory holds a few traces' columns at a time plus the small per-rank
+    results.
 
     Raises:
         TraceError: as `analyze_trace`, with the offending file named in the message.
     """
-    profiles: list[RankProfile] = []
-    for i, path in enumerate(paths):
-        if progress is not None:
-            progress(i, len(paths), f"reading {path.name}")
-        profiles.append(analyze_trace(path, options))
+    from perfgate.traces.pool import analyze_many
+
+    profiles = analyze_many(paths, options, progress)
     if progress is not None:
         progress(len(paths), len(paths), "done")
     return combine(profiles)
