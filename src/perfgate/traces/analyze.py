@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from perfgate.traces._events import Header
+from perfgate.traces._group import unique_counts, unique_values
 from perfgate.traces._np import int_list
 from perfgate.traces.diagnose import diagnose
 from perfgate.traces.errors import TraceError
@@ -137,7 +138,7 @@ def _rank(header: Header, path: Path) -> tuple[int, RankSource, int | None]:
 
 def _backend(table: EventTable) -> Backend:
     cats = table.category_counts
-    host_names = {table.names[i] for i in int_list(np.unique(table.host.i("name")))}
+    host_names = {table.names[i] for i in int_list(unique_values(table.host.i("name")))}
     if any(c.startswith("mtia") for c in cats):
         return "mtia"
     if any(n.startswith("hip") for n in host_names):
@@ -167,7 +168,7 @@ def _device_name(header: Header, table: EventTable, backend: Backend) -> str:
     devices = table.device.i("device") if len(table.device) else np.empty(0, np.int64)
     devices = devices[devices >= 0]
     if devices.size:
-        values, counts = np.unique(devices, return_counts=True)
+        values, counts = unique_counts(devices)
         used = int(values[np.argmax(counts)])
         if used in names:
             return names[used]
