@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
+from perfgate._deadline import DeadlineExceeded
 from perfgate.traces import TraceError, analyze_trace
-from perfgate.traces.pool import analyze_many, estimated_peak_bytes, worker_count
+from perfgate.traces.pool import Deadline, analyze_many, estimated_peak_bytes, worker_count
 
 PLANTED = Path(__file__).parent / "fixtures" / "traces" / "planted"
 
@@ -47,3 +49,19 @@ def test_a_bad_file_among_many_names_itself(tmp_path: Path) -> None:
     bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}')
     with pytest.raises(TraceError, match=r"rank1\.json"):
         analyze_many([good, bad, good], workers=2)
+
+
+def test_the_deadline_holds_in_the_workers_and_names_the_file(tmp_path: Path) -> None:
+    paths = []
+    for r in range(2):
+        paths.append(tmp_path / f"rank{r}.json.gz")
+        shutil.copy(PLANTED / f"slow_rank_rank{r}.json.gz", paths[-1])
+    past = Deadline(seconds=5.0, ends_at=time.monotonic() - 1.0)
+    for workers in (1, 2):
+        with pytest.raises(DeadlineExceeded, match=r"reading trace rank0\.json\.gz ran past the 5 s"):
+            analyze_many(
+                paths, workers=workers, limit=past, labels=[f"reading trace {p.name}" for p in paths]
+            )
+    # Time left: both read, in parallel.
+    later = Deadline(seconds=600.0, ends_at=time.monotonic() + 600.0)
+    assert len(analyze_many(paths, workers=2, limit=later)) == 2

@@ -109,6 +109,7 @@ class RankRecord(msgspec.Struct, frozen=True):
     origin_unix_ns: int
     local_rank: int = 0
     hostname: str = ""
+    node: dict[str, Any] | None = None
     pid: int = 0
     label: str | None = None
     stop_reason: str | None = None

@@ -16,9 +16,11 @@ from perfgate.evidence.access import as_dict, as_list, str_list
 
 __all__ = [
     "QUALITY_KINDS",
+    "QUALITY_METRICS",
     "candidate_after_open_problems",
     "correctness_binding_problems",
     "declared_change_problems",
+    "looser_than_declared",
     "quality_problems",
     "reused_candidate_problems",
 ]
@@ -27,6 +29,13 @@ Lookup = Callable[[str], EvidenceRecord | None]
 
 QUALITY_KINDS: dict[str, str] = {"training_health": "check_training_health"}
 """Task-quality evidence the gate accepts: ``result.quality_kind`` -> the tool that produces it."""
+
+QUALITY_METRICS: dict[str, str] = {
+    "loss_last": "the candidate's final loss (mean of the last quarter of its measured losses)",
+    "loss_last_ratio": "the candidate's final loss over the baseline's (check_training_health with baseline_id)",
+    "loss_trend": "loss_last / loss_first - 1 over the candidate's measured steps (negative: the loss falls)",
+}
+"""Metrics a quality record reports in ``result.metrics``: what a training change may declare at open."""
 
 _IMPLIED = {"microbatch": {"accumulation"}, "accumulation": {"microbatch"}}
 _GENERIC = {"code", "argv"}
@@ -110,6 +119,30 @@ def _tolerance(record: EvidenceRecord) -> tuple[float, float] | None:
     return None
 
 
+def looser_than_declared(exp: Experiment, record: EvidenceRecord) -> list[str]:
+    """How a compare_tensors call was looser than the tolerances the experiment declared at open."""
+    declared = exp.tolerance
+    inputs = record.inputs
+    loose: list[str] = []
+    tol = _tolerance(record)
+    if tol is None:
+        loose.append("no recorded atol/rtol")
+    else:
+        if tol[0] > declared.atol:
+            loose.append(f"atol={tol[0]:g}")
+        if tol[1] > declared.rtol:
+            loose.append(f"rtol={tol[1]:g}")
+    for override in map(as_dict, as_list(inputs.get("overrides"))):
+        o_atol, o_rtol = override.get("atol"), override.get("rtol")
+        if (isinstance(o_atol, (int, float)) and o_atol > declared.atol) or (
+            isinstance(o_rtol, (int, float)) and o_rtol > declared.rtol
+        ):
+            loose.append(f"override {override.get('pattern')!r} atol={o_atol:g}, rtol={o_rtol:g}")
+    if inputs.get("allow_nonfinite") and not declared.allow_nonfinite:
+        loose.append("allow_nonfinite=true")
+    return loose
+
+
 def correctness_binding_problems(
     exp: Experiment, experiments: dict[str, Experiment], lookup: Lookup
 ) -> tuple[list[str], list[str]]:
@@ -163,29 +196,48 @@ def quality_problems(
     exp: Experiment, comparison: EvidenceRecord | None, lookup: Lookup
 ) -> tuple[list[str], list[str]]:
     """Task quality is its own evidence: a passed record of a known quality kind, from the tool that makes
-    it, about this comparison's candidate windows."""
+    it, about this comparison's candidate windows, whose metric meets the criteria declared at open."""
     candidates: set[str] = set(str_list(comparison.inputs.get("candidate"))) if comparison else set()
+    criteria = exp.quality
     good: list[str] = []
     problems: list[str] = []
+    failed: list[str] = []
     for qid in exp.ids("quality"):
         record = lookup(qid)
         if record is None:
             continue
         kind: Any = record.result.get("quality_kind")
+        metrics = as_dict(record.result.get("metrics"))
+        value = metrics.get(criteria.metric) if criteria is not None else None
         if kind not in QUALITY_KINDS or QUALITY_KINDS[kind] != record.tool:
             problems.append(
                 f"{qid} ({record.tool}) is not task-quality evidence: attach a {', '.join(QUALITY_KINDS.values())} "
                 "result"
             )
         elif record.state.value != "passed":
-            problems.append(f"quality evidence {qid} is {record.state.value}")
+            failed.append(f"quality evidence {qid} is {record.state.value}")
         elif candidates and record.inputs.get("evidence_id") not in candidates:
             problems.append(
                 f"quality evidence {qid} checks {record.inputs.get('evidence_id')}, not a candidate window of the comparison"
             )
+        elif criteria is None:
+            problems.append(
+                f"the experiment declared no task-quality criteria at open, so {qid} cannot be judged: open the "
+                "training change again with quality={'metric': ..., 'direction': ..., 'threshold': ...}"
+            )
+        elif not isinstance(value, (int, float)) or isinstance(value, bool):
+            have = ", ".join(sorted(metrics)) or "none"
+            problems.append(
+                f"quality evidence {qid} does not report {criteria.metric!r}, the metric declared at open "
+                f"(it reports: {have})"
+            )
+        elif not criteria.met_by(float(value)):
+            failed.append(
+                f"quality evidence {qid}: {criteria.metric} = {float(value):.6g} misses the criterion declared at "
+                f"open ({criteria.describe()})"
+            )
         else:
             good.append(qid)
-    failed = [p for p in problems if " is failed" in p]
     if failed:
         return failed, good
     if good:

@@ -7,6 +7,8 @@ alike. The trace modules (numpy, msgspec) are imported where they are used, to k
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -14,6 +16,7 @@ import anyio.from_thread
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
+from perfgate._deadline import DeadlineExceeded
 from perfgate.errors import ToolError
 from perfgate.report.plots import breakdown_png, top_ops_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
@@ -68,15 +71,16 @@ class TraceFile(BaseModel):
     rank: int
 
 
-def analysis_options(inp: TraceAnalysisFields) -> AnalysisOptions:
+def analysis_options(inp: TraceAnalysisFields, max_events: int | None = None) -> AnalysisOptions:
     from perfgate.traces import AnalysisOptions
 
-    return AnalysisOptions(
+    options = AnalysisOptions(
         top_k=inp.top_k,
         time_basis="hta_rounded" if inp.hta_compatible else "exact",
         include_last_step=inp.include_last_step,
         short_kernel_us=inp.short_kernel_us,
     )
+    return options if max_events is None else dataclasses.replace(options, max_events=max_events)
 
 
 def resolve_traces(raw_paths: list[str], rt: ToolRuntime) -> list[Path]:
@@ -99,21 +103,33 @@ def resolve_traces(raw_paths: list[str], rt: ToolRuntime) -> list[Path]:
 async def analyze_paths(paths: list[Path], inp: TraceAnalysisFields, rt: ToolRuntime) -> list[RankProfile]:
     """One `RankProfile` per file, paths shown relative to the workspace.
 
-    Read off the event loop; several ranks' files in parallel worker processes (`perfgate.traces.pool`).
+    The reading runs off the event loop, several ranks' files in parallel worker processes
+    (`perfgate.traces.pool`), under the server's parsing deadline (one for all the files of the call);
+    it stops at its next block when the call is cancelled.
 
     Raises:
-        ToolError: a trace that cannot be read or parsed (the file is named).
+        ToolError: a trace that cannot be read or parsed (the file is named), or the deadline passed.
     """
-    from perfgate.traces.pool import analyze_many
+    from perfgate.traces.pool import Deadline, analyze_many
 
-    options = analysis_options(inp)
+    limits = rt.config.limits
+    options = analysis_options(inp, limits.max_trace_events)
+    limit = Deadline(limits.deadline_s, time.monotonic() + limits.deadline_s)
 
     def progress(done: int, total: int, message: str) -> None:
         anyio.from_thread.run(rt.progress, done, total, message)
 
     try:
-        profiles = await anyio.to_thread.run_sync(analyze_many, paths, options, progress)
-    except TraceError as exc:
+        profiles = await anyio.to_thread.run_sync(
+            lambda: analyze_many(
+                paths,
+                options,
+                progress,
+                limit=limit,
+                labels=[f"reading trace {rt.relative(p)}" for p in paths],
+            )
+        )
+    except (TraceError, DeadlineExceeded) as exc:
         raise ToolError(str(exc)) from exc
     except OSError as exc:
         name = rt.relative(Path(exc.filename)) if exc.filename else "a trace file"

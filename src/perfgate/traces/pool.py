@@ -19,15 +19,24 @@ from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 from multiprocessing.context import BaseContext
 from pathlib import Path
 
+from perfgate._deadline import checkpoint, deadline
 from perfgate.traces.analyze import AnalysisOptions, analyze_trace
 from perfgate.traces.errors import TraceError
 from perfgate.traces.models import RankProfile
 
-__all__ = ["PARALLEL_MIN_BYTES", "analyze_many", "estimated_peak_bytes", "usable_cpus", "worker_count"]
+__all__ = [
+    "PARALLEL_MIN_BYTES",
+    "Deadline",
+    "analyze_many",
+    "estimated_peak_bytes",
+    "usable_cpus",
+    "worker_count",
+]
 
 PARALLEL_MIN_BYTES = 24 << 20
 """Below this much JSON in all (estimated, see `estimated_peak_bytes`), files are read in this process:
@@ -39,7 +48,17 @@ GZIP_RATIO = 12
 _WORKER_BASE_BYTES = 120 << 20
 """A worker's interpreter with numpy and msgspec loaded."""
 
+_GRACE_S = 5.0
 Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A parsing deadline shared by every file of a call (`perfgate._deadline`): ``seconds`` allowed,
+    ending at ``ends_at`` on `time.monotonic` (system-wide on Linux, so worker processes share it)."""
+
+    seconds: float
+    ends_at: float
 
 
 def usable_cpus() -> int:
@@ -111,8 +130,14 @@ def _main_not_inherited() -> Generator[None]:
         sys.modules["__main__"] = saved
 
 
-def _analyze_one(path: Path, options: AnalysisOptions) -> RankProfile:
-    return analyze_trace(path, options)
+def _analyze_one(
+    path: Path, options: AnalysisOptions, limit: Deadline | None, label: str, cancellable: bool = False
+) -> RankProfile:
+    if limit is None:
+        return analyze_trace(path, options)
+    with deadline(limit.seconds, label, ends_at=limit.ends_at, cancellable=cancellable):
+        checkpoint()
+        return analyze_trace(path, options)
 
 
 def analyze_many(
@@ -120,18 +145,28 @@ def analyze_many(
     options: AnalysisOptions | None = None,
     progress: Progress | None = None,
     workers: int | None = None,
+    *,
+    limit: Deadline | None = None,
+    labels: Sequence[str] | None = None,
+    cancellable: bool = False,
 ) -> list[RankProfile]:
     """One `RankProfile` per file, in the order of ``paths``; in parallel where it pays (see the module).
 
     ``workers`` overrides `worker_count` (1: read in this process). ``progress(done, total, message)``
-    is called as files finish.
+    is called as files finish. ``limit``: every file is read under this deadline (`checkpoint` at each
+    block, in the workers too), ``labels`` name the files in its message. ``cancellable`` (only from a
+    worker thread of `anyio.to_thread.run_sync`, with a ``limit``): a cancelled call stops at the next
+    block (here) or the next wait (parallel: queued files are dropped, running workers stop at their
+    deadline).
 
     Raises:
         TraceError: as `analyze_trace` (the first failure seen; files still queued are not read), or a
             worker died (killed for memory): the message says so.
+        DeadlineExceeded: the deadline passed.
         OSError: a file cannot be read.
     """
     options = AnalysisOptions() if options is None else options
+    labels = list(labels) if labels is not None else [f"reading trace {p}" for p in paths]
     total = len(paths)
     if workers is None:
         workers = worker_count(paths)
@@ -142,27 +177,40 @@ def analyze_many(
         for i, path in enumerate(paths):
             if progress is not None:
                 progress(i, total, f"analyzing {path.name}")
-            out.append(analyze_trace(path, options))
+            out.append(_analyze_one(path, options, limit, labels[i], cancellable=cancellable))
         return out
-    return _in_pool(paths, options, progress, workers)
+    if limit is None:
+        return _in_pool(paths, options, progress, workers, None, labels)
+    # The workers enforce the deadline and name their file; this process waits a little longer, in case
+    # a worker is stuck between two checkpoints.
+    what = "; ".join(labels) if len(labels) <= 3 else f"{labels[0]} and {len(labels) - 1} more traces"
+    with deadline(limit.seconds, what, ends_at=limit.ends_at + _GRACE_S, cancellable=cancellable):
+        return _in_pool(paths, options, progress, workers, limit, labels)
 
 
 def _in_pool(
-    paths: Sequence[Path], options: AnalysisOptions, progress: Progress | None, workers: int
+    paths: Sequence[Path],
+    options: AnalysisOptions,
+    progress: Progress | None,
+    workers: int,
+    limit: Deadline | None,
+    labels: Sequence[str],
 ) -> list[RankProfile]:
     total = len(paths)
     results: dict[int, RankProfile] = {}
     pending: dict[Future[RankProfile], int] = {}
     queue = list(enumerate(paths))[::-1]
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=_context())
+    finished = False
     try:
         while queue or pending:
             # At most `workers` files in flight: memory holds that many analyses, never the whole set.
             while queue and len(pending) < workers:
                 i, path = queue.pop()
                 with _main_not_inherited():
-                    pending[pool.submit(_analyze_one, path, options)] = i
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    pending[pool.submit(_analyze_one, path, options, limit, labels[i])] = i
+            done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            checkpoint()  # the deadline, or the tool call was cancelled
             for future in sorted(done, key=pending.__getitem__):
                 i = pending.pop(future)
                 try:
@@ -174,8 +222,9 @@ def _in_pool(
                     ) from exc
                 if progress is not None:
                     progress(len(results), total, f"analyzed {paths[i].name}")
+        finished = True
     finally:
-        for future in pending:
-            future.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
+        # On failure, return at once: queued files are dropped, running workers finish or stop at the
+        # deadline on their own and exit.
+        pool.shutdown(wait=finished, cancel_futures=True)
     return [results[i] for i in range(total)]
