@@ -179,6 +179,7 @@ class Window:
         self._restarts = 0
         self._runtime_env: dict[str, str | None] | None = None
         self._backward_calls = 0
+        self._dumps: list[dict[str, Any]] = []
         _preload_own_modules()
         self._profiler: Any = None
         if cfg.profile is not None:
@@ -248,6 +249,15 @@ class Window:
             f"{cfg.warmup_steps} or after the last window to keep the planned schedule"
         )
         self._schedule_next()
+
+    def tensors_dumped(self, path: str, sha256: str, size_bytes: int) -> None:
+        """``dump_tensors`` wrote ``path`` in this process: named in the record as this run's output, so the
+        file is bound to the launch that produced it. A dump after the record was written rewrites it."""
+        if os.getpid() != self._pid:
+            return
+        self._dumps.append({"path": path, "sha256": sha256, "size_bytes": size_bytes, "step": self._count})
+        if self._written is not None and not self._closed:
+            self._write()
 
     def user_work_ran(self, what: str, elapsed_ns: int) -> None:
         """The training script's own ``what`` (e.g. ``torch.save``) ran inside the open window: kept in
@@ -450,6 +460,7 @@ class Window:
             "python": sys.version.split()[0],
             "torch_version": getattr(sys.modules.get("torch"), "__version__", None),
             "runtime_env": self._runtime_env,
+            "tensor_dumps": list(self._dumps),
         }
 
     # ------------------------------------------------------------------ internals

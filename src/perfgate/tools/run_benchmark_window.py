@@ -279,6 +279,15 @@ class CodeState(BaseModel):
     )
 
 
+class TensorDump(BaseModel):
+    path: str = Field(description="The file dump_tensors wrote, relative to the workspace when inside it.")
+    sha256: str
+    size_bytes: int
+    launch: int = Field(description="The launch (0-based) whose process wrote it.")
+    rank: int
+    step: int = Field(description="Steps completed in that process when it was written.")
+
+
 class RunProvenance(BaseModel):
     argv: list[str] = Field(description="The training command as given (before the harness wrapper).")
     cwd: str
@@ -338,6 +347,11 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="Per launch: other processes' CPU use on the host while it ran (/proc at its edges); "
         "measured=false means unknown, never idle.",
     )
+    tensor_dumps: list[TensorDump] = Field(
+        default_factory=list[TensorDump],
+        description="Files perfgate.harness.dump_tensors wrote in the launched processes: they are this run's "
+        "output, and compare_tensors binds a file with these bytes to this record (its launch and code state).",
+    )
     profiled: bool = False
     run_id: str | None = Field(
         default=None, description="Detached runs: the id for benchmark_run (status, wait, result, cancel)."
@@ -345,6 +359,22 @@ class RunBenchmarkWindowOutput(BaseModel):
 
 
 # --------------------------------------------------------------------------- the command
+
+
+def tensor_dumps(rt: ToolRuntime, launch: int, records: list[RankRecord]) -> list[TensorDump]:
+    """The dumps each rank's record names, with paths relative to the workspace where inside it."""
+    return [
+        TensorDump(
+            path=rt.relative(Path(d.path)),
+            sha256=d.sha256,
+            size_bytes=d.size_bytes,
+            launch=launch,
+            rank=r.rank,
+            step=d.step,
+        )
+        for r in records
+        for d in r.tensor_dumps
+    ]
 
 
 def _run_dir(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> Path:
@@ -598,6 +628,7 @@ async def measure(
     )
     contract_problems: list[str] = []
     host_loads = [] if host_loads is None else host_loads
+    dumps: list[TensorDump] = []
     try:
         for launch in range(launches):
             label = f"launch{launch}_" if launches > 1 else ""
@@ -620,6 +651,7 @@ async def measure(
                 first_record = first_record or records[0]
                 first_launch = first_launch or records
                 all_records.extend(records)
+                dumps.extend(tensor_dumps(rt, launch, records))
                 world = records[0].world_size
                 warnings.extend(f"rank {r.rank}: {note}" for r in records for note in r.notes)
             windows.extend((launch, w) for w in got)
@@ -679,6 +711,7 @@ async def measure(
     out.provenance = provenance
     out.step_series_artifact = series_name
     out.host_load = host_loads
+    out.tensor_dumps = dumps
     out.run_id = run_id
     return await rt.commit(
         ev, out, command=list(request.argv), exit_code=exit_code, environment_id=inp.environment_id
