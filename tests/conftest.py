@@ -76,3 +76,29 @@ def hta_traces() -> Path:
     if traces is None or not traces.is_dir():
         pytest.skip("shared traces (../shared/data/traces/hta) are not present")
     return traces
+
+
+@pytest.fixture(scope="session")
+def slurm_partition() -> str:
+    """The partition of a running Slurm with an idle node on this machine (``.ci/run`` starts a
+    single-node one with scripts/slurm-single-node.sh); the test is skipped, saying why, without one."""
+    import subprocess
+
+    if shutil.which("sinfo") is None or shutil.which("srun") is None:
+        pytest.skip("Slurm is not installed (apt-get install slurm-wlm munge; scripts/slurm-single-node.sh)")
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%P %t"], capture_output=True, text=True, timeout=20, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"sinfo could not reach slurmctld ({exc}); start it with scripts/slurm-single-node.sh")
+    if out.returncode != 0:
+        why = out.stderr.strip().splitlines()[-1:] or ["no output"]
+        pytest.skip(f"sinfo failed ({why[0]}); start Slurm with scripts/slurm-single-node.sh (as root)")
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1] in ("idle", "mix"):
+            return parts[0].rstrip("*")
+    pytest.skip(
+        f"Slurm has no idle node (sinfo: {out.stdout.strip() or 'nothing'}); see scripts/slurm-single-node.sh"
+    )

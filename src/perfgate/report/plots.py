@@ -1,7 +1,9 @@
 """PNG plots for evidence records (matplotlib, optional: the `plots` extra).
 
 Every function returns PNG bytes, or raises `PlotsUnavailable` when matplotlib is missing; callers
-record "plots are off" and carry on. Figures use the Agg backend and are closed after rendering, so
+record "plots are off" and carry on. The trace tools' breakdown plots (`breakdown_png`, `top_ops_png`)
+are drawn by `perfgate.report.raster` instead: they come back with every trace answer, so they must
+cost milliseconds and need no matplotlib. Figures use the Agg backend and are closed after rendering, so
 plotting from a server's worker threads neither opens windows nor leaks memory.
 """
 
@@ -12,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from perfgate.evidence.access import as_dict, as_list
+from perfgate.report.raster import breakdown_png, top_ops_png
 
 __all__ = [
     "DPI",
@@ -130,67 +132,6 @@ def ab_distribution_png(
     else:
         ax2.axis("off")
         ax.set_title(title)
-    return _render(fig)
-
-
-def breakdown_png(
-    ranks: Sequence[Mapping[str, Any]], title: str = "Where device time goes, per rank"
-) -> bytes:
-    """Two stacked-bar panels per rank: the temporal breakdown (compute, non-overlapped communication and
-    memory, idle; fractions of the device-active span) and the kernel categories (shares of device time).
-
-    Each rank mapping carries ``rank``, ``span_us``, ``compute_us``, ``non_compute_us``, ``idle_us`` and
-    optionally ``categories`` ([{category, share}]).
-    """
-    plt = _pyplot()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=FIGSIZE_IN)
-    labels = [f"rank {r.get('rank', i)}" for i, r in enumerate(ranks)]
-    bottoms = [0.0] * len(ranks)
-    parts = (("compute", "compute"), ("non_compute", "comm + memory (not overlapped)"), ("idle", "idle"))
-    colors = (_COLORS["compute"], _COLORS["communication"], _COLORS["idle"])
-    for (key, label), color in zip(parts, colors, strict=True):
-        values: list[float] = []
-        for r in ranks:
-            span = float(r.get("span_us") or 0.0)
-            values.append(float(r.get(f"{key}_us") or 0.0) / span if span > 0 else 0.0)
-        ax.bar(labels, values, bottom=bottoms, color=color, label=label)
-        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("fraction of device-active span")
-    ax.set_title("temporal breakdown", fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
-
-    cats = [[as_dict(c) for c in as_list(r.get("categories"))] for r in ranks]
-    names = sorted({str(c.get("category")) for per_rank in cats for c in per_rank})
-    bottoms = [0.0] * len(ranks)
-    cmap = plt.get_cmap("tab10")
-    for k, name in enumerate(names):
-        values = [
-            sum(float(c.get("share") or 0.0) for c in per_rank if str(c.get("category")) == name)
-            for per_rank in cats
-        ]
-        ax2.bar(labels, values, bottom=bottoms, color=cmap(k % 10), label=name)
-        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-    ax2.set_ylim(0, 1.05)
-    ax2.set_ylabel("share of device time")
-    ax2.set_title("kernel categories", fontsize=10)
-    if names:
-        ax2.legend(fontsize=7, loc="lower right")
-    fig.suptitle(title)
-    return _render(fig)
-
-
-def top_ops_png(ops: Sequence[tuple[str, float]], title: str = "Host time by CPU op (self time)") -> bytes:
-    """Horizontal bars of the heaviest CPU ops by exclusive time (us): the view for CPU-only traces."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
-    shown = list(ops)[:12][::-1]
-    names = [n if len(n) <= 60 else n[:57] + "..." for n, _ in shown]
-    ax.barh(range(len(shown)), [v / 1e3 for _, v in shown], color=_COLORS["compute"])
-    ax.set_yticks(range(len(shown)), names, fontsize=7)
-    ax.set_xlabel("self time (ms) in the profiled steps")
-    ax.set_title(title)
-    ax.grid(alpha=0.3, axis="x")
     return _render(fig)
 
 

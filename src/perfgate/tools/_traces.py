@@ -14,7 +14,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.errors import ToolError
-from perfgate.report.plots import breakdown_png, top_ops_png
+from perfgate.report.raster import breakdown_png, top_ops_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.traces import RankProfile, RankSkew, TraceError
 from perfgate.traces.models import Finding
