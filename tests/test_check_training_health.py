@@ -78,6 +78,10 @@ async def test_a_healthy_winner_over_50_steps_passes_against_its_baseline(worksp
     assert out["quality_kind"] == "training_health"
     assert out["evidence"] == [c["evidence_id"], b["evidence_id"]]
     assert out["loss_last_ratio"] < 1
+    # the metrics a training change's keep gate judges against the criterion declared at open
+    assert out["metrics"]["loss_last_ratio"] == out["loss_last_ratio"]
+    assert out["metrics"]["loss_last"] == out["health"]["loss_last"]
+    assert out["metrics"]["loss_trend"] < 0
 
 
 @pytest.mark.parametrize(

@@ -5,22 +5,30 @@ huge numbers) of seeds: the real traces in ../shared/data/ (when present) and ti
 Each reader must either succeed or raise the error type it documents; any other exception fails the test
 and hypothesis shrinks it to a minimal file.
 
-CI runs a few dozen inputs per reader. For a long local run set ``PERFGATE_FUZZ_EXAMPLES`` (e.g. 10000):
+Every call's peak resident memory is measured (Linux: the peak is reset through /proc/self/clear_refs
+before the call and read from VmHWM after it; elsewhere the process peak so far) and must stay under
+``max(2 GiB, 4 x the input's size)``.
 
-    PERFGATE_FUZZ_EXAMPLES=10000 pytest -q tests/test_fuzz.py
+CI runs a few dozen inputs per reader. For a long local run set ``PERFGATE_FUZZ_EXAMPLES`` (e.g. 10000);
+``PERFGATE_FUZZ_COLLECT=1`` keeps going past a crash (the inputs are saved) instead of shrinking the
+first one, and ``PERFGATE_FUZZ_REPORT=DIR`` writes per-reader counts, crashes and peak memory as JSON:
+
+    PERFGATE_FUZZ_EXAMPLES=10000 PERFGATE_FUZZ_COLLECT=1 PERFGATE_FUZZ_REPORT=/tmp/fuzz pytest -q tests/test_fuzz.py
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import gzip
 import io
 import json
 import os
 import resource
+import time
+import traceback
 import zipfile
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +54,11 @@ from perfgate.tools._runtime import ServerConfig
 from perfgate.traces import TraceError, analyze_trace
 
 EXAMPLES = int(os.environ.get("PERFGATE_FUZZ_EXAMPLES", "10"))
+COLLECT = os.environ.get("PERFGATE_FUZZ_COLLECT") == "1"
+REPORT_DIR = os.environ.get("PERFGATE_FUZZ_REPORT")
+RSS_FLOOR_BYTES = 2 << 30
+"""A call may peak at max(RSS_FLOOR_BYTES, RSS_INPUT_FACTOR x input bytes) of resident memory."""
+RSS_INPUT_FACTOR = 4
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -101,13 +114,83 @@ def mutated(draw: st.DrawFn, seeds: list[bytes]) -> bytes:
     return bytes(data)
 
 
-def _check(read: Callable[[], object], allowed: tuple[type[BaseException], ...]) -> None:
-    with contextlib.suppress(*allowed):
+@dataclass
+class ReaderStats:
+    calls: int = 0
+    refused: int = 0  # ended in the reader's documented error
+    crashes: list[str] = field(default_factory=list[str])
+    max_rss_bytes: int = 0
+    max_input_bytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+    wall_s: float = 0.0
+
+
+STATS: dict[str, ReaderStats] = {}
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's per-process peak RSS (VmHWM); False where that is not possible."""
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _peak_rss_bytes(per_call: bool) -> int:
+    if per_call:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the process's peak so far
+
+
+def _check(
+    reader: str, read: Callable[[], object], allowed: tuple[type[BaseException], ...], size: int
+) -> None:
+    """Run one reader call: it succeeds or raises an `allowed` error, within the memory bound."""
+    stats = STATS.setdefault(reader, ReaderStats())
+    stats.calls += 1
+    if stats.calls % 500 == 0:
+        _write_report()  # a long run stopped early still leaves its counts
+    stats.max_input_bytes = max(stats.max_input_bytes, size)
+    per_call = _reset_peak_rss()
+    try:
         read()
+    except allowed:
+        stats.refused += 1
+    except Exception as exc:
+        if not COLLECT:
+            raise
+        stats.crashes.append(f"{type(exc).__name__}: {str(exc)[:300]}")
+        _save_crash(reader, len(stats.crashes), exc)
+    finally:
+        peak = _peak_rss_bytes(per_call)
+        stats.max_rss_bytes = max(stats.max_rss_bytes, peak)
+        stats.wall_s = time.monotonic() - stats.started
+    bound = max(RSS_FLOOR_BYTES, RSS_INPUT_FACTOR * size)
+    assert peak <= bound, f"{reader}: peak RSS {peak} bytes over the bound {bound} for a {size}-byte input"
 
 
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+_LAST_INPUT: dict[str, tuple[str, bytes]] = {}
+
+
+def _remember(reader: str, suffix: str, blob: bytes) -> int:
+    """Keep the input of the current call (saved if it crashes); returns its size."""
+    _LAST_INPUT[reader] = (suffix, blob)
+    return len(blob)
+
+
+def _save_crash(reader: str, n: int, exc: BaseException) -> None:
+    if REPORT_DIR is None or reader not in _LAST_INPUT:
+        return
+    suffix, blob = _LAST_INPUT[reader]
+    out = Path(REPORT_DIR) / "crashes"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{reader}-{n}{suffix}").write_bytes(blob)
+    (out / f"{reader}-{n}.txt").write_text("".join(traceback.format_exception(exc)))
 
 
 # ----------------------------------------------------------------------------- seeds
@@ -190,17 +273,26 @@ def _harness_record() -> bytes:
 @given(data=mutated(TRACE_SEEDS), compress=st.booleans())
 def test_fuzz_trace_reader(tmp_path_factory: pytest.TempPathFactory, data: bytes, compress: bool) -> None:
     path = tmp_path_factory.mktemp("t") / ("t.json.gz" if compress else "t.json")
-    path.write_bytes(gzip.compress(data, compresslevel=1) if compress else data)
-    _check(lambda: analyze_trace(path), (TraceError,))
+    blob = gzip.compress(data, compresslevel=1) if compress else data
+    path.write_bytes(blob)
+    size = _remember("traces", "".join(path.suffixes), blob)
+    _check("traces", lambda: analyze_trace(path), (TraceError,), size)
 
 
+_TENSOR_SEEDS: list[bytes] = []
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".npy", ".npz"])
 @FUZZ
 @given(data=st.data())
-def test_fuzz_tensor_readers(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+def test_fuzz_tensor_readers(
+    tmp_path_factory: pytest.TempPathFactory, suffix: str, data: st.DataObject
+) -> None:
+    """Every seed (of any format) mutated and read as this suffix: cross-format confusion included."""
     tmp = tmp_path_factory.mktemp("x")
-    seeds = _tensor_seeds(tmp)
-    blob = data.draw(mutated(seeds))
-    suffix = data.draw(st.sampled_from([".safetensors", ".npy", ".npz"]))
+    if not _TENSOR_SEEDS:
+        _TENSOR_SEEDS.extend(_tensor_seeds(tmp_path_factory.mktemp("seeds")))
+    blob = data.draw(mutated(_TENSOR_SEEDS))
     path = tmp / f"f{suffix}"
     path.write_bytes(blob)
 
@@ -210,7 +302,8 @@ def test_fuzz_tensor_readers(tmp_path_factory: pytest.TempPathFactory, data: st.
                 for _ in source.chunks(key, 1 << 12):
                     pass
 
-    _check(read, (TensorInputError,))
+    reader = f"tensors{suffix.replace('.', '_')}"
+    _check(reader, read, (TensorInputError,), _remember(reader, suffix, blob))
 
 
 @FUZZ
@@ -219,8 +312,12 @@ def test_fuzz_sharded_index(tmp_path_factory: pytest.TempPathFactory, data: st.D
     tmp = tmp_path_factory.mktemp("i")
     dump_tensors(tmp / "a.safetensors", {"w": np.zeros(3, np.float32)})
     index = json.dumps({"metadata": {}, "weight_map": {"w": "a.safetensors"}}).encode()
-    (tmp / "m.index.json").write_bytes(data.draw(mutated([index])))
-    _check(lambda: open_tensor_source(tmp / "m.index.json").close(), (TensorInputError,))
+    blob = data.draw(mutated([index]))
+    (tmp / "m.index.json").write_bytes(blob)
+    size = _remember("sharded_index", ".index.json", blob)
+    _check(
+        "sharded_index", lambda: open_tensor_source(tmp / "m.index.json").close(), (TensorInputError,), size
+    )
 
 
 OBSERVED = {".jsonl": _jsonl(), ".csv": _csv(), ".npz": _npz_records()}
@@ -229,11 +326,17 @@ if _PARQUET is not None:
     OBSERVED[".parquet"] = _PARQUET
 
 
+@pytest.mark.parametrize("base", [".jsonl", ".csv", ".npz", ".parquet"])
 @FUZZ
 @given(data=st.data())
-def test_fuzz_sample_record_readers(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
-    suffix = data.draw(st.sampled_from([*OBSERVED, ".jsonl.gz", ".csv.gz"]))
-    seed = OBSERVED[suffix.removesuffix(".gz")]
+def test_fuzz_sample_record_readers(
+    tmp_path_factory: pytest.TempPathFactory, base: str, data: st.DataObject
+) -> None:
+    if base not in OBSERVED:
+        pytest.skip("pyarrow is not installed")
+    gz = base in (".jsonl", ".csv") and data.draw(st.booleans())
+    suffix = base + ".gz" if gz else base
+    seed = OBSERVED[base]
     blob = data.draw(mutated([seed]))
     if suffix.endswith(".gz"):
         blob = gzip.compress(blob, compresslevel=1)
@@ -241,7 +344,8 @@ def test_fuzz_sample_record_readers(tmp_path_factory: pytest.TempPathFactory, da
             blob = data.draw(mutated([blob]))  # a corrupt gzip stream as well
     path = tmp_path_factory.mktemp("r") / f"records{suffix}"
     path.write_bytes(blob)
-    _check(lambda: read_observed(path), (AuditInputError,))
+    reader = f"sample_records{base.replace('.', '_')}"
+    _check(reader, lambda: read_observed(path), (AuditInputError,), _remember(reader, suffix, blob))
 
 
 EXPECTED = {
@@ -259,8 +363,10 @@ EXPECTED = {
 def test_fuzz_expected_id_readers(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
     suffix = data.draw(st.sampled_from(sorted(EXPECTED)))
     path = tmp_path_factory.mktemp("e") / f"expected{suffix}"
-    path.write_bytes(data.draw(mutated([EXPECTED[suffix]])))
-    _check(lambda: read_expected(path, StringPool()), (AuditInputError,))
+    blob = data.draw(mutated([EXPECTED[suffix]]))
+    path.write_bytes(blob)
+    size = _remember("expected_ids", suffix, blob)
+    _check("expected_ids", lambda: read_expected(path, StringPool()), (AuditInputError,), size)
 
 
 @FUZZ
@@ -268,7 +374,12 @@ def test_fuzz_expected_id_readers(tmp_path_factory: pytest.TempPathFactory, data
 def test_fuzz_harness_records(tmp_path_factory: pytest.TempPathFactory, blob: bytes) -> None:
     path = tmp_path_factory.mktemp("h") / "rank0.json"
     path.write_bytes(blob)
-    _check(lambda: read_record(path), (RecordError,))
+    _check(
+        "harness_records",
+        lambda: read_record(path),
+        (RecordError,),
+        _remember("harness_records", ".json", blob),
+    )
 
 
 LOG_PATTERN = r"step (?P<step>\d+) .*step_time_ms (?P<step_time_ms>[0-9.]+)"
@@ -287,7 +398,8 @@ def test_fuzz_log_patterns_and_logs(pattern: str, log: bytes) -> None:
     def read() -> None:
         parse_step_log(log.decode("utf-8", "replace").splitlines(), compile_pattern(pattern))
 
-    _check(read, (BenchmarkError,))
+    size = _remember("harness_logs", ".log", pattern.encode("utf-8", "replace") + b"\n" + log)
+    _check("harness_logs", read, (BenchmarkError,), size)
 
 
 # ----------------------------------------------------------------------------- tool arguments
@@ -326,16 +438,48 @@ async def test_fuzz_tool_arguments_through_the_protocol(tmp_path: Path) -> None:
 
         collected: list[tuple[str, dict[str, Any]]] = []
         cases()
+        stats = STATS.setdefault("tool_arguments", ReaderStats())
         for name, args in collected:
-            result = await client.call_tool(name, args)
+            stats.calls += 1
+            if stats.calls % 500 == 0:
+                _write_report()
+            size = len(json.dumps(args, default=str))
+            stats.max_input_bytes = max(stats.max_input_bytes, size)
+            per_call = _reset_peak_rss()
+            result = await client.call_tool(name, args)  # the server dying would raise here
+            peak = _peak_rss_bytes(per_call)
+            stats.max_rss_bytes = max(stats.max_rss_bytes, peak)
+            stats.wall_s = time.monotonic() - stats.started
             text = "\n".join(getattr(c, "text", "") for c in result.content)
-            assert "perfgate bug" not in text and text.strip() != f"Error executing tool {name}", (
-                name,
-                args,
-                text,
-            )
-            assert "errors.pydantic.dev" not in text, text
-    assert _peak_rss_bytes() < 2 << 30
+            stats.refused += bool(result.is_error)
+            crashed = "perfgate bug" in text or text.strip() == f"Error executing tool {name}"
+            crashed |= "errors.pydantic.dev" in text
+            if crashed and COLLECT:
+                stats.crashes.append(f"{name}({json.dumps(args, default=str)[:300]}): {text[:300]}")
+            else:
+                assert not crashed, (name, args, text)
+            assert peak <= RSS_FLOOR_BYTES, f"{name}: peak RSS {peak} bytes for {args}"
+
+
+def _write_report() -> None:
+    if REPORT_DIR is None:
+        return
+    out = Path(REPORT_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "examples_per_test": EXAMPLES,
+        "rss_bound": f"max({RSS_FLOOR_BYTES}, {RSS_INPUT_FACTOR} x input bytes) per call",
+        "per_call_rss": _CLEAR_REFS.exists(),
+        "readers": {k: asdict(v) for k, v in STATS.items()},
+    }
+    (out / f"report-{os.getpid()}.json").write_text(json.dumps(report, indent=2))
+
+
+def test_fuzz_summary_no_crash_collected() -> None:
+    """Runs last: in collect mode the crashes were gathered, not raised; writes the report when asked."""
+    _write_report()
+    crashes = {k: v.crashes for k, v in STATS.items() if v.crashes}
+    assert not crashes, crashes
 
 
 def test_fuzz_zip_seeds_are_valid(tmp_path: Path) -> None:

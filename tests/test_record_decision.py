@@ -16,6 +16,9 @@ pytestmark = pytest.mark.anyio
 
 FP = {"device": "cpu", "torch": "2.13.0", "python": "3.11.7", "hostname_sha": "abc"}
 INVARIANTS = {"model": "tiny-mlp", "dataset": "synthetic", "global_batch": 64, "precision": "fp32", "seed": 0}
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-3}
+"""What these tests' honest experiments declare at open: the tolerance their tensor comparisons use."""
+QUALITY = {"metric": "loss_last_ratio", "direction": "lower", "threshold": 1.02}
 
 
 class Evidence:
@@ -113,8 +116,17 @@ class Evidence:
         )
 
     def tensors(
-        self, passed: bool = True, atol: float = 1e-5, rtol: float = 1e-3, same_file: bool = False
+        self,
+        passed: bool = True,
+        atol: float = 1e-5,
+        rtol: float = 1e-3,
+        same_file: bool = False,
+        base: list[str] | None = None,
+        cand: list[str] | None = None,
+        **options: Any,
     ) -> str:
+        """A compare_tensors record; ``base``/``cand``: the windows whose launches dumped each side's file
+        (the producers compare_tensors found in the ledger), else the files are unbound."""
         files = [
             {"role": "reference", "path": "ref.safetensors", "sha256": "a" * 64},
             {
@@ -123,15 +135,26 @@ class Evidence:
                 "sha256": "a" * 64 if same_file else "b" * 64,
             },
         ]
+        producers = [
+            {**f, "evidence_id": ids[0] if ids else None, "launch": 0 if ids else None}
+            for f, ids in zip(files, (base, cand), strict=True)
+        ]
         return self.add(
             "compare_tensors",
             "passed" if passed else "failed",
-            {"status": "match" if passed else "mismatch", "files": files},
-            {"reference": "ref.safetensors", "candidate": "cand.safetensors", "atol": atol, "rtol": rtol},
+            {"status": "match" if passed else "mismatch", "files": files, "producers": producers},
+            {
+                "reference": "ref.safetensors",
+                "candidate": "cand.safetensors",
+                "atol": atol,
+                "rtol": rtol,
+                **options,
+            },
         )
 
 
 async def _open(client: Client, **extra: Any) -> str:
+    training = extra.get("classification") == "training_change"
     result = await client.call_tool(
         "record_decision",
         {
@@ -139,6 +162,7 @@ async def _open(client: Client, **extra: Any) -> str:
             "hypothesis": "more loader workers hide data waits",
             "classification": "system_optimization",
             "changed_variable": "num_workers",
+            **({"quality": QUALITY} if training else {"tolerance": TOLERANCE}),
             **extra,
         },
     )
@@ -173,7 +197,7 @@ def _honest(ev: Evidence) -> tuple[list[dict[str, str]], dict[str, Any]]:
     links = [
         {"id": ev.env(), "role": "environment"},
         {"id": comp, "role": "comparison"},
-        {"id": ev.tensors(), "role": "correctness"},
+        {"id": ev.tensors(base=base, cand=cand), "role": "correctness"},
     ]
     return links, {"base": base, "cand": cand, "comp": comp}
 
@@ -418,8 +442,8 @@ async def test_a_failure_washed_out_by_a_new_experiment_still_counts(server: Any
         assert result.is_error and f"looser than the failed check {failed}" in _text(result)
         # the looser pass stays attached to that experiment; a repaired change passing the strict check is kept
         third = await _open(client)
-        links, _ = _honest(ev)
-        strict = ev.tensors(atol=1e-6, rtol=1e-5)
+        links, ids = _honest(ev)
+        strict = ev.tensors(atol=1e-6, rtol=1e-5, base=ids["base"], cand=ids["cand"])
         ok = await _keep(client, third, [*_drop(links, "correctness"), {"id": strict, "role": "correctness"}])
         assert not ok.is_error, _text(ok)
 
@@ -503,7 +527,7 @@ async def test_training_changes_need_their_own_quality_evidence_and_are_not_call
         health = ev.add(
             "check_training_health",
             "passed",
-            {"quality_kind": "training_health"},
+            {"quality_kind": "training_health", "metrics": {"loss_last": 2.1, "loss_last_ratio": 1.01}},
             {"evidence_id": cand[0], "baseline_id": base[0], "loss_tolerance": 0.02},
         )
         kept = await _keep(

@@ -6,6 +6,7 @@ Heavy imports (the MCP SDK, uvicorn) happen inside the subcommands, so ``perfgat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -53,6 +54,22 @@ def _workspace_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {raw!r}")
+    return value
+
+
+def _positive_int(raw: str) -> int:
+    if not raw.isdigit() or int(raw) == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {raw!r}")
+    return int(raw)
+
+
 def _trust(args: argparse.Namespace) -> TrustRoot:
     from perfgate.trust import TrustRoot
 
@@ -72,6 +89,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             f"workspace {workspace} is not a directory", "create it, or pass --workspace DIR of your project"
         )
         return 2
+    from perfgate._deadline import ParseLimits
+
+    try:
+        limits = ParseLimits.from_env()
+    except ValueError as exc:
+        _fail(str(exc), "set it to a positive number, or unset it for the default")
+        return 2
+    if args.parse_deadline_s is not None:
+        limits = dataclasses.replace(limits, deadline_s=args.parse_deadline_s)
+    if args.max_trace_events is not None:
+        limits = dataclasses.replace(limits, max_trace_events=args.max_trace_events)
     # Start-up creates ~140k long-lived objects (the SDK, the tool models, their schemas) and almost no
     # garbage: cyclic collections would only rescan them (~45 ms of a cold start). Collect nothing until
     # the server is built, then freeze those objects out of every later collection.
@@ -82,7 +110,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from perfgate.tools._runtime import ServerConfig
 
         config = ServerConfig.create(
-            workspace, read_only=args.read_only, read_roots=args.read_root, trust=_trust(args)
+            workspace, read_only=args.read_only, read_roots=args.read_root, trust=_trust(args), limits=limits
         )
         server = build_server(config)
     finally:
@@ -406,6 +434,19 @@ def _build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="extra directory tools may read inputs from (repeatable); writes stay in the workspace",
+    )
+    serve.add_argument(
+        "--parse-deadline-s",
+        type=_positive_float,
+        default=None,
+        help="longest one call may spend parsing its input files (traces, sample records); default "
+        "$PERFGATE_PARSE_DEADLINE_S, else 600",
+    )
+    serve.add_argument(
+        "--max-trace-events",
+        type=_positive_int,
+        default=None,
+        help="most events read from one trace file; default $PERFGATE_MAX_TRACE_EVENTS, else 100000000",
     )
     serve.set_defaults(handler=_cmd_serve)
 

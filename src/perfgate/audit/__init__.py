@@ -98,6 +98,7 @@ def audit_path(
     Raises:
         AuditInputError: unreadable inputs, or both expected forms given.
     """
+    from perfgate._deadline import checkpoint
     from perfgate.audit.audit import audit_records
     from perfgate.audit.expected import IdRange, read_expected
     from perfgate.audit.read import read_observed
@@ -109,6 +110,7 @@ def audit_path(
     )
     want: ExpectedIds | None = None
     if expected is not None:
+        checkpoint()
         want = read_expected(expected, records.pool)
     elif expected_range is not None:
         want = IdRange(*expected_range)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 from numpy.typing import NDArray
 
+from perfgate._deadline import checkpoint
 from perfgate.audit.codes import IdCodes, encode_ids
 from perfgate.audit.coverage import EpochCoverage, OwnerTable, epoch_coverage
 from perfgate.audit.errors import AuditInputError
@@ -76,6 +77,7 @@ def audit_records(records: ObservedRecords, expected: ExpectedIds | None, policy
     previous: dict[int, NDArray[np.int64]] | None = None
     width = max(world_size, int(records.rank.max()) + 1)
     for epoch, idx in _epoch_groups(records.epoch, [e for e in wanted if e not in absent]):
+        checkpoint()
         if resume is not None:
             idx = idx[~resume.rolled_back[idx]]
         # one epoch at a time in int64: products of codes below must not overflow

@@ -6,18 +6,23 @@ import csv
 import io
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 import numpy as np
 
+from perfgate._deadline import checkpoint
 from perfgate.audit._files import open_binary
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import IdValue, SampleIds, parse_text_id
 from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
 
-__all__ = ["read_csv"]
+__all__ = ["MAX_ROW_BYTES", "read_csv"]
 
+MAX_ROW_BYTES = 1 << 20
+"""Longest CSV row read (a line, or several lines joined by a quoted field; a sample record is ~30
+bytes): a longer one stops the read with an error instead of growing a row without bound."""
 _CHUNK_ROWS = 1 << 20
+_RAW_READ = 1 << 16
 _TRUE = {"1", "true", "True", "TRUE", "yes"}
 _FALSE = {"", "0", "false", "False", "FALSE", "no"}
 
@@ -28,6 +33,44 @@ class _Rows(Protocol):
     line_num: int
 
     def __iter__(self) -> Iterator[list[str]]: ...
+
+
+class _RowBound(io.RawIOBase):
+    """Bytes of a record file, refused once one row runs past MAX_ROW_BYTES.
+
+    The row loop calls `row_done` after each row; the bytes read since then (at most one row plus the
+    read-ahead of one block) must stay under the limit. Each block read is also a deadline checkpoint.
+    """
+
+    def __init__(self, inner: BinaryIO, source: str) -> None:
+        self._inner = inner
+        self._source = source
+        self.since_row = 0
+        self.line = 0  # CSV lines completed before the row being read (set by the row loop)
+
+    def readable(self) -> bool:
+        return True
+
+    def row_done(self, line: int) -> None:
+        self.since_row = 0
+        self.line = line
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]  # io.RawIOBase's buffer type
+        checkpoint()
+        data = self._inner.read(min(len(buffer), _RAW_READ))
+        self.since_row += len(data)
+        if self.since_row > MAX_ROW_BYTES + _RAW_READ:
+            raise AuditInputError(
+                f"{self._source}: the row after line {self.line} is longer than {MAX_ROW_BYTES} bytes (limit "
+                "audit.read_csv.MAX_ROW_BYTES; a sample record is about 30 bytes): the file is not one record per "
+                "line (an unclosed quote?), or it is corrupt"
+            )
+        buffer[: len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self._inner.close()
+        super().close()
 
 
 class _Columns:
@@ -50,12 +93,15 @@ def read_csv(path: Path, builder: RecordBuilder) -> None:
     """
     source = str(path)
     builder.sources.append(source)
-    with io.TextIOWrapper(open_binary(path, "observed records"), encoding="utf-8", newline="") as text:
+    bound = _RowBound(open_binary(path, "observed records"), source)
+    buffered = io.BufferedReader(bound, buffer_size=_RAW_READ)
+    with io.TextIOWrapper(buffered, encoding="utf-8", newline="") as text:
         try:
             reader = csv.reader(text)
             header = next(reader, None)
             if header is None:
                 return
+            bound.row_done(reader.line_num)
             index = {name.strip(): i for i, name in enumerate(header)}
             missing = [c for c in REQUIRED_COLUMNS if c not in index]
             if missing:
@@ -64,17 +110,21 @@ def read_csv(path: Path, builder: RecordBuilder) -> None:
                     f"(header: {', '.join(header)}). Required: {', '.join(REQUIRED_COLUMNS)}; "
                     "optional: step, session, restart."
                 )
-            _read_rows(reader, index, len(header), source, builder)
+            _read_rows(reader, bound, index, len(header), source, builder)
         except (csv.Error, UnicodeDecodeError, OSError, EOFError) as exc:
             raise AuditInputError(f"cannot read {source} as CSV: {exc}") from exc
 
 
-def _read_rows(reader: _Rows, index: dict[str, int], width: int, source: str, builder: RecordBuilder) -> None:
+def _read_rows(
+    reader: _Rows, bound: _RowBound, index: dict[str, int], width: int, source: str, builder: RecordBuilder
+) -> None:
     i_id, i_epoch, i_rank, i_worker = (index[c] for c in REQUIRED_COLUMNS)
     i_step, i_session, i_restart = (index.get(c) for c in ("step", "session", "restart"))
     cols = _Columns()
+    row_done = bound.row_done
     for row in reader:
         line = reader.line_num
+        row_done(line)
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
         if len(row) != width:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from perfgate._deadline import checkpoint
 from perfgate.audit.ids import SampleIds, StringPool
 
 __all__ = [
@@ -144,7 +145,10 @@ class RecordBuilder:
 
         `step_lacking` is how many of the chunk's records have no step when `step` is None
         (default: all of them); it only feeds the note that says why step checks are off.
+
+        Each chunk is also a deadline checkpoint (`perfgate._deadline`).
         """
+        checkpoint()
         bad = (epoch < 0) | (epoch > _INT32_MAX) | (rank < 0) | (rank > _INT32_MAX)
         bad |= (worker < -1) | (worker > _INT32_MAX)
         if pass_index is not None:

@@ -9,13 +9,16 @@ from perfgate.evidence import EvidenceRecord, Ledger
 from perfgate.evidence.access import as_dict, as_list
 
 __all__ = [
+    "BIT_EXACT",
     "TOOL_NAME",
     "Classification",
     "Decision",
     "DecisionEntry",
     "Experiment",
     "Link",
+    "QualityCriteria",
     "Role",
+    "Tolerance",
     "load_experiment",
     "load_experiments",
 ]
@@ -26,6 +29,43 @@ Decision = Literal["keep", "revert", "inconclusive", "blocked"]
 Role = Literal[
     "environment", "baseline", "candidate", "comparison", "correctness", "profile", "audit", "quality", "note"
 ]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Correctness tolerances fixed at open: every attached tensor comparison must be this strict or stricter."""
+
+    atol: float = 0.0
+    rtol: float = 0.0
+    allow_nonfinite: bool = False
+
+    def describe(self) -> str:
+        text = (
+            "bit-exact (atol=0, rtol=0)"
+            if self.atol == 0 and self.rtol == 0
+            else (f"atol={self.atol:g}, rtol={self.rtol:g}")
+        )
+        return text + (", matching non-finite values allowed" if self.allow_nonfinite else "")
+
+
+BIT_EXACT = Tolerance()
+
+
+@dataclass(frozen=True)
+class QualityCriteria:
+    """Task-quality acceptance fixed at open for a training change: ``metric`` must be ``direction``-is-better
+    than ``threshold`` (``lower``: value <= threshold; ``higher``: value >= threshold)."""
+
+    metric: str
+    direction: Literal["lower", "higher"]
+    threshold: float
+
+    def met_by(self, value: float) -> bool:
+        return value <= self.threshold if self.direction == "lower" else value >= self.threshold
+
+    def describe(self) -> str:
+        op = "<=" if self.direction == "lower" else ">="
+        return f"{self.metric} {op} {self.threshold:g} ({self.direction} is better)"
 
 
 @dataclass(frozen=True)
@@ -65,6 +105,10 @@ class Experiment:
     opened_at: str
     opened_seq: int = 0
     """Ledger position of the open record: evidence recorded after it has a larger ``seq``."""
+    tolerance: Tolerance = BIT_EXACT
+    """Correctness tolerances declared at open (bit-exact when none were declared)."""
+    quality: QualityCriteria | None = None
+    """Task-quality acceptance declared at open (a training change needs one)."""
     links: list[Link] = field(default_factory=list[Link])
     decisions: list[DecisionEntry] = field(default_factory=list[DecisionEntry])
     attempts: list[DecisionEntry] = field(default_factory=list[DecisionEntry])
@@ -84,6 +128,8 @@ def _apply(experiments: dict[str, Experiment], record: EvidenceRecord) -> None:
     if not isinstance(exp_id, str):
         return
     if action == "open":
+        tol = as_dict(record.inputs.get("tolerance"))
+        quality = as_dict(record.inputs.get("quality"))
         experiments[exp_id] = Experiment(
             id=exp_id,
             hypothesis=record.inputs["hypothesis"],
@@ -93,6 +139,20 @@ def _apply(experiments: dict[str, Experiment], record: EvidenceRecord) -> None:
             memory_budget_bytes=record.inputs.get("memory_budget_bytes"),
             opened_at=record.created_at,
             opened_seq=record.seq,
+            tolerance=Tolerance(
+                atol=float(tol.get("atol") or 0.0),
+                rtol=float(tol.get("rtol") or 0.0),
+                allow_nonfinite=bool(tol.get("allow_nonfinite")),
+            )
+            if tol
+            else BIT_EXACT,
+            quality=QualityCriteria(
+                metric=str(quality["metric"]),
+                direction="higher" if quality.get("direction") == "higher" else "lower",
+                threshold=float(quality["threshold"]),
+            )
+            if quality.get("metric") is not None and quality.get("threshold") is not None
+            else None,
         )
     exp = experiments.get(exp_id)
     if exp is None:

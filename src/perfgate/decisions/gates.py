@@ -431,22 +431,52 @@ def _binding_gates(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -
 
 
 def _correctness_gate(exp: Experiment, ev: _Evidence) -> Gate:
-    from perfgate.decisions.binding import correctness_binding_problems
+    from perfgate.decisions.binding import correctness_binding_problems, looser_than_declared
 
-    fix = "compare_tensors(reference=..., candidate=..., atol=..., rtol=...), then " + _attach(
-        exp, "correctness"
+    declared = exp.tolerance
+    fix = (
+        f"compare_tensors(reference=..., candidate=..., atol={declared.atol:g}, rtol={declared.rtol:g}"
+        + (", allow_nonfinite=True" if declared.allow_nonfinite else "")
+        + "), then "
+        + _attach(exp, "correctness")
     )
     base = _passed_by(exp, ev, "correctness", "compare_tensors", "correctness", fix)
-    problems, ids = correctness_binding_problems(exp, load_experiments(ev.ledger), ev.get)
-    if base.status == "failed" or not problems:
+    if base.status == "failed":
         return base
+    loose = [
+        f"{cid} compared with {', '.join(why)}, looser than the experiment's declared tolerance "
+        f"({declared.describe()}, fixed at open)"
+        for cid in exp.ids("correctness")
+        if (record := ev.get(cid)) is not None
+        and record.tool == "compare_tensors"
+        and (why := looser_than_declared(exp, record))
+    ]
+    comparisons = [
+        r for i in exp.ids("comparison") if (r := ev.get(i)) is not None and r.tool == "compare_benchmarks"
+    ]
+    problems, ids = correctness_binding_problems(
+        exp,
+        load_experiments(ev.ledger),
+        ev.get,
+        comparisons[-1] if comparisons and exp.classification != "correctness_repair" else None,
+    )
+    if not loose and not problems:
+        return _gate(
+            "correctness",
+            True,
+            f"tensors match within the declared tolerance ({declared.describe()}); each side's file was "
+            "dumped by a run of that side",
+            base.evidence_ids,
+        )
     return _gate(
         "correctness",
         False,
-        "; ".join(problems),
-        ids,
-        "compare_tensors on the baseline's and the candidate's own tensor files at the failed check's "
-        "tolerances or stricter, then " + _attach(exp, "correctness"),
+        "; ".join(loose + problems),
+        list(dict.fromkeys(exp.ids("correctness") + ids)),
+        fix
+        if loose
+        else "compare_tensors on the baseline's and the candidate's own tensor files at the declared "
+        f"tolerance ({declared.describe()}) or stricter, then " + _attach(exp, "correctness"),
     )
 
 
@@ -461,7 +491,9 @@ def _quality_gate(exp: Experiment, ev: _Evidence) -> Gate:
     return _gate(
         "task_quality",
         not problems,
-        "; ".join(problems) or "a passed task-quality result about the candidate windows",
+        "; ".join(problems)
+        or "a passed task-quality result about the candidate windows meets "
+        + (exp.quality.describe() if exp.quality else "its criteria"),
         good or exp.ids("quality"),
         f"{tool}(evidence_id=<candidate window>, baseline_id=<baseline window>, loss_tolerance=...), then "
         + _attach(exp, "quality"),

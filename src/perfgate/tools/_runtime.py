@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import anyio.to_thread
 from pydantic import BaseModel
 
+from perfgate._deadline import ParseLimits
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, Ledger
 from perfgate.execution.executor import CommandResult
@@ -42,6 +43,8 @@ class ServerConfig:
     read_only: bool = False
     read_roots: tuple[Path, ...] = ()
     trust: TrustRoot = field(default_factory=TrustRoot.locate)
+    limits: ParseLimits = field(default_factory=ParseLimits.from_env)
+    """Parsing deadline and trace event cap (``perfgate serve --parse-deadline-s/--max-trace-events``)."""
 
     @classmethod
     def create(
@@ -50,12 +53,14 @@ class ServerConfig:
         read_only: bool = False,
         read_roots: Sequence[Path] = (),
         trust: TrustRoot | None = None,
+        limits: ParseLimits | None = None,
     ) -> ServerConfig:
         return cls(
             workspace=workspace.resolve(),
             read_only=read_only,
             read_roots=tuple(p.resolve() for p in read_roots),
             trust=trust or TrustRoot.locate(),
+            limits=limits or ParseLimits.from_env(),
         )
 
 

@@ -7,12 +7,15 @@ alike. The trace modules (numpy, msgspec) are imported where they are used, to k
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
+from perfgate._deadline import DeadlineExceeded, checkpoint, deadline
 from perfgate.errors import ToolError
 from perfgate.report.raster import breakdown_png, top_ops_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
@@ -67,15 +70,16 @@ class TraceFile(BaseModel):
     rank: int
 
 
-def analysis_options(inp: TraceAnalysisFields) -> AnalysisOptions:
+def analysis_options(inp: TraceAnalysisFields, max_events: int | None = None) -> AnalysisOptions:
     from perfgate.traces import AnalysisOptions
 
-    return AnalysisOptions(
+    options = AnalysisOptions(
         top_k=inp.top_k,
         time_basis="hta_rounded" if inp.hta_compatible else "exact",
         include_last_step=inp.include_last_step,
         short_kernel_us=inp.short_kernel_us,
     )
+    return options if max_events is None else dataclasses.replace(options, max_events=max_events)
 
 
 def resolve_traces(raw_paths: list[str], rt: ToolRuntime) -> list[Path]:
@@ -98,18 +102,29 @@ def resolve_traces(raw_paths: list[str], rt: ToolRuntime) -> list[Path]:
 async def analyze_paths(paths: list[Path], inp: TraceAnalysisFields, rt: ToolRuntime) -> list[RankProfile]:
     """One `RankProfile` per file, read in a worker thread, paths shown relative to the workspace.
 
+    The reading runs off the event loop under the server's parsing deadline (one for all the files of
+    the call) and stops at its next block when the call is cancelled.
+
     Raises:
-        ToolError: a trace that cannot be read or parsed (the file is named).
+        ToolError: a trace that cannot be read or parsed (the file is named), or the deadline passed.
     """
     from perfgate.traces import analyze_trace
 
-    options = analysis_options(inp)
+    limits = rt.config.limits
+    options = analysis_options(inp, limits.max_trace_events)
+    ends_at = time.monotonic() + limits.deadline_s
+
+    def analyze(path: Path) -> RankProfile:
+        with deadline(limits.deadline_s, f"reading trace {rt.relative(path)}", ends_at=ends_at):
+            checkpoint()
+            return analyze_trace(path, options)
+
     profiles: list[RankProfile] = []
     for i, path in enumerate(paths):
         await rt.progress(i, len(paths), f"analyzing {path.name}")
         try:
-            profiles.append(await anyio.to_thread.run_sync(analyze_trace, path, options))
-        except TraceError as exc:
+            profiles.append(await anyio.to_thread.run_sync(analyze, path))
+        except (TraceError, DeadlineExceeded) as exc:
             raise ToolError(str(exc)) from exc
         except OSError as exc:
             raise ToolError(f"cannot read {rt.relative(path)}: {exc}") from exc

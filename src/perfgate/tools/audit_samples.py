@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from perfgate._deadline import DeadlineExceeded, deadline
 from perfgate.audit import (
     EXPECTED_SUFFIXES,
     OBSERVED_SUFFIXES,
@@ -170,15 +171,18 @@ async def run(inp: AuditSamplesInput, rt: ToolRuntime) -> AuditSamplesOutput:
         from_thread.run(rt.progress, float(done), float(total + 1), f"reading {rt.relative(path)}")
 
     def audit() -> tuple[AuditReport, list[tuple[Path, str, int]]]:
-        report = audit_path(
-            observed, policy, expected, inp.expected_range, confine=confine, progress=progress
-        )
+        # Readers and the audit call `checkpoint()` per block: the call stops at the deadline or when
+        # it is cancelled, instead of running on in its worker thread.
+        with deadline(rt.config.limits.deadline_s, f"auditing {rt.relative(observed)}"):
+            report = audit_path(
+                observed, policy, expected, inp.expected_range, confine=confine, progress=progress
+            )
         read = [Path(s) for s in report.sources] + ([expected] if expected is not None else [])
         return report, [(p, *file_digest(p)) for p in read]
 
     try:
         report, hashed = await anyio.to_thread.run_sync(audit, abandon_on_cancel=True)
-    except AuditInputError as exc:
+    except (AuditInputError, DeadlineExceeded) as exc:
         raise ToolError(str(exc)) from exc
     except OSError as exc:
         raise ToolError(f"could not read the records: {exc}") from exc

@@ -7,6 +7,7 @@ task-quality evidence: it is the evidence behind a short screen's loss health an
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -82,6 +83,12 @@ class CheckTrainingHealthOutput(BaseModel):
     health: TrainingHealth | None
     baseline_health: TrainingHealth | None
     loss_last_ratio: float | None = Field(description="Candidate final loss / baseline final loss.")
+    metrics: dict[str, float] = Field(
+        default_factory=dict[str, float],
+        description="The task-quality metrics this check measured, by name (loss_last, loss_trend, "
+        "loss_last_ratio with a baseline): a training change's keep gate judges the metric declared at open "
+        "against its declared direction and threshold.",
+    )
     evidence: list[str] = Field(description="The window evidence this verdict is about.")
     warnings: list[str]
 
@@ -176,6 +183,13 @@ async def run(inp: CheckTrainingHealthInput, rt: ToolRuntime) -> CheckTrainingHe
     if cand.tool == "import_benchmark":
         warnings.append("the losses are what the trainer logged (imported), not read by perfgate's harness")
     failed = [c.name for c in checks if not c.passed]
+    metrics: dict[str, float] = {}
+    if h is not None and h.loss_last is not None:
+        metrics["loss_last"] = h.loss_last
+    if h is not None and h.loss_trend is not None:
+        metrics["loss_trend"] = h.loss_trend
+    if ratio is not None:
+        metrics["loss_last_ratio"] = ratio
     ev = rt.evidence()
     out = CheckTrainingHealthOutput(
         evidence_id=ev.id,
@@ -186,6 +200,7 @@ async def run(inp: CheckTrainingHealthInput, rt: ToolRuntime) -> CheckTrainingHe
         health=h,
         baseline_health=bh,
         loss_last_ratio=ratio,
+        metrics={k: v for k, v in metrics.items() if math.isfinite(v)},
         evidence=[i for i in (inp.evidence_id, inp.baseline_id) if i is not None],
         warnings=warnings,
     )

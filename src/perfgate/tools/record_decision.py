@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from perfgate.decisions.binding import QUALITY_METRICS
 from perfgate.decisions.experiments import Classification, Decision, Experiment, Link, Role, load_experiments
 from perfgate.decisions.gates import Gate, evaluate_keep, summarize
 from perfgate.decisions.render import render_decisions
@@ -27,6 +28,43 @@ class EvidenceLink(BaseModel):
 
     id: str = Field(description="An evidence_id returned by an earlier perfgate tool call.")
     role: Role = Field(description="What the evidence is for this experiment.")
+
+
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class ToleranceInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    atol: NonNegative = Field(description="Absolute tolerance every tensor comparison must use or beat.")
+    rtol: NonNegative = Field(description="Relative tolerance every tensor comparison must use or beat.")
+    allow_nonfinite: bool = Field(
+        default=False,
+        description="Matching NaN/Inf may agree (compare_tensors allow_nonfinite); by default they fail.",
+    )
+
+
+class QualityInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    metric: str = Field(
+        description="The quality metric that decides: "
+        + "; ".join(f"{k}: {v}" for k, v in QUALITY_METRICS.items())
+    )
+    direction: Literal["lower", "higher"] = Field(description="Which way is better for the metric.")
+    threshold: float = Field(
+        allow_inf_nan=False,
+        description="The value the metric must reach: <= threshold when lower is better, >= when higher is.",
+    )
+
+    @model_validator(mode="after")
+    def _known_metric(self) -> QualityInput:
+        if self.metric not in QUALITY_METRICS:
+            raise ValueError(
+                f"quality.metric {self.metric!r} is not reported by any task-quality tool; use one of "
+                + ", ".join(QUALITY_METRICS)
+            )
+        return self
 
 
 class RecordDecisionInput(BaseModel):
@@ -66,6 +104,22 @@ class RecordDecisionInput(BaseModel):
             ge=0, description="open: allowed growth of peak device memory, candidate over baseline, in bytes."
         ),
     ] = None
+    tolerance: Annotated[
+        ToleranceInput | None,
+        Field(
+            description="open: the correctness tolerances fixed before any candidate evidence exists; every "
+            "attached compare_tensors must use these or stricter. Omitted: bit-exact (atol=0, rtol=0, "
+            "non-finite values fail)."
+        ),
+    ] = None
+    quality: Annotated[
+        QualityInput | None,
+        Field(
+            description="open, required for a training_change: the task-quality acceptance (metric, direction, "
+            "threshold) its quality evidence must meet, e.g. {'metric': 'loss_last_ratio', 'direction': "
+            "'lower', 'threshold': 1.02}."
+        ),
+    ] = None
     evidence: Annotated[
         list[EvidenceLink],
         Field(description="open/attach/decide: evidence ids with their roles to link to the experiment."),
@@ -102,6 +156,19 @@ class RecordDecisionInput(BaseModel):
             raise ValueError(
                 "a keep needs rollback: the command or revert commit that undoes the change "
                 "(e.g. rollback='git revert 1a2b3c4'), so the kept change can be taken back"
+            )
+        fixed = [name for name in ("tolerance", "quality") if getattr(self, name) is not None]
+        if fixed and self.action != "open":
+            raise ValueError(
+                f"{', '.join(fixed)} is fixed when the experiment is opened and cannot change later; open a new "
+                "experiment to declare other criteria"
+            )
+        if self.action == "open" and self.classification == "training_change" and self.quality is None:
+            raise ValueError(
+                "a training_change needs its task-quality acceptance declared at open: quality={'metric': "
+                "'loss_last_ratio', 'direction': 'lower', 'threshold': 1.02} (metrics: "
+                + ", ".join(QUALITY_METRICS)
+                + ")"
             )
         if self.action == "attach" and not self.evidence:
             raise ValueError("action 'attach' needs at least one evidence link")

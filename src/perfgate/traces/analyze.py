@@ -11,10 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from perfgate._deadline import DEFAULT_MAX_TRACE_EVENTS, EVENTS_HOW, checkpoint
 from perfgate.traces._events import Header
 from perfgate.traces._np import int_list
 from perfgate.traces.diagnose import diagnose
-from perfgate.traces.errors import TraceError
+from perfgate.traces.errors import TraceError, TraceTooLargeError
 from perfgate.traces.host import launch_stats, sync_stats
 from perfgate.traces.idle import idle_breakdown
 from perfgate.traces.kernels import category_stats, top_kernels
@@ -64,7 +65,8 @@ class AnalysisOptions:
     ``time_basis``: ``exact`` keeps the trace's timestamps; ``hta_rounded`` rounds each event to
     whole microseconds like HTA 0.5 (for cross-checking). ``include_last_step`` keeps the last
     ProfilerStep in the window. ``short_kernel_us``: kernels shorter than this are "short".
-    ``max_event_bytes`` caps the size of one JSON event (larger ones are reported as errors).
+    ``max_event_bytes`` caps the size of one JSON event (larger ones are reported as errors);
+    ``max_events`` the number of events read from one file (checked batch by batch while reading).
     """
 
     top_k: int = 10
@@ -73,6 +75,7 @@ class AnalysisOptions:
     short_kernel_us: float = 10.0
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_event_bytes: int = DEFAULT_MAX_VALUE_BYTES
+    max_events: int = DEFAULT_MAX_TRACE_EVENTS
     decompressor: Decompressor = "auto"
 
 
@@ -105,8 +108,10 @@ def load_table(
     """Stream one trace file into an `EventTable`.
 
     Raises:
-        TraceFormatError, TraceTooLargeError: see `TraceStream`.
+        TraceFormatError, TraceTooLargeError: see `TraceStream`; TraceTooLargeError also for more than
+            ``options.max_events`` events, raised at the batch that passes the limit.
         OSError: the file cannot be read.
+        DeadlineExceeded: the parsing deadline passed (see `perfgate._deadline`).
     """
     stream = TraceStream(
         path,
@@ -115,8 +120,17 @@ def load_table(
         decompressor=options.decompressor,
     )
     builder = TableBuilder()
+    events = 0
     for batch in stream.batches():
+        events += len(batch)
+        if events > options.max_events:
+            raise TraceTooLargeError(
+                f"{path}: more than {options.max_events} events (read {events} by byte "
+                f"{stream.decoded_bytes} of the decompressed JSON). Capture a "
+                f"shorter window (fewer profiler steps), or {EVENTS_HOW}"
+            )
         builder.add(batch)
+        checkpoint()
     return builder.build(), stream.header, stream
 
 
@@ -249,8 +263,10 @@ def analyze_table(
     prepared = prepare(
         table, time_basis=options.time_basis, include_last_step=options.include_last_step, release=True
     )
+    checkpoint()
     counts["device_in_window"] = len(prepared.device)
     t = temporal_breakdown(prepared)
+    checkpoint()
     flops = flops_summary(prepared)
     return RankProfile(
         rank=rank,

@@ -24,6 +24,7 @@ from typing import Any, Literal, NoReturn, Protocol, cast
 
 import msgspec
 
+from perfgate._deadline import checkpoint
 from perfgate._safeopen import open_file
 from perfgate.traces._events import Event, Header
 from perfgate.traces.errors import TraceFormatError, TraceTooLargeError
@@ -171,6 +172,7 @@ class TraceStream:
         """Read until at least ``want`` bytes are buffered or the file ends."""
         assert self._file is not None
         while not self._eof and len(self._buf) < want:
+            checkpoint()  # the parsing deadline, per block read (perfgate._deadline)
             # Small blocks keep decompression and the copy into the buffer cache-resident.
             block = self._file.read(self.read_block)
             if not block:
