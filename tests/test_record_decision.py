@@ -442,8 +442,8 @@ async def test_a_failure_washed_out_by_a_new_experiment_still_counts(server: Any
         assert result.is_error and f"looser than the failed check {failed}" in _text(result)
         # the looser pass stays attached to that experiment; a repaired change passing the strict check is kept
         third = await _open(client)
-        links, _ = _honest(ev)
-        strict = ev.tensors(atol=1e-6, rtol=1e-5)
+        links, ids = _honest(ev)
+        strict = ev.tensors(atol=1e-6, rtol=1e-5, base=ids["base"], cand=ids["cand"])
         ok = await _keep(client, third, [*_drop(links, "correctness"), {"id": strict, "role": "correctness"}])
         assert not ok.is_error, _text(ok)
 

@@ -115,3 +115,29 @@ def test_importing_the_dump_helper_imports_neither_torch_nor_mcp() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_dump_in_a_windowed_process_is_named_in_its_record_with_the_bytes_digest(tmp_path: Path) -> None:
+    import hashlib
+    import json
+
+    from perfgate.harness import Window, hooks
+
+    window = Window(warmup_steps=1, measure_steps=2, record_dir=tmp_path / "records", stop=False)
+    try:
+        early = dump_tensors(tmp_path / "early.safetensors", {"w": np.arange(4, dtype=np.float32)})
+        for _ in range(4):
+            with window.step(samples=1):
+                pass
+        # after the last window the record is already written: a later dump rewrites it
+        late = dump_tensors(tmp_path / "late.safetensors", {"w": np.ones(3, dtype=np.float32)})
+        record = json.loads((tmp_path / "records" / "rank0.json").read_text())
+    finally:
+        window.close()
+        hooks.deactivate(window)
+    dumps = {Path(d["path"]).name: d for d in record["tensor_dumps"]}
+    assert set(dumps) == {"early.safetensors", "late.safetensors"}
+    for path in (early, late):
+        assert dumps[path.name]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert dumps[path.name]["size_bytes"] == path.stat().st_size
+    assert dumps["early.safetensors"]["step"] == 0 < dumps["late.safetensors"]["step"]

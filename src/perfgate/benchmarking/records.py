@@ -20,6 +20,7 @@ __all__ = [
     "RankRecord",
     "RecordSet",
     "StepColumns",
+    "TensorDumpRecord",
     "WindowRecord",
     "load_records",
     "read_record",
@@ -91,6 +92,15 @@ class WindowRecord(msgspec.Struct, frozen=True):
     backward_calls: int | None = None
 
 
+class TensorDumpRecord(msgspec.Struct, frozen=True):
+    """A file ``dump_tensors`` wrote inside the launched process (absolute path, as written)."""
+
+    path: Annotated[str, msgspec.Meta(max_length=4096)]
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+    size_bytes: Annotated[int, msgspec.Meta(ge=0)]
+    step: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
 class RankRecord(msgspec.Struct, frozen=True):
     """A whole record file (schema ``perfgate.harness.record``, version 1); unknown fields are ignored."""
 
@@ -109,6 +119,7 @@ class RankRecord(msgspec.Struct, frozen=True):
     origin_unix_ns: int
     local_rank: int = 0
     hostname: str = ""
+    node: dict[str, Any] | None = None
     pid: int = 0
     label: str | None = None
     stop_reason: str | None = None
@@ -120,6 +131,7 @@ class RankRecord(msgspec.Struct, frozen=True):
     python: str | None = None
     torch_version: str | None = None
     runtime_env: dict[str, str | None] | None = None
+    tensor_dumps: list[TensorDumpRecord] = msgspec.field(default_factory=list[TensorDumpRecord])
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ __all__ = [
     "correctness_binding_problems",
     "declared_change_problems",
     "looser_than_declared",
+    "producer_problems",
     "quality_problems",
     "reused_candidate_problems",
 ]
@@ -143,11 +144,106 @@ def looser_than_declared(exp: Experiment, record: EvidenceRecord) -> list[str]:
     return loose
 
 
+def _code_key(record: EvidenceRecord | None) -> str | None:
+    """A launched run's code state (git commit and dirty-diff digest), when known."""
+    code = as_dict(as_dict(record.result.get("provenance")).get("code")) if record else {}
+    if not code.get("commit"):
+        return None
+    return f"{code.get('commit')}+{code.get('diff_sha256') or 'clean'}"
+
+
+def producer_problems(
+    exp: Experiment, check: EvidenceRecord, comparison: EvidenceRecord | None, lookup: Lookup
+) -> list[str]:
+    """Each side's tensor file was produced by a run of that side: the baseline's from the baseline's runs,
+    the candidate's from the candidate's, after the experiment was opened.
+
+    A producer is the window record whose launched process dumped exactly those bytes at that path
+    (compare_tensors records it). It belongs to a side when it is one of that side's windows in the
+    comparison, or when it ran that side's code state and the two sides' code states differ (a separate
+    parity run); with the same code on both sides (an argv or environment change) only the compared
+    windows themselves tell the sides apart. Binding is by producer, not by content: a bit-exact change
+    legitimately produces identical bytes on both sides.
+    """
+    producers = [as_dict(p) for p in as_list(check.result.get("producers"))]
+    if not producers:
+        return [
+            f"{check.id} records no producer for its files (compared before perfgate bound tensor files to "
+            "runs): compare_tensors(...) again on the runs' own dumps"
+        ]
+    sides: dict[str, list[str]] = {}
+    problems: list[str] = []
+    launch_call = {
+        "reference": "the baseline's run_benchmark_window(...)",
+        "candidate": "run_benchmark_window(...) for the candidate",
+    }
+    for p in producers:
+        role, path, eid = str(p.get("role")), p.get("path"), p.get("evidence_id")
+        if not isinstance(eid, str):
+            problems.append(
+                f"{check.id}: the {role} file {path} is unbound: no perfgate-launched run dumped these bytes there "
+                f"(a copied or edited file proves nothing about a run): dump it with perfgate.harness.dump_tensors "
+                f"inside {launch_call.get(role, 'its run')}, then compare_tensors(...) again"
+            )
+            continue
+        sides.setdefault(role, []).append(eid)
+    if problems:
+        return problems
+    ref_ids, cand_ids = set(sides.get("reference", [])), set(sides.get("candidate", []))
+    if ref_ids & cand_ids:
+        problems.append(
+            f"{check.id}: both sides' files come from the same run ({', '.join(sorted(ref_ids & cand_ids))}): the "
+            "reference must come from the baseline's run, the candidate from the candidate's"
+        )
+    for eid in sorted(cand_ids):
+        record = lookup(eid)
+        if record is not None and record.seq < exp.opened_seq:
+            problems.append(
+                f"{check.id}: the candidate file was produced by {eid}, before the experiment was opened: run "
+                "the candidate after open (run_benchmark_window(...)) and compare its own dump"
+            )
+    if comparison is None:
+        return problems
+    windows = {
+        "reference": str_list(comparison.inputs.get("baseline")),
+        "candidate": str_list(comparison.inputs.get("candidate")),
+    }
+    codes = {side: {_code_key(lookup(w)) for w in ids} - {None} for side, ids in windows.items()}
+    distinct = (
+        bool(codes["reference"])
+        and bool(codes["candidate"])
+        and not (codes["reference"] & codes["candidate"])
+    )
+    names = {"reference": "baseline", "candidate": "candidate"}
+    for role, ids in (("reference", ref_ids), ("candidate", cand_ids)):
+        for eid in sorted(ids):
+            if eid in windows[role]:
+                continue
+            code = _code_key(lookup(eid))
+            if distinct and code is not None and code in codes[role]:
+                continue
+            why = (
+                f"its code state ({code or 'unknown'}) is not the {names[role]}'s"
+                if distinct
+                else "the two sides ran the same code state, so only the compared windows tell them apart"
+            )
+            problems.append(
+                f"{check.id}: the {role} file comes from {eid}, which is not one of the comparison's "
+                f"{names[role]} windows and {why}: dump the {role} file in the {names[role]}'s own "
+                "run_benchmark_window launches, then compare_tensors(...) again"
+            )
+    return problems
+
+
 def correctness_binding_problems(
-    exp: Experiment, experiments: dict[str, Experiment], lookup: Lookup
+    exp: Experiment,
+    experiments: dict[str, Experiment],
+    lookup: Lookup,
+    comparison: EvidenceRecord | None = None,
 ) -> tuple[list[str], list[str]]:
-    """(problems, ids): the passed tensor checks compare two different files, and no failed check for this
-    changed variable (in any role, in this or an earlier experiment) is superseded by a looser one."""
+    """(problems, ids): the passed tensor checks compare two different files, each produced by a run of its
+    own side (see :func:`producer_problems`), and no failed check for this changed variable (in any role, in
+    this or an earlier experiment) is superseded by a looser one."""
     problems: list[str] = []
     passed: list[EvidenceRecord] = []
     for cid in exp.ids("correctness"):
@@ -155,6 +251,7 @@ def correctness_binding_problems(
         if record is None or record.tool != "compare_tensors" or record.state.value != "passed":
             continue
         passed.append(record)
+        problems.extend(producer_problems(exp, record, comparison, lookup))
         files = [as_dict(f) for f in as_list(record.result.get("files"))]
         # The same file on both sides proves nothing. Two files with identical bytes are fine: that is what
         # a bit-exact change produces (the runs' own dumps), so only the paths are compared here.

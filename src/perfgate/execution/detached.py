@@ -7,7 +7,7 @@ client disconnect or a server restart does not stop it. The supervisor runs the 
 another, each in its own process group with the request's timeout, keeps each launch's logs and
 records in the run directory, and keeps ``status.json`` current (atomically replaced). `cancel` sends
 SIGTERM to the supervisor, which stops the launch's process group (TERM, then KILL) and records
-``cancelled``. Everything a later call needs is on disk: any server on the same workspace can answer.
+``cancelled``; a Slurm launch's launcher (`perfgate.execution.slurm`) answers that TERM with ``scancel``. Everything a later call needs is on disk: any server on the same workspace can answer.
 
 The supervisor never imports mcp or torch.
 """
@@ -176,7 +176,7 @@ def cancel(directory: Path) -> bool:
     child = status.get("pid")
     if status.get("state") != "lost" or not isinstance(child, int):
         return False
-    stopped = False
+    stopped = _scancel_jobs(directory)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(child, sig)
@@ -189,6 +189,21 @@ def cancel(directory: Path) -> bool:
     status["error"] = "the supervisor was gone; its launch's process group was stopped"
     _write_json(directory / "status.json", status)
     return stopped
+
+
+def _scancel_jobs(directory: Path) -> bool:
+    """``scancel`` the Slurm jobs a launch of this run announced (its launcher is gone with the
+    supervisor, so nothing else would release them); True when there was one."""
+    from perfgate.execution.slurm import job_ids_in
+
+    jobs: list[str] = []
+    for log in sorted(directory.glob("launch*_stderr.log")):
+        with contextlib.suppress(OSError):
+            jobs.extend(job_ids_in(log.read_text(encoding="utf-8", errors="replace")))
+    if jobs and shutil.which("scancel"):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["scancel", *jobs], capture_output=True, timeout=30, check=False)
+    return bool(jobs)
 
 
 # --------------------------------------------------------------------------- the supervisor

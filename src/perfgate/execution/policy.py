@@ -42,7 +42,7 @@ from typing import Any, cast
 
 from perfgate.execution.binding import file_sha256
 from perfgate.execution.request import CommandRequest
-from perfgate.execution.target import command_target, user_argv
+from perfgate.execution.target import command_target, is_slurm_submission, user_argv
 from perfgate.trust import TrustRoot
 
 __all__ = [
@@ -177,7 +177,13 @@ class ExecutionPolicy:
         return problems
 
     def match(self, request: CommandRequest) -> AllowRule | None:
-        """The first allowlist rule that lets this request run without asking, or None."""
+        """The first allowlist rule that lets this request run without asking, or None.
+
+        A Slurm submission never matches: it spends cluster resources (nodes, GRES, a partition's time)
+        that a rule about the user's command does not describe, so a human approves each one.
+        """
+        if is_slurm_submission(request.argv):
+            return None
         for rule in self.allow:
             if rule.why_not(request) is not None:
                 continue

@@ -15,9 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["HARNESS_MODULE", "Target", "command_target", "files_named", "user_argv"]
+__all__ = [
+    "HARNESS_MODULE",
+    "SLURM_MODULE",
+    "Target",
+    "command_target",
+    "files_named",
+    "is_slurm_submission",
+    "user_argv",
+]
 
 HARNESS_MODULE = "perfgate.harness"
+SLURM_MODULE = "perfgate.execution.slurm"
+"""perfgate's Slurm launcher (`perfgate.execution.slurm`): ``python -m perfgate.execution.slurm [resources] --
+CMD`` runs CMD as a Slurm job's ranks."""
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 _PY_VALUE_OPTS = {"-X", "-W", "--check-hash-based-pycs"}
 _TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
@@ -44,9 +55,17 @@ class Target:
         return path.resolve() if path.is_file() else None
 
 
+def is_slurm_submission(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` runs its command through perfgate's Slurm launcher (a cluster submission)."""
+    return any(argv[i] == "-m" and argv[i + 1] == SLURM_MODULE for i in range(len(argv) - 1))
+
+
 def user_argv(argv: Sequence[str]) -> tuple[str, ...]:
-    """``argv`` without perfgate's harness wrapper (``-m perfgate.harness [options] --``)."""
+    """``argv`` without perfgate's wrappers: the Slurm launcher (``python -m perfgate.execution.slurm
+    [resources] --``) and the harness (``-m perfgate.harness [options] --``)."""
     tokens = list(argv)
+    if len(tokens) > 3 and tokens[1:3] == ["-m", SLURM_MODULE] and "--" in tokens:
+        tokens = tokens[tokens.index("--") + 1 :]
     for i in range(len(tokens) - 1):
         if tokens[i] == "-m" and tokens[i + 1] == HARNESS_MODULE:
             rest = tokens[i + 2 :]

@@ -8,10 +8,15 @@ name in the same folder and renamed, so a crash never leaves a truncated dump be
 
 A dump is perfgate's own work: when one lands inside an open measurement window, that window is
 discarded and restarts after a fresh warm-up (see :meth:`Window.own_work_ran`).
+
+Inside a run perfgate launched (a harness window exists in this process), each dump is named in the
+window's record (path, sha256, size, step): that binds the file to the launch, and so to its evidence
+record and code state, and compare_tensors finds its producer from those bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -162,18 +167,25 @@ def dump_tensors(
     """
     window = hooks.active_window()
     started = time.perf_counter_ns()
+    target = Path(path)
     try:
-        return _dump(Path(path), mapping, metadata)
+        digest, size = _dump(target, mapping, metadata)
     finally:
         if window is not None and window.measuring:
             window.own_work_ran("dump_tensors", time.perf_counter_ns() - started)
+    if window is not None:
+        window.tensors_dumped(os.path.realpath(target), digest, size)
+    return target
 
 
-def _dump(target: Path, mapping: Mapping[str, Any], metadata: Mapping[str, str] | None) -> Path:
+def _dump(target: Path, mapping: Mapping[str, Any], metadata: Mapping[str, str] | None) -> tuple[str, int]:
+    """Write the file atomically; returns its sha256 (hashed as written) and size in bytes."""
     items = _pending(mapping)
     header = _header(items, metadata)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    digest = hashlib.sha256(header)
+    size = len(header)
     try:
         with temporary.open("wb") as f:
             f.write(header)
@@ -182,7 +194,9 @@ def _dump(target: Path, mapping: Mapping[str, Any], metadata: Mapping[str, str] 
                 assert data.nbytes == item.size_bytes, (
                     f"{item.key}: wrote {data.nbytes} bytes, expected {item.size_bytes}"
                 )
+                digest.update(data.data)
                 f.write(data.data)
+                size += data.nbytes
                 del data
             f.flush()
             os.fsync(f.fileno())
@@ -190,4 +204,4 @@ def _dump(target: Path, mapping: Mapping[str, Any], metadata: Mapping[str, str] 
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    return target
+    return digest.hexdigest(), size

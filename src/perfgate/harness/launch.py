@@ -164,6 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = _config_from_args(opts)
     except ConfigError as exc:
         parser.error(str(exc))
+    from perfgate.harness._node import slurm_rank_env
+
+    # srun started this process as one rank: torch.distributed reads RANK/WORLD_SIZE/... (set before
+    # the script runs, so its init_process_group sees them).
+    os.environ.update(slurm_rank_env(dict(os.environ)))
     _state.set_launcher_config(cfg)
     # A new launch, whatever the environment inherited: sample records of this process and its loader
     # workers share this id, and a repeated launch gets a new one.

@@ -13,10 +13,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RECORD_SCHEMA", "RECORD_VERSION", "record_path", "write_record"]
+__all__ = [
+    "RECORD_SCHEMA",
+    "RECORD_STREAM_MARK",
+    "RECORD_VERSION",
+    "RecordStreamReader",
+    "record_path",
+    "stream_record",
+    "write_record",
+]
 
 RECORD_SCHEMA = "perfgate.harness.record"
 RECORD_VERSION = 1
+RECORD_STREAM_MARK = "[perfgate-record]"
+"""Starts each stdout line that carries a piece of a streamed record (``PERFGATE_RECORD_STREAM=1``)."""
+_CHUNK = 3000  # base64 characters per line: one line stays below PIPE_BUF (4096), so it is written whole
 
 
 def record_path(record_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -38,3 +49,62 @@ def write_record(path: Path, record: dict[str, Any]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def stream_record(record: dict[str, Any], fd: int = 1) -> None:
+    """Write ``record`` to ``fd`` as marked lines ``[perfgate-record] <rank> <launch> <i>/<n> <base64>``.
+
+    For launchers that forward each rank's stdout to the server (srun does, over its own connection):
+    the records reach the server without a filesystem it shares with the nodes. Each line is one
+    ``write`` below PIPE_BUF, so ranks sharing a pipe never cut into each other's lines; the reader
+    puts the pieces together per (rank, launch id) whatever their order between ranks.
+    """
+    import base64
+
+    data = base64.b64encode(json.dumps(record, separators=(",", ":")).encode()).decode("ascii")
+    pieces = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [""]
+    rank = int(record.get("rank", 0))
+    launch = os.environ.get("PERFGATE_LAUNCH_ID", "0")
+    for i, piece in enumerate(pieces):
+        os.write(fd, f"{RECORD_STREAM_MARK} {rank} {launch} {i}/{len(pieces)} {piece}\n".encode("ascii"))
+
+
+class RecordStreamReader:
+    """Collects streamed record pieces from output lines; the last whole record per rank wins."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple[int, str], dict[int, str]] = {}
+        self._sizes: dict[tuple[int, str], int] = {}
+        self.records: dict[int, bytes] = {}
+        self.bad_lines = 0
+
+    def feed(self, line: str) -> bool:
+        """Take ``line`` when it is a record piece (True); False for any other line."""
+        import base64
+        import binascii
+
+        if not line.startswith(RECORD_STREAM_MARK + " "):
+            return False
+        try:
+            _, rank_s, launch, frac, piece = line.rstrip("\r\n").split(" ", 4)
+            index_s, count_s = frac.split("/")
+            rank, index, count = int(rank_s), int(index_s), int(count_s)
+        except ValueError:
+            self.bad_lines += 1
+            return True
+        key = (rank, launch)
+        parts = self._parts.setdefault(key, {})
+        self._sizes[key] = count
+        parts[index] = piece
+        if len(parts) == count and all(i in parts for i in range(count)):
+            try:
+                self.records[rank] = base64.b64decode("".join(parts[i] for i in range(count)), validate=True)
+            except (binascii.Error, ValueError):
+                self.bad_lines += count
+            del self._parts[key]
+        return True
+
+    @property
+    def incomplete(self) -> list[int]:
+        """Ranks whose last record arrived only in part (the rank died while writing it)."""
+        return sorted({rank for rank, _ in self._parts})

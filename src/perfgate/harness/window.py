@@ -37,7 +37,7 @@ from perfgate.harness._host import host_peak_rss_bytes, host_rss_bytes
 from perfgate.harness._rank import RankInfo, rank_from_env
 from perfgate.harness.config import ENV_PREFIX, HarnessConfig, ProfileConfig
 from perfgate.harness.device import DeviceBackend, detect_backend
-from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path, write_record
+from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path, stream_record, write_record
 
 __all__ = ["Window", "WindowComplete"]
 
@@ -129,6 +129,10 @@ class Window:
         asked = _state.launcher_active() or os.environ.get(ENV_PREFIX + "STOP") is not None
         self.stop = stop if stop is not None else (cfg.stop and asked)
         self.rank: RankInfo = rank_from_env()
+        from perfgate.harness._node import node_facts
+
+        self._node = node_facts()
+        self._stream = os.environ.get(ENV_PREFIX + "RECORD_STREAM") == "1"
         self.timing = "optimizer" if _optimizer_mode else "explicit"
         self._user_sync = synchronize
         self._backend: DeviceBackend | None = None
@@ -175,6 +179,7 @@ class Window:
         self._restarts = 0
         self._runtime_env: dict[str, str | None] | None = None
         self._backward_calls = 0
+        self._dumps: list[dict[str, Any]] = []
         _preload_own_modules()
         self._profiler: Any = None
         if cfg.profile is not None:
@@ -244,6 +249,15 @@ class Window:
             f"{cfg.warmup_steps} or after the last window to keep the planned schedule"
         )
         self._schedule_next()
+
+    def tensors_dumped(self, path: str, sha256: str, size_bytes: int) -> None:
+        """``dump_tensors`` wrote ``path`` in this process: named in the record as this run's output, so the
+        file is bound to the launch that produced it. A dump after the record was written rewrites it."""
+        if os.getpid() != self._pid:
+            return
+        self._dumps.append({"path": path, "sha256": sha256, "size_bytes": size_bytes, "step": self._count})
+        if self._written is not None and not self._closed:
+            self._write()
 
     def user_work_ran(self, what: str, elapsed_ns: int) -> None:
         """The training script's own ``what`` (e.g. ``torch.save``) ran inside the open window: kept in
@@ -416,6 +430,7 @@ class Window:
             "local_rank": self.rank.local_rank,
             "world_size": self.rank.world_size,
             "hostname": self.rank.hostname,
+            "node": self._node,
             "pid": self.rank.pid,
             "timing": self.timing,
             "warmup_steps": self.config.warmup_steps,
@@ -445,6 +460,7 @@ class Window:
             "python": sys.version.split()[0],
             "torch_version": getattr(sys.modules.get("torch"), "__version__", None),
             "runtime_env": self._runtime_env,
+            "tensor_dumps": list(self._dumps),
         }
 
     # ------------------------------------------------------------------ internals
@@ -693,6 +709,11 @@ class Window:
     def _write(self) -> Path | None:
         record_dir = self.config.record_dir
         if record_dir is None:
+            return None
+        if self._stream:
+            # The server gathers it from this rank's stdout (its launcher forwards it): the record
+            # folder is the server's and may not exist on this node.
+            stream_record(self.to_record())
             return None
         self._written = write_record(record_path(record_dir, self.rank.rank), self.to_record())
         return self._written

@@ -10,7 +10,7 @@ import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import anyio
 import anyio.to_thread
@@ -29,6 +29,7 @@ __all__ = [
     "SPEC",
     "CompareTensorsInput",
     "CompareTensorsOutput",
+    "FileProducer",
     "InputFile",
     "KeyMapInput",
     "TensorResult",
@@ -203,6 +204,21 @@ class InputFile(BaseModel):
     size_bytes: int
 
 
+class FileProducer(BaseModel):
+    role: Role
+    path: str
+    sha256: str
+    evidence_id: str | None = Field(
+        description="The benchmark window record whose launched run dumped exactly these bytes at this path "
+        "(perfgate.harness.dump_tensors); null: unbound (no launched run is known to have produced it, e.g. a "
+        "copied or edited file), and an unbound file cannot support a keep."
+    )
+    launch: int | None = Field(description="Which launch of that record wrote it.")
+    code: dict[str, Any] | None = Field(
+        description="The producing run's code state (git commit, dirty-diff digest), as its record holds it."
+    )
+
+
 class CompareTensorsOutput(BaseModel):
     evidence_id: str
     state: EvidenceState = Field(description="passed when status is match, failed otherwise.")
@@ -226,6 +242,10 @@ class CompareTensorsOutput(BaseModel):
     elements_compared: int
     bytes_compared: int
     files: list[InputFile] = Field(description="Every file read, with its sha256.")
+    producers: list[FileProducer] = Field(
+        default_factory=list[FileProducer],
+        description="Per file read: the launched run that produced it, or unbound (evidence_id null).",
+    )
     notes: list[str]
 
 
@@ -340,7 +360,14 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         InputFile(role=role, path=rt.relative(p), sha256=sha, size_bytes=size)
         for role, p, sha, size in hashed
     ]
+    producers = await anyio.to_thread.run_sync(find_producers, rt, files)
     notes = list(report.notes)
+    unbound = [f"{p.role} {p.path}" for p in producers if p.evidence_id is None]
+    if unbound:
+        notes.append(
+            f"unbound (no perfgate-launched run dumped these bytes): {', '.join(unbound)}; a keep needs each side "
+            "dumped by perfgate.harness.dump_tensors inside the run_benchmark_window launch of its own side"
+        )
     if inp.allow_nonfinite:
         notes.append(
             "allow_nonfinite: matching non-finite values were accepted as agreement (explicit opt-in)"
@@ -352,6 +379,7 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         "missing_keys": report.missing_keys,
         "extra_keys": report.extra_keys,
         "files": [f.model_dump(mode="json") for f in files],
+        "producers": [p.model_dump(mode="json") for p in producers],
         "notes": notes,
         "key_mapping": {
             **key_map.model_dump(mode="json"),
@@ -376,9 +404,57 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         elements_compared=report.elements_compared,
         bytes_compared=report.bytes_read,
         files=files,
+        producers=producers,
         notes=notes,
     )
     return await rt.commit(ev, out)
+
+
+PRODUCER_TOOLS = ("run_benchmark_window",)
+"""Tools whose records name the tensor files their launched runs dumped (``result.tensor_dumps``)."""
+
+
+def find_producers(rt: ToolRuntime, files: list[InputFile]) -> list[FileProducer]:
+    """Each file's producer: the newest window record whose run dumped these exact bytes at this path."""
+    wanted = {(f.path, f.sha256) for f in files}
+    found: dict[tuple[str, str], tuple[str, int, dict[str, Any] | None]] = {}
+    for tool in PRODUCER_TOOLS:
+        for record in rt.ledger.records(tool=tool):
+            dumps = record.result.get("tensor_dumps")
+            if not isinstance(dumps, list) or record.state.value not in ("executed", "passed"):
+                continue
+            for dump in cast("list[Any]", dumps):
+                if not isinstance(dump, dict):
+                    continue
+                entry = cast("dict[str, Any]", dump)
+                key = (str(entry.get("path")), str(entry.get("sha256")))
+                if key in wanted:
+                    provenance = record.result.get("provenance")
+                    code = (
+                        cast("dict[str, Any]", provenance).get("code")
+                        if isinstance(provenance, dict)
+                        else None
+                    )
+                    launch = entry.get("launch")
+                    found[key] = (
+                        record.id,
+                        launch if isinstance(launch, int) else 0,
+                        cast("dict[str, Any]", code) if isinstance(code, dict) else None,
+                    )
+    out: list[FileProducer] = []
+    for f in files:
+        hit = found.get((f.path, f.sha256))
+        out.append(
+            FileProducer(
+                role=f.role,
+                path=f.path,
+                sha256=f.sha256,
+                evidence_id=hit[0] if hit else None,
+                launch=hit[1] if hit else None,
+                code=hit[2] if hit else None,
+            )
+        )
+    return out
 
 
 async def _compare_and_hash(
@@ -447,7 +523,9 @@ SPEC = ToolSpec(
         "|reference|, as torch.testing.assert_close, computed in float64. Reads safetensors (bfloat16 and "
         "float8 included), NPZ/NPY (never unpickled) and sharded checkpoint folders, streaming in bounded "
         "memory. Use it as correctness evidence before keeping an optimization; dump tensors from training "
-        "with perfgate.harness.dump_tensors. The evidence passes only on status 'match'. Integers compare "
+        "with perfgate.harness.dump_tensors inside the runs run_benchmark_window launches: each file's producer (the run "
+        "that dumped those bytes) is recorded, and a file no launched run produced is unbound and cannot support a "
+        "keep. The evidence passes only on status 'match'. Integers compare "
         "exactly; any NaN or Inf fails unless allow_nonfinite (a recorded opt-in). key_map strips wrapper prefixes such as '_orig_mod.' "
         "and renames keys before pairing (recorded in the evidence), so a compiled model compares with an "
         "eager one."

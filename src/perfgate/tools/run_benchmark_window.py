@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
+from perfgate.execution.slurm import SlurmResources, submission_argv, time_limit_minutes
 from perfgate.quoting import file_text
 from perfgate.report.plots import step_times_png
 from perfgate.tools._health import TrainingHealth, health_model
@@ -47,6 +49,33 @@ __all__ = [
 ]
 
 Timing = Literal["harness", "explicit", "log"]
+Launcher = Literal["local", "slurm"]
+_SLURM_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.:,=+-]{0,127}$"
+
+
+class SlurmLaunch(BaseModel):
+    """Resources of a Slurm launch; all of them are in the approved argv."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: Annotated[int, Field(ge=1, le=4096, description="Nodes to allocate.")] = 1
+    ntasks_per_node: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=1024,
+            description="Tasks per node: one per rank for `python train.py` (srun numbers the ranks), or 1 "
+            "with a `torchrun` command (torchrun starts the node's ranks; its rendezvous is set from the "
+            "allocation).",
+        ),
+    ] = 1
+    cpus_per_task: Annotated[int | None, Field(ge=1, le=4096, description="CPUs per task.")] = None
+    gres: Annotated[
+        str | None, Field(pattern=_SLURM_NAME, description="Generic resources per node, e.g. 'gpu:8'.")
+    ] = None
+    partition: Annotated[
+        str | None, Field(pattern=_SLURM_NAME, description="Partition; default: the cluster's default.")
+    ] = None
 
 
 class BenchmarkContract(BaseModel):
@@ -144,6 +173,21 @@ class RunBenchmarkWindowInput(BaseModel):
     reason: Annotated[
         str, Field(max_length=2000, description="Why this run is needed (shown to the approver).")
     ] = ""
+    launcher: Annotated[
+        Launcher,
+        Field(
+            description="'local': the command runs on the server's machine (a `torchrun` command included); "
+            "'slurm': each launch is a Slurm job (salloc + srun from this machine, resources in `slurm`), "
+            "every rank under the harness, records returned through srun's output (no shared filesystem "
+            "needed); the time limit is timeout_s rounded up to minutes; cancel maps to scancel."
+        ),
+    ] = "local"
+    slurm: Annotated[
+        SlurmLaunch | None,
+        Field(
+            description="launcher='slurm': nodes, tasks per node, CPUs, GRES, partition (approved as a whole)."
+        ),
+    ] = None
     detach: Annotated[
         bool,
         Field(
@@ -157,6 +201,8 @@ class RunBenchmarkWindowInput(BaseModel):
     def _pattern_matches_timing(self) -> RunBenchmarkWindowInput:
         if (self.timing == "log") != (self.log_pattern is not None):
             raise ValueError("log_pattern is required with timing='log' and only used with it")
+        if self.slurm is not None and self.launcher != "slurm":
+            raise ValueError("slurm resources are only used with launcher='slurm'")
         return self
 
 
@@ -165,6 +211,26 @@ class Throughput(BaseModel):
     tokens_per_s: float | None = Field(description="Global tokens per second; null when not given.")
     steps_per_s: float = Field(description="Optimizer steps per second.")
     basis: str = Field(description="How it was computed.")
+
+
+class NodeFacts(BaseModel):
+    """What a rank saw of its node (read by the harness before its first window)."""
+
+    hostname: str | None = None
+    slurm_job_id: str | None = None
+    slurm_node: str | None = None
+    device: str | None = Field(default=None, description="Device kind and name this rank timed on.")
+    cpus: int | None = Field(default=None, description="CPUs this rank may run on.")
+    visible_devices: dict[str, str] = Field(
+        default_factory=dict[str, str], description="Device visibility variables (CUDA_VISIBLE_DEVICES, ...)."
+    )
+    interconnect: list[str] = Field(
+        default_factory=list[str], description="RDMA devices visible (/sys/class/infiniband); [] = none seen."
+    )
+    network: list[str] = Field(default_factory=list[str], description="Non-loopback network interfaces.")
+    comm_env: dict[str, str] = Field(
+        default_factory=dict[str, str], description="NCCL/Gloo interface settings in the rank's environment."
+    )
 
 
 class RankResult(BaseModel):
@@ -184,6 +250,8 @@ class RankResult(BaseModel):
     peak_reserved_bytes: int | None
     host_peak_rss_bytes: int | None
     step_time_source: str = Field(description="'device_events', 'host' or 'log'.")
+    hostname: str | None = Field(default=None, description="Host the rank ran on (first launch).")
+    node: NodeFacts | None = Field(default=None, description="The rank's node as it saw it (first launch).")
 
 
 class WindowResult(BaseModel):
@@ -211,6 +279,15 @@ class CodeState(BaseModel):
     unknown_reason: str | None = Field(
         description="Why the code state is unknown (no git, not a repository)."
     )
+
+
+class TensorDump(BaseModel):
+    path: str = Field(description="The file dump_tensors wrote, relative to the workspace when inside it.")
+    sha256: str
+    size_bytes: int
+    launch: int = Field(description="The launch (0-based) whose process wrote it.")
+    rank: int
+    step: int = Field(description="Steps completed in that process when it was written.")
 
 
 class RunProvenance(BaseModel):
@@ -272,6 +349,11 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="Per launch: other processes' CPU use on the host while it ran (/proc at its edges); "
         "measured=false means unknown, never idle.",
     )
+    tensor_dumps: list[TensorDump] = Field(
+        default_factory=list[TensorDump],
+        description="Files perfgate.harness.dump_tensors wrote in the launched processes: they are this run's "
+        "output, and compare_tensors binds a file with these bytes to this record (its launch and code state).",
+    )
     profiled: bool = False
     run_id: str | None = Field(
         default=None, description="Detached runs: the id for benchmark_run (status, wait, result, cancel)."
@@ -279,6 +361,22 @@ class RunBenchmarkWindowOutput(BaseModel):
 
 
 # --------------------------------------------------------------------------- the command
+
+
+def tensor_dumps(rt: ToolRuntime, launch: int, records: list[RankRecord]) -> list[TensorDump]:
+    """The dumps each rank's record names, with paths relative to the workspace where inside it."""
+    return [
+        TensorDump(
+            path=rt.relative(Path(d.path)),
+            sha256=d.sha256,
+            size_bytes=d.size_bytes,
+            launch=launch,
+            rank=r.rank,
+            step=d.step,
+        )
+        for r in records
+        for d in r.tensor_dumps
+    ]
 
 
 def _run_dir(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> Path:
@@ -346,6 +444,22 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
         existing = inp.env.get("PYTHONPATH")
         env["PYTHONPATH"] = path if not existing else f"{path}:{existing}"
     launches = 1 if inp.same_process else inp.repeats
+    if inp.launcher == "slurm":
+        steering = sorted(k for k in inp.env if k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "PET_")))
+        if steering:
+            raise ToolError(
+                f"env sets {', '.join(steering)}: Slurm and torchrun read these as job options; give resources "
+                "through slurm={nodes, ntasks_per_node, cpus_per_task, gres, partition} and the time limit "
+                "through timeout_s, so the approval shows them as the submission"
+            )
+        path = inp.env.get("PATH", os.environ.get("PATH", os.defpath))
+        missing = [p for p in ("salloc", "srun", "scancel", "squeue") if shutil.which(p, path=path) is None]
+        if missing:
+            raise ToolError(
+                f"launcher='slurm' needs {', '.join(missing)} on this machine's PATH: run the perfgate server on "
+                "a login node of the cluster, or use launcher='local'"
+            )
+        argv = submission_argv(_slurm_resources(inp), argv)
     return CommandRequest(
         argv=tuple(argv),
         cwd=cwd,
@@ -354,6 +468,18 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
         reason=inp.reason
         or f"run_benchmark_window: {launches} launch(es), {inp.repeats} window(s) of {inp.measure_steps} steps "
         f"after {inp.warmup_steps} warm-up steps ({inp.timing} timing)",
+    )
+
+
+def _slurm_resources(inp: RunBenchmarkWindowInput) -> SlurmResources:
+    s = inp.slurm or SlurmLaunch()
+    return SlurmResources(
+        nodes=s.nodes,
+        ntasks_per_node=s.ntasks_per_node,
+        cpus_per_task=s.cpus_per_task,
+        gres=s.gres,
+        partition=s.partition,
+        time_minutes=time_limit_minutes(inp.timeout_s),
     )
 
 
@@ -518,6 +644,7 @@ async def measure(
     )
     contract_problems: list[str] = []
     host_loads = [] if host_loads is None else host_loads
+    dumps: list[TensorDump] = []
     try:
         for launch in range(launches):
             label = f"launch{launch}_" if launches > 1 else ""
@@ -540,6 +667,7 @@ async def measure(
                 first_record = first_record or records[0]
                 first_launch = first_launch or records
                 all_records.extend(records)
+                dumps.extend(tensor_dumps(rt, launch, records))
                 world = records[0].world_size
                 warnings.extend(f"rank {r.rank}: {note}" for r in records for note in r.notes)
             windows.extend((launch, w) for w in got)
@@ -594,14 +722,31 @@ async def measure(
     out.health = _health(all_records) if summary is not None else None
     if out.health is not None and out.health.verdict == "unhealthy":
         out.warnings.append("training health: " + "; ".join(out.health.findings[:3]))
+    _attach_nodes(out, first_launch)
     out.contract_problems = contract_problems
     out.provenance = provenance
     out.step_series_artifact = series_name
     out.host_load = host_loads
+    out.tensor_dumps = dumps
     out.run_id = run_id
     return await rt.commit(
         ev, out, command=list(request.argv), exit_code=exit_code, environment_id=inp.environment_id
     )
+
+
+def _attach_nodes(out: RunBenchmarkWindowOutput, records: list[RankRecord]) -> None:
+    """Each rank's host and node facts (from the first launch's records) on its result row."""
+    by_rank = {r.rank: r for r in records}
+    for row in out.ranks:
+        rec = by_rank.get(row.rank)
+        if rec is None:
+            continue
+        row.hostname = rec.hostname or None
+        if rec.node is not None:
+            facts = {k: v for k, v in rec.node.items() if k in NodeFacts.model_fields and v is not None}
+            if rec.device is not None:
+                facts["device"] = f"{rec.device.kind} {rec.device.name or ''}".strip()
+            row.node = NodeFacts.model_validate(facts)
 
 
 def _measured_backward_per_step(records: list[RankRecord], inp: RunBenchmarkWindowInput) -> int | None:
