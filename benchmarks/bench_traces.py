@@ -1,45 +1,78 @@
-"""Benchmark perfgate's trace analysis against HTA 0.5, and its memory on a synthetic 1 GB trace.
+"""What an agent waits for on a trace: perfgate's tool call next to HTA 0.5's cold process, side by side.
 
-Run with an interpreter that has perfgate and, for the side-by-side numbers, HTA installed::
+Run with perfgate's interpreter; HTA runs in its own virtual environment (it pins pandas and plotly)::
 
-    python3 -m venv /work/venv-hta
-    /work/venv-hta/bin/pip install holistictraceanalysis==0.5.0 msgspec numpy -e .
-    /work/venv-hta/bin/python benchmarks/bench_traces.py                 # both parts
-    /work/venv-hta/bin/python benchmarks/bench_traces.py --skip-synthetic  # only the shared traces
+    python3 -m venv ../venv-hta && ../venv-hta/bin/pip install holistictraceanalysis==0.5.0
+    python benchmarks/bench_traces.py                      # shared traces, a rank set, a 1 GB trace
+    python benchmarks/bench_traces.py --skip-synthetic --rounds 5
 
-Part 1 times, per shared trace (../shared/data/traces/hta or $PERFGATE_SHARED_DIR), HTA's parse +
-temporal breakdown + kernel breakdown against perfgate's full analysis of the same file (best of N
-runs each, in this process), and checks that the temporal breakdowns agree. Without HTA it prints
-perfgate's times alone. Part 2 builds a ~1 GB trace in /tmp from a real one (events replicated
-with shifted timestamps, correlation ids and step numbers), analyzes it in a fresh child process and
-reports that process's peak RSS. ``--hta-reference FILE`` writes HTA's temporal numbers per trace (the
-fixture tests/fixtures/traces/hta_0.5_temporal.json) and exits.
+Part 1, per shared trace (../shared/data/traces/hta or $PERFGATE_SHARED_DIR), in rounds whose order
+rotates (interleaved, so machine load falls on every contender alike):
+
+- ``HTA cold``: a fresh HTA interpreter (``--hta-python``, default $PERFGATE_HTA_PYTHON or
+  ../venv-hta/bin/python) that imports HTA, parses the trace, and computes the temporal and kernel
+  breakdowns: what a ``python -c 'from hta ...'`` costs. The child also times its own parse + breakdowns
+  (``HTA lib``).
+- ``tool warm``: ``analyze_trace`` through MCP over stdio on a ``perfgate serve`` started once
+  (the whole call: request, analysis, findings, plot, ledger record, answer).
+- ``tool cold``: a fresh ``perfgate serve`` process: spawn, initialize, the same call, exit.
+- ``lib``: the library's ``analyze_trace`` in this process (a library figure, not what an agent waits for).
+
+Each cell is the median over rounds with the range (min-max); ratios are HTA cold / tool warm, HTA cold /
+tool cold, HTA lib / lib. Agreement of the temporal breakdowns (hta_compatible) is checked too.
+Part 2 times a set of ``--ranks`` copies of one rank's trace read one file at a time and in parallel
+worker processes. Part 3 builds a ~1 GB trace in /tmp from a real one (events replicated with shifted
+timestamps, correlation ids and step numbers), analyzes it in a fresh child process and reports that
+process's peak RSS. ``--hta-reference FILE`` writes HTA's temporal numbers per trace (the fixture
+tests/fixtures/traces/hta_0.5_temporal.json) and exits.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import logging
-import math
 import os
 import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from perfgate.traces import AnalysisOptions, analyze_trace, classify_device, isal_available  # noqa: E402
+from perfgate.traces import AnalysisOptions, analyze_trace, classify_device  # noqa: E402
 
 HTA_FIELDS = ("idle_time(us)", "compute_time(us)", "non_compute_time(us)", "kernel_time(us)")
+LARGE_BYTES = 1_000_000
+"""Shared traces at least this large on disk (gzip) count as large; the README's targets differ."""
+
+_HTA_CHILD = r"""
+import json, logging, sys, time, warnings
+t0 = time.perf_counter()
+logging.disable(logging.WARNING)
+warnings.filterwarnings("ignore")
+from hta.trace_analysis import TraceAnalysis
+t1 = time.perf_counter()
+fields = FIELDS
+try:
+    analysis = TraceAnalysis(trace_files={0: sys.argv[1]}, trace_dir="/")
+    temporal = analysis.get_temporal_breakdown(visualize=False)
+    analysis.get_gpu_kernel_breakdown(visualize=False)
+    row = temporal.iloc[0]
+    out = {k: float(row[k]) for k in fields}
+except Exception as exc:
+    out = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
+out["import_s"] = t1 - t0
+out["analysis_s"] = time.perf_counter() - t1
+print("HTA-RESULT " + json.dumps(out))
+""".replace("FIELDS", repr(HTA_FIELDS))
 
 
 def shared_traces() -> list[Path]:
@@ -47,64 +80,157 @@ def shared_traces() -> list[Path]:
     return sorted(base.glob("*.json.gz")) + sorted(base.glob("*.json")) if base.is_dir() else []
 
 
-# --------------------------------------------------------------------------- HTA side
+# --------------------------------------------------------------------------- HTA side (its own venv)
 
 
-def hta_available() -> bool:
-    try:
-        import hta  # noqa: F401  # pyright: ignore[reportMissingImports, reportUnusedImport]
-    except ImportError:
-        return False
-    return True
+def find_hta_python(given: str | None) -> str | None:
+    """An interpreter that imports HTA: ``given``, $PERFGATE_HTA_PYTHON, ../venv-hta, or this one."""
+    candidates = [
+        given,
+        os.environ.get("PERFGATE_HTA_PYTHON"),
+        str(REPO.parent / "venv-hta" / "bin" / "python"),
+    ]
+    candidates.append(sys.executable)
+    for candidate in candidates:
+        if not candidate or not Path(candidate).exists():
+            continue
+        ok = subprocess.run([candidate, "-c", "import hta"], capture_output=True, check=False)
+        if ok.returncode == 0:
+            return candidate
+    return None
 
 
-def run_hta(path: Path) -> dict[str, float]:
-    """HTA 0.5: load one trace, temporal breakdown, kernel breakdown. Raises what HTA raises."""
-    from hta.trace_analysis import TraceAnalysis  # pyright: ignore[reportMissingImports]
-
-    analysis = TraceAnalysis(trace_files={0: str(path)}, trace_dir="/")
-    temporal = analysis.get_temporal_breakdown(visualize=False)
-    analysis.get_gpu_kernel_breakdown(visualize=False)
-    row = temporal.iloc[0]
-    return {k: float(row[k]) for k in HTA_FIELDS}
-
-
-def quiet_hta() -> None:
-    logging.disable(logging.WARNING)
-    warnings.filterwarnings("ignore")
+def run_hta_cold(python: str, path: Path) -> tuple[float, float, dict[str, Any]]:
+    """(wall s of the whole process, its CPU s, what the child reported)."""
+    before = os.times()
+    start = time.perf_counter()
+    proc = subprocess.run([python, "-c", _HTA_CHILD, str(path)], capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - start
+    after = os.times()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("HTA-RESULT ")]
+    if not lines:
+        return wall, cpu, {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-160:]}"}
+    return wall, cpu, json.loads(lines[-1][len("HTA-RESULT ") :])
 
 
-def write_hta_reference(out: Path) -> None:
+def write_hta_reference(python: str, out: Path) -> None:
     """Record HTA's temporal breakdown for every shared trace (numbers or the error it raised)."""
-    quiet_hta()
-    import hta  # pyright: ignore[reportMissingImports]
-
+    version = subprocess.run(
+        [python, "-c", "import importlib.metadata as m; print(m.version('holistictraceanalysis'))"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip() or "0.5.0"  # fmt: skip
     doc: dict[str, Any] = {
-        "source": f"holistictraceanalysis {getattr(hta, '__version__', '0.5.0')}: "
+        "source": f"holistictraceanalysis {version}: "
         "TraceAnalysis(trace_files={0: path}).get_temporal_breakdown(visualize=False), default settings",
         "units": "microseconds",
         "traces": {},
     }
     for path in shared_traces():
-        try:
-            doc["traces"][path.name] = run_hta(path)
-        except Exception as exc:  # noqa: BLE001 - top level of a script: record why HTA could not read it
-            doc["traces"][path.name] = {"error": f"{type(exc).__name__}: {str(exc)[:160]}"}
-        print(path.name, doc["traces"][path.name], flush=True)
+        _, _, got = run_hta_cold(python, path)
+        got.pop("import_s", None)
+        got.pop("analysis_s", None)
+        doc["traces"][path.name] = got
+        print(path.name, got, flush=True)
     out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
-# --------------------------------------------------------------------------- timing
+# --------------------------------------------------------------------------- perfgate side, over MCP
 
 
-def best_of(n: int, fn: Callable[[], Any]) -> tuple[float, Any]:
-    best, value = math.inf, None
-    for _ in range(n):
-        gc.collect()
-        t0 = time.perf_counter()
-        value = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, value
+def _server_params(read_root: Path, workspace: Path) -> Any:
+    from mcp import StdioServerParameters
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("PERFGATE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "perfgate", "serve", "--workspace", str(workspace), "--read-root", str(read_root)],
+        env=env,
+    )
+
+
+def _check(result: Any) -> None:
+    if result.is_error:
+        raise RuntimeError(f"analyze_trace failed: {result.content}")
+
+
+def _children_cpu() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a live process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _child_pids() -> set[int]:
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            pids.update(int(p) for p in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return pids
+
+
+async def tool_cold(params: Any, paths: Sequence[Path]) -> tuple[float, float]:
+    """Spawn a server, initialize, one analyze_trace call, exit: (wall s, CPU s of the server)."""
+    from mcp import Client
+
+    cpu0 = _children_cpu()
+    start = time.perf_counter()
+    async with Client(params, mode="legacy") as client:
+        _check(await client.call_tool("analyze_trace", {"trace_paths": [str(p) for p in paths]}))
+    return time.perf_counter() - start, _children_cpu() - cpu0
+
+
+async def tool_warm(client: Any, server_pid: int | None, paths: Sequence[Path]) -> tuple[float, float]:
+    """One analyze_trace call on a running server: (wall s, CPU s the server spent; NaN if unknown)."""
+    cpu0 = _proc_cpu(server_pid) if server_pid else float("nan")
+    start = time.perf_counter()
+    _check(await client.call_tool("analyze_trace", {"trace_paths": [str(p) for p in paths]}))
+    wall = time.perf_counter() - start
+    return wall, (_proc_cpu(server_pid) - cpu0) if server_pid else float("nan")
+
+
+def library(path: Path) -> tuple[float, float]:
+    # Kernel-name classifications are cached across calls; start cold each run for fairness.
+    classify_device.cache_clear()
+    cpu0 = time.process_time()
+    start = time.perf_counter()
+    analyze_trace(path)
+    return time.perf_counter() - start, time.process_time() - cpu0
+
+
+# --------------------------------------------------------------------------- statistics and tables
+
+
+@dataclass
+class Series:
+    values: list[float] = field(default_factory=list[float])
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    def cell(self, scale: float = 1.0, fmt: str = "{:.3f}") -> str:
+        if not self.values:
+            return "-"
+        lo, hi = min(self.values) * scale, max(self.values) * scale
+        return f"{fmt.format(self.median * scale)} ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
+def ratio(a: Series, b: Series) -> float | None:
+    if not a.values or not b.values or not b.median > 0:
+        return None
+    return a.median / b.median
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}x"
 
 
 def agreement(ours: Any, hta: dict[str, float]) -> float:
@@ -114,51 +240,149 @@ def agreement(ours: Any, hta: dict[str, float]) -> float:
     return max(abs(a - hta[k]) for a, k in zip(mine, HTA_FIELDS, strict=True)) / span
 
 
-def bench_shared(repeats: int, hta_repeats: int) -> None:
-    traces = shared_traces()
-    if not traces:
-        print("shared traces not found (set PERFGATE_SHARED_DIR): part 1 skipped")
-        return
-    with_hta = hta_available()
-    if with_hta:
-        quiet_hta()
-    else:
-        print("HTA is not importable here: perfgate times only (install holistictraceanalysis==0.5.0)")
-    print(f"python-isal: {'yes' if isal_available() else 'no (stdlib gzip)'}")
-    header = f"{'trace':44} {'MB':>6} {'HTA s':>8} {'perfgate s':>10} {'speed-up':>9} {'agree (rounded)':>15}"
-    print(header)
-    print("-" * len(header))
-    total_hta = total_ours = 0.0
-    exact = AnalysisOptions()
-    rounded = AnalysisOptions(time_basis="hta_rounded")
-    for path in traces:
-        analyze_trace(path, exact)  # warm imports
+def rotate(items: list[str], k: int) -> list[str]:
+    k %= len(items)
+    return items[k:] + items[:k]
 
-        def ours(p: Path = path) -> Any:
-            # Kernel-name classifications are cached across calls; start cold each run for fairness.
-            classify_device.cache_clear()
-            return analyze_trace(p, exact)
 
-        ours_s, _ = best_of(repeats, ours)
-        size_mb = path.stat().st_size / 1e6
-        hta_cell, ratio_cell, agree_cell = "-", "-", "-"
-        if with_hta:
-            try:
-                hta_s, hta_numbers = best_of(hta_repeats, lambda p=path: run_hta(p))
-            except Exception as exc:  # noqa: BLE001 - HTA's own failure is a result to report
-                hta_cell = f"fails: {type(exc).__name__}"[:8]
-            else:
-                hta_cell, ratio_cell = f"{hta_s:8.3f}", f"{hta_s / ours_s:8.1f}x"
-                agree_cell = f"{agreement(analyze_trace(path, rounded), hta_numbers):.2%} of span"
-                total_hta += hta_s
-                total_ours += ours_s
+# --------------------------------------------------------------------------- part 1: shared traces
+
+
+CONTENDERS = ("hta", "warm", "cold", "lib")
+
+
+@dataclass
+class TraceRow:
+    path: Path
+    wall: dict[str, Series] = field(default_factory=lambda: {k: Series() for k in CONTENDERS})
+    cpu: dict[str, Series] = field(default_factory=lambda: {k: Series() for k in CONTENDERS})
+    hta_lib: Series = field(default_factory=Series)
+    hta_error: str | None = None
+    agree: float | None = None
+
+    @property
+    def large(self) -> bool:
+        return self.path.stat().st_size >= LARGE_BYTES
+
+    @property
+    def hta_read(self) -> bool:
+        return bool(self.wall["hta"].values)
+
+
+async def measure_traces(
+    traces: Sequence[Path], rounds: int, hta_python: str | None, log: Callable[[str], None] = print
+) -> list[TraceRow]:
+    """Interleaved rounds over every trace and contender (see the module docstring)."""
+    from mcp import Client
+
+    rows = [TraceRow(p) for p in traces]
+    if not rows:
+        return rows
+    with tempfile.TemporaryDirectory(prefix="perfgate-bench-ws-") as ws:
+        params = _server_params(traces[0].parent, Path(ws))
+        before = _child_pids()
+        async with Client(params, mode="legacy") as warm_client:
+            started = _child_pids() - before
+            pid = next(iter(started)) if len(started) == 1 else None
+            for row in rows:  # warm the OS page cache and the server's imports before timing
+                await tool_warm(warm_client, pid, [row.path])
+            contenders = ["warm", "cold", "lib"] + (["hta"] if hta_python else [])
+            for r in range(rounds):
+                for i, row in enumerate(rows):
+                    for who in rotate(contenders, r + i):
+                        if who == "warm":
+                            got = await tool_warm(warm_client, pid, [row.path])
+                        elif who == "cold":
+                            got = await tool_cold(params, [row.path])
+                        elif who == "lib":
+                            got = library(row.path)
+                        else:
+                            if hta_python is None or row.hta_error is not None:
+                                continue
+                            wall, cpu, out = run_hta_cold(hta_python, row.path)
+                            if "error" in out:
+                                row.hta_error = str(out["error"])
+                                continue
+                            got = (wall, cpu)
+                            row.hta_lib.values.append(float(out["analysis_s"]))
+                            if row.agree is None:
+                                rounded = analyze_trace(row.path, AnalysisOptions(time_basis="hta_rounded"))
+                                row.agree = agreement(rounded, out)
+                        row.wall[who].values.append(got[0])
+                        row.cpu[who].values.append(got[1])
+                log(f"round {r + 1}/{rounds} done")
+    return rows
+
+
+def print_traces(rows: Sequence[TraceRow]) -> None:
+    print(
+        "\nwall seconds, median (min-max) over rounds; CPU seconds (user + system of the processes doing the work)"
+    )
+    head = (f"{'trace':30} {'MB':>5} | {'HTA cold':>20} {'tool warm':>20} {'tool cold':>20} | {'HTA/warm':>8} "
+            f"{'HTA/cold':>8} | {'CPU HTA':>7} {'warm':>6} {'cold':>6} {'HTA/warm':>8} | {'HTA lib':>7} {'lib':>6} {'lib x':>6} | agree")  # fmt: skip
+    print(head)
+    print("-" * len(head))
+    for row in rows:
+        w, c = row.wall, row.cpu
+        hta = w["hta"].cell() if row.hta_read else (f"fails: {row.hta_error}"[:20] if row.hta_error else "-")
         print(
-            f"{path.name[:44]:44} {size_mb:6.2f} {hta_cell:>8} {ours_s:10.3f} {ratio_cell:>9} {agree_cell:>15}"
-        )
-    if total_ours:
+            f"{row.path.name[:30]:30} {row.path.stat().st_size / 1e6:5.2f} | {hta:>20} {w['warm'].cell():>20} "
+            f"{w['cold'].cell():>20} | {_x(ratio(w['hta'], w['warm'])):>8} {_x(ratio(w['hta'], w['cold'])):>8} | "
+            f"{c['hta'].median:7.2f} {c['warm'].median:6.2f} {c['cold'].median:6.2f} {_x(ratio(c['hta'], c['warm'])):>8} | "
+            f"{row.hta_lib.median:7.3f} {w['lib'].median:6.3f} {_x(ratio(row.hta_lib, w['lib'])):>6} | "
+            f"{'-' if row.agree is None else f'{row.agree:.2%}'}"
+        )  # fmt: skip
+    for label, group in (
+        ("large (>= 1 MB gz)", [r for r in rows if r.large]),
+        ("small", [r for r in rows if not r.large]),
+    ):
+        both = [r for r in group if r.hta_read]
+        if not both:
+            continue
+
+        def summary(a: str, b: str, kind: str = "wall", both: list[TraceRow] = both) -> str:
+            values = [
+                (ratio(r.wall[a], r.wall[b]) if kind == "wall" else ratio(r.cpu[a], r.cpu[b])) or float("nan")
+                for r in both
+            ]
+            return f"median {statistics.median(values):.1f}x (range {min(values):.1f}-{max(values):.1f}x)"
+
+        lib = [r.hta_lib.median / r.wall["lib"].median for r in both]
         print(
-            f"{'all traces HTA reads':44} {'':6} {total_hta:8.3f} {total_ours:10.3f} {total_hta / total_ours:8.1f}x"
-        )
+            f"{label}, {len(both)} traces HTA reads: HTA cold / tool warm {summary('hta', 'warm')}; "
+            f"HTA cold / tool cold {summary('hta', 'cold')}; CPU: HTA cold / tool warm {summary('hta', 'warm', 'cpu')}, "
+            f"HTA cold / tool cold {summary('hta', 'cold', 'cpu')}; library figure (in-process analysis, "
+            f"HTA lib / lib): median {statistics.median(lib):.1f}x (range {min(lib):.1f}-{max(lib):.1f}x)"
+        )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- part 2: a rank set
+
+
+def bench_ranks(source: Path, ranks: int, rounds: int) -> None:
+    from perfgate.traces.pool import analyze_many, worker_count
+
+    folder = Path(tempfile.mkdtemp(prefix="perfgate-bench-ranks-"))
+    try:
+        paths = []
+        for r in range(ranks):
+            paths.append(folder / f"rank{r}{''.join(source.suffixes)}")
+            shutil.copy(source, paths[-1])
+        serial, parallel = Series(), Series()
+        for k in range(rounds):
+            for who in rotate(["serial", "parallel"], k):
+                start = time.perf_counter()
+                analyze_many(paths, workers=1 if who == "serial" else None)
+                (serial if who == "serial" else parallel).values.append(time.perf_counter() - start)
+        workers = worker_count(paths)
+        print(
+            f"\n{ranks} ranks of {source.name} ({source.stat().st_size / 1e6:.1f} MB gz each), library: one file at a "
+            f"time {serial.cell()} s; {workers} worker processes {parallel.cell()} s "
+            f"({_x(ratio(serial, parallel))}; usable cores {len(os.sched_getaffinity(0))}, load average "
+            f"{os.getloadavg()[0]:.1f})"
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- synthetic 1 GB
@@ -286,9 +510,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--repeats", type=int, default=3, help="perfgate runs per trace (best is kept)")
-    parser.add_argument("--hta-repeats", type=int, default=2, help="HTA runs per trace (best is kept)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds per trace (median and range)"
+    )
+    parser.add_argument("--hta-python", help="interpreter with HTA installed (default: see the docstring)")
+    parser.add_argument(
+        "--only", nargs="*", default=[], help="shared traces whose name contains one of these"
+    )
     parser.add_argument("--skip-shared", action="store_true")
+    parser.add_argument("--ranks", type=int, default=8, help="rank files in part 2 (0 skips it)")
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--synthetic-gb", type=float, default=1.0)
     parser.add_argument("--keep-synthetic", action="store_true", help="leave the synthetic file in /tmp")
@@ -301,11 +531,30 @@ def main() -> None:
         source, target, size = args.make_synthetic
         print(*make_synthetic(Path(source), Path(target), int(size)))
         return
+    hta_python = find_hta_python(args.hta_python)
     if args.hta_reference is not None:
-        write_hta_reference(args.hta_reference)
+        if hta_python is None:
+            sys.exit("HTA is not importable: pass --hta-python (an interpreter with holistictraceanalysis)")
+        write_hta_reference(hta_python, args.hta_reference)
         return
+    traces = [p for p in shared_traces() if not args.only or any(o in p.name for o in args.only)]
+    print(
+        f"machine: {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), load average "
+        f"{os.getloadavg()[0]:.1f} at start; HTA: {hta_python or 'not found (perfgate figures only)'}"
+    )
     if not args.skip_shared:
-        bench_shared(args.repeats, args.hta_repeats)
+        if not traces:
+            print("shared traces not found (set PERFGATE_SHARED_DIR): parts 1 and 2 skipped")
+        else:
+            import anyio
+
+            rows = anyio.run(measure_traces, traces, args.rounds, hta_python)
+            print_traces(rows)
+    if args.ranks and traces:
+        by_name = {p.name: p for p in traces}
+        bench_ranks(
+            by_name.get("df_index_resolver_df_index_resolver.json.gz", traces[0]), args.ranks, args.rounds
+        )
     if not args.skip_synthetic:
         bench_synthetic(args.synthetic_gb, args.keep_synthetic)
 

@@ -211,7 +211,13 @@ async def test_the_agent_cannot_forge_or_roll_back_evidence(
             result={"verdict": "within_noise"},
         )
     )
+    # A whole copy: the database and its write-ahead log (the server keeps the WAL between records).
+    # A whole copy: the database and its write-ahead log (the server keeps the WAL between records).
+    # Copying also closes a descriptor on ledger.db in this process, which drops SQLite's locks: the
+    # agent's process below then removes the WAL on exit, and the ledger must notice and reopen.
     shutil.copy(ledger.db_path, ws / "old-ledger.db")
+    shutil.copy(ledger.db_path.with_name("ledger.db-wal"), ws / "old-ledger.db-wal")
+    shutil.copy(ledger.db_path.with_name("ledger.db-wal"), ws / "old-ledger.db-wal")
     for i in range(2):
         ledger.append(
             EvidenceDraft(id=Ledger.new_id(), tool="t", state=EvidenceState.EXECUTED, result={"i": i})
@@ -254,12 +260,16 @@ open({str(ledger.head_path)!r}, "w").write(f"{{seq}} {{prev}}\\n")
     assert ledger.get(honest) is None
     out = verify()
     assert f"record 1 ({honest}): forged: its MAC does not verify" in out
-    # 7. Roll the ledger back to the older copy.
+    # 7. Roll the ledger back to the older copy. The operator verifies from another process; this test
+    # is one process, whose ledger connection is shared, so the server's is closed first. (Files copied
+    # over a database while a server holds it open are corrupted by SQLite itself: verify fails too.)
+    ledger.close()
     rolled = agent.run(
         [
             "/bin/sh",
             "-c",
-            f"cp {ws}/old-ledger.db {ledger.db_path} && rm -f {ledger.db_path}-wal {ledger.db_path}-shm",
+            f"cp {ws}/old-ledger.db {ledger.db_path} && cp {ws}/old-ledger.db-wal {ledger.db_path}-wal "
+            f"&& rm -f {ledger.db_path}-shm",
         ]
     )
     assert rolled.returncode == 0, rolled.stderr

@@ -170,3 +170,105 @@ def test_a_writer_killed_mid_append_leaves_a_ledger_that_verifies(workspace: Pat
     assert set(acknowledged) <= present
     report = ledger.verify()
     assert report.ok, report.errors
+
+
+def test_one_connection_per_process_keeps_the_wal_and_serves_threads(workspace: Path) -> None:
+    """Appends reuse the ledger's connection (the WAL is not checkpointed and deleted per record), and
+    threads sharing one `Ledger` lose nothing and keep the chain whole."""
+    import threading
+
+    ledger = Ledger(workspace)
+    _append(ledger, i=-1)
+    wal = ledger.db_path.with_name(ledger.db_path.name + "-wal")
+    assert wal.exists()  # a connection closed per record would have checkpointed and removed it
+    acknowledged: list[str] = []
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            for i in range(n):
+                acknowledged.append(_append(ledger, i=i, thread=threading.get_ident()))
+                assert ledger.get(acknowledged[-1]) is not None
+        except BaseException as exc:  # noqa: BLE001  (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(15,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert wal.exists()
+    fresh = Ledger(workspace)
+    assert {r.id for r in fresh.records()} >= set(acknowledged) and len(fresh.records()) == 61
+    assert [r.seq for r in fresh.records()] == list(range(1, 62))
+    report = fresh.verify()
+    assert report.ok, report.errors
+
+
+def test_a_database_deleted_under_a_live_ledger_loses_no_later_record(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A long-lived connection must not keep writing into a file that is gone from the folder."""
+    ledger = Ledger(workspace)
+    _append(ledger, i=0)
+    for suffix in ("", "-wal", "-shm"):
+        ledger.db_path.with_name(ledger.db_path.name + suffix).unlink(missing_ok=True)
+    later = _append(ledger, i=1)
+    assert Ledger(workspace).get(later) is not None  # written into the file now on disk
+    assert cli_main(["ledger", "verify", "--workspace", str(workspace)]) == 1
+    assert "anchored another ledger database here before" in capsys.readouterr().out
+
+
+def test_a_torn_anchor_slot_falls_back_to_the_previous_anchor(workspace: Path) -> None:
+    """A power cut mid-write can tear the slot being written; the other slot still holds the anchor
+    one record behind, which verify accepts (the ledger is never shorter than it)."""
+    ledger = Ledger(workspace)
+    _append(ledger, i=0)
+    _append(ledger, i=1)
+    newest = ledger.anchor()
+    assert newest is not None and newest["seq"] == 2
+    data = bytearray(ledger.anchor_path.read_bytes())
+    slot = 8192
+    index = next(i for i in range(2) if b'"seq":2,' in data[i * slot : (i + 1) * slot])
+    data[index * slot + 40 : index * slot + 60] = b"\0" * 20  # torn
+    ledger.anchor_path.write_bytes(bytes(data))
+    anchor = Ledger(workspace).anchor()
+    assert anchor is not None and anchor["seq"] == 1
+    report = Ledger(workspace).verify()
+    assert report.ok, report.errors
+    _append(ledger, i=2)  # the next append rewrites the torn slot
+    anchor = Ledger(workspace).anchor()
+    assert anchor is not None and anchor["seq"] == 3
+
+
+def test_head_is_never_written_through_a_planted_link(workspace: Path, tmp_path: Path) -> None:
+    ledger = Ledger(workspace)
+    _append(ledger, i=0)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("operator data\n")
+    ledger.head_path.unlink()
+    ledger.head_path.symlink_to(outside)
+    _append(ledger, i=1)
+    assert outside.read_text() == "operator data\n"
+    assert not ledger.head_path.is_symlink()
+    ledger.head_path.unlink()
+    os.link(outside, ledger.head_path)  # a second hard link: writing in place would change outside.txt
+    _append(ledger, i=2)
+    assert outside.read_text() == "operator data\n"
+    assert ledger.head_path.read_text().split()[0] == "3"
+    assert ledger.verify().ok
+
+
+def test_an_anchor_written_by_an_older_version_is_still_checked(workspace: Path) -> None:
+    ledger = Ledger(workspace)
+    _append(ledger, i=0)
+    _append(ledger, i=1)
+    anchor = ledger.anchor()
+    assert anchor is not None
+    legacy = ledger.anchor_path.with_name("anchor.json")
+    legacy.write_text(json.dumps(anchor))
+    ledger.anchor_path.unlink()
+    assert Ledger(workspace).verify().ok
+    _force(ledger, "DELETE FROM evidence WHERE seq = 2")
+    assert any("anchored record 2" in e for e in Ledger(workspace).verify().errors)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -117,6 +118,31 @@ async def test_a_two_rank_gloo_job_through_slurm_gives_per_rank_evidence(
     assert record.command[1:3] == ["-m", "perfgate.execution.slurm"]
     (job,) = jobs
     assert job is not None and _squeue(job) == ""  # the allocation was released
+
+
+async def test_torchrun_under_slurm_rendezvouses_from_the_allocation_and_gathers_the_same_way(
+    workspace: Path, slurm_partition: str
+) -> None:
+    """One torchrun per node (here one node) with its c10d rendezvous taken from the allocation
+    (PET_RDZV_*): the multi-node form; its workers' records come back through srun like srun's ranks'."""
+    torchrun = shutil.which("torchrun", path=str(Path(PY).parent))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed next to this interpreter")
+    args = {
+        "command": [torchrun, "--nproc-per-node", "2", TINY, "--ddp", "--steps", "1000"],
+        "launcher": "slurm",
+        "slurm": {"nodes": 1, "ntasks_per_node": 1, "cpus_per_task": 2, "partition": slurm_partition},
+        "warmup_steps": 2,
+        "measure_steps": 6,
+        "repeats": 1,
+        "timeout_s": 240,
+        "contract": CONTRACT,
+    }
+    out = await call(workspace, "run_benchmark_window", args, Human())
+    assert out["state"] == "executed", out["failure_reason"]
+    assert out["world_size"] == 2 and [r["rank"] for r in out["ranks"]] == [0, 1]
+    assert out["health"]["verdict"] == "healthy" and out["slowest_rank"] in (0, 1)
+    assert len({r["node"]["slurm_job_id"] for r in out["ranks"]}) == 1
 
 
 async def test_cancel_of_a_detached_slurm_run_scancels_the_job(workspace: Path, slurm_partition: str) -> None:

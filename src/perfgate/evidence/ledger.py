@@ -18,6 +18,16 @@ Durability: WAL journal with ``synchronous=FULL``, one short ``BEGIN IMMEDIATE``
 concurrent writers (threads or processes) serialize on SQLite's lock, and a record is on disk before the
 tool that produced it answers. Artifacts are written and hashed before their record is committed; a crash
 in between leaves an unreferenced artifact folder, which `verify` reports as a warning, never an error.
+
+Speed: each `Ledger` keeps one connection for the life of its process (reopened after a fork, or when the
+database file was replaced underneath it), shared by its threads under a lock, so an append costs one
+WAL commit (one fsync) instead of opening, checkpointing and deleting the WAL every time. The WAL stays
+(SQLite checkpoints it as it grows), so a copy of ``ledger.db`` alone may miss the newest records: copy
+``ledger.db-wal`` with it, or use ``perfgate ledger export``. The anchor is two fixed-size slots
+rewritten in place, alternately (the slot being replaced is never the newest): a kill -9 loses
+nothing, since the page cache survives the process, and a power cut can at worst leave the anchor one
+append behind the ledger, which `verify` accepts (it only ever flags a ledger *shorter* than its
+anchor). HEAD is rewritten in place too, as a fixed-width line.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ import json
 import os
 import secrets
 import sqlite3
+import stat
+import threading
 from collections.abc import Callable, Generator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,7 +48,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.evidence.states import EvidenceState
-from perfgate.trust import SigningKey, TrustRoot, TrustRootError, write_private
+from perfgate.trust import SigningKey, TrustRoot, TrustRootError
 
 __all__ = [
     "STATE_DIR_NAME",
@@ -173,6 +185,111 @@ class VerifyReport(BaseModel):
 
 _RECORD_MAC = "perfgate-ledger-record"
 _ANCHOR_MAC = "perfgate-ledger-anchor"
+_ANCHOR_FILE = "anchor.slots"
+_LEGACY_ANCHOR_FILE = "anchor.json"
+_ANCHOR_SLOT = 8192  # bytes per slot; an anchor is ~300 bytes plus ~80 per replaced database
+_HEAD_WIDTH = 96  # "seq hash" padded with spaces, then a newline
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_FileId = tuple[int, ...]
+
+
+def _file_ids(db_path: Path) -> tuple[_FileId | None, ...]:
+    """What identifies the database, its WAL and its shared-memory index on disk now: device and inode
+    of each, plus size and mtime of the first two (changed in place: restored from a copy)."""
+    out: list[_FileId | None] = []
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            st = os.stat(f"{db_path}{suffix}")
+        except FileNotFoundError:
+            out.append(None)
+        else:
+            out.append(
+                (st.st_dev, st.st_ino)
+                if suffix == "-shm"
+                else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            )
+    return tuple(out)
+
+
+class _Connection:
+    """The one SQLite connection a process holds on one ledger database, shared by its `Ledger`s and
+    threads under ``lock`` (SQLite shares its lock and WAL-index state per file and process anyway)."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.db_path = db_path
+        self.lock = threading.RLock()
+        self.conn: sqlite3.Connection | None = None
+        self.pid = 0
+        self.files: tuple[_FileId | None, ...] = ()
+        self.ledger_id = ""
+
+    def _open(self) -> sqlite3.Connection:
+        """A fresh connection, with the schema in place and ``ledger_id`` read (or created)."""
+        conn = sqlite3.connect(self.db_path, timeout=60.0, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout=60000")
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(evidence)")}
+            for column in ("key_id", "mac"):
+                if column not in columns:  # a ledger from before signing: its records stay unsigned
+                    conn.execute(f"ALTER TABLE evidence ADD COLUMN {column} TEXT")
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (name, value) VALUES ('ledger_id', ?)", (secrets.token_hex(16),)
+            )
+            self.ledger_id = conn.execute("SELECT value FROM meta WHERE name = 'ledger_id'").fetchone()[0]
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @contextlib.contextmanager
+    def use(self) -> Generator[sqlite3.Connection]:
+        """The connection, under the lock. Reopened after a fork (the inherited one is left alone: closing
+        it would drop the parent's POSIX locks) or when the database, its WAL or its index is no longer
+        the file it had open: the database deleted, replaced or restored from a copy, or the WAL removed
+        by another process that believed itself its last user (closing any other descriptor on
+        ``ledger.db`` in this process drops SQLite's POSIX locks). Going on with the old files would
+        lose records or read a stale index."""
+        with self.lock:
+            pid = os.getpid()
+            if self.conn is not None and self.pid != pid:
+                _INHERITED.append(self.conn)
+                self.conn = None
+            elif self.conn is not None and _file_ids(self.db_path) != self.files:
+                self.conn.close()
+                self.conn = None
+            if self.conn is None:
+                self.conn = self._open()
+                self.pid = pid
+            try:
+                yield self.conn
+            finally:
+                self.files = _file_ids(self.db_path)
+
+    def close(self) -> None:
+        with self.lock:
+            if self.conn is not None and self.pid == os.getpid():
+                self.conn.close()
+            self.conn = None
+
+
+# Connections inherited through fork are never used or closed by the child; they are only kept from the
+# collector (see `_Connection.use`).
+_INHERITED: list[sqlite3.Connection] = []
+_CONNECTIONS: dict[Path, _Connection] = {}
+_CONNECTIONS_LOCK = threading.Lock()
+
+
+def _connection(db_path: Path) -> _Connection:
+    with _CONNECTIONS_LOCK:
+        found = _CONNECTIONS.get(db_path)
+        if found is None:
+            found = _CONNECTIONS[db_path] = _Connection(db_path)
+        return found
 
 
 class Ledger:
@@ -193,29 +310,38 @@ class Ledger:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.artifact_root.mkdir(exist_ok=True)
         self._key: SigningKey | None = None
-        with self._connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(evidence)")}
-            for column in ("key_id", "mac"):
-                if column not in columns:  # a ledger from before signing: its records stay unsigned
-                    conn.execute(f"ALTER TABLE evidence ADD COLUMN {column} TEXT")
-            conn.execute(
-                "INSERT OR IGNORE INTO meta (name, value) VALUES ('ledger_id', ?)", (secrets.token_hex(16),)
-            )
-            self.ledger_id: str = conn.execute("SELECT value FROM meta WHERE name = 'ledger_id'").fetchone()[
-                0
-            ]
+        self._shared = _connection(self.db_path)
+        self._lock = self._shared.lock
+        self._anchor_file: Path | None = None
+        self._anchor_lock_fd: int | None = None
+        self._anchor_lock_pid = 0
+        with self._connect():
+            pass
+
+    @property
+    def ledger_id(self) -> str:
+        """The id of the database this ledger reads and writes (set when its connection opens)."""
+        return self._shared.ledger_id
 
     @contextlib.contextmanager
     def _connect(self) -> Generator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.db_path, timeout=60.0, isolation_level=None)
-        try:
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA busy_timeout=60000")
+        """This process's connection to the database (one per process, shared by every `Ledger` on it and
+        by their threads), held under its lock for the duration of the block."""
+        with self._shared.use() as conn:
             yield conn
-        finally:
-            conn.close()
+
+    def close(self) -> None:
+        """Close this process's connection to the database (the next call reopens it)."""
+        self._shared.close()
+        with self._lock:
+            if self._anchor_lock_fd is not None and self._anchor_lock_pid == os.getpid():
+                os.close(self._anchor_lock_fd)
+            self._anchor_lock_fd = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._anchor_lock_fd is not None and self._anchor_lock_pid == os.getpid():
+                os.close(self._anchor_lock_fd)
 
     # ------------------------------------------------------------------ keys and anchor
 
@@ -235,7 +361,9 @@ class Ledger:
 
     @property
     def anchor_path(self) -> Path:
-        return self.trust.workspace_dir(self.workspace, create=False) / "anchor.json"
+        if self._anchor_file is None:
+            self._anchor_file = self.trust.workspace_dir(self.workspace, create=False) / _ANCHOR_FILE
+        return self._anchor_file
 
     def _record_message(self, seq: int, hash_: str) -> str:
         return f"{self.ledger_id}:{seq}:{hash_}"
@@ -243,33 +371,115 @@ class Ledger:
     def _anchor_message(self, seq: int, hash_: str) -> str:
         return f"{self.workspace}:{self.ledger_id}:{seq}:{hash_}"
 
-    def _read_anchor(self) -> dict[str, Any] | None:
-        data = self.trust.read_json(self.anchor_path)
+    def _anchor_slots(self) -> list[dict[str, Any] | None]:
+        """The anchor file's two slots, each parsed (None: empty, torn or not an anchor)."""
+        try:
+            data = self.anchor_path.read_bytes()
+        except FileNotFoundError:
+            return [None, None]
+        except OSError as exc:
+            if isinstance(exc, PermissionError):
+                raise TrustRootError(f"cannot read {self.anchor_path}: permission denied") from exc
+            raise
+        slots: list[dict[str, Any] | None] = []
+        for i in range(2):
+            try:
+                value = json.loads(data[i * _ANCHOR_SLOT : (i + 1) * _ANCHOR_SLOT])
+            except ValueError:
+                value = None
+            slots.append(cast("dict[str, Any]", value) if isinstance(value, dict) else None)
+        return slots
+
+    def _best_slot(self, slots: list[dict[str, Any] | None], key: SigningKey | None) -> int | None:
+        """Index of the anchor in force: the newest whose MAC verifies (with a key), else the newest."""
+
+        def rank(i: int) -> tuple[bool, int]:
+            slot = slots[i]
+            assert slot is not None
+            seq, hash_ = slot.get("seq"), slot.get("hash")
+            good = (
+                key is not None
+                and isinstance(seq, int)
+                and isinstance(hash_, str)
+                and slot.get("ledger_id") == self.ledger_id
+                and key.check(
+                    _ANCHOR_MAC, self._anchor_message(seq, hash_), cast("str | None", slot.get("mac"))
+                )
+            )
+            return (good, seq if isinstance(seq, int) else -1)
+
+        present = [i for i in range(2) if slots[i] is not None]
+        return max(present, key=rank) if present else None
+
+    def _read_anchor(self, key: SigningKey | None = None) -> dict[str, Any] | None:
+        """The anchor in force (from an older perfgate's ``anchor.json`` when no slot is written yet)."""
+        slots = self._anchor_slots()
+        best = self._best_slot(slots, key)
+        if best is not None:
+            return slots[best]
+        data = self.trust.read_json(self.anchor_path.with_name(_LEGACY_ANCHOR_FILE))
         return cast("dict[str, Any]", data) if isinstance(data, dict) else None
 
+    def anchor(self) -> dict[str, Any] | None:
+        """The anchor in force for this workspace (ledger id, sequence, hash, MAC), or None."""
+        with self._connect():  # the ledger id of the database now on disk
+            pass
+        return self._read_anchor(self.signing_key())
+
+    def _anchor_lock(self) -> int:
+        """This process's descriptor on the anchor's lock file (an flock serializes processes)."""
+        pid = os.getpid()
+        if self._anchor_lock_fd is None or self._anchor_lock_pid != pid:
+            folder = self.trust.workspace_dir(self.workspace)
+            self._anchor_lock_fd = os.open(folder / "anchor.lock", os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
+            self._anchor_lock_pid = pid
+        return self._anchor_lock_fd
+
     def _write_anchor(self, key: SigningKey, seq: int, hash_: str) -> None:
-        """Move the anchor forward to ``seq`` (never backwards: concurrent writers race here)."""
-        folder = self.trust.workspace_dir(self.workspace)
-        with self.trust.locked(folder / "anchor.lock"):
-            current = self._read_anchor()
-            replaced: list[Any] = []
-            if current is not None:
-                replaced = list(cast("list[Any]", current.get("replaced") or []))
-                if current.get("ledger_id") == self.ledger_id:
-                    if isinstance(current.get("seq"), int) and current["seq"] >= seq:
-                        return
-                else:  # the database was deleted or swapped: remember it, so verify keeps saying so
-                    replaced.append({"ledger_id": current.get("ledger_id"), "seq": current.get("seq")})
-            anchor = {
-                "ledger_id": self.ledger_id,
-                "workspace": str(self.workspace),
-                "seq": seq,
-                "hash": hash_,
-                "key_id": key.key_id,
-                "mac": key.mac(_ANCHOR_MAC, self._anchor_message(seq, hash_)),
-                "replaced": replaced,
-            }
-            write_private(folder / "anchor.json", (json.dumps(anchor, indent=1) + "\n").encode())
+        """Move the anchor forward to ``seq`` (never backwards: concurrent writers race here).
+
+        The new anchor goes into the slot that does not hold the anchor in force, so a write torn by a
+        power cut leaves the previous one readable. Not fsynced (see the module docstring).
+        """
+        import fcntl
+
+        with self._lock:
+            fd = self._anchor_lock()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                slots = self._anchor_slots()
+                best = self._best_slot(slots, key)
+                current = slots[best] if best is not None else self._read_anchor(key)
+                replaced: list[Any] = []
+                if current is not None:
+                    replaced = list(cast("list[Any]", current.get("replaced") or []))
+                    if current.get("ledger_id") == self.ledger_id:
+                        if isinstance(current.get("seq"), int) and current["seq"] >= seq:
+                            return
+                    else:  # the database was deleted or swapped: remember it, so verify keeps saying so
+                        replaced.append({"ledger_id": current.get("ledger_id"), "seq": current.get("seq")})
+                anchor: dict[str, Any] = {
+                    "ledger_id": self.ledger_id,
+                    "workspace": str(self.workspace),
+                    "seq": seq,
+                    "hash": hash_,
+                    "key_id": key.key_id,
+                    "mac": key.mac(_ANCHOR_MAC, self._anchor_message(seq, hash_)),
+                    "replaced": replaced,
+                }
+                text = json.dumps(anchor, separators=(",", ":")).encode()
+                while len(text) >= _ANCHOR_SLOT and anchor["replaced"]:  # keep the newest replacements
+                    anchor["replaced"] = anchor["replaced"][1:]
+                    text = json.dumps(anchor, separators=(",", ":")).encode()
+                target = 1 - best if best is not None else 0
+                path = self.anchor_path
+                out = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
+                try:
+                    os.pwrite(out, text.ljust(_ANCHOR_SLOT - 1) + b"\n", target * _ANCHOR_SLOT)
+                finally:
+                    os.close(out)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _record_problem(
         self, seq: int, body: str, hash_: str, key_id: str | None, mac: str | None
@@ -383,13 +593,31 @@ class Ledger:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-        self._write_head(record.seq, record.hash)
-        self._write_anchor(key, record.seq, record.hash)
+            # Still under this process's lock: its threads move HEAD and the anchor forward in order.
+            self._write_head(record.seq, record.hash)
+            self._write_anchor(key, record.seq, record.hash)
         return record
 
     def _write_head(self, seq: int, hash_: str) -> None:
+        """HEAD rewritten in place as one fixed-width line; replaced whole when it is not a plain file of
+        its own (a link planted there is never written through)."""
+        line = f"{seq} {hash_}".ljust(_HEAD_WIDTH - 1).encode() + b"\n"
+        try:
+            fd = os.open(self.head_path, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC, 0o644)
+        except OSError:
+            fd = None
+        if fd is not None:
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                    os.pwrite(fd, line, 0)
+                    if st.st_size > len(line):
+                        os.ftruncate(fd, len(line))
+                    return
+            finally:
+                os.close(fd)
         tmp = self.head_path.with_name(f"HEAD.{os.getpid()}.{secrets.token_hex(3)}")
-        tmp.write_text(f"{seq} {hash_}\n")
+        tmp.write_bytes(line)
         os.replace(tmp, self.head_path)
 
     # ------------------------------------------------------------------ reading
@@ -541,7 +769,7 @@ class Ledger:
 
     def _check_anchor(self, key: SigningKey, hashes: dict[int, str]) -> list[str]:
         try:
-            anchor = self._read_anchor()
+            anchor = self._read_anchor(key)
         except TrustRootError as exc:
             return [f"the anchor cannot be read: {exc}"]
         last = max(hashes) if hashes else 0

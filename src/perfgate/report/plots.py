@@ -14,8 +14,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from perfgate.report.raster import breakdown_png, top_ops_png
-
 __all__ = [
     "DPI",
     "FIGSIZE_IN",
@@ -133,6 +131,22 @@ def ab_distribution_png(
         ax2.axis("off")
         ax.set_title(title)
     return _render(fig)
+
+
+def breakdown_png(
+    ranks: Sequence[Mapping[str, Any]], title: str = "Where device time goes, per rank"
+) -> bytes:
+    """The trace tools' breakdown (`perfgate.report.raster.breakdown_png`: no matplotlib needed)."""
+    from perfgate.report import raster  # numpy: imported when drawn, not at server start
+
+    return raster.breakdown_png(ranks, title)
+
+
+def top_ops_png(ops: Sequence[tuple[str, float]], title: str = "Host time by CPU op (self time)") -> bytes:
+    """Host self time by op for CPU-only traces (`perfgate.report.raster.top_ops_png`)."""
+    from perfgate.report import raster
+
+    return raster.top_ops_png(ops, title)
 
 
 def tensor_errors_png(

@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
+import anyio.from_thread
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfgate._deadline import DeadlineExceeded, checkpoint, deadline
+from perfgate._deadline import DeadlineExceeded
 from perfgate.errors import ToolError
-from perfgate.report.raster import breakdown_png, top_ops_png
+from perfgate.report.plots import breakdown_png, top_ops_png
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.traces import RankProfile, RankSkew, TraceError
 from perfgate.traces.models import Finding
@@ -100,34 +101,39 @@ def resolve_traces(raw_paths: list[str], rt: ToolRuntime) -> list[Path]:
 
 
 async def analyze_paths(paths: list[Path], inp: TraceAnalysisFields, rt: ToolRuntime) -> list[RankProfile]:
-    """One `RankProfile` per file, read in a worker thread, paths shown relative to the workspace.
+    """One `RankProfile` per file, paths shown relative to the workspace.
 
-    The reading runs off the event loop under the server's parsing deadline (one for all the files of
-    the call) and stops at its next block when the call is cancelled.
+    The reading runs off the event loop, several ranks' files in parallel worker processes
+    (`perfgate.traces.pool`), under the server's parsing deadline (one for all the files of the call);
+    it stops at its next block when the call is cancelled.
 
     Raises:
         ToolError: a trace that cannot be read or parsed (the file is named), or the deadline passed.
     """
-    from perfgate.traces import analyze_trace
+    from perfgate.traces.pool import Deadline, analyze_many
 
     limits = rt.config.limits
     options = analysis_options(inp, limits.max_trace_events)
-    ends_at = time.monotonic() + limits.deadline_s
+    limit = Deadline(limits.deadline_s, time.monotonic() + limits.deadline_s)
 
-    def analyze(path: Path) -> RankProfile:
-        with deadline(limits.deadline_s, f"reading trace {rt.relative(path)}", ends_at=ends_at):
-            checkpoint()
-            return analyze_trace(path, options)
+    def progress(done: int, total: int, message: str) -> None:
+        anyio.from_thread.run(rt.progress, done, total, message)
 
-    profiles: list[RankProfile] = []
-    for i, path in enumerate(paths):
-        await rt.progress(i, len(paths), f"analyzing {path.name}")
-        try:
-            profiles.append(await anyio.to_thread.run_sync(analyze, path))
-        except (TraceError, DeadlineExceeded) as exc:
-            raise ToolError(str(exc)) from exc
-        except OSError as exc:
-            raise ToolError(f"cannot read {rt.relative(path)}: {exc}") from exc
+    try:
+        profiles = await anyio.to_thread.run_sync(
+            lambda: analyze_many(
+                paths,
+                options,
+                progress,
+                limit=limit,
+                labels=[f"reading trace {rt.relative(p)}" for p in paths],
+            )
+        )
+    except (TraceError, DeadlineExceeded) as exc:
+        raise ToolError(str(exc)) from exc
+    except OSError as exc:
+        name = rt.relative(Path(exc.filename)) if exc.filename else "a trace file"
+        raise ToolError(f"cannot read {name}: {exc}") from exc
     await rt.progress(len(paths), len(paths), "analysis done")
     for p in profiles:
         p.path = rt.relative(Path(p.path))

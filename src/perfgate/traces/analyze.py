@@ -13,6 +13,7 @@ import numpy as np
 
 from perfgate._deadline import DEFAULT_MAX_TRACE_EVENTS, EVENTS_HOW, checkpoint
 from perfgate.traces._events import Header
+from perfgate.traces._group import unique_counts, unique_values
 from perfgate.traces._np import int_list
 from perfgate.traces.diagnose import diagnose
 from perfgate.traces.errors import TraceError, TraceTooLargeError
@@ -151,7 +152,7 @@ def _rank(header: Header, path: Path) -> tuple[int, RankSource, int | None]:
 
 def _backend(table: EventTable) -> Backend:
     cats = table.category_counts
-    host_names = {table.names[i] for i in int_list(np.unique(table.host.i("name")))}
+    host_names = {table.names[i] for i in int_list(unique_values(table.host.i("name")))}
     if any(c.startswith("mtia") for c in cats):
         return "mtia"
     if any(n.startswith("hip") for n in host_names):
@@ -181,7 +182,7 @@ def _device_name(header: Header, table: EventTable, backend: Backend) -> str:
     devices = table.device.i("device") if len(table.device) else np.empty(0, np.int64)
     devices = devices[devices >= 0]
     if devices.size:
-        values, counts = np.unique(devices, return_counts=True)
+        values, counts = unique_counts(devices)
         used = int(values[np.argmax(counts)])
         if used in names:
             return names[used]
@@ -337,17 +338,16 @@ def analyze_traces(
 ) -> TraceSetReport:
     """Analyze several trace files (one per rank) and compare the ranks.
 
-    Files are read one after the other, so memory holds one trace's columns at a time plus the
-    small per-rank results.
+    Large sets are read in parallel worker processes, one file per worker at a time
+    (`perfgate.traces.pool`), so memory holds a few traces' columns at a time plus the small per-rank
+    results.
 
     Raises:
         TraceError: as `analyze_trace`, with the offending file named in the message.
     """
-    profiles: list[RankProfile] = []
-    for i, path in enumerate(paths):
-        if progress is not None:
-            progress(i, len(paths), f"reading {path.name}")
-        profiles.append(analyze_trace(path, options))
+    from perfgate.traces.pool import analyze_many
+
+    profiles = analyze_many(paths, options, progress)
     if progress is not None:
         progress(len(paths), len(paths), "done")
     return combine(profiles)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from perfgate.traces._group import unique_inverse
 from perfgate.traces._np import int_list
 from perfgate.traces.models import OpEfficiency, OpEfficiencySummary
 from perfgate.traces.ops import cpu_parents
@@ -78,7 +79,7 @@ def op_efficiency(p: Prepared, device: str, on_device: bool) -> OpEfficiencySumm
     names: list[str] = p.table.names
     name_ids, prec = cpu.i("name")[rows], cpu.i("shape_prec")[rows]
     key = name_ids * len(PRECISION_CODES) + np.maximum(prec, 0)
-    uniq, inv = np.unique(key, return_inverse=True)
+    uniq, inv = unique_inverse(key)
     count = np.bincount(inv)
     f_sum = np.bincount(inv, weights=flops[rows])
     b_sum = np.bincount(inv, weights=nbytes[rows])

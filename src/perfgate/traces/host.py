@@ -7,6 +7,7 @@ from collections import Counter
 import numpy as np
 import numpy.typing as npt
 
+from perfgate.traces._group import unique_counts, unique_values
 from perfgate.traces._np import int_list
 from perfgate.traces.classify import IMPLICIT_SYNC_OPS, host_call_role, is_polling_call
 from perfgate.traces.models import Distribution, LaunchStats, SyncCall, SyncStats
@@ -67,8 +68,8 @@ def launch_stats(p: Prepared, short_kernel_us: float) -> LaunchStats:
     short = compute & (d_dur < short_kernel_us)
 
     api = Counter[str]()
-    unique_rows = np.unique(launch_rows)
-    names, counts = np.unique(host.i("name")[unique_rows], return_counts=True)
+    unique_rows = unique_values(launch_rows)
+    names, counts = unique_counts(host.i("name")[unique_rows])
     for n, c in zip(int_list(names), int_list(counts), strict=True):
         api[p.table.names[n]] += c
 

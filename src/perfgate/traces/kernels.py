@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from perfgate.traces._group import unique_counts, unique_values
 from perfgate.traces._np import int_list
 from perfgate.traces.classify import CATEGORIES, category_kind
 from perfgate.traces.models import CategoryStats, KernelStats
@@ -27,7 +28,7 @@ def category_stats(p: Prepared) -> list[CategoryStats]:
     dur, category, nbytes = dev.f("dur"), dev.i("category"), dev.f("nbytes")
     total_all = _total_device_us(p)
     out: list[CategoryStats] = []
-    for code in int_list(np.unique(category)):
+    for code in int_list(unique_values(category)):
         mask = category == code
         d = dur[mask]
         name = CATEGORIES[code]
@@ -73,7 +74,7 @@ def top_kernels(p: Prepared, k: int) -> list[KernelStats]:
     for u in int_list(best):
         mask = names == u
         d = dur[mask]
-        cats, cat_counts = np.unique(category[mask], return_counts=True)
+        cats, cat_counts = unique_counts(category[mask])
         out.append(
             KernelStats(
                 name=p.table.names[u],

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from perfgate.traces._group import unique_values
 from perfgate.traces._np import int_list
 from perfgate.traces.classify import IMPLICIT_SYNC_OPS, host_call_role, is_polling_call
 from perfgate.traces.intervals import clip, difference, merge, union_length
@@ -103,7 +104,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         return None
     names = p.table.names
     name_ids = cpu.i("name")
-    present = int_list(np.unique(name_ids))
+    present = int_list(unique_values(name_ids))
     phase_of_id: dict[int, PhaseName | None] = {i: _phase_of_name(names[i]) for i in present}
     op_cats = np.array([i for i, c in enumerate(p.table.cats) if c in ("cpu_op", "Operator")], np.int64)
     is_cpu_op = np.isin(cpu.i("cat"), op_cats)
@@ -129,7 +130,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         h_names = host.i("name")
         sync_ids = [
             i
-            for i in int_list(np.unique(h_names))
+            for i in int_list(unique_values(h_names))
             if host_call_role(names[i]) == "sync" and not is_polling_call(names[i])
         ]
         sync_rows = np.isin(h_names, np.array(sync_ids, np.int64))

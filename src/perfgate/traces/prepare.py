@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from perfgate.traces._group import TABLE_LIMIT, unique_inverse
 from perfgate.traces.classify import CATEGORIES, Category, category_kind, classify_device
 from perfgate.traces.models import AnalysisWindow, TimeBasis
 from perfgate.traces.table import DIR_D2D, DIR_D2H, DIR_H2D, DIR_OTHER, Columns, EventTable
@@ -76,6 +77,11 @@ def _with_times(cols: Columns, rounded: bool) -> Columns:
     return Columns(data)
 
 
+def _take(cols: Columns, keep: npt.NDArray[np.bool_]) -> Columns:
+    """The kept rows, column by column, dropping each source column from ``cols`` once copied."""
+    return Columns({name: cols.data.pop(name)[keep] for name in list(cols.data)})
+
+
 def _steps(table: EventTable, cpu: Columns) -> tuple[I64, F64, F64]:
     """ProfilerStep annotations: numbers, starts, durations, sorted by start, one per number."""
     ids: list[int] = []
@@ -109,7 +115,7 @@ def _classify(table: EventTable, device: Columns) -> tuple[I64, I64]:
     if n == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     key = device.i("name") * (len(table.cats) + 1) + device.i("cat")
-    unique, inverse = np.unique(key, return_inverse=True)
+    unique, inverse = unique_inverse(key)
     cat_of = np.empty(unique.size, np.int64)
     needs_args = np.zeros(unique.size, bool)
     for u, k in enumerate(unique.tolist()):
@@ -137,13 +143,31 @@ def _launch_rows(device: Columns, host: Columns) -> I64:
     valid = np.flatnonzero(hcorr >= 0)
     if valid.size == 0:
         return out
+    dcorr = device.i("corr")
+    lo, hi = int(hcorr[valid].min()), int(hcorr[valid].max())
+    if hi - lo < TABLE_LIMIT and hi - lo <= 4 * valid.size + 1024:
+        # Dense ids: a table indexed by correlation id, filled in one pass (no sort). Ids shared by
+        # several calls (rare) are resolved by time among those rows only.
+        shifted = hcorr[valid] - lo
+        shared = np.bincount(shifted, minlength=hi - lo + 1)[shifted] > 1
+        row_of = np.full(hi - lo + 1, -1, np.int64)
+        row_of[shifted[~shared]] = valid[~shared]
+        if shared.any():
+            dup = valid[shared]
+            order = dup[np.lexsort((host.f("ts")[dup], hcorr[dup]))]
+            keys = hcorr[order]
+            first = np.ones(keys.size, bool)
+            first[1:] = keys[1:] != keys[:-1]
+            row_of[keys[first] - lo] = order[first]
+        inside = (dcorr >= lo) & (dcorr <= hi)
+        out[inside] = row_of[dcorr[inside] - lo]
+        return out
     # Sort by (corr, ts) so the first row of each correlation id is its earliest call.
     order = valid[np.lexsort((host.f("ts")[valid], hcorr[valid]))]
     keys = hcorr[order]
     first = np.ones(keys.size, bool)
     first[1:] = keys[1:] != keys[:-1]
     keys, rows = keys[first], order[first]
-    dcorr = device.i("corr")
     pos = np.searchsorted(keys, dcorr)
     pos_clipped = np.minimum(pos, keys.size - 1)
     hit = (dcorr >= 0) & (pos < keys.size) & (keys[pos_clipped] == dcorr)
@@ -186,14 +210,19 @@ def prepare(
                 "events before the last ProfilerStep starts (the last step is often incomplete; HTA's "
                 "default); device work belongs to the step whose host call launched it"
             )
-        kept_corr = np.unique(host.i("corr")[host_keep & (host.i("corr") >= 0)])
+        # np.isin takes duplicates; on dense correlation ids it looks them up in a table (linear).
+        kept_corr = host.i("corr")[host_keep & (host.i("corr") >= 0)]
         dcorr = device.i("corr")
         has_corr = dcorr >= 0
         device_keep = np.where(has_corr, np.isin(dcorr, kept_corr), device.f("ts") < end)
         if include_last_step:
             device_keep = np.where(has_corr, device_keep, device.f("ts") <= end)
         window = AnalysisWindow(basis=basis, end_us=end - origin, excluded_last_step=not include_last_step)
-        device, host, cpu = device.take(device_keep), host.take(host_keep), cpu.take(cpu_keep)
+        if release:
+            # The table lets go of its columns first, so each raw column is freed as soon as its
+            # windowed copy exists: the peak is the raw table plus one column, not two tables.
+            table.release()
+        device, host, cpu = _take(device, device_keep), _take(host, host_keep), _take(cpu, cpu_keep)
         del device_keep, host_keep, cpu_keep
         step_in_window = step_start < end if not include_last_step else np.ones(step_start.size, bool)
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from perfgate.benchmarking.stragglers import busy_times, slowest_rank
+from perfgate.traces._group import unique_values
 from perfgate.traces._np import bool_list, float_list, int_list
 from perfgate.traces.models import RankProfile, RankSkew, RankStepMean, StepStats, StepSummary
 from perfgate.traces.prepare import Prepared
@@ -27,7 +28,7 @@ def step_summary(p: Prepared) -> StepSummary | None:
     if p.step_numbers.size == 0:
         return None
     rows = p.device.i("launch")
-    launches = np.sort(p.host.f("ts")[np.unique(rows[rows >= 0])])
+    launches = np.sort(p.host.f("ts")[unique_values(rows[rows >= 0])])
     steps: list[StepStats] = []
     for number, start, dur, inside in zip(
         int_list(p.step_numbers),

@@ -1,0 +1,71 @@
+"""What an agent waits for: one tool call over MCP (stdio), to a warm server or to a fresh process.
+
+Shared by the benchmarks that time perfgate's tools side by side with a peer. Times are wall clock from
+the client's side: for a warm server, from sending ``tools/call`` to the parsed answer; for a cold one,
+from spawning the server to the parsed answer of its first ``tools/call`` (start-up, ``initialize``, the
+call, the answer). Results are reported as median and range (min-max) of the repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from mcp import Client, StdioServerParameters
+
+__all__ = ["call_cold", "call_timed", "fmt", "perfgate_server", "summary", "warm_client"]
+
+
+def perfgate_server(workspace: Path) -> StdioServerParameters:
+    """``perfgate serve`` on ``workspace`` over stdio, as an agent's client starts it."""
+    return StdioServerParameters(
+        command=sys.executable, args=["-m", "perfgate", "serve", "--workspace", str(workspace)]
+    )
+
+
+async def warm_client(stack: AsyncExitStack, params: StdioServerParameters) -> Client:
+    """A connected client whose server has answered ``tools/list`` (started and warm)."""
+    client = await stack.enter_async_context(Client(params, mode="legacy"))
+    await client.list_tools()
+    return client
+
+
+async def call_timed(client: Client, name: str, args: dict[str, Any]) -> float:
+    start = time.perf_counter()
+    result = await client.call_tool(name, args)
+    seconds = time.perf_counter() - start
+    if result.is_error:
+        text = " ".join(getattr(c, "text", "") for c in result.content)
+        raise RuntimeError(f"{name} failed: {text}")
+    return seconds
+
+
+async def call_cold(params: StdioServerParameters, name: str, args: dict[str, Any]) -> float:
+    """Spawn the server, call one tool, return the seconds until its answer."""
+    start = time.perf_counter()
+    async with Client(params, mode="legacy") as client:
+        result = await client.call_tool(name, args)
+        seconds = time.perf_counter() - start
+    if result.is_error:
+        text = " ".join(getattr(c, "text", "") for c in result.content)
+        raise RuntimeError(f"{name} failed: {text}")
+    return seconds
+
+
+def summary(values: Sequence[float], scale: float = 1.0) -> dict[str, float]:
+    """Median and range of ``values`` (times ``scale``)."""
+    return {
+        "median": statistics.median(values) * scale,
+        "min": min(values) * scale,
+        "max": max(values) * scale,
+        "n": float(len(values)),
+    }
+
+
+def fmt(row: dict[str, float], unit: str) -> str:
+    return f"{row['median']:.3g} {unit} (range {row['min']:.3g}-{row['max']:.3g}, n={int(row['n'])})"

@@ -1,0 +1,67 @@
+"""Several ranks' traces analyzed in parallel worker processes: same results, bounded in flight."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from perfgate._deadline import DeadlineExceeded
+from perfgate.traces import TraceError, analyze_trace
+from perfgate.traces.pool import Deadline, analyze_many, estimated_peak_bytes, worker_count
+
+PLANTED = Path(__file__).parent / "fixtures" / "traces" / "planted"
+
+
+def test_one_worker_per_core_bounded_by_files_and_memory(tmp_path: Path) -> None:
+    paths = []
+    for r in range(32):
+        path = tmp_path / f"rank{r}.json"
+        path.write_bytes(b"x" * 1000)
+        paths.append(path)
+    assert worker_count(paths, cpus=16, available=1 << 40) == 16
+    assert worker_count(paths[:3], cpus=16, available=1 << 40) == 3
+    # Memory for five peaks (three quarters of it kept free of estimates' error): five at once.
+    peak = estimated_peak_bytes(paths[0])
+    assert worker_count(paths, cpus=16, available=int(peak * 5 / 0.75) + 1) == 5
+    assert worker_count(paths, cpus=16, available=1) == 1
+
+
+def test_parallel_results_equal_serial_ones_in_file_order(tmp_path: Path) -> None:
+    sources = [PLANTED / "slow_rank_rank0.json.gz", PLANTED / "slow_rank_rank1.json.gz"] * 2
+    paths = []
+    for i, src in enumerate(sources):
+        paths.append(tmp_path / f"copy{i}_{src.name}")
+        shutil.copy(src, paths[-1])
+    seen: list[tuple[int, int]] = []
+    parallel = analyze_many(paths, workers=2, progress=lambda done, total, _: seen.append((done, total)))
+    serial = [analyze_trace(p) for p in paths]
+    assert [p.model_dump() for p in parallel] == [p.model_dump() for p in serial]
+    assert [d for d, _ in seen] == [1, 2, 3, 4] and {t for _, t in seen} == {4}
+
+
+def test_a_bad_file_among_many_names_itself(tmp_path: Path) -> None:
+    good = tmp_path / "rank0.json.gz"
+    shutil.copy(PLANTED / "slow_rank_rank0.json.gz", good)
+    bad = tmp_path / "rank1.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}')
+    with pytest.raises(TraceError, match=r"rank1\.json"):
+        analyze_many([good, bad, good], workers=2)
+
+
+def test_the_deadline_holds_in_the_workers_and_names_the_file(tmp_path: Path) -> None:
+    paths = []
+    for r in range(2):
+        paths.append(tmp_path / f"rank{r}.json.gz")
+        shutil.copy(PLANTED / f"slow_rank_rank{r}.json.gz", paths[-1])
+    past = Deadline(seconds=5.0, ends_at=time.monotonic() - 1.0)
+    for workers in (1, 2):
+        with pytest.raises(DeadlineExceeded, match=r"reading trace rank0\.json\.gz ran past the 5 s"):
+            analyze_many(
+                paths, workers=workers, limit=past, labels=[f"reading trace {p.name}" for p in paths]
+            )
+    # Time left: both read, in parallel.
+    later = Deadline(seconds=600.0, ends_at=time.monotonic() + 600.0)
+    assert len(analyze_many(paths, workers=2, limit=later)) == 2
