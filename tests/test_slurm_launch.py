@@ -111,6 +111,7 @@ async def test_a_two_rank_gloo_job_through_slurm_gives_per_rank_evidence(
     assert len(jobs) == 1 and None not in jobs  # both ranks ran in one Slurm job
     for r in out["ranks"]:
         assert r["hostname"] and r["node"]["slurm_node"] and r["node"]["cpus"] >= 1
+        assert r["node"]["device"] == "cpu" and isinstance(r["node"]["interconnect"], list)
     names = {Path(a).name for a in out["artifacts"]}
     assert {"rank0.json", "rank1.json"} <= {n.removeprefix("launch0_") for n in names}
     record = Ledger(workspace).get(out["evidence_id"])
@@ -192,6 +193,8 @@ def _digest(text: str) -> str:
 
 
 async def test_the_approval_covers_every_resource_and_no_allowlist_rule_approves_it(workspace: Path) -> None:
+    if shutil.which("salloc") is None:
+        pytest.skip("Slurm's client commands are not installed (apt-get install slurm-wlm)")
     # the operator allowlists the script with any code: fine locally, never for a cluster submission
     operator_policy("[execution]\n" + any_code_rules([PY, PACED]))
     base = {
@@ -234,6 +237,11 @@ async def test_slurm_resources_refuse_shell_and_option_text(workspace: Path) -> 
         workspace, "run_benchmark_window", {"command": [PY, TINY], "slurm": {"nodes": 2}}, error=True
     )
     assert "launcher='slurm'" in text
+    # no Slurm commands where the server runs: said before any approval is asked
+    empty = workspace / "bin"
+    empty.mkdir()
+    text = await call(workspace, "run_benchmark_window", {**base, "env": {"PATH": str(empty)}}, error=True)
+    assert "needs salloc" in text and "login node" in text and "approval" not in text
 
 
 def test_record_pieces_reassemble_whatever_the_order_between_ranks(tmp_path: Path) -> None:

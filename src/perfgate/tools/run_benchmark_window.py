@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -218,6 +219,7 @@ class NodeFacts(BaseModel):
     hostname: str | None = None
     slurm_job_id: str | None = None
     slurm_node: str | None = None
+    device: str | None = Field(default=None, description="Device kind and name this rank timed on.")
     cpus: int | None = Field(default=None, description="CPUs this rank may run on.")
     visible_devices: dict[str, str] = Field(
         default_factory=dict[str, str], description="Device visibility variables (CUDA_VISIBLE_DEVICES, ...)."
@@ -443,6 +445,13 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
         env["PYTHONPATH"] = path if not existing else f"{path}:{existing}"
     launches = 1 if inp.same_process else inp.repeats
     if inp.launcher == "slurm":
+        path = inp.env.get("PATH", os.environ.get("PATH", os.defpath))
+        missing = [p for p in ("salloc", "srun", "scancel", "squeue") if shutil.which(p, path=path) is None]
+        if missing:
+            raise ToolError(
+                f"launcher='slurm' needs {', '.join(missing)} on this machine's PATH: run the perfgate server on "
+                "a login node of the cluster, or use launcher='local'"
+            )
         argv = submission_argv(_slurm_resources(inp), argv)
     return CommandRequest(
         argv=tuple(argv),
@@ -727,9 +736,10 @@ def _attach_nodes(out: RunBenchmarkWindowOutput, records: list[RankRecord]) -> N
             continue
         row.hostname = rec.hostname or None
         if rec.node is not None:
-            row.node = NodeFacts.model_validate(
-                {k: v for k, v in rec.node.items() if k in NodeFacts.model_fields and v is not None}
-            )
+            facts = {k: v for k, v in rec.node.items() if k in NodeFacts.model_fields and v is not None}
+            if rec.device is not None:
+                facts["device"] = f"{rec.device.kind} {rec.device.name or ''}".strip()
+            row.node = NodeFacts.model_validate(facts)
 
 
 def _measured_backward_per_step(records: list[RankRecord], inp: RunBenchmarkWindowInput) -> int | None:
