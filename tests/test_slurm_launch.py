@@ -237,6 +237,10 @@ async def test_slurm_resources_refuse_shell_and_option_text(workspace: Path) -> 
         workspace, "run_benchmark_window", {"command": [PY, TINY], "slurm": {"nodes": 2}}, error=True
     )
     assert "launcher='slurm'" in text
+    # resources only through `slurm`: Slurm's own input variables would steer the job beside them
+    for key in ("SALLOC_PARTITION", "SLURM_EXCLUSIVE", "PET_NNODES"):
+        text = await call(workspace, "run_benchmark_window", {**base, "env": {key: "x"}}, error=True)
+        assert key in text and "slurm={" in text
     # no Slurm commands where the server runs: said before any approval is asked
     empty = workspace / "bin"
     empty.mkdir()
