@@ -806,11 +806,18 @@ def _measured_samples_per_step(records: list[RankRecord], inp: RunBenchmarkWindo
 
 
 def _provenance(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder) -> RunProvenance:
-    """The run's argv, env change names, code state (git) and digests of the workspace files argv names."""
+    return run_provenance(inp.command, inp.cwd, inp.env, rt, ev)
+
+
+def run_provenance(
+    command: list[str], cwd_name: str, env: dict[str, str], rt: ToolRuntime, ev: EvidenceBuilder
+) -> RunProvenance:
+    """A launched run's argv, env change names, code state (git; the dirty diff as the evidence's code.diff)
+    and digests of the workspace files argv names: every run perfgate launches records this block."""
     from perfgate.benchmarking.provenance import argv_files, diff_sections
     from perfgate.envprobe import git_snapshot
 
-    cwd = rt.resolve_path(inp.cwd, kind="dir")
+    cwd = rt.resolve_path(cwd_name, kind="dir")
     snapshot, reason = git_snapshot(rt.workspace)
     artifact: str | None = None
     if snapshot is not None and snapshot.diff:
@@ -824,12 +831,17 @@ def _provenance(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuild
         unknown_reason=reason,
     )
     return RunProvenance(
-        argv=list(inp.command),
-        cwd=inp.cwd,
-        env_changes=sorted(inp.env),
+        argv=list(command),
+        cwd=cwd_name,
+        env_changes=sorted(env),
         code=code,
-        files=argv_files(inp.command, cwd, rt.workspace),
+        files=argv_files(command, cwd, rt.workspace),
     )
+
+
+def measured_environment(record: RankRecord | None) -> dict[str, str | None]:
+    """The environment the training process measured (rank 0's record): the window fingerprint."""
+    return _fingerprint(record)
 
 
 def _output(
