@@ -6,6 +6,7 @@ path as the real command tools. Each command creates a marker file: its absence 
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -23,6 +24,7 @@ from _approval_pty import run_in_pty
 from _gated_tool import SPEC, marker_argv
 from _trust import any_code_rules, operator_policy
 from perfgate.evidence import Ledger
+from perfgate.execution.approve_cli import approve
 from perfgate.execution.audit import APPROVAL_TOOL
 from perfgate.server import build_server
 from perfgate.tools._runtime import ServerConfig
@@ -306,3 +308,70 @@ async def test_a_pending_approval_leads_with_what_is_wrong_and_the_next_call(
     assert lines[0].endswith("this MCP client cannot ask the user, so the command did not run")
     assert lines[1].startswith(f"next: ask the user to run `perfgate approve {approval_id} --workspace ")
     assert "then repeat this exact call" in lines[1]
+
+
+def _refusal_lines(result: Any) -> list[str]:
+    """The refusal's own lines, after the SDK's "Error executing tool ...: " prefix where there is one."""
+    message = text(result)
+    prefix = f"Error executing tool {TOOL}: "
+    return (message[len(prefix) :] if message.startswith(prefix) else message).splitlines()
+
+
+@pytest.mark.parametrize(
+    ("case", "first", "next_line"),
+    [
+        ("cwd", "this command cannot run here: working directory ", "next: change the request to fit"),
+        (
+            "timeout",
+            "this command cannot run here: timeout 100000 s exceeds",
+            "next: change the request to fit",
+        ),
+        (
+            "bad_policy",
+            "commands are disabled: the operator's execution policy is invalid (",
+            "next: ask the user to fix",
+        ),
+        (
+            "unpinned_rule",
+            "commands are disabled: the operator's execution policy is invalid (",
+            "next: ask the user to fix",
+        ),
+        ("denied", "a human denied this exact command (approval ap-", "next: ask the user what to change"),
+        (
+            "decline",
+            "the user declined to run this command (recorded as ev-",
+            "next: ask the user what they would",
+        ),
+        ("cancel", "the user dismissed the approval question without deciding", "next: ask the user before"),
+    ],
+)
+async def test_every_refusal_is_two_lines_what_is_wrong_then_the_next_call(
+    workspace: Path, case: str, first: str, next_line: str
+) -> None:
+    marker = workspace / "marker"
+    args: dict[str, Any] = {"argv": marker_argv(PY, marker)}
+    human: Human | None = None
+    if case in ("cwd", "timeout"):
+        allowlist(workspace, [PY, "-c"])
+        args |= {"cwd": ".."} if case == "cwd" else {"timeout_s": 100000}
+    elif case == "bad_policy":
+        operator_policy("[execution]\nmax_timeout = 5\n")
+    elif case == "unpinned_rule":  # the old README example: a harness-prefix rule that pins no code
+        operator_policy(
+            '[execution]\n[[execution.allow]]\nargv = ["python", "-m", "perfgate.harness", "*"]\n'
+        )
+    elif case == "denied":
+        async with Client(server_for(workspace)) as client:
+            approval_id = pending_id(text(await client.call_tool(TOOL, args)))
+        assert approve(workspace, approval_id, deny=True, stdin=io.StringIO()) == 0
+    else:
+        human = Human(case)
+    async with Client(server_for(workspace), elicitation_callback=human) as client:
+        result = await client.call_tool(TOOL, args)
+    assert result.is_error and not marker.exists()
+    lines = _refusal_lines(result)
+    assert lines[0].startswith(first), lines
+    assert len(lines) == 2 and lines[1].startswith(next_line), lines
+    if case == "unpinned_rule":
+        assert "pins no code" in lines[0]
+    assert "Traceback" not in text(result) and "pydantic" not in text(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
@@ -247,3 +248,26 @@ def test_rules_can_be_built_in_code(tmp_path: Path) -> None:
     assert policy.match(req(tmp_path, "make", "bench-fast")) is not None
     assert policy.match(req(tmp_path, "make", "bench", env={"PERFGATE_OUT": "x"})) is not None
     assert policy.match(req(tmp_path, "make", "clean")) is None
+
+
+def test_the_readme_allowlist_example_allows_its_named_script_and_nothing_else(tmp_path: Path) -> None:
+    """The README's policy example, as written there: its rule names a script (never `*`), and under the
+    harness wrapper it lets that script, with that content, run and nothing else."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("# ~/.config/perfgate/policy.toml", 1)[1].split("\n", 1)[1].split("```", 1)[0]
+    assert '"*"' not in block and "perfgate.harness" not in block
+    script = tmp_path / "train.py"
+    script.write_text("print('v1')\n")
+    digest = hashlib.sha256(script.read_bytes()).hexdigest()
+    body, placeholders = re.subn(r"<`perfgate policy pin train.py`>", digest, block)
+    assert placeholders == 1
+    write_policy(tmp_path, body)
+    policy = load_policy(tmp_path)
+    (rule,) = policy.allow
+    wrapped = ("python", "-m", "perfgate.harness", "--warmup-steps", "5", "--", "train.py", "--steps", "9")
+    assert policy.match(req(tmp_path, *wrapped)) is rule
+    (tmp_path / "other.py").write_text("print('x')\n")
+    assert policy.match(req(tmp_path, "python", "-m", "perfgate.harness", "--", "other.py")) is None
+    assert policy.match(req(tmp_path, "python", "-c", "print(1)")) is None
+    script.write_text("print('v2')\n")  # the named script, edited: no longer the pinned content
+    assert policy.match(req(tmp_path, *wrapped)) is None

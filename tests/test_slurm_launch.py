@@ -111,6 +111,7 @@ async def test_a_two_rank_gloo_job_through_slurm_gives_per_rank_evidence(
     assert len(jobs) == 1 and None not in jobs  # both ranks ran in one Slurm job
     for r in out["ranks"]:
         assert r["hostname"] and r["node"]["slurm_node"] and r["node"]["cpus"] >= 1
+        assert r["node"]["device"] == "cpu" and isinstance(r["node"]["interconnect"], list)
     names = {Path(a).name for a in out["artifacts"]}
     assert {"rank0.json", "rank1.json"} <= {n.removeprefix("launch0_") for n in names}
     record = Ledger(workspace).get(out["evidence_id"])
@@ -174,6 +175,8 @@ async def test_cancel_of_a_detached_slurm_run_scancels_the_job(workspace: Path, 
             job = found.group(1) if found else None
         time.sleep(0.3)
     assert _squeue(job) == "RUNNING"
+    status = await call(workspace, "benchmark_run", {"action": "status", "run_id": run_id})
+    assert status["slurm_jobs"] == [job]
     out = await call(workspace, "benchmark_run", {"action": "cancel", "run_id": run_id})
     assert out["run_state"] == "cancelled"
     deadline = time.monotonic() + 30
@@ -192,6 +195,8 @@ def _digest(text: str) -> str:
 
 
 async def test_the_approval_covers_every_resource_and_no_allowlist_rule_approves_it(workspace: Path) -> None:
+    if shutil.which("salloc") is None:
+        pytest.skip("Slurm's client commands are not installed (apt-get install slurm-wlm)")
     # the operator allowlists the script with any code: fine locally, never for a cluster submission
     operator_policy("[execution]\n" + any_code_rules([PY, PACED]))
     base = {
@@ -234,6 +239,15 @@ async def test_slurm_resources_refuse_shell_and_option_text(workspace: Path) -> 
         workspace, "run_benchmark_window", {"command": [PY, TINY], "slurm": {"nodes": 2}}, error=True
     )
     assert "launcher='slurm'" in text
+    # resources only through `slurm`: Slurm's own input variables would steer the job beside them
+    for key in ("SALLOC_PARTITION", "SLURM_EXCLUSIVE", "PET_NNODES"):
+        text = await call(workspace, "run_benchmark_window", {**base, "env": {key: "x"}}, error=True)
+        assert key in text and "slurm={" in text
+    # no Slurm commands where the server runs: said before any approval is asked
+    empty = workspace / "bin"
+    empty.mkdir()
+    text = await call(workspace, "run_benchmark_window", {**base, "env": {"PATH": str(empty)}}, error=True)
+    assert "needs salloc" in text and "login node" in text and "approval" not in text
 
 
 def test_record_pieces_reassemble_whatever_the_order_between_ranks(tmp_path: Path) -> None:

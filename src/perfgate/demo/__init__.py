@@ -29,7 +29,10 @@ from typing import Any, cast
 __all__ = ["DemoError", "DemoResult", "run_demo"]
 
 WARMUP_STEPS = 5
-MEASURE_STEPS = 60
+MEASURE_STEPS = 30
+"""Steps per measured window: 2 s of baseline steps, ~0.5 s of candidate steps. A demo's wall time is
+mostly its eight interpreter launches (each imports torch, and its first optimizer imports
+torch._dynamo: ~5 CPU-seconds a launch), so longer windows buy little and cost wall time under load."""
 BATCH = 16
 REPEATS = 3
 DECODE_MS = 4.0

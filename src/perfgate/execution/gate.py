@@ -108,8 +108,9 @@ class ApprovalGate:
         """
         if self._policy is None:
             raise ToolError(
-                f"commands are disabled: the operator's execution policy is invalid ({self._policy_error}). "
-                "Ask the user to fix it and restart the perfgate server."
+                f"commands are disabled: the operator's execution policy is invalid ({self._policy_error})\n"
+                "next: ask the user to fix that file and restart the perfgate server (tools that run no "
+                "command still work)"
             )
         return self._policy
 
@@ -124,8 +125,8 @@ class ApprovalGate:
             raise ToolError(
                 "this command cannot run here: "
                 + "; ".join(problems)
-                + f" (operator policy: {self.policy.describe_source()}). Change the request to fit, or ask "
-                "the user to change the policy."
+                + f" (operator policy: {self.policy.describe_source()})\n"
+                "next: change the request to fit those limits, or ask the user to change the policy"
             )
 
     def expire_due(self) -> list[str]:
@@ -174,8 +175,8 @@ class ApprovalGate:
         live = self.store.live_for(request.digest)
         if live is not None and live.status is ApprovalStatus.DENIED:
             raise ToolError(
-                f"a human denied this exact command (approval {live.id}, by {live.decided_by}). Do not repeat "
-                "it unchanged; ask the user what to change."
+                f"a human denied this exact command (approval {live.id}, by {live.decided_by})\n"
+                "next: ask the user what to change; do not repeat it unchanged"
             )
         grant = self.store.use_grant(request.digest)
         if grant is None:
@@ -229,12 +230,13 @@ class ApprovalGate:
             )
         if action == "decline":
             raise ToolError(
-                f"the user declined to run this command (recorded as {evidence_id}). Do not repeat it "
-                "unchanged; ask the user what they would accept instead."
+                f"the user declined to run this command (recorded as {evidence_id})\n"
+                "next: ask the user what they would accept instead; do not repeat it unchanged"
             )
         raise ToolError(
             f"the user dismissed the approval question without deciding (recorded as {evidence_id}); the "
-            "command did not run. Ask the user before trying again."
+            "command did not run\n"
+            "next: ask the user before trying again"
         )
 
     def require_human(self, request: CommandRequest, tool: str) -> NoReturn:

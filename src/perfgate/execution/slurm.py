@@ -273,6 +273,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if value is not None and not NAME.match(value):
             print(f"--{what} {value!r}: only letters, digits and _.:,=+- (not first)", file=sys.stderr)
             return 2
+    import shutil
+
+    missing = [p for p in ("salloc", "srun", "scancel", "squeue", "scontrol") if shutil.which(p) is None]
+    if missing:
+        print(f"Slurm commands not found on PATH: {', '.join(missing)}", file=sys.stderr)
+        return 2
     res = SlurmResources(
         nodes=ns.nodes,
         ntasks_per_node=ns.ntasks_per_node,
