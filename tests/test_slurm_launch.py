@@ -175,6 +175,8 @@ async def test_cancel_of_a_detached_slurm_run_scancels_the_job(workspace: Path, 
             job = found.group(1) if found else None
         time.sleep(0.3)
     assert _squeue(job) == "RUNNING"
+    status = await call(workspace, "benchmark_run", {"action": "status", "run_id": run_id})
+    assert status["slurm_jobs"] == [job]
     out = await call(workspace, "benchmark_run", {"action": "cancel", "run_id": run_id})
     assert out["run_state"] == "cancelled"
     deadline = time.monotonic() + 30
