@@ -409,6 +409,7 @@ JSON_VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=8,
 )
+_ARGUMENT_ROUND = 250
 # Tools that would start processes are left out: their arguments stop at the approval gate anyway.
 ARGUMENT_TOOLS = [
     "compute_mfu",
@@ -431,7 +432,9 @@ async def test_fuzz_tool_arguments_through_the_protocol(tmp_path: Path) -> None:
         tools = {t.name: t for t in (await client.list_tools()).tools}
         names = [n for n in ARGUMENT_TOOLS if n in tools]
 
-        @FUZZ
+        # Cases are drawn in rounds of at most _ARGUMENT_ROUND (the calls are async, hypothesis is not), so a
+        # long run makes calls from the start and its report grows as it goes.
+        @settings(FUZZ, max_examples=min(EXAMPLES, _ARGUMENT_ROUND))
         @given(data=st.data())
         def cases(data: st.DataObject) -> None:
             name = data.draw(st.sampled_from(names))
@@ -440,28 +443,34 @@ async def test_fuzz_tool_arguments_through_the_protocol(tmp_path: Path) -> None:
             collected.append((name, {k: data.draw(JSON_VALUES) for k in keys}))
 
         collected: list[tuple[str, dict[str, Any]]] = []
-        cases()
         stats = STATS.setdefault("tool_arguments", ReaderStats())
-        for name, args in collected:
-            stats.calls += 1
-            if stats.calls % 500 == 0:
-                _write_report()
-            size = len(json.dumps(args, default=str))
-            stats.max_input_bytes = max(stats.max_input_bytes, size)
-            per_call = _reset_peak_rss()
-            result = await client.call_tool(name, args)  # the server dying would raise here
-            peak = _peak_rss_bytes(per_call)
-            stats.max_rss_bytes = max(stats.max_rss_bytes, peak)
-            stats.wall_s = time.monotonic() - stats.started
-            text = "\n".join(getattr(c, "text", "") for c in result.content)
-            stats.refused += bool(result.is_error)
-            crashed = "perfgate bug" in text or text.strip() == f"Error executing tool {name}"
-            crashed |= "errors.pydantic.dev" in text
-            if crashed and COLLECT:
-                stats.crashes.append(f"{name}({json.dumps(args, default=str)[:300]}): {text[:300]}")
-            else:
-                assert not crashed, (name, args, text)
-            assert peak <= RSS_FLOOR_BYTES, f"{name}: peak RSS {peak} bytes for {args}"
+        for _ in range(-(-EXAMPLES // _ARGUMENT_ROUND)):
+            collected.clear()
+            cases()
+            await _call_each(client, collected, stats)
+
+
+async def _call_each(client: Client, collected: list[tuple[str, dict[str, Any]]], stats: ReaderStats) -> None:
+    for name, args in collected:
+        stats.calls += 1
+        if stats.calls % 500 == 0:
+            _write_report()
+        size = len(json.dumps(args, default=str))
+        stats.max_input_bytes = max(stats.max_input_bytes, size)
+        per_call = _reset_peak_rss()
+        result = await client.call_tool(name, args)  # the server dying would raise here
+        peak = _peak_rss_bytes(per_call)
+        stats.max_rss_bytes = max(stats.max_rss_bytes, peak)
+        stats.wall_s = time.monotonic() - stats.started
+        text = "\n".join(getattr(c, "text", "") for c in result.content)
+        stats.refused += bool(result.is_error)
+        crashed = "perfgate bug" in text or text.strip() == f"Error executing tool {name}"
+        crashed |= "errors.pydantic.dev" in text
+        if crashed and COLLECT:
+            stats.crashes.append(f"{name}({json.dumps(args, default=str)[:300]}): {text[:300]}")
+        else:
+            assert not crashed, (name, args, text)
+        assert peak <= RSS_FLOOR_BYTES, f"{name}: peak RSS {peak} bytes for {args}"
 
 
 def _write_report() -> None:
