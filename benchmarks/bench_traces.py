@@ -574,10 +574,8 @@ def main() -> None:
             rows = anyio.run(measure_traces, traces, args.rounds, hta_python)
             print_traces(rows)
     if args.ranks and traces:
-        by_name = {p.name: p for p in traces}
-        bench_ranks(
-            by_name.get("df_index_resolver_df_index_resolver.json.gz", traces[0]), args.ranks, args.rounds
-        )
+        source = next((p for p in traces if args.ranks_source in p.name), traces[0])
+        bench_ranks(source, args.ranks, args.rounds)
     if not args.skip_synthetic:
         bench_synthetic(args.synthetic_gb, args.keep_synthetic)
 
