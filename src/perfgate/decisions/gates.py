@@ -425,6 +425,26 @@ def _binding_gates(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -
             "measure new candidate windows for this experiment, then " + cmp_fix,
         ),
     ]
+    from perfgate.decisions.binding import TOPOLOGY
+
+    topology = sorted(set(str_list(comparison.result.get("actual_changes"))) & set(TOPOLOGY))
+    if not topology:
+        gates.append(_na("topology", "no world size or parallel degree changed"))
+    else:
+        per_device = comparison.inputs.get("per_device") is True
+        gates.append(
+            _gate(
+                "topology",
+                per_device,
+                f"the topology changed ({', '.join(topology)}): compared per device-second (per_device=true)"
+                if per_device
+                else f"the topology changed ({', '.join(topology)}) but the comparison is of total throughput: "
+                "a topology change is never an equivalent speedup",
+                [comparison.id],
+                "compare_benchmarks(..., declared_changes=[...], per_device=true), then "
+                + _attach(exp, "comparison"),
+            )
+        )
     if semantic and exp.classification != "training_change":
         gates.append(
             _gate(

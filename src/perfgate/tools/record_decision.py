@@ -259,6 +259,9 @@ async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput
         if inp.decision == "keep":
             accepted = all(g.status != "failed" for g in gates)
             label = _LABELS[exp.classification] if accepted else None
+            topology = next((g for g in gates if g.name == "topology" and g.status == "passed"), None)
+            if label is not None and topology is not None:
+                label += "; per device-second: " + topology.reason.split(":", 1)[0]
             state = EvidenceState.PASSED if accepted else EvidenceState.FAILED
     ev = rt.evidence()
     out = RecordDecisionOutput(
