@@ -68,3 +68,48 @@ def test_npz_members_zipfile_cannot_open_are_refused_by_name(
     ids.write_bytes(_patch_members(_npz(sample_id=np.arange(4)), **patch))
     with pytest.raises(AuditInputError, match=expected):
         read_expected(ids, StringPool())
+
+
+FUZZ_FIXTURES = Path(__file__).parent / "fixtures" / "fuzz"
+
+
+def test_a_parquet_file_whose_row_groups_yield_fewer_rows_than_declared_is_an_error(tmp_path: Path) -> None:
+    # Found by the fuzz run: the metadata and its row group say 8 rows, reading yields none; an assert
+    # fired (AssertionError reached the agent as a perfgate bug).
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "records.parquet"
+    path.write_bytes((FUZZ_FIXTURES / "parquet_rows_vanish.parquet").read_bytes())
+    with pytest.raises(AuditInputError, match="declares 8 rows but the row groups yielded 0"):
+        read_observed(path)
+
+
+class _Group:
+    def __init__(self, rows: int) -> None:
+        self.num_rows = rows
+
+
+class _Meta:
+    def __init__(self, rows: int, groups: list[int]) -> None:
+        self.num_rows, self._groups = rows, groups
+        self.num_row_groups = len(groups)
+
+    def row_group(self, i: int) -> _Group:
+        return _Group(self._groups[i])
+
+
+class _File:
+    def __init__(self, rows: int, groups: list[int]) -> None:
+        self.metadata = _Meta(rows, groups)
+
+
+def test_parquet_row_counts_are_checked_before_columns_are_allocated(tmp_path: Path) -> None:
+    from perfgate.audit.read_parquet import _row_count  # pyright: ignore[reportPrivateUsage]
+
+    path = tmp_path / "r.parquet"
+    path.write_bytes(b"x" * 1000)
+    # A 1 kB file claiming ten billion rows would have np.empty ask for 240 GB.
+    with pytest.raises(AuditInputError, match=r"declares 10000000000 rows .* audit\._files\.MAX_GZIP_RATIO"):
+        _row_count(_File(10**10, [10**10]), str(path))
+    with pytest.raises(AuditInputError, match="declares 8 rows but its row groups hold 5"):
+        _row_count(_File(8, [5]), str(path))
+    assert _row_count(_File(1000, [600, 400]), str(path)) == 1000

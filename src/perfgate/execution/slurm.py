@@ -185,6 +185,16 @@ def _pump(stream: IO[bytes], reader: object) -> None:
         out.flush()
 
 
+def _relay_stderr(stream: IO[bytes], errors: list[str]) -> None:
+    """Pass srun's stderr (the ranks' and its own) through, keeping its first error lines."""
+    out = sys.stderr.buffer
+    for raw in stream:
+        out.write(raw)
+        out.flush()
+        if len(errors) < 5 and raw.startswith(b"srun: error:"):
+            errors.append(raw.decode("utf-8", errors="replace").strip())
+
+
 def _write_records(reader: object, record_dir: str | None) -> None:
     from perfgate.harness.record import RecordStreamReader
 
@@ -238,12 +248,20 @@ def run(res: SlurmResources, command: list[str]) -> int:
             ["srun", f"--jobid={job[0]}", *res.options(), "--kill-on-bad-exit=1", "--", *command],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             env=_rank_env(res, job[0]),
         )
-        assert srun.stdout is not None
+        assert srun.stdout is not None and srun.stderr is not None
+        errors: list[str] = []
+        relay = threading.Thread(target=_relay_stderr, args=(srun.stderr, errors), daemon=True)
+        relay.start()
         _pump(srun.stdout, reader)
         code = srun.wait()
+        relay.join(timeout=5)
         _write_records(reader, os.environ.get("PERFGATE_RECORD_DIR"))
+        if code != 0:
+            # the last stderr line is what a failed launch reports: make it the cause, not the fallout
+            _say(f"srun exited with status {code}" + (f"; first error: {errors[0]}" if errors else ""))
         return code
     except _Cancelled:
         _say("cancelled: scancel " + (job[0] if job else "(no job yet)"))

@@ -6,6 +6,7 @@ start-up fast.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import anyio.to_thread
@@ -188,6 +189,20 @@ _CODE = "code"
 _ARGV = "argv"
 
 
+def _launched_argv(inputs: dict[str, Any]) -> Any:
+    """The command as launched: a Slurm launch adds its launcher and resources (nodes, tasks, CPUs,
+    GRES, partition) as trailing tokens, so a change of any of them is an argv difference."""
+    command: Any = inputs.get("command")
+    launcher = inputs.get("launcher", "local")
+    if launcher in (None, "local"):
+        return command
+    if not isinstance(command, list):
+        return None
+    slurm = json.dumps(inputs.get("slurm"), sort_keys=True, separators=(",", ":"))
+    tokens: list[Any] = [*cast("list[Any]", command), f"launcher={launcher}", f"slurm={slurm}"]
+    return tokens
+
+
 def _declared_names(declared: list[str]) -> set[str]:
     """Declared names as compared: canonical, with 'env:' stripped."""
     from perfgate.benchmarking.vocabulary import canonical_key
@@ -281,8 +296,8 @@ def _differences(
                 "vocabulary name",
             )
         )
-    # argv (imported evidence has none)
-    b_argv, c_argv = base.inputs.get("command"), cand.inputs.get("command")
+    # argv (imported evidence has none), with how it was launched (a Slurm launch's resources)
+    b_argv, c_argv = _launched_argv(base.inputs), _launched_argv(cand.inputs)
     if isinstance(b_argv, list) and isinstance(c_argv, list) and b_argv != c_argv:
         b_list = [str(x) for x in cast("list[Any]", b_argv)]
         c_list = [str(x) for x in cast("list[Any]", c_argv)]
