@@ -418,6 +418,9 @@ ARGUMENT_TOOLS = [
     "plan_parallel_layout",
     "record_decision",
     "compare_benchmarks",
+    "analyze_trace",
+    "import_benchmark",
+    "check_training_health",
 ]
 
 

@@ -139,6 +139,27 @@ async def test_a_trace_past_the_deadline_is_a_sentence_naming_the_limit(workspac
     assert Ledger(workspace).records() == []
 
 
+async def test_the_trace_tools_read_under_a_cancellable_deadline(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from perfgate.traces import pool
+
+    seen: list[Any] = []
+    real = pool.analyze_trace
+
+    def watched(path: Path, options: AnalysisOptions) -> Any:
+        seen.append(_deadline._current.get())  # pyright: ignore[reportPrivateUsage]
+        return real(path, options)
+
+    monkeypatch.setattr(pool, "analyze_trace", watched)
+    _trace(workspace / "t.json.gz", 20)
+    async with Client(_server(workspace, ParseLimits(deadline_s=3600))) as client:
+        result = await client.call_tool("analyze_trace", {"trace_paths": ["t.json.gz"]})
+    assert not result.is_error, _text(result)
+    assert len(seen) == 1 and seen[0] is not None
+    assert seen[0].cancellable and seen[0].seconds == 3600
+
+
 async def test_an_audit_past_the_deadline_is_a_sentence_naming_the_limit(workspace: Path) -> None:
     _records_csv(workspace / "r.csv", 100)
     server = _server(workspace, ParseLimits(deadline_s=1e-9))

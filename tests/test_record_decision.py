@@ -95,6 +95,8 @@ class Evidence:
         reasons: list[str] | None = None,
         declared: list[str] | None = None,
         differences: list[dict[str, Any]] | None = None,
+        actual_changes: list[str] | None = None,
+        per_device: bool = False,
     ) -> str:
         return self.add(
             "compare_benchmarks",
@@ -107,11 +109,13 @@ class Evidence:
                 "candidate_windows": len(candidate),
                 "reasons": reasons or [],
                 "differences": differences or [],
+                "actual_changes": actual_changes or [],
             },
             {
                 "baseline": baseline,
                 "candidate": candidate,
                 "declared_changes": ["num_workers"] if declared is None else declared,
+                "per_device": per_device,
             },
         )
 

@@ -175,6 +175,8 @@ async def test_cancel_of_a_detached_slurm_run_scancels_the_job(workspace: Path, 
             job = found.group(1) if found else None
         time.sleep(0.3)
     assert _squeue(job) == "RUNNING"
+    status = await call(workspace, "benchmark_run", {"action": "status", "run_id": run_id})
+    assert status["slurm_jobs"] == [job]
     out = await call(workspace, "benchmark_run", {"action": "cancel", "run_id": run_id})
     assert out["run_state"] == "cancelled"
     deadline = time.monotonic() + 30
@@ -237,6 +239,10 @@ async def test_slurm_resources_refuse_shell_and_option_text(workspace: Path) -> 
         workspace, "run_benchmark_window", {"command": [PY, TINY], "slurm": {"nodes": 2}}, error=True
     )
     assert "launcher='slurm'" in text
+    # resources only through `slurm`: Slurm's own input variables would steer the job beside them
+    for key in ("SALLOC_PARTITION", "SLURM_EXCLUSIVE", "PET_NNODES"):
+        text = await call(workspace, "run_benchmark_window", {**base, "env": {key: "x"}}, error=True)
+        assert key in text and "slurm={" in text
     # no Slurm commands where the server runs: said before any approval is asked
     empty = workspace / "bin"
     empty.mkdir()
@@ -292,3 +298,96 @@ def test_slurm_step_variables_become_torch_distributed_ones() -> None:
     assert slurm_rank_env({"SLURM_PROCID": "0"}) == {}  # an allocation's shell, not a step
     single = {k: v for k, v in step.items() if k != "MASTER_ADDR"} | {"SLURM_STEP_NUM_NODES": "1"}
     assert slurm_rank_env(single)["MASTER_ADDR"] == "127.0.0.1"
+
+
+def _window_record(workspace: Path, seed: int, launch: dict[str, Any]) -> str:
+    """A run_benchmark_window record as the tool writes it (3 launches of 20 steps), launched as ``launch``."""
+    import numpy as np
+
+    from perfgate.evidence import EvidenceDraft, EvidenceState
+
+    ledger = Ledger(workspace)
+    eid = Ledger.new_id()
+    rng = np.random.default_rng(seed)
+    windows = [
+        {
+            "launch": k,
+            "index": 0,
+            "host_step_s": list(0.02 * (1 + 0.01 * rng.standard_normal(20))),
+            "samples_per_step": [64.0] * 20,
+            "tokens_per_step": None,
+        }
+        for k in range(3)
+    ]
+    series = {"schema": "perfgate.benchmark.series", "version": 1, "windows": windows}
+    (ledger.artifact_dir(eid) / "step_series.json").write_text(json.dumps(series))
+    command = ["python", "train.py"]
+    code = {"commit": "a" * 40, "dirty": False, "diff_sha256": None, "diff_files": {}, "diff_artifact": None}
+    ledger.append(
+        EvidenceDraft(
+            id=eid,
+            tool="run_benchmark_window",
+            state=EvidenceState.EXECUTED,
+            inputs={"command": command, "env": {}, "contract": CONTRACT, **launch},
+            result={
+                "evidence_id": eid,
+                "world_size": 2,
+                "environment_fingerprint": {"device_kind": "cpu", "torch_version": "2.13.0"},
+                "windows": [{"launch": k, "index": 0} for k in range(3)],
+                "host_load": [],
+                "provenance": {"argv": command, "cwd": ".", "env_changes": [], "code": code, "files": {}},
+            },
+            artifact_names=["step_series.json"],
+        )
+    )
+    return eid
+
+
+async def test_a_changed_launch_is_an_argv_difference_in_comparisons(workspace: Path) -> None:
+    """Local against Slurm, or Slurm with other resources: compare_benchmarks sees the launch change."""
+    two_tasks = {"launcher": "slurm", "slurm": {"nodes": 1, "ntasks_per_node": 2}}
+    more_cpus = {"launcher": "slurm", "slurm": {"nodes": 1, "ntasks_per_node": 2, "cpus_per_task": 4}}
+    local = _window_record(workspace, 1, {})
+    slurm_a = _window_record(workspace, 2, two_tasks)
+    slurm_b = _window_record(workspace, 3, two_tasks)
+    slurm_c = _window_record(workspace, 4, more_cpus)
+
+    async def argv_diffs(base: str, cand: str, declared: list[str]) -> tuple[str, list[dict[str, Any]]]:
+        async with Client(build_server(ServerConfig.create(workspace))) as client:
+            result = await client.call_tool(
+                "compare_benchmarks", {"baseline": [base], "candidate": [cand], "declared_changes": declared}
+            )
+        out = result.structured_content
+        assert out is not None, result.content
+        return out["status"], [d for d in out["differences"] if d["kind"] == "argv"]
+
+    assert (await argv_diffs(slurm_a, slurm_b, []))[1] == []  # the same submission twice
+    for base, cand in ((local, slurm_a), (slurm_a, slurm_c)):
+        status, diffs = await argv_diffs(base, cand, [])
+        assert status == "incomparable" and diffs and diffs[0]["classification"] == "undeclared"
+        status, diffs = await argv_diffs(base, cand, ["argv"])
+        assert status == "comparable" and diffs[0]["classification"] == "declared_execution"
+
+
+async def test_a_rank_that_fails_under_slurm_is_named_in_the_failure(
+    workspace: Path, slurm_partition: str
+) -> None:
+    bad = workspace / "bad.py"
+    bad.write_text(
+        'import os, time\nif os.environ["RANK"] == "1":\n    raise SystemExit("rank 1 broke")\ntime.sleep(60)\n'
+    )
+    args = {
+        "command": [PY, str(bad)],
+        "timing": "explicit",
+        "launcher": "slurm",
+        "slurm": {"ntasks_per_node": 2, "partition": slurm_partition},
+        "repeats": 1,
+        "timeout_s": 120,
+        "contract": {"invariants": {"workload": "broken"}},
+    }
+    out = await call(workspace, "run_benchmark_window", args, Human())
+    assert out["state"] == "failed"
+    # the cause (srun's first error: which task exited how), not the launcher's closing words
+    assert re.search(
+        r"first error: srun: error: \S+: tasks? [0-9-]*1: Exited with exit code 1", out["failure_reason"]
+    ), out["failure_reason"]

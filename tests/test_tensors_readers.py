@@ -447,3 +447,28 @@ def test_the_same_tensors_in_every_format_compare_equal(tmp_path: Path) -> None:
         with open_tensor_source(tmp_path / first) as r, open_tensor_source(tmp_path / second) as c:
             report = compare_sources(r, c, CompareOptions(atol=0.0, rtol=0.0, chunk_elements=128, workers=2))
         assert (report.status, report.elements_compared) == ("match", 3100), (first, second, report.summary)
+
+
+def test_digests_are_of_the_bytes_opened_not_of_what_the_path_names_later(tmp_path: Path) -> None:
+    """The recorded sha256 is taken through the comparison's own descriptors: a file renamed over the
+    path after opening does not change it, and a file that shrinks while hashed is an error, not a
+    digest of fewer bytes."""
+    import hashlib
+
+    path = tmp_path / "a.safetensors"
+    save_file({"w": np.arange(300_000, dtype=np.float32)}, str(path))
+    original = path.read_bytes()
+    with open_tensor_source(path) as source:
+        other = tmp_path / "b.safetensors"
+        save_file({"w": np.zeros(300_000, dtype=np.float32)}, str(other))
+        other.replace(path)  # the path now names other bytes
+        [(named, job)] = source.digest_jobs()
+        assert named == path
+        assert job(None) == (hashlib.sha256(original).hexdigest(), len(original))
+    save_file({"w": np.arange(300_000, dtype=np.float32)}, str(path))
+    with open_tensor_source(path) as source:
+        [(_, job)] = source.digest_jobs()
+        with path.open("r+b") as f:
+            f.truncate(1000)
+        with pytest.raises(TensorInputError, match="truncated or rewritten"):
+            job(None)

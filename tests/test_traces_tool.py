@@ -220,3 +220,8 @@ async def test_run_mode_profiles_a_tiny_cpu_training_and_flags_it_profiled(works
     assert any("profiler overhead" in w for w in out["warnings"])
     record = Ledger(workspace).get(out["evidence_id"])
     assert record is not None and record.profiled is True and "perfgate.harness" in (record.command or [])
+    # the same provenance block as a benchmark window: what ran, and what the process measured
+    assert out["provenance"]["argv"] == args["command"] and out["provenance"]["env_changes"] == []
+    assert out["provenance"]["code"]["unknown_reason"]  # the test workspace is no git checkout
+    assert out["environment_fingerprint"]["device_kind"] == "cpu"
+    assert out["environment_fingerprint"]["torch_version"]

@@ -20,6 +20,9 @@ from perfgate.tensors._npy import NPY_HEADER_ERRORS
 
 __all__ = ["check_array_file", "ids_from_array", "load_array_file", "read_npz"]
 
+_ENCRYPTED = 0x1
+"""General-purpose flag bit 0 of a zip member: encrypted."""
+
 
 def load_array_file(path: Path, f: IO[bytes]) -> Any:
     """`numpy.load` of the open file ``f`` once `check_array_file` passed (no pickle, ever)."""
@@ -79,6 +82,14 @@ def check_array_file(path: Path, f: IO[bytes]) -> None:
         with zipfile.ZipFile(f) as zf:
             for info in zf.infolist():
                 where = f"{path}:{info.filename}"
+                # zipfile would fail on these only when the member is opened, with errors no caller expects.
+                if info.flag_bits & _ENCRYPTED:
+                    raise AuditInputError(f"{where}: the member is encrypted; numpy.savez never encrypts")
+                if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                    raise AuditInputError(
+                        f"{where}: compression method {info.compress_type}; numpy.savez writes only stored or "
+                        "deflated members. Re-save the arrays with numpy.savez or numpy.savez_compressed"
+                    )
                 limit = max(RATIO_EXEMPT_BYTES, MAX_GZIP_RATIO * info.compress_size)
                 if info.file_size > limit:
                     raise AuditInputError(

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from perfgate._deadline import checkpoint
 from perfgate._safeopen import open_file
+from perfgate.audit._files import MAX_GZIP_RATIO, RATIO_EXEMPT_BYTES
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import SampleIds, StringPool
 from perfgate.audit.records import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, RecordBuilder
@@ -18,6 +21,8 @@ from perfgate.audit.records import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, RecordBui
 __all__ = ["parquet_available", "read_parquet", "read_parquet_ids"]
 
 _BATCH_ROWS = 1 << 22
+_BYTES_PER_ROW = 24
+"""Memory of one record's columns while reading (id int64, three int32 columns, step int64)."""
 _MISSING_PYARROW = (
     "reading Parquet needs pyarrow, which is not installed: `pip install 'perfgate[parquet]'` "
     "(or pass the records as JSONL, CSV or NPZ)"
@@ -91,7 +96,7 @@ def _read_batches(pf: Any, columns: list[str], source: str, builder: RecordBuild
     """Fill whole-file columns batch by batch: no per-batch chunks to join, so memory is the columns."""
     pa = _arrow()
 
-    n = int(pf.metadata.num_rows)
+    n = _row_count(pf, source)
     ids = np.empty(n, dtype=np.int64)
     as_strings = not pa.types.is_integer(pf.schema_arrow.field("sample_id").type)
     ints: dict[str, NDArray[Any]] = {
@@ -104,6 +109,7 @@ def _read_batches(pf: Any, columns: list[str], source: str, builder: RecordBuild
     reasons: list[str] = []
     pos = 0
     for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
+        checkpoint()  # the parsing deadline (perfgate._deadline), per batch of rows
         m = int(batch.num_rows)
         valid = np.ones(m, dtype=np.bool_)
         for name in REQUIRED_COLUMNS:
@@ -128,7 +134,11 @@ def _read_batches(pf: Any, columns: list[str], source: str, builder: RecordBuild
             col = batch.column("restart")
             restart[part] = np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), dtype=np.bool_)
         pos += m
-    assert pos == n, f"{source}: metadata says {n} rows, read {pos}"
+    if pos != n:
+        raise AuditInputError(
+            f"{source}: the metadata declares {n} rows but the row groups yielded {pos}: the file is truncated or "
+            "corrupt; re-write it"
+        )
     keep: NDArray[np.bool_] | None = None
     if invalid:
         keep = np.ones(n, dtype=np.bool_)
@@ -154,6 +164,32 @@ def _read_batches(pf: Any, columns: list[str], source: str, builder: RecordBuild
         session=kept.get("session"),
         restart=restart if restart is not None and restart.any() else None,
     )
+
+
+def _row_count(pf: Any, source: str) -> int:
+    """Rows the file declares, checked before the columns are allocated for them.
+
+    The file-level count must equal the row groups' sum, and the columns it implies (about 24 bytes a
+    row) may be at most MAX_GZIP_RATIO times the file's size past RATIO_EXEMPT_BYTES, the expansion
+    allowed to compressed record files: a small file cannot make this process allocate terabytes.
+    """
+    meta = pf.metadata
+    n = int(meta.num_rows)
+    groups = sum(int(meta.row_group(i).num_rows) for i in range(int(meta.num_row_groups)))
+    if n != groups or n < 0:
+        raise AuditInputError(
+            f"{source}: the file metadata declares {n} rows but its row groups hold {groups}: the file is "
+            "corrupt; re-write it"
+        )
+    size = os.stat(source).st_size
+    limit = max(RATIO_EXEMPT_BYTES, MAX_GZIP_RATIO * size)
+    if n * _BYTES_PER_ROW > limit:
+        raise AuditInputError(
+            f"{source}: declares {n} rows ({n * _BYTES_PER_ROW} bytes of columns) in a {size}-byte file, over "
+            f"{MAX_GZIP_RATIO}x its size (limit audit._files.MAX_GZIP_RATIO): refusing a possible decompression "
+            "bomb. Split the records into several files"
+        )
+    return n
 
 
 def _not_null(column: Any, n: int) -> NDArray[np.bool_]:
@@ -205,9 +241,11 @@ def read_parquet_ids(path: Path, pool: StringPool) -> SampleIds:
     pf = _open(path)
     if "sample_id" not in pf.schema_arrow.names:
         raise AuditInputError(f"{path}: no 'sample_id' column (columns: {', '.join(pf.schema_arrow.names)})")
+    _row_count(pf, str(path))
     parts: list[SampleIds] = []
     try:
         for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=["sample_id"]):
+            checkpoint()
             column = batch.column("sample_id")
             if column.null_count:
                 raise AuditInputError(f"{path}: 'sample_id' has nulls")

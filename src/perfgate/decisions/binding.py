@@ -17,6 +17,7 @@ from perfgate.evidence.access import as_dict, as_list, str_list
 __all__ = [
     "QUALITY_KINDS",
     "QUALITY_METRICS",
+    "TOPOLOGY",
     "candidate_after_open_problems",
     "correctness_binding_problems",
     "declared_change_problems",
@@ -38,7 +39,17 @@ QUALITY_METRICS: dict[str, str] = {
 }
 """Metrics a quality record reports in ``result.metrics``: what a training change may declare at open."""
 
-_IMPLIED = {"microbatch": {"accumulation"}, "accumulation": {"microbatch"}}
+_DEGREES = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel")
+_IMPLIED: dict[str, set[str]] = {
+    "microbatch": {"accumulation"},
+    "accumulation": {"microbatch"},
+    # at a fixed world size and global batch, another parallel degree changes the data-parallel size, and
+    # with it the microbatch or the accumulation
+    **{d: {"data_parallel", "microbatch", "accumulation"} for d in _DEGREES},
+    "world_size": {"data_parallel", "microbatch", "accumulation"},
+}
+TOPOLOGY = ("world_size", "data_parallel", *_DEGREES)
+"""Execution settings whose change is a topology change: kept only on a per-device comparison."""
 _GENERIC = {"code", "argv"}
 
 

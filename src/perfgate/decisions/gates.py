@@ -80,6 +80,10 @@ def window_fingerprint(
     value = as_dict(record.result.get("environment_fingerprint"))
     if any(v is not None for v in value.values()):  # an all-null fingerprint knows nothing: never "same"
         return value
+    if record.tool == "import_benchmark":
+        # imported, not launched by perfgate: an attached environment_id is the caller's word, not a
+        # measurement of the run, so two imported sides are never "the same environment"
+        return None
     if record.environment_id and (env := lookup(record.environment_id)) is not None:
         return as_dict(env.result.get("fingerprint")) or None
     return None
@@ -229,7 +233,13 @@ def _window_gates(
             _gate(
                 "same_environment",
                 False,
-                f"windows without an environment fingerprint: {', '.join(missing)}",
+                f"windows without an environment fingerprint: {', '.join(missing)}"
+                + (
+                    f" ({', '.join(imported)} imported, not launched by perfgate: the run's measured environment "
+                    "is unknown, and unknown is never the same)"
+                    if (imported := [w for w in missing if (r := ev.get(w)) and r.tool == "import_benchmark"])
+                    else ""
+                ),
                 missing,
                 rerun,
             )
@@ -415,6 +425,26 @@ def _binding_gates(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -
             "measure new candidate windows for this experiment, then " + cmp_fix,
         ),
     ]
+    from perfgate.decisions.binding import TOPOLOGY
+
+    topology = sorted(set(str_list(comparison.result.get("actual_changes"))) & set(TOPOLOGY))
+    if not topology:
+        gates.append(_na("topology", "no world size or parallel degree changed"))
+    else:
+        per_device = comparison.inputs.get("per_device") is True
+        gates.append(
+            _gate(
+                "topology",
+                per_device,
+                f"the topology changed ({', '.join(topology)}): compared per device-second (per_device=true)"
+                if per_device
+                else f"the topology changed ({', '.join(topology)}) but the comparison is of total throughput: "
+                "a topology change is never an equivalent speedup",
+                [comparison.id],
+                "compare_benchmarks(..., declared_changes=[...], per_device=true), then "
+                + _attach(exp, "comparison"),
+            )
+        )
     if semantic and exp.classification != "training_change":
         gates.append(
             _gate(

@@ -12,11 +12,12 @@ nothing stays resident after the consumer drops them; the kernel's page cache an
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
@@ -81,6 +82,26 @@ class ChunkedFile:
                     "the writer finishes (or compare a copy) and retry"
                 )
             done += n
+
+    def digest(
+        self, on_chunk: Callable[[], None] | None = None, chunk_bytes: int = 8 << 20
+    ) -> tuple[str, int]:
+        """sha256 (hex) and size of the whole file as opened, read through this descriptor (so the digest is
+        of the bytes compared, even if the path is replaced meanwhile). ``on_chunk`` runs before each chunk:
+        raise from it to stop. hashlib releases the GIL, so files hash in parallel on several threads.
+
+        Raises:
+            TensorInputError: the file ends early (it shrank since it was opened).
+        """
+        h = hashlib.sha256()
+        buffer = np.empty(min(chunk_bytes, max(self.size_bytes, 1)), dtype=np.uint8)
+        for offset in range(0, self.size_bytes, buffer.shape[0]):
+            if on_chunk is not None:
+                on_chunk()
+            part = buffer[: min(buffer.shape[0], self.size_bytes - offset)]
+            self.read_into(part, offset)
+            h.update(part.data)
+        return h.hexdigest(), self.size_bytes
 
     def read_bytes(self, offset: int, length: int) -> bytes:
         """A copy of ``length`` bytes at ``offset`` (bounds were checked by the caller)."""

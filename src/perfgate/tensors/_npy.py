@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import tokenize
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -130,6 +131,10 @@ class NpyFile:
         assert key == self.key
         h = self.header
         return self._file.chunks(h.header_bytes, h.dtype, math.prod(h.shape), chunk_elements)
+
+    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[str, int]:
+        """sha256 and size of the file as opened (see `ChunkedFile.digest`)."""
+        return self._file.digest(on_chunk)
 
     def close(self) -> None:
         self._file.close()

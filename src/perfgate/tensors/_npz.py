@@ -15,7 +15,7 @@ import math
 import struct
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -210,6 +210,10 @@ class NpzFile:
                 assert not tail, "zipfile never reads past a member's declared size"
         except (zipfile.BadZipFile, EOFError, zlib.error, OSError) as exc:
             raise TensorInputError(f"{where}: corrupt member ({exc})") from exc
+
+    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[str, int]:
+        """sha256 and size of the file as opened (see `ChunkedFile.digest`)."""
+        return self._file.digest(on_chunk)
 
     def close(self) -> None:
         self._zip.close()

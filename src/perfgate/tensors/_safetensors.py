@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,10 @@ class SafetensorsFile:
         slot = self._slots[key]
         count = math.prod(slot.shape)
         return self._file.chunks(self._data_start + slot.begin, slot.dtype, count, chunk_elements)
+
+    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[str, int]:
+        """sha256 and size of the file as opened (see `ChunkedFile.digest`)."""
+        return self._file.digest(on_chunk)
 
     def close(self) -> None:
         self._file.close()

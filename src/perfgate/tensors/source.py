@@ -8,6 +8,7 @@ has one, else as the union of its ``.safetensors``, ``.npz`` and ``.npy`` files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ class _Reader(Protocol):
 
     def entries(self) -> list[TensorEntry]: ...
     def chunks(self, key: str, chunk_elements: int) -> ChunkStream: ...
+    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[str, int]: ...
     def close(self) -> None: ...
 
 
@@ -100,6 +102,7 @@ class TensorSource:
         self.path = path
         self.kind: SourceKind = kind
         self._readers = readers
+        self._index = index
         self.files: tuple[Path, ...] = ((index,) if index else ()) + tuple(r.path for r in readers)
         self.entries: dict[str, TensorEntry] = {}
         self._owner: dict[str, _Reader] = {}
@@ -124,6 +127,18 @@ class TensorSource:
         be shorter); see `ChunkStream` for releasing what was consumed."""
         return self._owner[key].chunks(key, chunk_elements)
 
+    def digest_jobs(self) -> list[tuple[Path, Callable[[Callable[[], None] | None], tuple[str, int]]]]:
+        """One job per file in ``files`` (same order): called with an ``on_chunk`` check, it returns the
+        file's sha256 and size. Tensor files are hashed through the descriptors the comparison reads, so
+        a path replaced meanwhile cannot make the recorded digest differ from the bytes compared; the jobs
+        are independent (run them on several threads)."""
+        jobs: list[tuple[Path, Callable[[Callable[[], None] | None], tuple[str, int]]]] = []
+        if self._index is not None:
+            index = self._index
+            jobs.append((index, lambda on_chunk: _file_digest(index, on_chunk)))
+        jobs.extend((r.path, r.digest) for r in self._readers)
+        return jobs
+
     def close(self) -> None:
         for reader in self._readers:
             reader.close()
@@ -133,6 +148,19 @@ class TensorSource:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _file_digest(path: Path, on_chunk: Callable[[], None] | None) -> tuple[str, int]:
+    """sha256 and size of a small file (a shard index), opened without following links."""
+    h = hashlib.sha256()
+    size = 0
+    with open_file(path) as f:
+        while block := f.read(1 << 20):
+            if on_chunk is not None:
+                on_chunk()
+            h.update(block)
+            size += len(block)
+    return h.hexdigest(), size
 
 
 def _open_all(paths: list[Path], limits: ReaderLimits) -> list[_Reader]:

@@ -127,6 +127,7 @@ async def analyze_paths(paths: list[Path], inp: TraceAnalysisFields, rt: ToolRun
                 progress,
                 limit=limit,
                 labels=[f"reading trace {rt.relative(p)}" for p in paths],
+                cancellable=True,  # a cancelled call stops reading instead of running on unseen
             )
         )
     except (TraceError, DeadlineExceeded) as exc:

@@ -77,6 +77,10 @@ class BenchmarkRunOutput(BaseModel):
     evidence_id: str | None = Field(description="action='result': the run_benchmark_window record.")
     state: EvidenceState | None = Field(description="action='result': the record's state.")
     result: RunBenchmarkWindowOutput | None = Field(description="action='result': the full window result.")
+    slurm_jobs: list[str] = Field(
+        default_factory=list[str],
+        description="launcher='slurm': the Slurm job id of each launch so far (squeue -j / scontrol show job).",
+    )
     message: str
 
 
@@ -145,7 +149,17 @@ def _status(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path, message: s
     exit_codes: list[int | None] = list(st.get("exit_codes", []))
     done, total = _progress(directory, launch)
     latest, health = _so_far(directory, len(exit_codes), window_inp)
+    jobs: list[str] = []
+    if window_inp.launcher == "slurm":
+        from perfgate.execution.slurm import job_ids_in
+
+        for k in range(launch + 1):
+            log = directory / f"launch{k}_stderr.log"
+            if log.is_file():
+                with log.open("rb") as fh:  # the launcher names the job in its first lines
+                    jobs.extend(job_ids_in(fh.read(_TAIL_BYTES).decode("utf-8", errors="replace")))
     return BenchmarkRunOutput(
+        slurm_jobs=jobs,
         run_id=inp.run_id,
         action=inp.action,
         run_state=st["state"],
@@ -273,6 +287,7 @@ def _brief(out: BenchmarkRunOutput) -> list[str]:
     lines = [
         f"run {out.run_id}: {out.run_state}, launch {out.launch + 1}/{out.launches}"
         + (f", step {out.steps_done}/{out.steps_total}" if out.steps_done is not None else "")
+        + (f", slurm job {out.slurm_jobs[-1]}" if out.slurm_jobs else "")
     ]
     if out.result is not None:
         r = out.result
@@ -291,7 +306,7 @@ SPEC = ToolSpec(
         "Status, wait (progress notifications while it runs), result or cancel of a run started with "
         "run_benchmark_window(detach=true), by run_id. Works after the client reconnects and after the server "
         "restarts. 'result' records the same run_benchmark_window evidence the blocking call would; 'cancel' stops "
-        "the run's process group."
+        "the run's process group (a Slurm launch: scancel of its job)."
     ),
     input_model=BenchmarkRunInput,
     output_model=BenchmarkRunOutput,

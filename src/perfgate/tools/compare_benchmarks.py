@@ -6,6 +6,7 @@ start-up fast.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import anyio.to_thread
@@ -41,6 +42,57 @@ _TOPOLOGY = (
     "expert_parallel",
 )
 _OBSERVED_INVARIANTS = ("device_kind", "device_name")
+_DEGREE_FLAGS: dict[str, frozenset[str]] = {
+    "tensor_parallel": frozenset(
+        {
+            "tp",
+            "tp_size",
+            "tp_degree",
+            "tensor_parallel",
+            "tensor_parallel_size",
+            "tensor_parallel_degree",
+            "tensor_model_parallel_size",
+        }
+    ),
+    "pipeline_parallel": frozenset(
+        {
+            "pp",
+            "pp_size",
+            "pp_degree",
+            "pipeline_parallel",
+            "pipeline_parallel_size",
+            "pipeline_parallel_degree",
+            "pipeline_model_parallel_size",
+        }
+    ),
+    "context_parallel": frozenset(
+        {"cp", "cp_size", "cp_degree", "context_parallel", "context_parallel_size", "context_parallel_degree"}
+    ),
+    "expert_parallel": frozenset(
+        {
+            "ep",
+            "ep_size",
+            "ep_degree",
+            "expert_parallel",
+            "expert_parallel_size",
+            "expert_parallel_degree",
+            "expert_model_parallel_size",
+        }
+    ),
+    "data_parallel": frozenset(
+        {
+            "dp",
+            "dp_size",
+            "data_parallel",
+            "data_parallel_size",
+            "data_parallel_degree",
+            "data_parallel_shard_degree",
+            "data_parallel_replicate_degree",
+        }
+    ),
+}
+"""Command-line options that set a parallel degree (Megatron, torchtitan's --parallelism.*, common short
+forms), normalized: leading dashes dropped, '-' as '_', the last dotted segment."""
 Verdict = Literal["improved", "regressed", "within_noise", "insufficient_launches", "incomparable"]
 
 
@@ -137,6 +189,20 @@ _CODE = "code"
 _ARGV = "argv"
 
 
+def _launched_argv(inputs: dict[str, Any]) -> Any:
+    """The command as launched: a Slurm launch adds its launcher and resources (nodes, tasks, CPUs,
+    GRES, partition) as trailing tokens, so a change of any of them is an argv difference."""
+    command: Any = inputs.get("command")
+    launcher = inputs.get("launcher", "local")
+    if launcher in (None, "local"):
+        return command
+    if not isinstance(command, list):
+        return None
+    slurm = json.dumps(inputs.get("slurm"), sort_keys=True, separators=(",", ":"))
+    tokens: list[Any] = [*cast("list[Any]", command), f"launcher={launcher}", f"slurm={slurm}"]
+    return tokens
+
+
 def _declared_names(declared: list[str]) -> set[str]:
     """Declared names as compared: canonical, with 'env:' stripped."""
     from perfgate.benchmarking.vocabulary import canonical_key
@@ -230,8 +296,8 @@ def _differences(
                 "vocabulary name",
             )
         )
-    # argv (imported evidence has none)
-    b_argv, c_argv = base.inputs.get("command"), cand.inputs.get("command")
+    # argv (imported evidence has none), with how it was launched (a Slurm launch's resources)
+    b_argv, c_argv = _launched_argv(base.inputs), _launched_argv(cand.inputs)
     if isinstance(b_argv, list) and isinstance(c_argv, list) and b_argv != c_argv:
         b_list = [str(x) for x in cast("list[Any]", b_argv)]
         c_list = [str(x) for x in cast("list[Any]", c_argv)]
@@ -402,6 +468,68 @@ def _side_reasons(side: str, records: list[EvidenceRecord]) -> list[str]:
     return reasons
 
 
+def argv_degrees(argv: Any) -> dict[str, str]:
+    """Parallel degrees a command line sets (``--tensor-model-parallel-size 2``, ``--tp=2``,
+    ``--parallelism.pipeline_parallel_degree 4``): vocabulary key -> the value given."""
+    tokens = [str(x) for x in cast("list[Any]", argv)] if isinstance(argv, list) else []
+    out: dict[str, str] = {}
+    for i, token in enumerate(tokens):
+        if not token.startswith("-"):
+            continue
+        flag, eq, value = token.partition("=")
+        name = flag.lstrip("-").replace("-", "_").lower().rsplit(".", 1)[-1]
+        if not eq:
+            value = tokens[i + 1] if i + 1 < len(tokens) else ""
+        for key, names in _DEGREE_FLAGS.items():
+            if name in names and value.lstrip("-").isdigit():
+                out[key] = value
+    return out
+
+
+def _argv_topology(
+    base: EvidenceRecord, cand: EvidenceRecord, declared: list[str]
+) -> tuple[list[str], list[str]]:
+    """(parallel degrees the two command lines set differently, reasons): a degree changed on the command
+    line is a topology change whatever else was declared, and a command line that contradicts its own
+    contract's degree is named (what ran beats what was declared)."""
+    b_deg, c_deg = argv_degrees(base.inputs.get("command")), argv_degrees(cand.inputs.get("command"))
+    changed: list[str] = []
+    reasons: list[str] = []
+    names = {canonical_key(d) for d in declared}
+    for key in sorted(set(b_deg) | set(c_deg)):
+        if b_deg.get(key) != c_deg.get(key):
+            changed.append(key)
+            if key not in names:
+                reasons.append(
+                    f"the command line changes {key} ({b_deg.get(key, 'unset')} -> {c_deg.get(key, 'unset')}) but it "
+                    f"was not declared: a parallel degree is a topology change; declare '{key}' and compare with "
+                    "per_device=true"
+                )
+    for key in changed:
+        missing = [
+            side
+            for side, record in (("baseline", base), ("candidate", cand))
+            if key not in _contract(record).execution
+        ]
+        if missing:
+            reasons.append(
+                f"the command line changes {key} but the {' and '.join(missing)} "
+                + ("contracts do" if len(missing) > 1 else "contract does")
+                + " not declare it: "
+                f"add execution.{key} (baseline {b_deg.get(key, 'unset')}, candidate {c_deg.get(key, 'unset')}) so the "
+                "comparison is of what ran"
+            )
+    for side, record, degrees in (("baseline", base, b_deg), ("candidate", cand, c_deg)):
+        execution = _contract(record).execution
+        for key, value in degrees.items():
+            if key in execution and str(execution[key]) != value:
+                reasons.append(
+                    f"the {side} command line sets {key}={value} but its contract declares {execution[key]}: fix "
+                    "the contract to what ran"
+                )
+    return changed, reasons
+
+
 def _difference_reasons(declared: list[str], diff: ContractDiff, differences: list[Difference]) -> list[str]:
     """One sentence per undeclared or semantic difference, and per declared change that did not happen."""
     reasons: list[str] = []
@@ -512,12 +640,25 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
                 reasons.append(
                     f"measured {key} changed ({b_obs.get(key)} -> {c_obs.get(key)}) but was not declared"
                 )
+    argv_changed, argv_reasons = _argv_topology(base[0], cand[0], inp.declared_changes)
+    # a declared degree the contracts do not change but the command lines do is explained by argv_reasons
+    explained = tuple(f"declared change '{k}' did not happen" for k in argv_changed)
+    reasons = [r for r in reasons if not r.startswith(explained)] + argv_reasons
+    actual += argv_changed
     topology = sorted({canonical_key(k) for k in actual} & set(_TOPOLOGY))
     if topology and not inp.per_device:
+        same_world = b_obs.get("world_size") == c_obs.get("world_size") and "world_size" not in topology
         reasons.append(
             f"the topology changed ({', '.join(topology)}; measured world size {b_obs.get('world_size')} -> "
-            f"{c_obs.get('world_size')}): total throughput grows with devices, so this is not an equivalent "
-            "speedup; compare with per_device=true (work per device-second) and declare the change"
+            f"{c_obs.get('world_size')}): "
+            + (
+                "the same devices split the work differently (parallel degrees), which changes each device's "
+                "work, memory and communication"
+                if same_world
+                else "total throughput grows with devices"
+            )
+            + ", so this is not an equivalent speedup; compare with per_device=true (work per device-second) "
+            "and declare the change"
         )
     ev = rt.evidence()
     common: dict[str, Any] = {

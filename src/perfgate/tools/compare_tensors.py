@@ -17,7 +17,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.errors import ToolError
-from perfgate.evidence import EvidenceState, file_digest
+from perfgate.evidence import EvidenceState
 from perfgate.report.plots import tensor_errors_png
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
@@ -268,15 +268,34 @@ def _problems_first(tensors: list[TensorComparison]) -> list[TensorComparison]:
     return sorted(tensors, key=lambda t: (_SEVERITY[t.status], -(t.mismatched_fraction or 0.0)))
 
 
-def _hash_files(files: list[tuple[Role, Path]], stop: threading.Event) -> list[_Hashed]:
-    """sha256 and size of each file; stops at the next chunk once ``stop`` is set."""
+def _hash_sources(sources: list[tuple[Role, TensorSource]], stop: threading.Event) -> list[_Hashed]:
+    """sha256 and size of every file of both sources, through the descriptors the comparison reads, on
+    one thread per file up to the usable CPUs (hashlib releases the GIL); stops at the next chunk once
+    ``stop`` is set."""
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from perfgate.tensors import ComparisonCancelled
+    from perfgate.tensors._engine import usable_cpus
 
     def check() -> None:
         if stop.is_set():
             raise ComparisonCancelled
 
-    return [(role, path, *file_digest(path, on_chunk=check)) for role, path in files]
+    jobs: list[tuple[Role, Path, Callable[[Callable[[], None] | None], tuple[str, int]]]] = [
+        (role, path, job) for role, source in sources for path, job in source.digest_jobs()
+    ]
+    if len(jobs) == 1:
+        role, path, job = jobs[0]
+        return [(role, path, *job(check))]
+    with ThreadPoolExecutor(min(len(jobs), usable_cpus()), thread_name_prefix="perfgate-hash") as pool:
+        futures: list[tuple[Role, Path, Future[tuple[str, int]]]] = [
+            (role, path, pool.submit(job, check)) for role, path, job in jobs
+        ]
+        try:
+            return [(role, path, *future.result()) for role, path, future in futures]
+        except BaseException:
+            stop.set()
+            raise
 
 
 def _open(role: Role, path: Path, confine: Callable[[Path], Path]) -> TensorSource:
@@ -469,8 +488,7 @@ async def _compare_and_hash(
 
     from perfgate.tensors import ComparisonCancelled, TensorInputError, compare_sources
 
-    files: list[tuple[Role, Path]] = [("reference", p) for p in reference.files]
-    files.extend(("candidate", p) for p in candidate.files)
+    sources: list[tuple[Role, TensorSource]] = [("reference", reference), ("candidate", candidate)]
     report: list[ComparisonReport] = []
     hashed: list[list[_Hashed]] = []
     failures: list[Exception] = []
@@ -493,8 +511,10 @@ async def _compare_and_hash(
 
     async def run_hash() -> None:
         try:
-            hashed.append(await anyio.to_thread.run_sync(_hash_files, files, stop, abandon_on_cancel=True))
-        except (ComparisonCancelled, OSError) as exc:
+            hashed.append(
+                await anyio.to_thread.run_sync(_hash_sources, sources, stop, abandon_on_cancel=True)
+            )
+        except (TensorInputError, ComparisonCancelled, OSError) as exc:
             failures.append(exc)
             stop.set()
 

@@ -137,6 +137,28 @@ class SourceFile(BaseModel):
     copied: bool = Field(description="Whether the file was copied into the evidence (up to 8 MiB).")
 
 
+class ImportedOrigin(BaseModel):
+    """The provenance block of an imported run: what launched windows record, with what is unknown said so."""
+
+    launched: Literal[False] = False
+    label: Literal["imported, not launched by perfgate"] = "imported, not launched by perfgate"
+    argv: None = Field(default=None, description="Unknown: perfgate did not launch the run.")
+    env_changes: None = Field(default=None, description="Unknown: perfgate did not launch the run.")
+    code: None = Field(
+        default=None, description="Unknown: the run's code state was not recorded by perfgate."
+    )
+    measured_environment: None = Field(
+        default=None,
+        description="Unknown: no harness measured the training process; an attached environment_id is what "
+        "the caller says, so imported windows never count as the same measured environment.",
+    )
+    files: dict[str, str] = Field(description="sha256 of each source file read (path -> digest).")
+    unknown: list[str] = Field(
+        default=["argv", "env changes", "code state", "measured environment"],
+        description="What this evidence cannot tell: never compared as 'same'.",
+    )
+
+
 class ImportedRankResult(BaseModel):
     rank: int
     median_step_ms: float
@@ -153,6 +175,10 @@ class ImportBenchmarkOutput(BaseModel):
     state: EvidenceState
     provenance: Literal["imported"] = Field(description="Imported: perfgate did not launch this run.")
     provenance_note: str
+    origin: ImportedOrigin = Field(
+        description="The provenance block launched windows carry, for an imported run: the source files' "
+        "digests, and argv, env changes, code state and measured environment unknown."
+    )
     failure_reason: str | None
     format: ImportFormat
     label: str | None
@@ -459,6 +485,7 @@ async def run(inp: ImportBenchmarkInput, rt: ToolRuntime) -> ImportBenchmarkOutp
         state=EvidenceState.EXECUTED if ok else EvidenceState.FAILED,
         provenance="imported",
         provenance_note=PROVENANCE_NOTE + (f" ({inp.source_note})" if inp.source_note else ""),
+        origin=ImportedOrigin(files={src.path: src.sha256 for src in sources}),
         failure_reason=failure,
         format=inp.format,
         label=inp.label,

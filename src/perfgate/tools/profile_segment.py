@@ -37,6 +37,7 @@ from perfgate.tools._traces import (
     trace_brief,
     trace_files,
 )
+from perfgate.tools.run_benchmark_window import RunProvenance, measured_environment, run_provenance
 from perfgate.traces import Finding, RankProfile, RankSkew, TraceError
 from perfgate.traces.external import (
     ExternalCapture,
@@ -151,6 +152,16 @@ class ProfileSegmentOutput(BaseModel):
     exit_code: int | None
     failure_reason: str | None
     warnings: list[str]
+    provenance: RunProvenance | None = Field(
+        default=None,
+        description="run: what ran, as for benchmark windows: argv, env changes, code state, digests of files "
+        "argv names; null when nothing was launched.",
+    )
+    environment_fingerprint: dict[str, str | None] = Field(
+        default_factory=dict[str, str | None],
+        description="run: the environment the training process measured (device, torch, threads, precision "
+        "switches; rank 0's harness record); empty when nothing was launched or no record was written.",
+    )
 
 
 # --------------------------------------------------------------------------- the command
@@ -279,6 +290,8 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
     exit_code: int | None = None
     failure: str | None = None
     trace_artifacts: list[str] = []
+    provenance: RunProvenance | None = None
+    fingerprint: dict[str, str | None] = {}
 
     if request is None:
         paths = resolve_traces(inp.trace_paths, rt) if inp.trace_paths else []
@@ -297,11 +310,14 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                 await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.state_dir))
             from perfgate.traces.hostload import HostLoadSampler
 
+            assert inp.command is not None
+            provenance = await anyio.to_thread.run_sync(run_provenance, inp.command, inp.cwd, inp.env, rt, ev)
             sampler = HostLoadSampler()
             sampler.start()
             result = await rt.run_command(request, ev)
             host_load = sampler.stop()
             exit_code = result.exit_code
+            fingerprint = await anyio.to_thread.run_sync(_measured, run_dir / "records")
             traces = sorted((run_dir / "traces").glob("rank*.pt.trace.json*"))
             if not result.succeeded:
                 failure = f"the training command failed: {result.summary()}"
@@ -354,6 +370,8 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         exit_code=exit_code,
         failure_reason=failure,
         warnings=warnings,
+        provenance=provenance,
+        environment_fingerprint=fingerprint,
     )
     await key_plot(ev, report.ranks, rt)
     return await rt.commit(
@@ -364,6 +382,18 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         exit_code=exit_code,
         environment_id=inp.environment_id,
     )
+
+
+def _measured(record_dir: Path) -> dict[str, str | None]:
+    """Rank 0's measured environment from the harness records of the profiled run, when it wrote one."""
+    from perfgate.benchmarking import load_records
+    from perfgate.benchmarking.errors import RecordError
+
+    try:
+        found = load_records(record_dir)
+    except (RecordError, OSError):
+        return {}
+    return measured_environment(found.records[0]) if found.records else {}
 
 
 SPEC = ToolSpec(

@@ -445,6 +445,13 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
         env["PYTHONPATH"] = path if not existing else f"{path}:{existing}"
     launches = 1 if inp.same_process else inp.repeats
     if inp.launcher == "slurm":
+        steering = sorted(k for k in inp.env if k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "PET_")))
+        if steering:
+            raise ToolError(
+                f"env sets {', '.join(steering)}: Slurm and torchrun read these as job options; give resources "
+                "through slurm={nodes, ntasks_per_node, cpus_per_task, gres, partition} and the time limit "
+                "through timeout_s, so the approval shows them as the submission"
+            )
         path = inp.env.get("PATH", os.environ.get("PATH", os.defpath))
         missing = [p for p in ("salloc", "srun", "scancel", "squeue") if shutil.which(p, path=path) is None]
         if missing:
@@ -799,11 +806,18 @@ def _measured_samples_per_step(records: list[RankRecord], inp: RunBenchmarkWindo
 
 
 def _provenance(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder) -> RunProvenance:
-    """The run's argv, env change names, code state (git) and digests of the workspace files argv names."""
+    return run_provenance(inp.command, inp.cwd, inp.env, rt, ev)
+
+
+def run_provenance(
+    command: list[str], cwd_name: str, env: dict[str, str], rt: ToolRuntime, ev: EvidenceBuilder
+) -> RunProvenance:
+    """A launched run's argv, env change names, code state (git; the dirty diff as the evidence's code.diff)
+    and digests of the workspace files argv names: every run perfgate launches records this block."""
     from perfgate.benchmarking.provenance import argv_files, diff_sections
     from perfgate.envprobe import git_snapshot
 
-    cwd = rt.resolve_path(inp.cwd, kind="dir")
+    cwd = rt.resolve_path(cwd_name, kind="dir")
     snapshot, reason = git_snapshot(rt.workspace)
     artifact: str | None = None
     if snapshot is not None and snapshot.diff:
@@ -817,12 +831,17 @@ def _provenance(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuild
         unknown_reason=reason,
     )
     return RunProvenance(
-        argv=list(inp.command),
-        cwd=inp.cwd,
-        env_changes=sorted(inp.env),
+        argv=list(command),
+        cwd=cwd_name,
+        env_changes=sorted(env),
         code=code,
-        files=argv_files(inp.command, cwd, rt.workspace),
+        files=argv_files(command, cwd, rt.workspace),
     )
+
+
+def measured_environment(record: RankRecord | None) -> dict[str, str | None]:
+    """The environment the training process measured (rank 0's record): the window fingerprint."""
+    return _fingerprint(record)
 
 
 def _output(

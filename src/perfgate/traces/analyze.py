@@ -14,6 +14,7 @@ import numpy as np
 from perfgate._deadline import DEFAULT_MAX_TRACE_EVENTS, EVENTS_HOW, checkpoint
 from perfgate.traces._events import Header
 from perfgate.traces._group import unique_counts, unique_values
+from perfgate.traces._memory import TRIM_EVERY_BYTES, release_free_memory
 from perfgate.traces._np import int_list
 from perfgate.traces.diagnose import diagnose
 from perfgate.traces.errors import TraceError, TraceTooLargeError
@@ -122,6 +123,7 @@ def load_table(
     )
     builder = TableBuilder()
     events = 0
+    trimmed_at = 0
     for batch in stream.batches():
         events += len(batch)
         if events > options.max_events:
@@ -132,7 +134,13 @@ def load_table(
             )
         builder.add(batch)
         checkpoint()
-    return builder.build(), stream.header, stream
+        if stream.decoded_bytes - trimmed_at >= TRIM_EVERY_BYTES:
+            release_free_memory()
+            trimmed_at = stream.decoded_bytes
+    table = builder.build()
+    if trimmed_at:
+        release_free_memory()
+    return table, stream.header, stream
 
 
 def _rank(header: Header, path: Path) -> tuple[int, RankSource, int | None]:
@@ -264,6 +272,8 @@ def analyze_table(
     prepared = prepare(
         table, time_basis=options.time_basis, include_last_step=options.include_last_step, release=True
     )
+    if counts["decompressed_bytes"] >= TRIM_EVERY_BYTES:
+        release_free_memory()  # the raw columns just freed
     checkpoint()
     counts["device_in_window"] = len(prepared.device)
     t = temporal_breakdown(prepared)
