@@ -9,9 +9,10 @@ that loses its last 1000 samples in epoch 1, a rank that re-reads 500 samples in
    whole file; the plain audit, which needs a Python object per record, runs on the file's first
    --plain-records rows (default 10M), and so does perfgate once more, for a like-for-like ratio.
 
-Each audit runs in its own child process so its peak RSS is its own, --repeats times (default 2),
-alternating with the other, and the fastest run of each is compared: on a shared machine both see
-the same load. Both audits must report the same counts, or the benchmark fails. Times include
+Each audit runs in its own child process so its peak RSS is its own, --repeats times (default 3),
+interleaved with the others, and medians (with ranges) are compared: on a shared machine all see the
+same load. On the JSONL data set the audit_samples tool call over MCP stdio is timed too, as an agent
+waits for it: ``mcp_warm`` (a running server, the call alone) and ``mcp_cold`` (spawn, initialize, call). Both audits must report the same counts, or the benchmark fails. Times include
 reading the file. Run: python benchmarks/bench_audit.py [--quick]
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -217,7 +219,44 @@ def write_head(path: Path, limit: int) -> Path:
     return out
 
 
+def mcp_audit(path: Path, n_expected: int, warm: bool) -> tuple[float, dict[str, Any]]:
+    """The audit_samples tool call over MCP stdio: from a fresh server (cold: spawn, initialize, the
+    call) or one that already answered a call on a small file (warm: the call alone)."""
+    import anyio
+    from mcp import Client
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _mcp import perfgate_server
+
+    args = {
+        "observed": path.name,
+        "expected_range": [0, n_expected],
+        "world_size": WORLD,
+        "allow_padding_repeats": True,
+    }
+
+    async def go() -> tuple[float, dict[str, Any]]:
+        start = time.perf_counter()
+        async with Client(perfgate_server(path.parent), mode="legacy") as client:
+            if warm:
+                small = path.with_name("warmup.jsonl")
+                small.write_text('{"sample_id":0,"epoch":0,"rank":0,"worker":0}\n')
+                await client.call_tool(
+                    "audit_samples", {**args, "observed": small.name, "expected_range": [0, 1]}
+                )
+                start = time.perf_counter()
+            result = await client.call_tool("audit_samples", args)
+            seconds = time.perf_counter() - start
+        assert not result.is_error, result
+        return seconds, result.structured_content or {}
+
+    return anyio.run(go)
+
+
 def measure(kind: str, path: Path, n_expected: int, limit: int | None) -> dict[str, Any]:
+    if kind in ("mcp_warm", "mcp_cold"):
+        seconds, out = mcp_audit(path, n_expected, warm=kind == "mcp_warm")
+        return {"seconds": seconds, "peak_rss_bytes": 0, "status": out.get("status")}
     start = time.perf_counter()
     if kind == "plain":
         rows = plain_rows_jsonl(path, limit) if path.suffix == ".jsonl" else plain_rows_columnar(path, limit)
@@ -245,22 +284,32 @@ def child(kind: str, path: Path, n_expected: int, limit: int | None) -> dict[str
 
 
 def best(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The fastest run, with every run's time and the largest peak RSS."""
-    fastest = min(runs, key=lambda r: r["seconds"])
+    """The median run (its figures), with every run's time, the median and range, and the largest peak
+    RSS. ``seconds`` is the median."""
+    ordered = sorted(runs, key=lambda r: r["seconds"])
+    middle = ordered[(len(ordered) - 1) // 2]
+    times = [r["seconds"] for r in runs]
     return {
-        **fastest,
-        "seconds_all": [r["seconds"] for r in runs],
+        **middle,
+        "seconds": statistics.median(times),
+        "seconds_min": min(times),
+        "seconds_max": max(times),
+        "seconds_all": times,
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs),
     }
 
 
-def compare(label: str, path: Path, n_expected: int, limit: int | None, repeats: int) -> dict[str, Any]:
-    """Both audits `repeats` times, alternating, so a busy machine slows both alike; best of each."""
-    runs: dict[str, list[dict[str, Any]]] = {"perfgate": [], "plain": []}
+def compare(
+    label: str, path: Path, n_expected: int, limit: int | None, repeats: int, mcp: bool = False
+) -> dict[str, Any]:
+    """Both audits (and with ``mcp`` the tool call over MCP, warm and cold) `repeats` times, interleaved,
+    so a busy machine slows all alike; medians and ranges."""
+    kinds = ["perfgate", "plain", *(["mcp_warm", "mcp_cold"] if mcp else [])]
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     for _ in range(repeats):
         for kind, kind_runs in runs.items():
             kind_runs.append(child(kind, path, n_expected, limit))
-    return {"label": label, "perfgate": best(runs["perfgate"]), "plain": best(runs["plain"])}
+    return {"label": label, **{k: best(v) for k, v in runs.items()}}
 
 
 def agree(fast: dict[str, Any], plain: dict[str, Any]) -> None:
@@ -317,8 +366,9 @@ def main() -> None:
     parser.add_argument("--columnar-records", type=int, default=100_000_000)
     parser.add_argument("--plain-records", type=int, default=10_000_000)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/perfgate-bench-audit"))
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each audit, alternating; best kept")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each audit, interleaved; medians")
     parser.add_argument("--quick", action="store_true", help="1M JSONL, 4M columnar, 1M plain subset")
+    parser.add_argument("--jsonl-only", action="store_true", help="skip the columnar data set")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if args.quick:
@@ -333,10 +383,20 @@ def main() -> None:
     print(
         f"wrote {total:,} JSONL records ({jsonl.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f} s"
     )
-    run = compare("JSONL, every record, both audits", jsonl, n_jsonl, None, args.repeats)
+    run = compare("JSONL, every record, both audits", jsonl, n_jsonl, None, args.repeats, mcp=True)
     agree(run["perfgate"], run["plain"])
     results.append({**run, "records": total})
 
+    if args.jsonl_only:
+        for kind in ("perfgate", "plain", "mcp_warm", "mcp_cold"):
+            row = run[kind]
+            print(
+                f"JSONL {total:,} records: {kind:9s} median {row['seconds']:.2f} s (range {row['seconds_min']:.2f}-"
+                f"{row['seconds_max']:.2f}); plain / this: {run['plain']['seconds'] / row['seconds']:.1f}x"
+            )
+        if args.json:
+            args.json.write_text(json.dumps({"audits": results}, indent=2))
+        return
     n_col = ids_for(args.columnar_records)
     suffix = ".parquet" if parquet_available() else ".npz"
     columnar = args.workdir / f"records{args.columnar_records}{suffix}"
@@ -373,10 +433,15 @@ def main() -> None:
             f"{gib(plain['peak_rss_bytes']) if plain else '-':>11}"
         )
     for r in results:
-        for kind in ("perfgate", "plain"):
-            if r[kind]:
+        for kind in ("perfgate", "plain", "mcp_warm", "mcp_cold"):
+            if r.get(kind):
                 times = ", ".join(f"{s:.2f}" for s in r[kind]["seconds_all"])
-                print(f"  {r['label']}: {kind} runs {times} s")
+                ratio = (
+                    f"; {r['plain']['seconds'] / r[kind]['seconds']:.1f}x the plain audit (medians)"
+                    if r.get("plain") and kind != "plain"
+                    else ""
+                )
+                print(f"  {r['label']}: {kind} median {r[kind]['seconds']:.2f} s, runs {times} s{ratio}")
     rate = results[1]["plain"]["seconds"] / args.plain_records
     print(
         f"\nplain audit extrapolated to all {results[2]['records']:,} columnar records: "

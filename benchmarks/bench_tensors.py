@@ -1,20 +1,27 @@
-"""compare_tensors vs safetensors+torch.testing.assert_close on two large float32 checkpoints.
+"""compare_tensors vs safetensors+torch.testing.assert_close on two large checkpoints.
 
-Generates two safetensors files of ``--size-gib`` each (default 1 GiB: 8 tensors of 8192 x 4096 float32)
-under a temporary folder, the candidate within tolerance of the reference everywhere, then times each
-contender in its own fresh subprocess (so peak RSS is that contender's alone), alternating them
-``--repeats`` times with the files in the page cache:
+Generates two checkpoints of ``--size-gib`` each under a temporary folder, the candidate within tolerance
+of the reference everywhere: by default one float32 safetensors file each (8192 x 4096 tensors); with
+``--bf16-sharded``, a bfloat16 model sharded into ``--shards`` files with a ``model.safetensors.index.json``
+(what ``save_pretrained`` writes). Then times each contender in its own fresh subprocess (so peak RSS is
+that contender's alone), interleaved, ``--repeats`` times, with the files in the page cache:
 
-- ``perfgate``: `perfgate.tensors.compare_sources` (streamed, memory-mapped, float64 arithmetic).
-- ``perfgate_tool``: the whole compare_tensors tool call (the above, plus sha256 of both inputs,
-  evidence record and artifact), as an agent gets it.
-- ``torch``: ``safetensors.torch.load_file`` on both files, then ``torch.testing.assert_close`` per tensor.
+- ``mcp_warm``: the compare_tensors tool call over MCP stdio to a running ``perfgate serve`` (its modules
+  imported by a first call on a small pair): from sending ``tools/call`` to the answer. What an agent
+  waits for in a session.
+- ``mcp_cold``: spawn ``perfgate serve``, ``initialize``, that one call, the answer.
+- ``perfgate_tool``: the tool's ``run`` in process (comparison, sha256 of every input, evidence record).
+- ``perfgate``: the library, `perfgate.tensors.compare_sources` (streamed, float64 arithmetic).
+- ``numpy_floor``: the least any reader can do: ``np.fromfile`` of each tensor and the closeness test
+  ``|c - r| <= atol + rtol * |r|`` in the tensors' own precision (float32; bf16 through ml_dtypes), no
+  statistics, no hashing.
+- ``torch``: the peer's cold process: ``safetensors.torch.load_file`` on every file, then
+  ``torch.testing.assert_close`` per tensor.
 
-Each worker reports wall time, its peak RSS (VmHWM, else ``ru_maxrss``) and its peak after imports (the
-interpreter's baseline); the figures that matter are ratios: time vs torch (best of the repeats, as the
-machine may be shared), and peak RSS above the worker's own baseline.
+Each worker reports wall time, its peak RSS (VmHWM, else ``ru_maxrss``) and its peak after imports; the
+figures are medians and ranges of the repeats, and ratios of medians (time vs torch, and vs the floor).
 
-    python benchmarks/bench_tensors.py [--size-gib 1] [--repeats 2] [--dir /tmp] [--json out.json]
+    python benchmarks/bench_tensors.py [--size-gib 1] [--repeats 3] [--bf16-sharded] [--dir /tmp] [--json out.json]
 """
 
 from __future__ import annotations
@@ -35,7 +42,19 @@ from typing import Any
 import numpy as np
 
 ATOL = 1e-5
-RTOL = 1.3e-6
+RTOL = 1.3e-6  # float32 (torch's defaults for the dtype)
+RTOL_BF16 = 1.6e-2
+
+
+def tolerances(ref: Path) -> tuple[float, float]:
+    """(atol, rtol) for the pair: a sharded folder is the bf16 model."""
+    return (ATOL, RTOL_BF16) if ref.is_dir() else (ATOL, RTOL)
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+
+
 ROWS, COLS = 8192, 4096
 
 
@@ -55,32 +74,88 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def write_pair(folder: Path, size_gib: float, seed: int = 0) -> tuple[Path, Path]:
-    """Two safetensors files written tensor by tensor (never a whole file in memory)."""
-    tensor_bytes = ROWS * COLS * 4
+def write_pair(folder: Path, size_gib: float, seed: int = 0, *, bf16_shards: int = 0) -> tuple[Path, Path]:
+    """Two checkpoints written block by block (never a whole file in memory): one float32 file each, or
+    (``bf16_shards``) a bfloat16 model in that many shards with an index, per side."""
+    itemsize = 2 if bf16_shards else 4
+    tensor_bytes = ROWS * COLS * itemsize
     count = max(1, round(size_gib * 2**30 / tensor_bytes))
+    names = [(f"layers.{i}.weight", ROWS) for i in range(count)]
+
+    def pair_blocks(rng: np.random.Generator) -> Any:
+        """Yields, alternately, writers of reference and candidate blocks with the same values."""
+        state: dict[str, np.ndarray] = {}
+        while True:
+
+            def ref_block(rows: int) -> bytes:
+                block = rng.standard_normal((rows, COLS), dtype=np.float32)
+                # Within tolerance everywhere: |noise| <= 4e-6 < atol (float32); bf16 keeps the rounding.
+                noise = np.clip(rng.standard_normal((rows, COLS), dtype=np.float32), -4, 4) * np.float32(1e-6)
+                state["cand"] = block + noise
+                return _encode(block)
+
+            def cand_block(rows: int) -> bytes:
+                return _encode(state.pop("cand"))
+
+            yield ref_block
+            yield cand_block
+
+    def _encode(block: np.ndarray) -> bytes:
+        if bf16_shards:
+            import ml_dtypes
+
+            return block.astype(ml_dtypes.bfloat16).tobytes()
+        return block.tobytes()
+
+    dtype = "BF16" if bf16_shards else "F32"
     rng = np.random.default_rng(seed)
-    header: dict[str, Any] = {}
-    for i in range(count):
-        header[f"layers.{i}.weight"] = {
-            "dtype": "F32",
-            "shape": [ROWS, COLS],
-            "data_offsets": [i * tensor_bytes, (i + 1) * tensor_bytes],
-        }
-    raw = json.dumps(header).encode()
-    raw += b" " * (-(8 + len(raw)) % 8)
-    ref_path, cand_path = folder / "reference.safetensors", folder / "candidate.safetensors"
-    with ref_path.open("wb") as ref, cand_path.open("wb") as cand:
-        for f in (ref, cand):
-            f.write(len(raw).to_bytes(8, "little") + raw)
-        for _ in range(count):
-            for _start in range(0, ROWS, 1024):
-                block = rng.standard_normal((1024, COLS), dtype=np.float32)
-                ref.write(block.tobytes())
-                # Within atol everywhere: |noise| <= 4e-6 < atol.
-                noise = np.clip(rng.standard_normal((1024, COLS), dtype=np.float32), -4, 4) * np.float32(1e-6)
-                cand.write((block + noise).tobytes())
-    return ref_path, cand_path
+    if not bf16_shards:
+        ref_path, cand_path = folder / "reference.safetensors", folder / "candidate.safetensors"
+        _write_interleaved([(ref_path, names)], [(cand_path, names)], dtype, pair_blocks(rng))
+        return ref_path, cand_path
+    per_shard = -(-count // bf16_shards)
+    shards = [names[i : i + per_shard] for i in range(0, count, per_shard)]
+    sides: list[list[tuple[Path, list[tuple[str, int]]]]] = []
+    for side in ("reference", "candidate"):
+        root = folder / side
+        root.mkdir()
+        files = [
+            (root / f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors", shard)
+            for k, shard in enumerate(shards)
+        ]
+        index = {"metadata": {}, "weight_map": {n: f.name for f, shard in files for n, _ in shard}}
+        (root / "model.safetensors.index.json").write_text(json.dumps(index))
+        sides.append(files)
+    _write_interleaved(sides[0], sides[1], dtype, pair_blocks(rng))
+    return folder / "reference", folder / "candidate"
+
+
+def _write_interleaved(
+    ref_files: list[tuple[Path, list[tuple[str, int]]]],
+    cand_files: list[tuple[Path, list[tuple[str, int]]]],
+    dtype: str,
+    blocks: Any,
+) -> None:
+    """Reference and candidate files written side by side, block for block (``blocks`` yields the writer
+    of a reference block, then that of its candidate counterpart)."""
+    for (ref_path, tensors), (cand_path, _same) in zip(ref_files, cand_files, strict=True):
+        itemsize = 4 if dtype == "F32" else 2
+        header: dict[str, Any] = {}
+        offset = 0
+        for name, rows in tensors:
+            nbytes = rows * COLS * itemsize
+            header[name] = {"dtype": dtype, "shape": [rows, COLS], "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        raw = json.dumps(header).encode()
+        raw += b" " * (-(8 + len(raw)) % 8)
+        with ref_path.open("wb") as ref, cand_path.open("wb") as cand:
+            for f in (ref, cand):
+                f.write(len(raw).to_bytes(8, "little") + raw)
+            for _name, rows in tensors:
+                for start in range(0, rows, 1024):
+                    n = min(1024, rows - start)
+                    ref.write(next(blocks)(n))
+                    cand.write(next(blocks)(n))
 
 
 def worker_perfgate(ref: Path, cand: Path) -> dict[str, Any]:
@@ -89,8 +164,9 @@ def worker_perfgate(ref: Path, cand: Path) -> dict[str, Any]:
     baseline = _rss_kib()
     cpu = _cpu_seconds()
     start = time.perf_counter()
+    atol, rtol = tolerances(ref)
     with open_tensor_source(ref) as r, open_tensor_source(cand) as c:
-        report = compare_sources(r, c, CompareOptions(atol=ATOL, rtol=RTOL))
+        report = compare_sources(r, c, CompareOptions(atol=atol, rtol=rtol))
     seconds = time.perf_counter() - start
     assert report.status == "match", report.summary
     return {
@@ -111,7 +187,8 @@ def worker_perfgate_tool(ref: Path, cand: Path) -> dict[str, Any]:
 
     workspace = ref.parent
     rt = ToolRuntime(config=ServerConfig.create(workspace), ledger=Ledger(workspace), tool="compare_tensors")
-    inp = CompareTensorsInput(reference=ref.name, candidate=cand.name, atol=ATOL, rtol=RTOL)
+    atol, rtol = tolerances(ref)
+    inp = CompareTensorsInput(reference=ref.name, candidate=cand.name, atol=atol, rtol=rtol)
     baseline = _rss_kib()
     cpu = _cpu_seconds()
     start = time.perf_counter()
@@ -131,13 +208,18 @@ def worker_torch(ref: Path, cand: Path) -> dict[str, Any]:
     import torch
     from safetensors.torch import load_file
 
+    atol, rtol = tolerances(ref)
     baseline = _rss_kib()
     cpu = _cpu_seconds()
     start = time.perf_counter()
-    reference = load_file(str(ref))
-    candidate = load_file(str(cand))
+    reference: dict[str, Any] = {}
+    candidate: dict[str, Any] = {}
+    for path in _files(ref):
+        reference.update(load_file(str(path)))
+    for path in _files(cand):
+        candidate.update(load_file(str(path)))
     for key, expected in reference.items():
-        torch.testing.assert_close(candidate[key], expected, atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(candidate[key], expected, atol=atol, rtol=rtol)
     seconds = time.perf_counter() - start
     nbytes = sum(t.numel() * t.element_size() for t in reference.values()) * 2
     return {
@@ -149,7 +231,98 @@ def worker_torch(ref: Path, cand: Path) -> dict[str, Any]:
     }
 
 
-WORKERS = {"perfgate": worker_perfgate, "perfgate_tool": worker_perfgate_tool, "torch": worker_torch}
+def worker_numpy_floor(ref: Path, cand: Path) -> dict[str, Any]:
+    """The floor: read each tensor with np.fromfile and test closeness in its own precision."""
+    import ml_dtypes
+
+    atol, rtol = tolerances(ref)
+    baseline = _rss_kib()
+    cpu = _cpu_seconds()
+    start = time.perf_counter()
+    nbytes = 0
+    bad = 0
+    for rpath, cpath in zip(_files(ref), _files(cand), strict=True):
+        header_len = int.from_bytes(rpath.open("rb").read(8), "little")
+        header = json.loads(rpath.open("rb").read(8 + header_len)[8:])
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = np.float32 if meta["dtype"] == "F32" else ml_dtypes.bfloat16
+            begin, end = meta["data_offsets"]
+            count = (end - begin) // np.dtype(dtype).itemsize
+            a = np.fromfile(rpath, dtype=dtype, count=count, offset=8 + header_len + begin)
+            b = np.fromfile(cpath, dtype=dtype, count=count, offset=8 + header_len + begin)
+            if dtype is not np.float32:
+                a, b = a.astype(np.float32), b.astype(np.float32)
+            bad += int(np.count_nonzero(np.abs(b - a) > atol + rtol * np.abs(a)))
+            nbytes += 2 * (end - begin)
+            del a, b
+    seconds = time.perf_counter() - start
+    assert bad == 0
+    return {
+        "seconds": seconds,
+        "cpu_seconds": _cpu_seconds() - cpu,
+        "baseline_kib": baseline,
+        "peak_kib": _rss_kib(),
+        "bytes": nbytes,
+    }
+
+
+def _mcp_call(ref: Path, cand: Path, warm: bool) -> dict[str, Any]:
+    """The tool call over MCP stdio, from a fresh server (cold) or one that already answered a call."""
+    import anyio
+    from mcp import Client
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _mcp import perfgate_server
+
+    atol, rtol = tolerances(ref)
+    args = {"reference": ref.name, "candidate": cand.name, "atol": atol, "rtol": rtol}
+    workspace = ref.parent
+    small = workspace / "warmup"
+
+    async def go() -> dict[str, Any]:
+        if warm:
+            small.mkdir(exist_ok=True)
+            from safetensors.numpy import save_file
+
+            for side in ("a", "b"):
+                save_file({"w": np.ones(1000, dtype=np.float32)}, str(small / f"{side}.safetensors"))
+        start = time.perf_counter()
+        async with Client(perfgate_server(workspace), mode="legacy") as client:
+            if warm:
+                await client.call_tool(
+                    "compare_tensors",
+                    {"reference": "warmup/a.safetensors", "candidate": "warmup/b.safetensors"},
+                )
+                start = time.perf_counter()
+            result = await client.call_tool("compare_tensors", args)
+            seconds = time.perf_counter() - start
+        assert not result.is_error, result
+        structured = result.structured_content or {}
+        assert structured.get("status") == "match", structured.get("summary")
+        return {"seconds": seconds, "cpu_seconds": float("nan"), "baseline_kib": 0, "peak_kib": 0,
+                "bytes": structured.get("bytes_compared", 0)}  # fmt: skip
+
+    return anyio.run(go)
+
+
+def worker_mcp_warm(ref: Path, cand: Path) -> dict[str, Any]:
+    return _mcp_call(ref, cand, warm=True)
+
+
+def worker_mcp_cold(ref: Path, cand: Path) -> dict[str, Any]:
+    return _mcp_call(ref, cand, warm=False)
+
+
+WORKERS = {
+    "mcp_warm": worker_mcp_warm,
+    "mcp_cold": worker_mcp_cold,
+    "perfgate_tool": worker_perfgate_tool,
+    "perfgate": worker_perfgate,
+    "numpy_floor": worker_numpy_floor,
+    "torch": worker_torch,
+}
 
 
 def run_worker(name: str, ref: Path, cand: Path) -> dict[str, Any]:
@@ -169,8 +342,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--size-gib", type=float, default=1.0, help="size of each file (GiB)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each contender, alternating")
+    parser.add_argument("--size-gib", type=float, default=1.0, help="size of each checkpoint (GiB)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each contender, interleaved")
+    parser.add_argument(
+        "--bf16-sharded", action="store_true", help="a bf16 model in --shards shards per side"
+    )
+    parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--dir", type=Path, default=None, help="where to write the files (default: temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--only", choices=sorted(WORKERS), action="append", help="run only these contenders")
@@ -184,11 +361,11 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="perfgate-bench-tensors-", dir=args.dir))
     try:
         start = time.perf_counter()
-        ref, cand = write_pair(folder, args.size_gib)
-        print(
-            f"wrote 2 x {ref.stat().st_size / 2**30:.2f} GiB in {time.perf_counter() - start:.1f} s to {folder}"
-        )
-        names = args.only or ["perfgate", "perfgate_tool", "torch"]
+        ref, cand = write_pair(folder, args.size_gib, bf16_shards=args.shards if args.bf16_sharded else 0)
+        size = sum(p.stat().st_size for p in _files(ref))
+        kind = f"bf16 model in {len(_files(ref))} shards" if args.bf16_sharded else "float32 file"
+        print(f"wrote 2 x {size / 2**30:.2f} GiB ({kind}) in {time.perf_counter() - start:.1f} s to {folder}")
+        names = args.only or list(WORKERS)
         runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
         for _ in range(args.repeats):
             for name in names:
@@ -197,7 +374,10 @@ def main() -> None:
         print_table(results)
         if args.json:
             args.json.write_text(
-                json.dumps({"size_gib": args.size_gib, "cpus": os.cpu_count(), "results": results}, indent=2)
+                json.dumps(
+                    {"size_gib": args.size_gib, "kind": kind, "cpus": os.cpu_count(), "results": results},
+                    indent=2,
+                )
             )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -206,35 +386,36 @@ def main() -> None:
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for name, items in runs.items():
-        seconds = statistics.median(r["seconds"] for r in items)
-        peak = max(r["peak_kib"] for r in items) * 1024
-        above = max((r["peak_kib"] - r["baseline_kib"]) for r in items) * 1024
+        seconds = [r["seconds"] for r in items]
         out[name] = {
-            "seconds_median": seconds,
-            "seconds_min": min(r["seconds"] for r in items),
-            "cpu_seconds_min": min(r["cpu_seconds"] for r in items),
-            "throughput_gb_s": items[0]["bytes"] / min(r["seconds"] for r in items) / 1e9,
-            "peak_rss_bytes": peak,
-            "peak_rss_above_baseline_bytes": above,
+            "seconds_median": statistics.median(seconds),
+            "seconds_min": min(seconds),
+            "seconds_max": max(seconds),
+            "cpu_seconds_median": statistics.median(r["cpu_seconds"] for r in items),
+            "throughput_gb_s": items[0]["bytes"] / statistics.median(seconds) / 1e9,
+            "peak_rss_bytes": max(r["peak_kib"] for r in items) * 1024,
+            "peak_rss_above_baseline_bytes": max((r["peak_kib"] - r["baseline_kib"]) for r in items) * 1024,
         }
-    if "torch" in out:
-        for row in out.values():
-            row["time_vs_torch"] = row["seconds_min"] / out["torch"]["seconds_min"]
-            row["rss_above_baseline_vs_torch"] = (
-                row["peak_rss_above_baseline_bytes"] / out["torch"]["peak_rss_above_baseline_bytes"]
-            )
+    for row in out.values():
+        if "torch" in out:
+            row["speedup_vs_torch"] = out["torch"]["seconds_median"] / row["seconds_median"]
+        if "numpy_floor" in out:
+            row["time_vs_floor"] = row["seconds_median"] / out["numpy_floor"]["seconds_median"]
     return out
 
 
 def print_table(results: dict[str, dict[str, float]]) -> None:
-    print(f"{'contender':15s} {'median s':>9s} {'min s':>7s} {'CPU s':>7s} {'GB/s':>7s} {'peak RSS MiB':>13s} {'above base MiB':>15s} "
-          f"{'time/torch':>11s} {'RSS/torch':>10s}")  # fmt: skip
+    print(f"{'contender':14s} {'median s':>9s} {'range s':>13s} {'GB/s':>6s} {'above base MiB':>15s} "
+          f"{'x torch':>8s} {'/ floor':>8s}")  # fmt: skip
     for name, row in results.items():
+        above = row["peak_rss_above_baseline_bytes"] / 2**20
         print(
-            f"{name:15s} {row['seconds_median']:9.2f} {row['seconds_min']:7.2f} {row['cpu_seconds_min']:7.2f} {row['throughput_gb_s']:7.2f} "
-            f"{row['peak_rss_bytes'] / 2**20:13.0f} {row['peak_rss_above_baseline_bytes'] / 2**20:15.0f} "
-            f"{row.get('time_vs_torch', float('nan')):11.2f} {row.get('rss_above_baseline_vs_torch', float('nan')):10.3f}"
+            f"{name:14s} {row['seconds_median']:9.2f} {row['seconds_min']:6.2f}-{row['seconds_max']:<6.2f} "
+            f"{row['throughput_gb_s']:6.2f} {above if above > 0 else float('nan'):15.0f} "
+            f"{row.get('speedup_vs_torch', float('nan')):8.2f} {row.get('time_vs_floor', float('nan')):8.2f}"
         )
+    print("x torch: the peer's median time / this contender's (higher is faster); / floor: this contender's "
+          "median time / the numpy floor's. mcp_* rows: no RSS (measured in the client).")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -359,7 +359,22 @@ def print_traces(rows: Sequence[TraceRow]) -> None:
 # --------------------------------------------------------------------------- part 2: a rank set
 
 
+def _forkserver_children_cpu() -> float:
+    """CPU seconds of the exited worker processes of this process's forkserver (it reaps them)."""
+    total = 0.0
+    for pid in _child_pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if b"forkserver" in cmdline:
+            total += (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def bench_ranks(source: Path, ranks: int, rounds: int) -> None:
+    """A set of ``ranks`` copies of ``source``: one file at a time vs the worker pool (library figures)."""
     from perfgate.traces.pool import analyze_many, worker_count
 
     folder = Path(tempfile.mkdtemp(prefix="perfgate-bench-ranks-"))
@@ -368,18 +383,23 @@ def bench_ranks(source: Path, ranks: int, rounds: int) -> None:
         for r in range(ranks):
             paths.append(folder / f"rank{r}{''.join(source.suffixes)}")
             shutil.copy(source, paths[-1])
-        serial, parallel = Series(), Series()
+        serial, parallel, busy = Series(), Series(), Series()
         for k in range(rounds):
             for who in rotate(["serial", "parallel"], k):
+                cpu0, workers0 = time.process_time(), _forkserver_children_cpu()
                 start = time.perf_counter()
                 analyze_many(paths, workers=1 if who == "serial" else None)
-                (serial if who == "serial" else parallel).values.append(time.perf_counter() - start)
+                wall = time.perf_counter() - start
+                (serial if who == "serial" else parallel).values.append(wall)
+                if who == "parallel":
+                    cpu = time.process_time() - cpu0 + _forkserver_children_cpu() - workers0
+                    busy.values.append(cpu / wall)
         workers = worker_count(paths)
         print(
             f"\n{ranks} ranks of {source.name} ({source.stat().st_size / 1e6:.1f} MB gz each), library: one file at a "
-            f"time {serial.cell()} s; {workers} worker processes {parallel.cell()} s "
-            f"({_x(ratio(serial, parallel))}; usable cores {len(os.sched_getaffinity(0))}, load average "
-            f"{os.getloadavg()[0]:.1f})"
+            f"time {serial.cell()} s; {workers} worker processes {parallel.cell()} s ({_x(ratio(serial, parallel))}), "
+            f"CPU-busy cores while parallel {busy.cell(fmt='{:.2f}')} of {len(os.sched_getaffinity(0))} usable "
+            f"(load average {os.getloadavg()[0]:.1f})"
         )  # fmt: skip
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -519,6 +539,9 @@ def main() -> None:
     )
     parser.add_argument("--skip-shared", action="store_true")
     parser.add_argument("--ranks", type=int, default=8, help="rank files in part 2 (0 skips it)")
+    parser.add_argument(
+        "--ranks-source", default="df_index_resolver", help="shared trace copied per rank in part 2"
+    )
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--synthetic-gb", type=float, default=1.0)
     parser.add_argument("--keep-synthetic", action="store_true", help="leave the synthetic file in /tmp")
@@ -551,10 +574,8 @@ def main() -> None:
             rows = anyio.run(measure_traces, traces, args.rounds, hta_python)
             print_traces(rows)
     if args.ranks and traces:
-        by_name = {p.name: p for p in traces}
-        bench_ranks(
-            by_name.get("df_index_resolver_df_index_resolver.json.gz", traces[0]), args.ranks, args.rounds
-        )
+        source = next((p for p in traces if args.ranks_source in p.name), traces[0])
+        bench_ranks(source, args.ranks, args.rounds)
     if not args.skip_synthetic:
         bench_synthetic(args.synthetic_gb, args.keep_synthetic)
 

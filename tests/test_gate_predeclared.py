@@ -155,3 +155,32 @@ async def test_quality_evidence_must_meet_the_predeclared_metric_direction_and_t
         assert kept.structured_content is not None
         gate = next(g for g in kept.structured_content["gates"] if g["name"] == "task_quality")
         assert QUALITY["metric"] in gate["reason"]
+
+
+async def test_what_open_fixed_is_shown_in_every_answer_and_the_decision_log(
+    server: Any, workspace: Path
+) -> None:
+    async with Client(server) as client:
+        opened = await client.call_tool(
+            "record_decision",
+            {
+                "action": "open",
+                "hypothesis": "fused adamw",
+                "classification": "system_optimization",
+                "changed_variable": "fused_adamw",
+                "tolerance": {"atol": 1e-6, "rtol": 1e-5},
+            },
+        )
+        assert opened.structured_content is not None, _text(opened)
+        assert (
+            opened.structured_content["declared_criteria"] == "correctness tolerance: atol=1e-06, rtol=1e-05"
+        )
+        exp = opened.structured_content["experiment_id"]
+        shown = await client.call_tool("record_decision", {"action": "show", "experiment_id": exp})
+        assert shown.structured_content is not None
+        assert shown.structured_content["declared_criteria"] == opened.structured_content["declared_criteria"]
+        training = await _open(client, classification="training_change", changed_variable="precision")
+    log = (workspace / ".perfgate" / "decisions.md").read_text()
+    assert "- **Declared at open:** correctness tolerance: atol=1e-06, rtol=1e-05" in log
+    section = log[log.index(f"## {training}") :]
+    assert "- **Declared at open:** task quality: loss\\_last\\_ratio \\<= 1.02 (lower is better)" in section

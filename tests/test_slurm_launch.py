@@ -367,3 +367,27 @@ async def test_a_changed_launch_is_an_argv_difference_in_comparisons(workspace: 
         assert status == "incomparable" and diffs and diffs[0]["classification"] == "undeclared"
         status, diffs = await argv_diffs(base, cand, ["argv"])
         assert status == "comparable" and diffs[0]["classification"] == "declared_execution"
+
+
+async def test_a_rank_that_fails_under_slurm_is_named_in_the_failure(
+    workspace: Path, slurm_partition: str
+) -> None:
+    bad = workspace / "bad.py"
+    bad.write_text(
+        'import os, time\nif os.environ["RANK"] == "1":\n    raise SystemExit("rank 1 broke")\ntime.sleep(60)\n'
+    )
+    args = {
+        "command": [PY, str(bad)],
+        "timing": "explicit",
+        "launcher": "slurm",
+        "slurm": {"ntasks_per_node": 2, "partition": slurm_partition},
+        "repeats": 1,
+        "timeout_s": 120,
+        "contract": {"invariants": {"workload": "broken"}},
+    }
+    out = await call(workspace, "run_benchmark_window", args, Human())
+    assert out["state"] == "failed"
+    # the cause (srun's first error: which task exited how), not the launcher's closing words
+    assert re.search(
+        r"first error: srun: error: \S+: tasks? [0-9-]*1: Exited with exit code 1", out["failure_reason"]
+    ), out["failure_reason"]

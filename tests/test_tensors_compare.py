@@ -393,3 +393,44 @@ def test_the_public_api_is_declared_and_importable() -> None:
         for name in module.__all__:
             assert getattr(module, name) is not None, name
     assert "compare_sources" in perfgate.tensors.__all__ and "open_tensor_source" in perfgate.tensors.__all__
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "complex64"])
+def test_identical_tensors_are_settled_in_their_own_dtype_with_the_general_figures(dtype: str) -> None:
+    """Bit-identical chunks skip the widening; the figures are what the general path gives for equal
+    values (errors 0, every element close, cosine 1), and a NaN or a changed element still takes the
+    general path (NaN fails parity; the changed element is found)."""
+    import ml_dtypes
+
+    from perfgate.tensors._kernel import KernelParams, Scratch, chunk_stats
+
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(3)
+    values = (rng.standard_normal(5000) * 100).astype(np_dtype)
+    params = KernelParams(
+        mode="exact" if dtype == "int64" else "tolerance",
+        complex_values=dtype == "complex64",
+        atol=1e-5,
+        rtol=1e-3,
+        equal_nan=False,
+    )
+    fast = chunk_stats(values, values.copy(), 7, params, Scratch(8192))
+    wide = values.astype(np.complex128 if dtype == "complex64" else np.float64)
+    assert (fast.mismatched, fast.sum_abs, fast.max_abs, fast.max_abs_at, fast.max_rel) == (
+        0,
+        0.0,
+        0.0,
+        7,
+        0.0,
+    )
+    assert fast.finite_pairs == 5000 and fast.aa == fast.bb == fast.ab
+    assert fast.aa == pytest.approx(float(np.vdot(wide, wide).real), rel=1e-12)
+    if dtype != "int64":
+        with_nan = values.copy()
+        with_nan[10] = np.nan
+        stats = chunk_stats(with_nan, with_nan.copy(), 0, params, Scratch(8192))
+        assert stats.mismatched == 1 and stats.nonfinite_reference == 1
+    changed = values.copy()
+    changed[42] = changed[42] * 2 + 1
+    stats = chunk_stats(values, changed, 0, params, Scratch(8192))
+    assert stats.mismatched >= 1 and stats.max_abs_at == 42

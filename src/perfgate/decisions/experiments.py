@@ -113,6 +113,12 @@ class Experiment:
     decisions: list[DecisionEntry] = field(default_factory=list[DecisionEntry])
     attempts: list[DecisionEntry] = field(default_factory=list[DecisionEntry])
 
+    def criteria(self) -> str:
+        """What open fixed before any candidate evidence: the tolerance, or a training change's quality."""
+        if self.classification == "training_change":
+            return "task quality: " + (self.quality.describe() if self.quality else "none declared")
+        return "correctness tolerance: " + self.tolerance.describe()
+
     def ids(self, role: Role) -> list[str]:
         return [link.evidence_id for link in self.links if link.role == role]
 

@@ -38,6 +38,7 @@ def render_experiment(exp: Experiment) -> str:
         f"- **Classification:** {exp.classification}",
         f"- **Changed variable:** {_inline(exp.changed_variable)}",
         f"- **Opened:** {exp.opened_at}",
+        f"- **Declared at open:** {_inline(exp.criteria())}",
     ]
     if exp.memory_budget_bytes is not None:
         lines.append(f"- **Memory budget:** {exp.memory_budget_bytes} bytes")

@@ -183,6 +183,10 @@ class RecordDecisionOutput(BaseModel):
     accepted: bool = Field(description="decide: the decision was recorded; other actions: true.")
     decision: Decision | None
     label: str | None = Field(description="How a kept result may be described, e.g. 'equivalent speedup'.")
+    declared_criteria: str = Field(
+        description="What open fixed before any candidate evidence: the correctness tolerance (bit-exact when "
+        "none was declared), or a training change's task-quality criterion."
+    )
     gates: list[Gate] = Field(description="The keep gates as they stand now, with what would satisfy each.")
     evidence: list[EvidenceLink]
     decisions_md: str = Field(description="Path of the rendered decision log, relative to the workspace.")
@@ -204,6 +208,24 @@ def _check_links(ledger: Ledger, links: list[EvidenceLink]) -> None:
             )
         if record.tool == "record_decision":
             raise ToolError(f"{link.id} is a decision record; attach the evidence itself")
+
+
+def _criteria(inp: RecordDecisionInput) -> str:
+    """What an open call fixes, as the experiment will report it."""
+    from perfgate.decisions.experiments import BIT_EXACT, QualityCriteria, Tolerance
+
+    exp = Experiment(
+        id="",
+        hypothesis="",
+        classification=inp.classification or "system_optimization",
+        changed_variable="",
+        touches_data=False,
+        memory_budget_bytes=None,
+        opened_at="",
+        tolerance=Tolerance(**inp.tolerance.model_dump()) if inp.tolerance else BIT_EXACT,
+        quality=QualityCriteria(**inp.quality.model_dump()) if inp.quality else None,
+    )
+    return exp.criteria()
 
 
 def _new_experiment_id() -> str:
@@ -272,6 +294,7 @@ async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput
         accepted=accepted,
         decision=inp.decision if inp.action == "decide" else None,
         label=label,
+        declared_criteria=_criteria(inp) if exp is None else exp.criteria(),
         gates=gates,
         evidence=links,
         decisions_md=str(rt.ledger.state_dir.relative_to(rt.workspace) / "decisions.md"),

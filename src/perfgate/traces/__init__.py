@@ -1,10 +1,11 @@
 """Streaming Kineto trace reader and analyses (used by the ``analyze_trace`` and ``profile_segment`` tools).
 
-Read one trace per rank with bounded memory, then break device time down the way HTA does (idle,
-compute, non-compute), with finer kernel categories, host-side launch and synchronization views, host
-step phases (`phases`), device idle causes (`idle`), frequent kernel sequences (`sequences`), per-step
-times and the comparison across ranks; `diagnose` turns these into ranked findings and `diff` compares
-two profiles. Durations are microseconds throughout.
+Read one trace per rank with bounded memory (several ranks in parallel worker processes, `pool`),
+then break device time down the way HTA does (idle, compute, non-compute), with finer kernel
+categories, host-side launch and synchronization views, host step phases (`phases`), device idle
+causes (`idle`), frequent kernel sequences (`sequences`), per-step times and the comparison across
+ranks; `diagnose` turns these into ranked findings and `diff` compares two profiles. Durations are
+microseconds throughout.
 
 Typical use::
 
