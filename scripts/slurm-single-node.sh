@@ -69,7 +69,8 @@ if ! munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
     munge -n </dev/null | unmunge >/dev/null || { say "munged did not start"; exit 1; }
 fi
 
-# The node line is what slurmd measures here, so the node never drains for a size mismatch.
+# The node line is what slurmd measures here, so the node never drains for a size mismatch. Daemons
+# and jobs talk over loopback: a container's host name need not resolve.
 node_line="$(slurmd -C | head -n 1)"
 case "$node_line" in
     NodeName=*) ;;
@@ -83,7 +84,7 @@ else
     cat >"$conf" <<CONF
 $marker
 ClusterName=perfgate
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -108,7 +109,7 @@ SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
 MinJobAge=30
-$node_line State=UNKNOWN
+$node_line NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
 CONF
 fi

@@ -160,9 +160,11 @@ def test_a_lost_supervisor_is_reported_as_lost(tmp_path: Path) -> None:
         meta={},
     )
     pid = int((directory / "supervisor.pid").read_text())
-    deadline = time.monotonic() + 30
-    while detached.read_status(directory)["state"] != "running":
-        assert time.monotonic() < deadline
+    # Wait for the launch itself, not just the supervisor's "running": the supervisor says "running"
+    # before it starts the launch, and on a loaded machine a kill in between leaves no launch to reach.
+    deadline = time.monotonic() + 120
+    while "pid" not in (status := detached.read_status(directory)) or status["state"] != "running":
+        assert time.monotonic() < deadline, status
         time.sleep(0.1)
     os.kill(pid, signal.SIGKILL)  # a crash: no status is written
     deadline = time.monotonic() + 10

@@ -7,7 +7,7 @@ the harness-wrapped training command). Its parts, run on the server's host (a lo
    time limit in minutes); the job id is printed at once (``[perfgate] slurm job N``).
 2. ``srun --jobid N`` starts the ranks (one task per rank, or one ``torchrun`` per node). Each rank's
    harness maps SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID to RANK/WORLD_SIZE/LOCAL_RANK; this module sets
-   MASTER_ADDR (the allocation's first node), MASTER_PORT (from the job id) and torchrun's rendezvous
+   MASTER_ADDR (the address of the allocation's first node), MASTER_PORT (from the job id) and torchrun's rendezvous
    variables (``PET_RDZV_*``, ``PET_NNODES``) where the environment does not already set them.
 3. Records come back through Slurm's own stdout forwarding: with ``PERFGATE_RECORD_STREAM=1`` each rank
    prints its record as marked lines at its last window edge, srun forwards every task's stdout to
@@ -151,7 +151,14 @@ def _first_node(job: str) -> str | None:
     names = subprocess.run(
         ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False
     ).stdout.split()
-    return names[0] if names else None
+    if not names:
+        return None
+    # the address Slurm itself reaches the node at (NodeAddr), which resolves where the name may not
+    shown = subprocess.run(
+        ["scontrol", "show", "node", "-o", names[0]], capture_output=True, text=True, check=False
+    ).stdout
+    found = re.search(r"\bNodeAddr=(\S+)", shown)
+    return found.group(1) if found else names[0]
 
 
 def _rank_env(res: SlurmResources, job: str) -> dict[str, str]:
