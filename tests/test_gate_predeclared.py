@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from test_record_decision import INVARIANTS, QUALITY, Evidence, _drop, _honest, _keep, _open, _text
+from test_record_decision import FP, INVARIANTS, QUALITY, Evidence, _drop, _honest, _keep, _open, _text
 
 pytestmark = pytest.mark.anyio
 
@@ -184,3 +184,60 @@ async def test_what_open_fixed_is_shown_in_every_answer_and_the_decision_log(
     assert "- **Declared at open:** correctness tolerance: atol=1e-06, rtol=1e-05" in log
     section = log[log.index(f"## {training}") :]
     assert "- **Declared at open:** task quality: loss\\_last\\_ratio \\<= 1.02 (lower is better)" in section
+
+
+def _reporting_window(ev: Evidence, accuracy: float, invariants: dict[str, Any]) -> str:
+    """A launched window whose run reported eval_accuracy with perfgate.harness.report_metric."""
+    health = {
+        "verdict": "healthy", "finite": True, "lines": 20, "losses_seen": 20, "nonfinite_loss_steps": [],
+        "nonfinite_grad_norm_steps": [], "nan_iterations": 0, "skipped_iterations": 0, "explained_skips": 0,
+        "unexplained_skips": 0, "loss_first": 2.0, "loss_last": 1.5, "loss_trend": -0.25, "min_loss_scale": None,
+        "max_grad_norm": None, "findings": [], "whole_log_nan_iterations": None,
+        "whole_log_skipped_iterations": None, "first_step": 5, "last_step": 24,
+    }  # fmt: skip
+    return ev.add(
+        "run_benchmark_window",
+        "executed",
+        {
+            "median_step_ms": 10.0,
+            "peak_memory_bytes": 1000,
+            "environment_fingerprint": FP,
+            "windows": [{"launch": k, "index": 0} for k in range(3)],
+            "steps_measured": 20,
+            "health": health,
+            "reported_metrics": {"eval_accuracy": accuracy},
+        },
+        {"command": ["python", "train.py"], "contract": {"invariants": invariants, "execution": {}}},
+    )
+
+
+async def test_an_evaluation_metric_the_run_reported_is_a_quality_criterion(
+    server: Any, workspace: Path
+) -> None:
+    ev = Evidence(workspace)
+    precision = [{"field": "contract.invariants.precision", "classification": "declared_semantic"}]
+    criterion = {"metric": "eval:eval_accuracy", "direction": "higher", "threshold": 0.9}
+    bf16 = {**INVARIANTS, "precision": "bf16"}
+    async with Client(server) as client:
+        base = [ev.window() for _ in range(3)]
+        for accuracy, keeps in ((0.85, False), (0.93, True)):
+            exp = await _open(
+                client, classification="training_change", changed_variable="precision", quality=criterion
+            )
+            cand = [_reporting_window(ev, accuracy, bf16) for _ in range(3)]
+            comp = ev.comparison(base, cand, declared=["precision"], differences=precision)
+            check = await client.call_tool("check_training_health", {"evidence_id": cand[0]})
+            assert check.structured_content is not None, _text(check)
+            assert check.structured_content["state"] == "passed"
+            assert check.structured_content["metrics"]["eval:eval_accuracy"] == accuracy
+            links = [
+                {"id": ev.env(), "role": "environment"},
+                {"id": comp, "role": "comparison"},
+                {"id": check.structured_content["evidence_id"], "role": "quality"},
+            ]
+            result = await _keep(client, exp, links)
+            if keeps:
+                assert not result.is_error, _text(result)
+            else:
+                assert result.is_error
+                assert "eval:eval_accuracy = 0.85 misses the criterion declared at open" in _text(result)

@@ -272,3 +272,24 @@ def test_an_anchor_written_by_an_older_version_is_still_checked(workspace: Path)
     assert Ledger(workspace).verify().ok
     _force(ledger, "DELETE FROM evidence WHERE seq = 2")
     assert any("anchored record 2" in e for e in Ledger(workspace).verify().errors)
+
+
+def test_ledgers_dropped_release_their_connection(tmp_path: Path) -> None:
+    """One connection per process and database, but only while some `Ledger` uses it: a process that
+    opens many workspaces (a test run, a long-lived operator shell) does not keep their files open."""
+    import gc
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc")
+    before = open_fds()
+    for i in range(30):
+        ws = tmp_path / f"ws{i}"
+        ws.mkdir()
+        _append(Ledger(ws), i=i)
+    gc.collect()
+    assert open_fds() - before < 10
+    first, second = Ledger(tmp_path / "ws0"), Ledger(tmp_path / "ws0")
+    assert first._shared is second._shared  # one connection for both

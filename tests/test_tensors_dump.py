@@ -121,7 +121,7 @@ def test_a_dump_in_a_windowed_process_is_named_in_its_record_with_the_bytes_dige
     import hashlib
     import json
 
-    from perfgate.harness import Window, hooks
+    from perfgate.harness import Window, hooks, report_metric
 
     window = Window(warmup_steps=1, measure_steps=2, record_dir=tmp_path / "records", stop=False)
     try:
@@ -131,10 +131,16 @@ def test_a_dump_in_a_windowed_process_is_named_in_its_record_with_the_bytes_dige
                 pass
         # after the last window the record is already written: a later dump rewrites it
         late = dump_tensors(tmp_path / "late.safetensors", {"w": np.ones(3, dtype=np.float32)})
+        # an evaluation metric reported by the run is named in the same record (the last value wins)
+        assert report_metric("eval_accuracy", 0.5) and report_metric("eval_accuracy", 0.75)
+        with pytest.raises(ValueError, match="finite"):
+            report_metric("eval_loss", float("nan"))
         record = json.loads((tmp_path / "records" / "rank0.json").read_text())
     finally:
         window.close()
         hooks.deactivate(window)
+    assert record["metrics"] == {"eval_accuracy": 0.75}
+    assert report_metric("eval_accuracy", 1.0) is False  # no window in this process any more: not recorded
     dumps = {Path(d["path"]).name: d for d in record["tensor_dumps"]}
     assert set(dumps) == {"early.safetensors", "late.safetensors"}
     for path in (early, late):

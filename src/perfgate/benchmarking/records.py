@@ -132,6 +132,9 @@ class RankRecord(msgspec.Struct, frozen=True):
     torch_version: str | None = None
     runtime_env: dict[str, str | None] | None = None
     tensor_dumps: list[TensorDumpRecord] = msgspec.field(default_factory=list[TensorDumpRecord])
+    metrics: dict[Annotated[str, msgspec.Meta(max_length=100)], float] = msgspec.field(
+        default_factory=dict[str, float]
+    )
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, as_list, str_list
 
 __all__ = [
+    "EVAL_PREFIX",
     "QUALITY_KINDS",
     "QUALITY_METRICS",
     "TOPOLOGY",
@@ -32,10 +33,15 @@ Lookup = Callable[[str], EvidenceRecord | None]
 QUALITY_KINDS: dict[str, str] = {"training_health": "check_training_health"}
 """Task-quality evidence the gate accepts: ``result.quality_kind`` -> the tool that produces it."""
 
+EVAL_PREFIX = "eval:"
+"""Quality metrics reported by the run itself (perfgate.harness.report_metric) carry this prefix."""
+
 QUALITY_METRICS: dict[str, str] = {
     "loss_last": "the candidate's final loss (mean of the last quarter of its measured losses)",
     "loss_last_ratio": "the candidate's final loss over the baseline's (check_training_health with baseline_id)",
     "loss_trend": "loss_last / loss_first - 1 over the candidate's measured steps (negative: the loss falls)",
+    "eval:<name>": "a metric the launched candidate run reported with perfgate.harness.report_metric(name, "
+    "value), e.g. eval:accuracy",
 }
 """Metrics a quality record reports in ``result.metrics``: what a training change may declare at open."""
 

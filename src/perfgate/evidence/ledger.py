@@ -40,6 +40,7 @@ import secrets
 import sqlite3
 import stat
 import threading
+import weakref
 from collections.abc import Callable, Generator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -280,7 +281,9 @@ class _Connection:
 # Connections inherited through fork are never used or closed by the child; they are only kept from the
 # collector (see `_Connection.use`).
 _INHERITED: list[sqlite3.Connection] = []
-_CONNECTIONS: dict[Path, _Connection] = {}
+# Weak: a database's connection lives as long as some `Ledger` on it (a process that opens many
+# workspaces, such as a test run, does not keep their files open).
+_CONNECTIONS: weakref.WeakValueDictionary[Path, _Connection] = weakref.WeakValueDictionary()
 _CONNECTIONS_LOCK = threading.Lock()
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from perfgate._lazy import lazy_exports
 from perfgate.harness.config import ConfigError, HarnessConfig, ProfileConfig
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path
-from perfgate.harness.window import Window, WindowComplete
+from perfgate.harness.window import Window, WindowComplete, report_metric
 
 if TYPE_CHECKING:
     from perfgate.harness.dump import dump_tensors
@@ -52,6 +52,7 @@ __all__ = [
     "launch_id",
     "record_iterable",
     "record_path",
+    "report_metric",
     "sample_log_path",
 ]
 

@@ -39,7 +39,7 @@ from perfgate.harness.config import ENV_PREFIX, HarnessConfig, ProfileConfig
 from perfgate.harness.device import DeviceBackend, detect_backend
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path, stream_record, write_record
 
-__all__ = ["Window", "WindowComplete"]
+__all__ = ["Window", "WindowComplete", "report_metric"]
 
 _now = time.perf_counter_ns
 
@@ -180,6 +180,7 @@ class Window:
         self._runtime_env: dict[str, str | None] | None = None
         self._backward_calls = 0
         self._dumps: list[dict[str, Any]] = []
+        self._metrics: dict[str, float] = {}
         _preload_own_modules()
         self._profiler: Any = None
         if cfg.profile is not None:
@@ -256,6 +257,14 @@ class Window:
         if os.getpid() != self._pid:
             return
         self._dumps.append({"path": path, "sha256": sha256, "size_bytes": size_bytes, "step": self._count})
+        if self._written is not None and not self._closed:
+            self._write()
+
+    def metric_reported(self, name: str, value: float) -> None:
+        """A task-quality metric of this run (the last value reported wins), named in the record."""
+        if os.getpid() != self._pid:
+            return
+        self._metrics[name] = value
         if self._written is not None and not self._closed:
             self._write()
 
@@ -461,6 +470,7 @@ class Window:
             "torch_version": getattr(sys.modules.get("torch"), "__version__", None),
             "runtime_env": self._runtime_env,
             "tensor_dumps": list(self._dumps),
+            "metrics": dict(self._metrics),
         }
 
     # ------------------------------------------------------------------ internals
@@ -721,6 +731,32 @@ class Window:
     def _close_at_exit(self) -> None:
         if not self._closed:
             self.close("process_exit")
+
+
+def report_metric(name: str, value: float) -> bool:
+    """Report a task-quality metric of this run (e.g. ``report_metric("eval_accuracy", 0.91)`` after an
+    evaluation), recorded in the run's harness record: the window evidence shows it, and
+    ``check_training_health`` offers it as ``eval:<name>`` for a training change's quality criterion. Bound to
+    the launch by construction, unlike a number copied into a file. Call it outside measured windows (after
+    the last one, or before the first): it is cheap, but evaluation is not.
+
+    Returns False when no harness window exists in this process (the metric is then not recorded).
+
+    Raises:
+        ValueError: an empty or over-long name, or a value that is not a finite number.
+    """
+    from perfgate.harness import hooks
+
+    if not isinstance(name, str) or not 0 < len(name) <= 100:  # pyright: ignore[reportUnnecessaryIsInstance]  # caller input
+        raise ValueError("a metric name is a non-empty string of at most 100 characters")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"metric {name!r} is {value!r}: report a finite number")
+    window = hooks.active_window()
+    if window is None:
+        return False
+    window.metric_reported(name, number)
+    return True
 
 
 def _preload_own_modules() -> None:

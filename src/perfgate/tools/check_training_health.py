@@ -8,7 +8,7 @@ task-quality evidence: it is the evidence behind a short screen's loss health an
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -86,7 +86,8 @@ class CheckTrainingHealthOutput(BaseModel):
     metrics: dict[str, float] = Field(
         default_factory=dict[str, float],
         description="The task-quality metrics this check measured, by name (loss_last, loss_trend, "
-        "loss_last_ratio with a baseline): a training change's keep gate judges the metric declared at open "
+        "loss_last_ratio with a baseline, and eval:<name> for each metric the launched run reported with "
+        "perfgate.harness.report_metric): a training change's keep gate judges the metric declared at open "
         "against its declared direction and threshold.",
     )
     evidence: list[str] = Field(description="The window evidence this verdict is about.")
@@ -190,6 +191,11 @@ async def run(inp: CheckTrainingHealthInput, rt: ToolRuntime) -> CheckTrainingHe
         metrics["loss_trend"] = h.loss_trend
     if ratio is not None:
         metrics["loss_last_ratio"] = ratio
+    reported = cand.result.get("reported_metrics")
+    if cand.tool == "run_benchmark_window" and isinstance(reported, dict):
+        for name, value in cast("dict[str, Any]", reported).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics[f"eval:{name}"] = float(value)
     ev = rt.evidence()
     out = CheckTrainingHealthOutput(
         evidence_id=ev.id,

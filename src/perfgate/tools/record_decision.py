@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from perfgate.decisions.binding import QUALITY_METRICS
+from perfgate.decisions.binding import EVAL_PREFIX, QUALITY_METRICS
 from perfgate.decisions.experiments import Classification, Decision, Experiment, Link, Role, load_experiments
 from perfgate.decisions.gates import Gate, evaluate_keep, summarize
 from perfgate.decisions.render import render_decisions
@@ -59,7 +59,9 @@ class QualityInput(BaseModel):
 
     @model_validator(mode="after")
     def _known_metric(self) -> QualityInput:
-        if self.metric not in QUALITY_METRICS:
+        name = self.metric.removeprefix(EVAL_PREFIX)
+        reported = self.metric.startswith(EVAL_PREFIX) and 0 < len(name) <= 100 and "<" not in name
+        if not reported and (self.metric not in QUALITY_METRICS or self.metric.startswith(EVAL_PREFIX)):
             raise ValueError(
                 f"quality.metric {self.metric!r} is not reported by any task-quality tool; use one of "
                 + ", ".join(QUALITY_METRICS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 from collections.abc import Awaitable, Callable
@@ -354,6 +355,11 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="Files perfgate.harness.dump_tensors wrote in the launched processes: they are this run's "
         "output, and compare_tensors binds a file with these bytes to this record (its launch and code state).",
     )
+    reported_metrics: dict[str, float] = Field(
+        default_factory=dict[str, float],
+        description="Task-quality metrics the run reported with perfgate.harness.report_metric (rank 0 of the "
+        "last launch): check_training_health offers them as eval:<name>.",
+    )
     profiled: bool = False
     run_id: str | None = Field(
         default=None, description="Detached runs: the id for benchmark_run (status, wait, result, cancel)."
@@ -645,6 +651,7 @@ async def measure(
     contract_problems: list[str] = []
     host_loads = [] if host_loads is None else host_loads
     dumps: list[TensorDump] = []
+    reported: dict[str, float] = {}
     try:
         for launch in range(launches):
             label = f"launch{launch}_" if launches > 1 else ""
@@ -668,6 +675,9 @@ async def measure(
                 first_launch = first_launch or records
                 all_records.extend(records)
                 dumps.extend(tensor_dumps(rt, launch, records))
+                reported = (
+                    {k: v for k, v in records[0].metrics.items() if math.isfinite(v)} if records else {}
+                )
                 world = records[0].world_size
                 warnings.extend(f"rank {r.rank}: {note}" for r in records for note in r.notes)
             windows.extend((launch, w) for w in got)
@@ -728,6 +738,7 @@ async def measure(
     out.step_series_artifact = series_name
     out.host_load = host_loads
     out.tensor_dumps = dumps
+    out.reported_metrics = reported
     out.run_id = run_id
     return await rt.commit(
         ev, out, command=list(request.argv), exit_code=exit_code, environment_id=inp.environment_id
