@@ -134,3 +134,36 @@ def test_parquet_schemas_pyarrow_cannot_convert_are_input_errors(
         read_observed(path)
     with pytest.raises(AuditInputError, match=expected):
         read_expected(path, StringPool())
+
+
+def test_an_npy_header_in_python_2_syntax_is_read_without_a_warning_escaping(tmp_path: Path) -> None:
+    # Found by the fuzz run: a mutated header that numpy parses only with its Python 2 fallback makes
+    # it warn; under warnings-as-errors (this suite's setting) the UserWarning escaped every NPY reader.
+    from perfgate.tensors import TensorInputError
+    from perfgate.tensors.source import open_tensor_source
+
+    blob = (FUZZ_FIXTURES / "npy_python2_header.npy").read_bytes()
+    path = tmp_path / "x.npy"
+    path.write_bytes(blob)
+    try:
+        with open_tensor_source(path) as source:
+            for key in source.entries:
+                for _ in source.chunks(key, 1 << 12):
+                    pass
+    except TensorInputError:
+        pass  # refusing the file is fine; a warning escaping as an exception is not
+    (tmp_path / "ids.npy").write_bytes(blob[:-1])
+    with pytest.raises(AuditInputError):  # read as expected ids: a sentence, whatever the header says
+        read_expected(tmp_path / "ids.npy", StringPool())
+
+
+def test_a_jsonl_integer_id_beyond_64_bits_is_an_input_error(tmp_path: Path) -> None:
+    # Found by the fuzz run: an all-integer block decodes ids of any size; numpy's int64 column overflowed.
+    path = tmp_path / "records.jsonl"
+    lines = ['{"sample_id": -9999999999999999999999999999990, "epoch": 0, "rank": 0, "worker": -1}']
+    lines += [f'{{"sample_id": {i}, "epoch": 0, "rank": 0, "worker": -1}}' for i in range(1, 8)]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        AuditInputError, match="does not fit in a signed 64-bit int: write such ids as strings"
+    ):
+        read_observed(path)

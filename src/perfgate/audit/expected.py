@@ -20,6 +20,7 @@ from perfgate.audit.formats import EXPECTED_SUFFIXES
 from perfgate.audit.ids import IdValue, SampleIds, StringPool, parse_text_id
 from perfgate.audit.read_npz import ids_from_array, load_array_file
 from perfgate.audit.read_parquet import read_parquet_ids
+from perfgate.tensors._npy import quiet_py2_header
 
 __all__ = ["EXPECTED_SUFFIXES", "ExpectedIds", "IdRange", "read_expected"]
 
@@ -162,7 +163,8 @@ def _load_array(path: Path) -> NDArray[Any]:
                         raise AuditInputError(
                             f"expected ids {path}: no 'sample_id' array (arrays: {', '.join(npz.files)})"
                         )
-                    arr = npz[name]
+                    with quiet_py2_header():
+                        arr = npz[name]
     except AuditInputError:
         raise
     except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:

@@ -211,17 +211,17 @@ def _add_rows(
 ) -> None:
     n = len(rows)
     first = rows[0]
-    if isinstance(first, _IntRow):
-        ids = SampleIds.of_ints(np.fromiter(map(_get_id, rows), dtype=np.int64, count=n))
-    elif isinstance(first, _StrRow):
-        ids = SampleIds.of_strings(builder.pool.codes(map(_get_id, rows)))
-    else:
-        try:
+    try:  # msgspec decodes integers of any size; the columns hold 64 bits
+        if isinstance(first, _IntRow):
+            ids = SampleIds.of_ints(np.fromiter(map(_get_id, rows), dtype=np.int64, count=n))
+        elif isinstance(first, _StrRow):
+            ids = SampleIds.of_strings(builder.pool.codes(map(_get_id, rows)))
+        else:
             ids = SampleIds.of_values(list(map(_get_id, rows)), builder.pool)
-        except OverflowError as exc:
-            raise AuditInputError(
-                f"{source}: a sample id does not fit in a signed 64-bit int: write such ids as strings"
-            ) from exc
+    except OverflowError as exc:
+        raise AuditInputError(
+            f"{source}: a sample id does not fit in a signed 64-bit int: write such ids as strings"
+        ) from exc
     try:
         step, missing_steps = None, n
         if "step" in fields:

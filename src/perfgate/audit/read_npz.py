@@ -16,7 +16,7 @@ from perfgate.audit._files import MAX_GZIP_RATIO, RATIO_EXEMPT_BYTES
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import SampleIds, StringPool
 from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
-from perfgate.tensors._npy import NPY_HEADER_ERRORS
+from perfgate.tensors._npy import NPY_HEADER_ERRORS, quiet_py2_header
 
 __all__ = ["check_array_file", "ids_from_array", "load_array_file", "read_npz"]
 
@@ -28,7 +28,8 @@ def load_array_file(path: Path, f: IO[bytes]) -> Any:
     """`numpy.load` of the open file ``f`` once `check_array_file` passed (no pickle, ever)."""
     check_array_file(path, f)
     f.seek(0)
-    return np.load(f, allow_pickle=False)
+    with quiet_py2_header():
+        return np.load(f, allow_pickle=False)
 
 
 def _load_checked(path: Path, f: IO[bytes]) -> Any:
@@ -41,11 +42,12 @@ def _load_checked(path: Path, f: IO[bytes]) -> Any:
 def _npy_bytes(stream: IO[bytes], where: str) -> int:
     """Header plus data bytes that an NPY header declares (read from ``stream``, nothing else)."""
     try:
-        version = np.lib.format.read_magic(stream)
-        if version == (1, 0):
-            shape, _, dtype = np.lib.format.read_array_header_1_0(stream, max_header_size=10_000)
-        else:
-            shape, _, dtype = np.lib.format.read_array_header_2_0(stream, max_header_size=10_000)
+        with quiet_py2_header():
+            version = np.lib.format.read_magic(stream)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(stream, max_header_size=10_000)
+            else:
+                shape, _, dtype = np.lib.format.read_array_header_2_0(stream, max_header_size=10_000)
     except (*NPY_HEADER_ERRORS, zlib.error, zipfile.BadZipFile) as exc:
         raise AuditInputError(f"{where}: malformed NPY header ({type(exc).__name__}: {exc})") from exc
     if dtype.hasobject:
@@ -128,9 +130,12 @@ def read_npz(path: Path, builder: RecordBuilder) -> None:
                     f"{', '.join(sorted(names)) or 'none'}). Required: {', '.join(REQUIRED_COLUMNS)}; "
                     "optional: step, session, restart."
                 )
-            cols: dict[str, NDArray[Any]] = {
-                name: npz[name] for name in (*REQUIRED_COLUMNS, "step", "session", "restart") if name in names
-            }
+            with quiet_py2_header():
+                cols: dict[str, NDArray[Any]] = {
+                    name: npz[name]
+                    for name in (*REQUIRED_COLUMNS, "step", "session", "restart")
+                    if name in names
+                }
     except AuditInputError:
         raise
     except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:

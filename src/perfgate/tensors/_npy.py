@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import tokenize
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -52,6 +54,20 @@ NPY_HEADER_ERRORS: tuple[type[BaseException], ...] = (
 """What numpy's NPY header parser raises on a malformed header (it evaluates a Python literal)."""
 
 
+_PY2_HEADER_WARNING = "Reading `.npy` or `.npz` file required additional header parsing"
+
+
+@contextmanager
+def quiet_py2_header() -> Generator[None]:
+    """Silence numpy's warning for an NPY header in Python 2 syntax (an old file, or a corrupt header that
+    its fallback parser accepts): the header is checked like any other, and under ``-W error`` the
+    warning would escape as an exception no caller expects. (`warnings.catch_warnings` is process-wide:
+    at worst a concurrent thread keeps this one filter.)"""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_PY2_HEADER_WARNING, category=UserWarning)
+        yield
+
+
 def read_npy_header(stream: IO[bytes], where: str) -> NpyHeader:
     """Parse the NPY header at the stream's position, refusing anything that is not plain numeric data.
 
@@ -64,19 +80,20 @@ def read_npy_header(stream: IO[bytes], where: str) -> NpyHeader:
         raise TensorInputError(f"{where}: not an NPY array (bad magic bytes); only numeric NPY data is read")
     stream.seek(start)
     try:
-        version = np.lib.format.read_magic(stream)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(
-                stream, max_header_size=_MAX_HEADER_BYTES
-            )
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(
-                stream, max_header_size=_MAX_HEADER_BYTES
-            )
-        else:
-            raise TensorInputError(
-                f"{where}: NPY format version {version} is not supported (1.0 and 2.0 are)"
-            )
+        with quiet_py2_header():
+            version = np.lib.format.read_magic(stream)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(
+                    stream, max_header_size=_MAX_HEADER_BYTES
+                )
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(
+                    stream, max_header_size=_MAX_HEADER_BYTES
+                )
+            else:
+                raise TensorInputError(
+                    f"{where}: NPY format version {version} is not supported (1.0 and 2.0 are)"
+                )
     except TensorInputError:
         raise
     except NPY_HEADER_ERRORS as exc:
