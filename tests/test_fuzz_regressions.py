@@ -113,3 +113,24 @@ def test_parquet_row_counts_are_checked_before_columns_are_allocated(tmp_path: P
     with pytest.raises(AuditInputError, match="declares 8 rows but its row groups hold 5"):
         _row_count(_File(8, [5]), str(path))
     assert _row_count(_File(1000, [600, 400]), str(path)) == 1000
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [
+        ("parquet_int_under_8_bits.parquet", "Integers with less than 8 bits"),
+        ("parquet_int_over_64_bits.parquet", "Integers with more than 64 bits"),
+    ],
+)
+def test_parquet_schemas_pyarrow_cannot_convert_are_input_errors(
+    tmp_path: Path, fixture: str, expected: str
+) -> None:
+    # Found by the fuzz run after the row-count fix: a flipped bit in the schema gives an integer column
+    # of 3 or 128 bits; pyarrow raises ArrowNotImplementedError, neither an OSError nor a ValueError.
+    pytest.importorskip("pyarrow")
+    path = tmp_path / "records.parquet"
+    path.write_bytes((FUZZ_FIXTURES / fixture).read_bytes())
+    with pytest.raises(AuditInputError, match=f"cannot read .*records.parquet as Parquet: {expected}"):
+        read_observed(path)
+    with pytest.raises(AuditInputError, match=expected):
+        read_expected(path, StringPool())

@@ -58,8 +58,14 @@ def _open(path: Path) -> Any:
             with f:
                 return pq.ParquetFile(str(_PROC_FD / str(f.fileno())))
         return pq.ParquetFile(f)
-    except (OSError, ValueError) as exc:  # pyarrow.ArrowInvalid is a ValueError
+    except _arrow_errors() as exc:
         raise AuditInputError(f"cannot read {path} as Parquet: {exc}") from exc
+
+
+def _arrow_errors() -> tuple[type[BaseException], ...]:
+    """What pyarrow raises for a file it cannot read: OSError, ValueError (ArrowInvalid) and every other
+    ArrowException (e.g. ArrowNotImplementedError for a 3-bit or 128-bit integer column in a corrupt file)."""
+    return (OSError, ValueError, _arrow().ArrowException)
 
 
 def read_parquet(path: Path, builder: RecordBuilder) -> None:
@@ -71,7 +77,10 @@ def read_parquet(path: Path, builder: RecordBuilder) -> None:
     source = str(path)
     builder.sources.append(source)
     pf = _open(path)
-    names: list[str] = list(pf.schema_arrow.names)
+    try:
+        names: list[str] = list(pf.schema_arrow.names)
+    except _arrow_errors() as exc:
+        raise AuditInputError(f"cannot read {source} as Parquet: {exc}") from exc
     missing = [c for c in REQUIRED_COLUMNS if c not in names]
     if missing:
         raise AuditInputError(
@@ -88,7 +97,7 @@ def read_parquet(path: Path, builder: RecordBuilder) -> None:
         _read_batches(pf, columns, source, builder)
     except AuditInputError:
         raise
-    except (OSError, ValueError) as exc:
+    except _arrow_errors() as exc:
         raise AuditInputError(f"cannot read {source} as Parquet: {exc}") from exc
 
 
@@ -239,8 +248,12 @@ def read_parquet_ids(path: Path, pool: StringPool) -> SampleIds:
         AuditInputError: pyarrow missing, unreadable file, no sample_id column, nulls or a wrong type.
     """
     pf = _open(path)
-    if "sample_id" not in pf.schema_arrow.names:
-        raise AuditInputError(f"{path}: no 'sample_id' column (columns: {', '.join(pf.schema_arrow.names)})")
+    try:
+        names: list[str] = list(pf.schema_arrow.names)
+    except _arrow_errors() as exc:
+        raise AuditInputError(f"cannot read {path} as Parquet: {exc}") from exc
+    if "sample_id" not in names:
+        raise AuditInputError(f"{path}: no 'sample_id' column (columns: {', '.join(names)})")
     _row_count(pf, str(path))
     parts: list[SampleIds] = []
     try:
@@ -250,6 +263,8 @@ def read_parquet_ids(path: Path, pool: StringPool) -> SampleIds:
             if column.null_count:
                 raise AuditInputError(f"{path}: 'sample_id' has nulls")
             parts.append(_ids(column, pool, str(path)))
-    except (OSError, ValueError) as exc:
+    except AuditInputError:
+        raise
+    except _arrow_errors() as exc:
         raise AuditInputError(f"cannot read {path} as Parquet: {exc}") from exc
     return SampleIds.concat(parts)
