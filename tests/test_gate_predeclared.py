@@ -51,6 +51,10 @@ async def test_a_compare_looser_than_the_declared_tolerance_is_refused_naming_bo
         ({"atol": 1e-5}, "atol=1e-05"),
         ({"overrides": [{"pattern": "*.bias", "atol": 0.1, "rtol": 0.0}]}, "override '*.bias' atol=0.1"),
         ({"allow_nonfinite": True, "equal_nan": True}, "allow_nonfinite=true"),
+        # coverage is part of strictness: a subset of the tensors, or integers and dtypes judged loosely
+        ({"keys": ["encoder.*"]}, "keys=encoder.* (a subset of the tensors)"),
+        ({"integers_exact": False}, "integers_exact=false"),
+        ({"allow_dtype_change": True}, "allow_dtype_change=true"),
     ],
 )
 async def test_without_a_declared_tolerance_only_a_bit_exact_compare_counts(

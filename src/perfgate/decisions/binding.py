@@ -158,6 +158,12 @@ def looser_than_declared(exp: Experiment, record: EvidenceRecord) -> list[str]:
             loose.append(f"override {override.get('pattern')!r} atol={o_atol:g}, rtol={o_rtol:g}")
     if inputs.get("allow_nonfinite") and not declared.allow_nonfinite:
         loose.append("allow_nonfinite=true")
+    if as_list(inputs.get("keys")):
+        loose.append("keys=" + ",".join(map(str, as_list(inputs.get("keys")))) + " (a subset of the tensors)")
+    if inputs.get("integers_exact") is False:
+        loose.append("integers_exact=false")
+    if inputs.get("allow_dtype_change"):
+        loose.append("allow_dtype_change=true (a dtype change is a precision change)")
     return loose
 
 
