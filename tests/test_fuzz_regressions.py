@@ -167,3 +167,20 @@ def test_a_jsonl_integer_id_beyond_64_bits_is_an_input_error(tmp_path: Path) -> 
         AuditInputError, match="does not fit in a signed 64-bit int: write such ids as strings"
     ):
         read_observed(path)
+
+
+def test_an_npz_member_with_a_deprecated_dtype_alias_is_refused_as_input(tmp_path: Path) -> None:
+    # Found by the fuzz run: a header with dtype 'a' makes numpy 2 warn (DeprecationWarning), which
+    # escaped the tensor reader under warnings-as-errors.
+    from perfgate.tensors import TensorInputError
+    from perfgate.tensors.source import open_tensor_source
+
+    path = tmp_path / "x.npz"
+    path.write_bytes((FUZZ_FIXTURES / "npz_dtype_alias_a.npz").read_bytes())
+    try:
+        with open_tensor_source(path) as source:
+            for key in source.entries:
+                for _ in source.chunks(key, 1 << 12):
+                    pass
+    except TensorInputError:
+        pass  # refusing it is the expected outcome; a warning escaping as an exception is not

@@ -54,17 +54,15 @@ NPY_HEADER_ERRORS: tuple[type[BaseException], ...] = (
 """What numpy's NPY header parser raises on a malformed header (it evaluates a Python literal)."""
 
 
-_PY2_HEADER_WARNING = "Reading `.npy` or `.npz` file required additional header parsing"
-
-
 @contextmanager
 def quiet_py2_header() -> Generator[None]:
-    """Silence numpy's warning for an NPY header in Python 2 syntax (an old file, or a corrupt header that
-    its fallback parser accepts): the header is checked like any other, and under ``-W error`` the
+    """Silence numpy's warnings while it parses an NPY header (a header in Python 2 syntax, a deprecated
+    dtype alias such as 'a'): the header is then checked like any other, and under ``-W error`` a
     warning would escape as an exception no caller expects. (`warnings.catch_warnings` is process-wide:
-    at worst a concurrent thread keeps this one filter.)"""
+    at worst a concurrent thread's warning is not shown.)"""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_PY2_HEADER_WARNING, category=UserWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
         yield
 
 
