@@ -184,3 +184,20 @@ def test_an_npz_member_with_a_deprecated_dtype_alias_is_refused_as_input(tmp_pat
                     pass
     except TensorInputError:
         pass  # refusing it is the expected outcome; a warning escaping as an exception is not
+
+
+def test_a_zip_needing_an_unsupported_zip_version_is_an_input_error(tmp_path: Path) -> None:
+    # Found by the fuzz run: a directory entry asking for zip version 12.8 made zipfile raise
+    # NotImplementedError, which escaped the tensor reader.
+    from perfgate.tensors import TensorInputError
+    from perfgate.tensors.source import open_tensor_source
+
+    blob = (FUZZ_FIXTURES / "zip_version_12_8.npy").read_bytes()
+    path = tmp_path / "x.npy"
+    path.write_bytes(blob)
+    with pytest.raises(TensorInputError, match=r"zip file version 12\.8"), open_tensor_source(path):
+        pass
+    observed = tmp_path / "records.npz"
+    observed.write_bytes(blob)
+    with pytest.raises(AuditInputError, match=r"zip file version 12\.8"):
+        read_observed(observed)

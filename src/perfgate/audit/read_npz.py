@@ -107,7 +107,7 @@ def check_array_file(path: Path, f: IO[bytes]) -> None:
                             f"{where}: the NPY header declares {declared} bytes but the member holds "
                             f"{info.file_size}: a truncated or lying member"
                         )
-    except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+    except (OSError, zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError) as exc:
         raise AuditInputError(f"cannot read {path}: {exc}") from exc
 
 

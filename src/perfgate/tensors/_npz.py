@@ -69,7 +69,8 @@ class NpzFile:
             # zipfile reads through its own stream over the same descriptor: one file, opened once.
             self._stream = self._file.stream()
             self._zip = zipfile.ZipFile(self._stream)
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
+            # NotImplementedError: a directory entry needs a zip version zipfile cannot extract.
             self._stream.close()
             self._file.close()
             raise TensorInputError(f"{path.name}: not a readable zip archive ({exc})") from exc
@@ -170,7 +171,7 @@ class NpzFile:
         try:
             with self._zip.open(info) as stream:
                 header = read_npy_header(stream, where)  # pyright: ignore[reportArgumentType]  # ZipExtFile is a binary stream
-        except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        except (zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError) as exc:
             raise TensorInputError(f"{where}: corrupt member ({exc})") from exc
         if header.header_bytes + header.data_bytes != info.file_size:
             raise TensorInputError(
@@ -208,7 +209,7 @@ class NpzFile:
                 # Reading at the end makes zipfile compare the CRC of everything inflated.
                 tail = stream.read(1)
                 assert not tail, "zipfile never reads past a member's declared size"
-        except (zipfile.BadZipFile, EOFError, zlib.error, OSError) as exc:
+        except (zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError, OSError) as exc:
             raise TensorInputError(f"{where}: corrupt member ({exc})") from exc
 
     def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[str, int]:
