@@ -39,9 +39,7 @@ async def call_timed(client: Client, name: str, args: dict[str, Any]) -> float:
     start = time.perf_counter()
     result = await client.call_tool(name, args)
     seconds = time.perf_counter() - start
-    if result.is_error:
-        text = " ".join(getattr(c, "text", "") for c in result.content)
-        raise RuntimeError(f"{name} failed: {text}")
+    _raise_on_error(name, result)
     return seconds
 
 
@@ -51,10 +49,15 @@ async def call_cold(params: StdioServerParameters, name: str, args: dict[str, An
     async with Client(params, mode="legacy") as client:
         result = await client.call_tool(name, args)
         seconds = time.perf_counter() - start
+    _raise_on_error(name, result)
+    return seconds
+
+
+def _raise_on_error(name: str, result: Any) -> None:
+    """A timed call that failed is a benchmark error, never a figure."""
     if result.is_error:
         text = " ".join(getattr(c, "text", "") for c in result.content)
         raise RuntimeError(f"{name} failed: {text}")
-    return seconds
 
 
 def summary(values: Sequence[float], scale: float = 1.0) -> dict[str, float]:
