@@ -158,6 +158,17 @@ def _write_interleaved(
                     cand.write(next(blocks)(n))
 
 
+def _figures(seconds: float, cpu_at_start: float, baseline_kib: int, nbytes: int) -> dict[str, Any]:
+    """One worker's measurements: wall and CPU seconds, RSS before and at the end, bytes compared."""
+    return {
+        "seconds": seconds,
+        "cpu_seconds": _cpu_seconds() - cpu_at_start,
+        "baseline_kib": baseline_kib,
+        "peak_kib": _rss_kib(),
+        "bytes": nbytes,
+    }
+
+
 def worker_perfgate(ref: Path, cand: Path) -> dict[str, Any]:
     from perfgate.tensors import CompareOptions, compare_sources, open_tensor_source
 
@@ -169,13 +180,7 @@ def worker_perfgate(ref: Path, cand: Path) -> dict[str, Any]:
         report = compare_sources(r, c, CompareOptions(atol=atol, rtol=rtol))
     seconds = time.perf_counter() - start
     assert report.status == "match", report.summary
-    return {
-        "seconds": seconds,
-        "cpu_seconds": _cpu_seconds() - cpu,
-        "baseline_kib": baseline,
-        "peak_kib": _rss_kib(),
-        "bytes": report.bytes_read,
-    }
+    return _figures(seconds, cpu, baseline, report.bytes_read)
 
 
 def worker_perfgate_tool(ref: Path, cand: Path) -> dict[str, Any]:
@@ -195,13 +200,7 @@ def worker_perfgate_tool(ref: Path, cand: Path) -> dict[str, Any]:
     out = anyio.run(run, inp, rt)
     seconds = time.perf_counter() - start
     assert out.status == "match", out.summary
-    return {
-        "seconds": seconds,
-        "cpu_seconds": _cpu_seconds() - cpu,
-        "baseline_kib": baseline,
-        "peak_kib": _rss_kib(),
-        "bytes": out.bytes_compared,
-    }
+    return _figures(seconds, cpu, baseline, out.bytes_compared)
 
 
 def worker_torch(ref: Path, cand: Path) -> dict[str, Any]:
@@ -222,13 +221,7 @@ def worker_torch(ref: Path, cand: Path) -> dict[str, Any]:
         torch.testing.assert_close(candidate[key], expected, atol=atol, rtol=rtol)
     seconds = time.perf_counter() - start
     nbytes = sum(t.numel() * t.element_size() for t in reference.values()) * 2
-    return {
-        "seconds": seconds,
-        "cpu_seconds": _cpu_seconds() - cpu,
-        "baseline_kib": baseline,
-        "peak_kib": _rss_kib(),
-        "bytes": nbytes,
-    }
+    return _figures(seconds, cpu, baseline, nbytes)
 
 
 def worker_numpy_floor(ref: Path, cand: Path) -> dict[str, Any]:
@@ -259,13 +252,7 @@ def worker_numpy_floor(ref: Path, cand: Path) -> dict[str, Any]:
             del a, b
     seconds = time.perf_counter() - start
     assert bad == 0
-    return {
-        "seconds": seconds,
-        "cpu_seconds": _cpu_seconds() - cpu,
-        "baseline_kib": baseline,
-        "peak_kib": _rss_kib(),
-        "bytes": nbytes,
-    }
+    return _figures(seconds, cpu, baseline, nbytes)
 
 
 def _mcp_call(ref: Path, cand: Path, warm: bool) -> dict[str, Any]:
