@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from perfgate.server import build_server
 from perfgate.tools._runtime import ServerConfig
@@ -23,6 +24,14 @@ os.environ["PERFGATE_STATE_DIR"] = str(_SESSION_TRUST / "state")
 os.environ["PERFGATE_CONFIG_DIR"] = str(_SESSION_TRUST / "config")
 os.environ.pop("PERFGATE_POLICY", None)
 atexit.register(shutil.rmtree, _SESSION_TRUST, True)
+
+# Property tests: the same inputs every run (a failure reproduces; a run does not pass or fail by the
+# draw), and no verdicts from the clock: a per-example deadline and the too-slow health check fire on a
+# loaded machine, not on a bug. A test's own @settings still wins for what it sets (test_fuzz.py).
+settings.register_profile(
+    "perfgate", derandomize=True, database=None, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("perfgate")
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,9 @@ import pytest
 from mcp import Client
 
 import perfgate.tools
+from _ports import free_port
 from _trust import any_code_rules, operator_policy
+from perfgate.benchmarking.verdict import decide
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.server import build_server
 from perfgate.tools import compare_benchmarks, run_benchmark_window
@@ -123,15 +127,33 @@ async def test_harness_timed_tiny_training_through_the_protocol(allowed: Path, m
     assert health["finite"] and health["loss_first"] > 0
 
 
+def _artifact(workspace: Path, out: dict[str, Any], name: str) -> Path:
+    (path,) = [workspace / a for a in out["artifacts"] if a.endswith(name)]
+    return path
+
+
 async def test_a_known_step_time_is_measured_within_two_percent(allowed: Path) -> None:
-    out = await call(allowed, "run_benchmark_window", paced(10.0))
+    # Measured against the loop's own clock over the same steps, not against the 10 ms it aims at: on a
+    # busy machine the paced steps stretch (and the step after a late one shrinks), and both clocks see
+    # that alike; a harness that lost, split or mis-bounded steps is off by whole steps.
+    command = [PY, PACED, "--steps", "1000", "--step-ms", "10", "--samples", "8", "--print-steps"]
+    out = await call(allowed, "run_benchmark_window", paced(10.0, command=command))
     assert out["state"] == "executed" and out["windows_measured"] == 3
-    assert out["median_step_ms"] == pytest.approx(10.0, rel=0.02)
-    assert out["throughput"]["samples_per_s"] == pytest.approx(800, rel=0.05)
+    series = json.loads(_artifact(allowed, out, "step_series.json").read_text())
+    steps_ms = [s * 1e3 for w in series["windows"] for s in w["host_step_s"]]
+    assert len(steps_ms) == 45  # 3 windows of 15 steps after 2 warm-up steps, one launch
+    own = [float(line.rsplit(" ", 1)[1]) for line in _artifact(allowed, out, "stdout.log").read_text().splitlines() if "step_time_ms" in line]  # fmt: skip
+    n = min(len(own), 2 + len(steps_ms))  # the run stops at the last step's boundary, before it prints
+    assert n > 2 + 40, own
+    assert sum(steps_ms[: n - 2]) == pytest.approx(sum(own[2:n]), rel=0.02)
+    assert sum(steps_ms) >= 0.95 * 45 * 10.0  # paced steps: at least their period, summed
+    # The answer's figures are those of the measured steps.
+    assert out["median_step_ms"] == pytest.approx(statistics.median(steps_ms), rel=1e-6)
+    assert out["throughput"]["samples_per_s"] == pytest.approx(8 * 45 / (sum(steps_ms) / 1e3), rel=1e-6)
     assert out["iqr_ratio"] is not None and out["noisy"] == (out["iqr_ratio"] >= 0.10)
 
 
-async def test_a_two_times_faster_loop_is_improved_with_speedup_near_two(allowed: Path) -> None:
+async def test_a_four_times_faster_loop_is_improved_with_the_measured_speedup(allowed: Path) -> None:
     def loop(step_ms: float) -> dict[str, Any]:
         return paced(
             step_ms,
@@ -143,8 +165,10 @@ async def test_a_two_times_faster_loop_is_improved_with_speedup_near_two(allowed
             },
         )
 
-    base = await call(allowed, "run_benchmark_window", loop(16.0))
-    cand = await call(allowed, "run_benchmark_window", loop(8.0))
+    # A 4x difference in pacing: load stretches steps by milliseconds (more, relatively, for the short
+    # ones), which can pull the speedup well below 4 and widen the interval but not hide the change.
+    base = await call(allowed, "run_benchmark_window", loop(40.0))
+    cand = await call(allowed, "run_benchmark_window", loop(10.0))
     cmp = await call(
         allowed,
         "compare_benchmarks",
@@ -155,7 +179,9 @@ async def test_a_two_times_faster_loop_is_improved_with_speedup_near_two(allowed
         },
     )
     assert cmp["status"] == "comparable" and cmp["verdict"] == "improved" and cmp["state"] == "passed"
-    assert cmp["speedup"] == pytest.approx(2.0, rel=0.05)
+    # the speedup is the ratio of the two measured throughputs (total samples over total step time)
+    measured = cand["throughput"]["samples_per_s"] / base["throughput"]["samples_per_s"]
+    assert cmp["speedup"] == pytest.approx(measured, rel=1e-6) and cmp["speedup"] > 2.0
     assert cmp["ci_low"] > 1.0 and cmp["unit"] == "samples"
     assert cmp["ci_low"] <= cmp["speedup"] <= cmp["ci_high"]
     assert (cmp["baseline_windows"], cmp["baseline_launches"], cmp["candidate_launches"]) == (3, 3, 3)
@@ -174,14 +200,21 @@ async def test_windows_of_one_launch_give_no_verdict(allowed: Path) -> None:
     assert cmp["ci_low"] <= cmp["speedup"] <= cmp["ci_high"]
 
 
-async def test_the_same_command_twice_is_within_noise(allowed: Path) -> None:
+async def test_the_same_command_twice_is_comparable_with_no_difference(allowed: Path) -> None:
     a = await call(allowed, "run_benchmark_window", paced(8.0, same_process=False))
     b = await call(allowed, "run_benchmark_window", paced(8.0, same_process=False))
     cmp = await call(
         allowed, "compare_benchmarks", {"baseline": [a["evidence_id"]], "candidate": [b["evidence_id"]]}
     )
-    assert cmp["verdict"] == "within_noise" and cmp["state"] == "executed"
+    # Nothing differs between two runs of one command, so they compare.
     assert cmp["status"] == "comparable" and cmp["reasons"] == []
+    # The verdict is the rule's reading of the interval. On a quiet machine it is within_noise; a load
+    # that changes between the two runs really does change their speed, so it may legitimately say
+    # otherwise here (how rarely A-vs-A gives a verdict is tested on synthetic launches in
+    # test_benchmark_compare.py).
+    assert cmp["ci_low"] <= cmp["speedup"] <= cmp["ci_high"]
+    assert cmp["verdict"] == decide(cmp["speedup"], cmp["ci_low"], cmp["ci_high"])
+    assert cmp["state"] == ("passed" if cmp["verdict"] in ("improved", "regressed") else "executed")
 
 
 async def test_torchrun_over_two_ranks_reports_the_slow_rank(allowed: Path) -> None:
@@ -201,7 +234,7 @@ async def test_torchrun_over_two_ranks_reports_the_slow_rank(allowed: Path) -> N
                 "--nproc-per-node",
                 "2",
                 "--master-port",
-                "29641",
+                str(free_port()),
                 TINY,
                 "--ddp",
                 "--steps",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from _ports import free_port
 from perfgate.benchmarking import load_records, summarize_window
 
 pytestmark = pytest.mark.slow
@@ -212,7 +213,7 @@ def test_torchrun_ddp_over_two_ranks_finds_the_slow_rank(tmp_path: Path, slow_ra
         "--nproc-per-node",
         "2",
         "--master-port",
-        str(29500 + slow_rank + os.getpid() % 1000),
+        str(free_port()),
         "-m",
         "perfgate.harness",
         "--record-dir",

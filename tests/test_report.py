@@ -105,7 +105,8 @@ def test_the_report_is_self_contained_and_embeds_every_plot(demo: Any, report_di
     )
     for gate in ("environment", "comparison", "correctness", "sample_audit", "ledger_integrity"):
         assert f"<td>{gate}</td>" in page
-    assert "KEEP" in page
+    # the decision the demo reached (load decides keep or inconclusive), shown as the page's heading
+    assert f'<span class="{demo.decision}">{demo.decision.upper()}</span></h1>' in page
     assert "train.py" in page  # the commands section
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import time
+from multiprocessing.context import BaseContext
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import pytest
 
 from perfgate._deadline import DeadlineExceeded
-from perfgate.traces import TraceError, analyze_trace
+from perfgate.traces import AnalysisOptions, TraceError, analyze_trace, pool
 from perfgate.traces.pool import Deadline, analyze_many, estimated_peak_bytes, worker_count
 
 PLANTED = Path(__file__).parent / "fixtures" / "traces" / "planted"
@@ -66,3 +69,47 @@ def test_the_deadline_holds_in_the_workers_and_names_the_file(tmp_path: Path) ->
     # Time left: both read, in parallel.
     later = Deadline(seconds=600.0, ends_at=time.monotonic() + 600.0)
     assert len(analyze_many(paths, workers=2, limit=later)) == 2
+
+
+def test_a_worker_stops_at_its_next_block_once_the_caller_gives_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "rank0.json.gz"
+    shutil.copy(PLANTED / "slow_rank_rank0.json.gz", path)
+    stop = multiprocessing.get_context("spawn").Event()
+    monkeypatch.setattr(pool, "_worker_stop", stop)
+    assert pool._analyze_one(path, AnalysisOptions(), None, f"reading trace {path.name}").steps
+    stop.set()
+    with pytest.raises(DeadlineExceeded, match=r"reading trace rank0\.json\.gz stopped: the call"):
+        pool._analyze_one(path, AnalysisOptions(), None, f"reading trace {path.name}")
+
+
+def test_the_pool_tells_its_workers_to_stop_on_failure_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    good = tmp_path / "rank0.json.gz"
+    shutil.copy(PLANTED / "slow_rank_rank0.json.gz", good)
+    bad = tmp_path / "rank1.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}')
+    events: list[Event] = []
+
+    def recorded(ctx: BaseContext) -> Event:
+        events.append(ctx.Event())
+        return events[-1]
+
+    monkeypatch.setattr(pool, "_stop_event", recorded)
+    assert len(analyze_many([good, good], workers=2)) == 2
+    assert not events[-1].is_set()
+    with pytest.raises(TraceError, match=r"rank1\.json"):
+        analyze_many([bad, good, good], workers=2)
+    assert events[-1].is_set()
+
+    # The event reaches the workers: one set before the call stops every file they read.
+    def already_set(ctx: BaseContext) -> Event:
+        event = recorded(ctx)
+        event.set()
+        return event
+
+    monkeypatch.setattr(pool, "_stop_event", already_set)
+    with pytest.raises(DeadlineExceeded, match=r"stopped: the call that asked for it has ended"):
+        analyze_many([good, good], workers=2)

@@ -15,6 +15,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from _ports import free_port
 from perfgate.cli import main as cli_main
 from perfgate.evidence import Ledger
 
@@ -43,14 +44,9 @@ async def test_stdio_server_lists_tools_and_records_evidence(workspace: Path, mo
     assert Ledger(workspace).get(result.structured_content["evidence_id"]) is not None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
+    # Guards a hang only: a server process starts in about a second here, in tens of seconds when loaded.
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         assert proc.poll() is None, "server exited early"
         with socket.socket() as s:
@@ -61,7 +57,7 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
 
 
 async def test_http_requires_the_bearer_token_on_every_request(workspace: Path) -> None:
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "perfgate", "serve", "--workspace", str(workspace), "--transport", "http"]
     env = {**os.environ, "PERFGATE_TOKEN": "s3cret-token-value"}
     with subprocess.Popen(
@@ -70,25 +66,25 @@ async def test_http_requires_the_bearer_token_on_every_request(workspace: Path) 
         try:
             _wait_for_port(port, proc)
             url = f"http://127.0.0.1:{port}/mcp"
-            async with httpx2.AsyncClient() as anon:
+            async with httpx2.AsyncClient(timeout=60) as anon:
                 denied = await anon.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
             assert denied.status_code == 401
-            async with httpx2.AsyncClient(headers={"Authorization": "Bearer wrong"}) as bad:
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer wrong"}, timeout=60) as bad:
                 assert (await bad.post(url, json={})).status_code == 401
-            http = httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret-token-value"}, timeout=30)
+            http = httpx2.AsyncClient(headers={"Authorization": "Bearer s3cret-token-value"}, timeout=60)
             async with http, Client(streamable_http_client(url, http_client=http)) as client:
                 result = await client.call_tool("compute_mfu", MFU_ARGS)
             assert not result.is_error
         finally:
             proc.terminate()
-            _, err = proc.communicate(timeout=30)
+            _, err = proc.communicate(timeout=60)
     assert b"s3cret-token-value" not in err and b"$PERFGATE_TOKEN" in err
 
 
 async def test_http_without_a_token_generates_one_and_checks_host_and_origin(
     workspace: Path, trust_root: Any
 ) -> None:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PERFGATE_TOKEN"}
     cmd = [sys.executable, "-m", "perfgate", "serve", "--workspace", str(workspace), "--transport", "http"]
     with subprocess.Popen(
@@ -101,10 +97,10 @@ async def test_http_without_a_token_generates_one_and_checks_host_and_origin(
             token = token_file.read_text().strip()
             url = f"http://127.0.0.1:{port}/mcp"
             body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-            async with httpx2.AsyncClient() as anon:
+            async with httpx2.AsyncClient(timeout=60) as anon:
                 assert (await anon.post(url, json=body)).status_code == 401
             auth = {"Authorization": f"Bearer {token}"}
-            async with httpx2.AsyncClient(headers=auth) as rebinding:
+            async with httpx2.AsyncClient(headers=auth, timeout=60) as rebinding:
                 # A DNS-rebinding page: right token (say, stolen), wrong Host / a browser Origin.
                 assert (
                     await rebinding.post(url, json=body, headers={"Host": "evil.example"})
@@ -115,12 +111,12 @@ async def test_http_without_a_token_generates_one_and_checks_host_and_origin(
                 )
                 origin = {"Origin": "http://evil.example"}
                 assert (await rebinding.post(url, json=body, headers=origin)).status_code in (400, 403)
-            http = httpx2.AsyncClient(headers=auth, timeout=30)
+            http = httpx2.AsyncClient(headers=auth, timeout=60)
             async with http, Client(streamable_http_client(url, http_client=http)) as client:
                 assert (await client.list_tools()).tools
         finally:
             proc.terminate()
-            _, err = proc.communicate(timeout=30)
+            _, err = proc.communicate(timeout=60)
     assert token.encode() not in err and b"http-token" in err and b"mcpServers" in err
 
 

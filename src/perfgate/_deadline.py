@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -89,6 +89,7 @@ class _Deadline:
     seconds: float
     what: str
     cancellable: bool
+    stopped: Callable[[], bool] | None
 
 
 _current: ContextVar[_Deadline | None] = ContextVar("perfgate_deadline", default=None)
@@ -96,14 +97,20 @@ _current: ContextVar[_Deadline | None] = ContextVar("perfgate_deadline", default
 
 @contextmanager
 def deadline(
-    seconds: float, what: str, *, ends_at: float | None = None, cancellable: bool = True
+    seconds: float,
+    what: str,
+    *,
+    ends_at: float | None = None,
+    cancellable: bool = True,
+    stopped: Callable[[], bool] | None = None,
 ) -> Generator[None]:
     """Within the block, `checkpoint()` enforces a deadline of ``seconds`` for ``what`` (e.g. "reading
     trace x.json"), counted from now or ending at ``ends_at`` (`time.monotonic`, for a deadline shared by
     several worker calls); ``cancellable``: also stop when the anyio task that started this worker
-    thread is cancelled (only valid inside `anyio.to_thread.run_sync`)."""
+    thread is cancelled (only valid inside `anyio.to_thread.run_sync`); ``stopped``: also stop once it
+    returns true (a worker process whose caller has given up)."""
     end = time.monotonic() + seconds if ends_at is None else ends_at
-    token = _current.set(_Deadline(end, seconds, what, cancellable))
+    token = _current.set(_Deadline(end, seconds, what, cancellable, stopped))
     try:
         yield
     finally:
@@ -114,7 +121,7 @@ def checkpoint() -> None:
     """Stop here if the current deadline passed or the call was cancelled; a no-op outside `deadline`.
 
     Raises:
-        DeadlineExceeded: the time is up.
+        DeadlineExceeded: the time is up, or ``stopped`` said so.
         (the anyio backend's cancellation exception): the tool call was cancelled.
     """
     current = _current.get()
@@ -124,6 +131,8 @@ def checkpoint() -> None:
         import anyio.from_thread
 
         anyio.from_thread.check_cancelled()
+    if current.stopped is not None and current.stopped():
+        raise DeadlineExceeded(f"{current.what} stopped: the call that asked for it has ended")
     if time.monotonic() > current.ends_at:
         raise DeadlineExceeded(
             f"{current.what} ran past the {current.seconds:g} s parsing deadline: the input is too large or "

@@ -11,6 +11,7 @@ memory. Small sets (where starting workers costs more than it saves) are read in
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import sys
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from multiprocessing.context import BaseContext
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 from perfgate._deadline import checkpoint, deadline
@@ -50,6 +52,10 @@ _WORKER_BASE_BYTES = 120 << 20
 
 _GRACE_S = 5.0
 Progress = Callable[[int, int, str], None]
+
+_worker_stop: Event | None = None
+"""In a worker process: set by the caller when it gives up on the call (a failed file, the deadline, a
+cancel), so a file still being read stops at its next block instead of running on to the deadline."""
 
 
 @dataclass(frozen=True)
@@ -130,12 +136,24 @@ def _main_not_inherited() -> Generator[None]:
         sys.modules["__main__"] = saved
 
 
+def _init_worker(stop: Event) -> None:
+    global _worker_stop
+    _worker_stop = stop
+
+
+def _stop_event(ctx: BaseContext) -> Event:
+    return ctx.Event()
+
+
 def _analyze_one(
     path: Path, options: AnalysisOptions, limit: Deadline | None, label: str, cancellable: bool = False
 ) -> RankProfile:
-    if limit is None:
+    stop = _worker_stop
+    if limit is None and stop is None:
         return analyze_trace(path, options)
-    with deadline(limit.seconds, label, ends_at=limit.ends_at, cancellable=cancellable):
+    seconds, ends_at = (math.inf, math.inf) if limit is None else (limit.seconds, limit.ends_at)
+    stopped = None if stop is None else stop.is_set
+    with deadline(seconds, label, ends_at=ends_at, cancellable=cancellable, stopped=stopped):
         checkpoint()
         return analyze_trace(path, options)
 
@@ -157,7 +175,7 @@ def analyze_many(
     block, in the workers too), ``labels`` name the files in its message. ``cancellable`` (only from a
     worker thread of `anyio.to_thread.run_sync`, with a ``limit``): a cancelled call stops at the next
     block (here) or the next wait (parallel: queued files are dropped, running workers stop at their
-    deadline).
+    next block, as on any failure).
 
     Raises:
         TraceError: as `analyze_trace` (the first failure seen; files still queued are not read), or a
@@ -200,7 +218,11 @@ def _in_pool(
     results: dict[int, RankProfile] = {}
     pending: dict[Future[RankProfile], int] = {}
     queue = list(enumerate(paths))[::-1]
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_context())
+    ctx = _context()
+    stop = _stop_event(ctx)
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(stop,)
+    )
     finished = False
     try:
         while queue or pending:
@@ -224,7 +246,8 @@ def _in_pool(
                     progress(len(results), total, f"analyzed {paths[i].name}")
         finished = True
     finally:
-        # On failure, return at once: queued files are dropped, running workers finish or stop at the
-        # deadline on their own and exit.
+        # On failure, return at once: queued files are dropped, running workers stop at their next block.
+        if not finished:
+            stop.set()
         pool.shutdown(wait=finished, cancel_futures=True)
     return [results[i] for i in range(total)]
