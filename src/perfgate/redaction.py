@@ -92,8 +92,11 @@ def _server_secrets() -> frozenset[str]:
 # (never a secret), short ones only, and the set is emptied when full. Keys, enum values and the
 # fixed sentences of tool results recur in every record.
 _CLEAN: dict[tuple[str | None, str], None] = {}
-_CLEAN_MAX_CHARS = 512
 _CLEAN_MAX_ENTRIES = 8192
+
+_MEMO_CHARS = 512
+_MEMO_ENTRIES = 65536
+"""Strings a `Scrubber` remembers the scrubbed form of (short ones, up to this many)."""
 
 
 class Scrubber:
@@ -113,6 +116,9 @@ class Scrubber:
         # Which strings this scrubber leaves alone depends only on its secret values (the patterns are
         # fixed): the key under which `_CLEAN` remembers them.
         self._clean_key = self._redactor.secrets_pattern
+        # A scrubber's secrets are fixed once built, so a string scrubs the same way every time; records
+        # repeat short strings thousands of times (keys' parts, dtypes, statuses): each is scrubbed once.
+        self._seen: dict[str, tuple[str, int]] = {}
 
     @classmethod
     def for_values(cls, env: Mapping[str, Any] | None = None, argv: Sequence[Any] | None = None) -> Scrubber:
@@ -155,16 +161,24 @@ class Scrubber:
         return self._redactor.redactions
 
     def text(self, text: str) -> str:
-        known = (self._clean_key, text) if len(text) <= _CLEAN_MAX_CHARS else None
+        seen = self._seen.get(text)
+        if seen is not None:
+            self._redactor.redactions += seen[1]  # counted as if scrubbed again
+            return seen[0]
+        known = (self._clean_key, text) if len(text) <= _MEMO_CHARS else None
         if known is not None and known in _CLEAN:
             return text
         before = self._redactor.redactions
-        out = self._text(text)
-        if known is not None and out == text and self._redactor.redactions == before:
-            if len(_CLEAN) >= _CLEAN_MAX_ENTRIES:
-                _CLEAN.clear()
-            _CLEAN[known] = None
-        return out
+        scrubbed = self._text(text)
+        if known is not None:
+            count = self._redactor.redactions - before
+            if len(self._seen) < _MEMO_ENTRIES:
+                self._seen[text] = (scrubbed, count)
+            if not count and scrubbed == text:
+                if len(_CLEAN) >= _CLEAN_MAX_ENTRIES:
+                    _CLEAN.clear()
+                _CLEAN[known] = None
+        return scrubbed
 
     def _text(self, text: str) -> str:
         text = self._redactor.secrets(text)
