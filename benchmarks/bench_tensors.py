@@ -10,7 +10,8 @@ that contender's alone), interleaved, ``--repeats`` times, with the files in the
   imported by a first call on a small pair): from sending ``tools/call`` to the answer. What an agent
   waits for in a session.
 - ``mcp_cold``: spawn ``perfgate serve``, ``initialize``, that one call, the answer.
-- ``perfgate_tool``: the tool's ``run`` in process (comparison, sha256 of every input, evidence record).
+- ``perfgate_tool``: the tool's ``run`` in process (comparison, BLAKE3 of every input in the same pass,
+  evidence record).
 - ``perfgate``: the library, `perfgate.tensors.compare_sources` (streamed, float64 arithmetic).
 - ``numpy_floor``: the least any reader can do: ``np.fromfile`` of each tensor and the closeness test
   ``|c - r| <= atol + rtol * |r|`` in the tensors' own precision (float32; bf16 through ml_dtypes), no

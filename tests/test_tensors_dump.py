@@ -118,8 +118,9 @@ def test_importing_the_dump_helper_imports_neither_torch_nor_mcp() -> None:
 
 
 def test_a_dump_in_a_windowed_process_is_named_in_its_record_with_the_bytes_digest(tmp_path: Path) -> None:
-    import hashlib
     import json
+
+    import blake3
 
     from perfgate.harness import Window, hooks, report_metric
 
@@ -144,6 +145,8 @@ def test_a_dump_in_a_windowed_process_is_named_in_its_record_with_the_bytes_dige
     dumps = {Path(d["path"]).name: d for d in record["tensor_dumps"]}
     assert set(dumps) == {"early.safetensors", "late.safetensors"}
     for path in (early, late):
-        assert dumps[path.name]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        # BLAKE3, named, hashed as written (what compare_tensors matches; no bare sha256 any more)
+        assert dumps[path.name]["digest"] == "blake3:" + blake3.blake3(path.read_bytes()).hexdigest()
+        assert "sha256" not in dumps[path.name]
         assert dumps[path.name]["size_bytes"] == path.stat().st_size
     assert dumps["early.safetensors"]["step"] == 0 < dumps["late.safetensors"]["step"]

@@ -450,10 +450,10 @@ def test_the_same_tensors_in_every_format_compare_equal(tmp_path: Path) -> None:
 
 
 def test_digests_are_of_the_bytes_opened_not_of_what_the_path_names_later(tmp_path: Path) -> None:
-    """The recorded sha256 is taken through the comparison's own descriptors: a file renamed over the
+    """The recorded digest is taken through the comparison's own descriptors: a file renamed over the
     path after opening does not change it, and a file that shrinks while hashed is an error, not a
     digest of fewer bytes."""
-    import hashlib
+    import blake3
 
     path = tmp_path / "a.safetensors"
     save_file({"w": np.arange(300_000, dtype=np.float32)}, str(path))
@@ -462,13 +462,51 @@ def test_digests_are_of_the_bytes_opened_not_of_what_the_path_names_later(tmp_pa
         other = tmp_path / "b.safetensors"
         save_file({"w": np.zeros(300_000, dtype=np.float32)}, str(other))
         other.replace(path)  # the path now names other bytes
-        [(named, job)] = source.digest_jobs()
-        assert named == path
-        assert job(None) == (hashlib.sha256(original).hexdigest(), len(original))
+        [job] = source.digest_jobs()
+        assert job.path == path
+        assert job.run(None) == ({"blake3": blake3.blake3(original).hexdigest()}, len(original))
     save_file({"w": np.arange(300_000, dtype=np.float32)}, str(path))
     with open_tensor_source(path) as source:
-        [(_, job)] = source.digest_jobs()
+        [job] = source.digest_jobs()
         with path.open("r+b") as f:
             f.truncate(1000)
         with pytest.raises(TensorInputError, match="truncated or rewritten"):
-            job(None)
+            job.run(None)
+
+
+@pytest.mark.parametrize("keys", [None, ("b",), ("c", "a")])
+def test_digests_taken_in_the_comparisons_pass_are_of_the_whole_file(
+    tmp_path: Path, keys: tuple[str, ...] | None
+) -> None:
+    """Digests fed by the comparison's reads (in file order, out of it, or with keys left out) and finished
+    afterwards equal those of the whole file, under every algorithm asked for."""
+    import hashlib
+
+    import blake3
+
+    from perfgate.harness.dump import dump_tensors
+
+    rng = np.random.default_rng(3)
+    # The candidate stores a (1.6 MB) first, the reference last: the comparison, in the reference's order,
+    # reads the candidate's b and c first, past a gap too large to fill; the finishing pass hashes it.
+    values = {
+        k: rng.standard_normal(n).astype(np.float32) for k, n in (("b", 5000), ("c", 70), ("a", 400_000))
+    }
+    dump_tensors(tmp_path / "ref.safetensors", values)
+    dump_tensors(tmp_path / "cand.safetensors", {k: values[k] for k in ("a", "b", "c")})
+    with (
+        open_tensor_source(tmp_path / "ref.safetensors") as r,
+        open_tensor_source(tmp_path / "cand.safetensors") as c,
+    ):
+        for source in (r, c):
+            source.start_digests(["blake3", "sha256"])
+        report = compare_sources(
+            r, c, CompareOptions(atol=0.0, rtol=0.0, keys=keys, chunk_elements=1000, workers=2)
+        )
+        assert report.status == "match"
+        for source in (r, c):
+            [job] = source.digest_jobs()
+            assert job.after_comparison
+            data = job.path.read_bytes()
+            expected = {"blake3": blake3.blake3(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest()}
+            assert job.run(None) == (expected, len(data))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
+import blake3
 import numpy as np
 import pytest
 from mcp import Client
@@ -73,7 +73,8 @@ async def test_matching_tensors_give_passed_evidence_with_hashed_inputs(
         "step": "exact",
     }
     for f in out["files"]:
-        assert f["sha256"] == hashlib.sha256((workspace / f["path"]).read_bytes()).hexdigest()
+        assert f["digest"] == "blake3:" + blake3.blake3((workspace / f["path"]).read_bytes()).hexdigest()
+        assert f["other_digests"] == []  # no record written before BLAKE3 names these paths
     assert [f["role"] for f in out["files"]] == ["reference", "candidate"]
     assert progress and progress[-1][0] == progress[-1][1] == out["bytes_compared"] > 0
 

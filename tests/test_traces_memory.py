@@ -7,9 +7,12 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from perfgate.traces import AnalysisOptions, analyze_trace
+from perfgate.traces import AnalysisOptions, analyze_trace, ops
+from perfgate.traces.analyze import load_table
+from perfgate.traces.table import Columns
 
 MUSA = Path(__file__).parent / "fixtures" / "traces" / "musa_s4000_rank1.json"
 
@@ -73,3 +76,91 @@ def test_results_do_not_depend_on_the_block_size(tmp_path: Path, chunk_bytes: in
     small = analyze_trace(path, AnalysisOptions(chunk_bytes=chunk_bytes))
     whole = analyze_trace(path, AnalysisOptions(chunk_bytes=64 << 20))
     assert small.model_dump(exclude={"event_counts"}) == whole.model_dump(exclude={"event_counts"})
+
+
+# -- memory per kept event -----------------------------------------------------------------------
+# Deterministic checks (byte counts of arrays, allocations traced by tracemalloc): machine load cannot
+# flip them. They fail if the columns widen back to 64 bits per value or the parent pass holds the
+# whole trace's walk at once.
+
+
+def _table_bytes(cols: Columns) -> int:
+    dense = sum(v.nbytes for v in cols.data.values())
+    return dense + sum(s.rows.nbytes + s.values.nbytes for s in cols.sparse.values())
+
+
+def test_event_columns_are_narrow_and_empty_columns_sparse(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    replicate(path, 20, pad=0)
+    table, _, _ = load_table(path)
+    for cols in (table.device, table.host, table.cpu):
+        assert cols.data["name"].dtype == np.int32 and cols.data["cat"].dtype == np.int32
+    assert table.cpu.data["tid"].dtype == np.int32 and table.cpu.data["grad"].dtype == np.int8
+    assert table.device.data["direction"].dtype == np.int8
+    # Profiler FLOPs and the work of shape ops are held only where present...
+    assert set(table.cpu.sparse) == {"flops", "shape_flops", "shape_bytes", "shape_prec"}
+    assert table.cpu.sparse["shape_flops"].rows.size == 20  # the one GEMM per copy
+    # ...and read back as the dense columns they stand for.
+    dense = table.cpu.f("shape_flops")
+    assert dense.shape == (len(table.cpu),) and int(np.sum(~np.isnan(dense))) == 20
+    assert table.cpu.i("shape_prec").dtype == np.int8
+    # Bytes per kept event (64-bit ids and dense NaN columns cost 80, 56 and 72; here one CPU op in
+    # five is a GEMM with shapes, far more than in real traces).
+    assert _table_bytes(table.cpu) / len(table.cpu) <= 44
+    assert _table_bytes(table.host) / len(table.host) <= 44
+    assert _table_bytes(table.device) / len(table.device) <= 60
+
+
+def _call_trees(rng: np.random.Generator, threads: int, per_thread: int) -> tuple[Any, Any, Any]:
+    """Random nested calls on several threads, with equal starts, equal ends, zero-length events and
+    some imperfect nesting (a child that outlives its parent)."""
+    rows: list[tuple[float, float, int]] = []
+    for tid in range(threads):
+        t = 0.0
+        first = len(rows)
+        while len(rows) - first < per_thread:
+            top = float(rng.integers(1, 40))
+            rows.append((t, top, tid))
+            inner = t
+            for _ in range(int(rng.integers(0, 6))):
+                start = inner + float(rng.integers(0, 3))
+                dur = float(rng.integers(0, 12))
+                rows.append((start, dur, tid))
+                if rng.random() < 0.3:
+                    rows.append((start, dur, tid))  # an exact duplicate
+                inner = start + float(rng.integers(0, 4))
+            t += top + float(rng.integers(0, 2))  # 0: the next tree starts where this one ends
+    arr = np.array(rows)[rng.permutation(len(rows))]
+    return arr[:, 0].copy(), arr[:, 1].copy(), arr[:, 2].astype(np.int32)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 7, 64])
+def test_the_parent_walk_in_pieces_finds_the_parents_of_one_walk(
+    monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    rng = np.random.default_rng(chunk)
+    for _ in range(5):
+        ts, dur, tid = _call_trees(rng, threads=3, per_thread=300)
+        monkeypatch.setattr(ops, "PARENT_CHUNK", 1 << 30)
+        whole = ops.parent_rows(ts, dur, tid)
+        monkeypatch.setattr(ops, "PARENT_CHUNK", chunk)
+        pieces = ops.parent_rows(ts, dur, tid)
+        assert (whole >= 0).sum() > len(ts) // 3
+        np.testing.assert_array_equal(pieces, whole)
+
+
+def test_the_parent_walk_holds_a_few_bytes_per_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(0)
+    ts, dur, tid = _call_trees(rng, threads=2, per_thread=40_000)
+    # Pieces far smaller than the trace, as on a trace of millions of ops with the default size.
+    monkeypatch.setattr(ops, "PARENT_CHUNK", 2048)
+    m = ts.size
+    tracemalloc.start()
+    try:
+        parent = ops.parent_rows(ts, dur, tid)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert parent.dtype == np.int32
+    # One walk over the whole trace held ~100 bytes per event (opens and closes, 64-bit keys).
+    assert peak / m < 48, f"{peak / m:.1f} bytes per event"

@@ -63,6 +63,11 @@ def flag_secrets(argv: Sequence[str]) -> list[str]:
     return [v for v in found if len(v) >= 4]
 
 
+_MEMO_CHARS = 512
+_MEMO_ENTRIES = 65536
+"""Strings a `Scrubber` remembers the scrubbed form of (short ones, up to this many)."""
+
+
 class Scrubber:
     """Removes secrets from strings, argv lists, env mappings and JSON trees.
 
@@ -77,6 +82,9 @@ class Scrubber:
         for i, value in enumerate(secrets):
             merged[f"PERFGATE_REDACT_SECRET_{i}"] = value
         self._redactor = Redactor(merged)
+        # A scrubber's secrets are fixed once built, so a string scrubs the same way every time; records
+        # repeat short strings thousands of times (keys' parts, dtypes, statuses): each is scrubbed once.
+        self._seen: dict[str, tuple[str, int]] = {}
 
     @classmethod
     def for_values(cls, env: Mapping[str, Any] | None = None, argv: Sequence[Any] | None = None) -> Scrubber:
@@ -114,6 +122,17 @@ class Scrubber:
         return self._redactor.redactions
 
     def text(self, text: str) -> str:
+        seen = self._seen.get(text)
+        if seen is not None:
+            self._redactor.redactions += seen[1]  # counted as if scrubbed again
+            return seen[0]
+        before = self._redactor.redactions
+        scrubbed = self._scrub(text)
+        if len(text) <= _MEMO_CHARS and len(self._seen) < _MEMO_ENTRIES:
+            self._seen[text] = (scrubbed, self._redactor.redactions - before)
+        return scrubbed
+
+    def _scrub(self, text: str) -> str:
         text = self._redactor.secrets(text)
 
         def flag(m: re.Match[str]) -> str:

@@ -1,4 +1,5 @@
-"""JSON Lines reader: msgspec decodes whole blocks of lines at once, bad lines are reported by number."""
+"""JSON Lines reader: blocks of uniform lines decode as columns (`_jsonl_columns`), other blocks with
+msgspec in one call, and bad lines are reported by number."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from perfgate.audit._files import open_binary
+from perfgate.audit._jsonl_columns import ABSENT, Columns, uniform_columns
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import SampleIds
 from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
@@ -25,19 +27,15 @@ MAX_LINE_BYTES = 1 << 20
 instead of growing without bound."""
 
 
-_ABSENT = -(2**63)
-"""Stands for a field the line leaves out, so optional columns decode straight into int64 arrays."""
-
-
 class _IntRow(msgspec.Struct, gc=False):
     sample_id: int
     epoch: int
     rank: int
     worker: int
-    step: int | None = _ABSENT
-    session: int | None = _ABSENT
+    step: int | None = ABSENT
+    session: int | None = ABSENT
     restart: bool = False
-    pass_index: int | None = msgspec.field(default=_ABSENT, name="pass")
+    pass_index: int | None = msgspec.field(default=ABSENT, name="pass")
 
 
 class _StrRow(msgspec.Struct, gc=False):
@@ -45,10 +43,10 @@ class _StrRow(msgspec.Struct, gc=False):
     epoch: int
     rank: int
     worker: int
-    step: int | None = _ABSENT
-    session: int | None = _ABSENT
+    step: int | None = ABSENT
+    session: int | None = ABSENT
     restart: bool = False
-    pass_index: int | None = msgspec.field(default=_ABSENT, name="pass")
+    pass_index: int | None = msgspec.field(default=ABSENT, name="pass")
 
 
 class _AnyRow(msgspec.Struct, gc=False):
@@ -56,10 +54,10 @@ class _AnyRow(msgspec.Struct, gc=False):
     epoch: int
     rank: int
     worker: int
-    step: int | None = _ABSENT
-    session: int | None = _ABSENT
+    step: int | None = ABSENT
+    session: int | None = ABSENT
     restart: bool = False
-    pass_index: int | None = msgspec.field(default=_ABSENT, name="pass")
+    pass_index: int | None = msgspec.field(default=ABSENT, name="pass")
 
 
 _Row = _IntRow | _StrRow | _AnyRow
@@ -82,8 +80,9 @@ _get_pass = attrgetter("pass_index")
 def read_jsonl(path: Path, builder: RecordBuilder) -> None:
     """Add the records of one JSONL file (optionally .gz) to `builder`.
 
-    Blocks of lines decode in one call; a block with any bad line is decoded again line by line
-    so each malformed line is reported with its number and the rest are kept.
+    A block whose lines all share the first line's keys and differ only in their integers is read as
+    columns with numpy; other blocks decode in one msgspec call, and a block with any bad line is
+    decoded again line by line so each malformed line is reported with its number and the rest are kept.
 
     Raises:
         AuditInputError: the file cannot be opened, or a required field is absent from its records.
@@ -154,6 +153,10 @@ def _decode_block(
     block: bytes, n_lines: int, line_base: int, source: str, builder: RecordBuilder, preferred: int
 ) -> int:
     """Decode a block of whole lines; returns the decoder that worked, to try first next time."""
+    columns = uniform_columns(block, n_lines, _LINE_DECODER)
+    if columns is not None:
+        _add_columns(columns, SampleIds.of_ints(columns.sample_id), line_base + 1, source, builder)
+        return preferred
     # one JSON array of every line; a blank or broken line makes it invalid and is then found below
     joined = bytearray(b"[")
     joined += block.replace(b"\n", b",")
@@ -223,44 +226,58 @@ def _add_rows(
             f"{source}: a sample id does not fit in a signed 64-bit int: write such ids as strings"
         ) from exc
     try:
-        step, missing_steps = None, n
-        if "step" in fields:
-            steps = _optional(rows, _get_step)
-            missing_steps = int(np.count_nonzero(steps == _ABSENT))
-            step = steps if missing_steps == 0 else None
-        session = None
-        if "session" in fields:
-            sessions = _optional(rows, _get_session)
-            absent = sessions == _ABSENT
-            session = None if absent.all() else np.where(absent, 0, sessions)  # unnamed session 0
-        restart = None
-        if "restart" in fields:
-            restart = np.fromiter(map(_get_restart, rows), dtype=np.bool_, count=n)
-        pass_index = None
-        if "pass" in fields:
-            passes = _optional(rows, _get_pass)
-            absent = passes == _ABSENT
-            pass_index = None if absent.all() else np.where(absent, 0, passes)  # absent: the first pass
-        builder.add(
-            source,
-            lines,
-            ids,
+        columns = Columns(
+            sample_id=ids.values,
             epoch=np.fromiter(map(_get_epoch, rows), dtype=np.int64, count=n),
             rank=np.fromiter(map(_get_rank, rows), dtype=np.int64, count=n),
             worker=np.fromiter(map(_get_worker, rows), dtype=np.int64, count=n),
-            step=step,
-            session=session,
-            restart=restart if restart is not None and restart.any() else None,
-            step_lacking=missing_steps,
-            pass_index=pass_index,
+            step=_optional(rows, _get_step) if "step" in fields else None,
+            session=_optional(rows, _get_session) if "session" in fields else None,
+            restart=np.fromiter(map(_get_restart, rows), dtype=np.bool_, count=n)
+            if "restart" in fields
+            else None,
+            pass_index=_optional(rows, _get_pass) if "pass" in fields else None,
         )
     except OverflowError as exc:
         raise AuditInputError(f"{source}: an epoch, rank, worker, step or session exceeds 64 bits") from exc
+    _add_columns(columns, ids, lines, source, builder)
+
+
+def _add_columns(
+    columns: Columns, ids: SampleIds, lines: NDArray[np.int64] | int, source: str, builder: RecordBuilder
+) -> None:
+    """Hand one block's columns to the builder: absent optional values become what they stand for."""
+    step, missing_steps = None, len(ids)
+    if columns.step is not None:
+        missing_steps = int(np.count_nonzero(columns.step == ABSENT))
+        step = columns.step if missing_steps == 0 else None
+    session = None
+    if columns.session is not None:
+        absent = columns.session == ABSENT
+        session = None if absent.all() else np.where(absent, 0, columns.session)  # unnamed session 0
+    pass_index = None
+    if columns.pass_index is not None:
+        absent = columns.pass_index == ABSENT
+        pass_index = None if absent.all() else np.where(absent, 0, columns.pass_index)  # the first pass
+    restart = columns.restart
+    builder.add(
+        source,
+        lines,
+        ids,
+        epoch=columns.epoch,
+        rank=columns.rank,
+        worker=columns.worker,
+        step=step,
+        session=session,
+        restart=restart if restart is not None and restart.any() else None,
+        step_lacking=missing_steps,
+        pass_index=pass_index,
+    )
 
 
 def _optional(rows: list[_Row], get: attrgetter[Any]) -> NDArray[np.int64]:
-    """An optional int field as int64, _ABSENT where the line left it out or wrote null."""
+    """An optional int field as int64, ABSENT where the line left it out or wrote null."""
     try:
         return np.fromiter(map(get, rows), dtype=np.int64, count=len(rows))
     except TypeError:  # an explicit null somewhere: the slow way
-        return np.array([_ABSENT if v is None else v for v in map(get, rows)], dtype=np.int64)
+        return np.array([ABSENT if v is None else v for v in map(get, rows)], dtype=np.int64)

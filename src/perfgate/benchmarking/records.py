@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import msgspec
 
 from perfgate.benchmarking.errors import RecordError
+from perfgate.digests import DIGEST_PATTERN
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION
 
 __all__ = [
@@ -96,9 +97,18 @@ class TensorDumpRecord(msgspec.Struct, frozen=True):
     """A file ``dump_tensors`` wrote inside the launched process (absolute path, as written)."""
 
     path: Annotated[str, msgspec.Meta(max_length=4096)]
-    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
     size_bytes: Annotated[int, msgspec.Meta(ge=0)]
     step: Annotated[int, msgspec.Meta(ge=0)] = 0
+    digest: Annotated[str, msgspec.Meta(pattern=DIGEST_PATTERN)] | None = None
+    """``"blake3:<hex>"``; records written before digests were named carry a bare ``sha256`` instead."""
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] | None = None
+
+    @property
+    def named_digest(self) -> str | None:
+        """The file's digest with its algorithm's name (``"sha256:<hex>"`` for an older record)."""
+        if self.digest is not None:
+            return self.digest
+        return None if self.sha256 is None else f"sha256:{self.sha256}"
 
 
 class RankRecord(msgspec.Struct, frozen=True):

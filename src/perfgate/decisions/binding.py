@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from perfgate.decisions.experiments import Experiment
+from perfgate.digests import KNOWN_ALGORITHMS, entry_digest, format_digest
 from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, as_list, str_list
 
@@ -200,6 +201,7 @@ def producer_problems(
         "reference": "the baseline's run_benchmark_window(...)",
         "candidate": "run_benchmark_window(...) for the candidate",
     }
+    files = [as_dict(f) for f in as_list(check.result.get("files"))]
     for p in producers:
         role, path, eid = str(p.get("role")), p.get("path"), p.get("evidence_id")
         if not isinstance(eid, str):
@@ -207,6 +209,13 @@ def producer_problems(
                 f"{check.id}: the {role} file {path} is unbound: no perfgate-launched run dumped these bytes there "
                 f"(a copied or edited file proves nothing about a run): dump it with perfgate.harness.dump_tensors "
                 f"inside {launch_call.get(role, 'its run')}, then compare_tensors(...) again"
+            )
+            continue
+        mismatch = _digest_problem(check, p, files, lookup(eid))
+        if mismatch is not None:
+            problems.append(
+                f"{check.id}: the {role} file {path} is not bound to {eid}: {mismatch}; compare_tensors(...) again on "
+                f"the file {launch_call.get(role, 'its run')} dumped"
             )
             continue
         sides.setdefault(role, []).append(eid)
@@ -256,6 +265,49 @@ def producer_problems(
                 "run_benchmark_window launches, then compare_tensors(...) again"
             )
     return problems
+
+
+def _digest_problem(
+    check: EvidenceRecord,
+    producer: dict[str, Any],
+    files: list[dict[str, Any]],
+    record: EvidenceRecord | None,
+) -> str | None:
+    """Why a producer entry does not bind its file, or None when it does: the digest it names (algorithm
+    and hex) must be one the check took of that file, and the producer record must name a dump at that
+    path with that same digest, under the same algorithm. A digest under another algorithm, or an
+    unknown or malformed one, binds nothing."""
+    path = producer.get("path")
+    named = entry_digest(producer)
+    if named is None:
+        shown = str(producer.get("digest", producer.get("sha256")))[:80]
+        return f"its digest {shown!r} names no known algorithm ({', '.join(KNOWN_ALGORITHMS)}) with 64 hex digits"
+    digest = format_digest(*named)
+    taken: set[str] = set()
+    for f in files:
+        if f.get("role") == producer.get("role") and f.get("path") == path:
+            own = entry_digest(f)
+            if own is not None:
+                taken.add(format_digest(*own))
+            taken.update(
+                d for d in str_list(f.get("other_digests")) if entry_digest({"digest": d}) is not None
+            )
+    if digest not in taken:
+        return f"{check.id} took no {named[0]} digest {named[1][:16]}... of that file"
+    if record is None:
+        return "that record is not in the ledger"
+    dumped = [
+        as_dict(d) for d in as_list(record.result.get("tensor_dumps")) if as_dict(d).get("path") == path
+    ]
+    if any(entry_digest(d) == named for d in dumped):
+        return None
+    algorithms = sorted({n[0] for n in map(entry_digest, dumped) if n is not None})
+    if dumped and named[0] not in algorithms:
+        return (
+            f"the check's {named[0]} digest cannot be compared with the record's {'/'.join(algorithms) or 'unnamed'} "
+            "digest of that dump (like is compared with like only)"
+        )
+    return f"the record names no dump at that path with {digest[:24]}..."
 
 
 def correctness_binding_problems(

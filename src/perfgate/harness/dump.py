@@ -10,13 +10,12 @@ A dump is perfgate's own work: when one lands inside an open measurement window,
 discarded and restarts after a fresh warm-up (see :meth:`Window.own_work_ran`).
 
 Inside a run perfgate launched (a harness window exists in this process), each dump is named in the
-window's record (path, sha256, size, step): that binds the file to the launch, and so to its evidence
+window's record (path, digest, size, step; the digest is BLAKE3, taken as the bytes are written): that binds the file to the launch, and so to its evidence
 record and code state, and compare_tensors finds its producer from those bytes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -30,6 +29,7 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from perfgate.digests import ALGORITHM, format_digest, new_hasher
 from perfgate.harness import hooks
 
 __all__ = ["dump_tensors"]
@@ -179,12 +179,13 @@ def dump_tensors(
 
 
 def _dump(target: Path, mapping: Mapping[str, Any], metadata: Mapping[str, str] | None) -> tuple[str, int]:
-    """Write the file atomically; returns its sha256 (hashed as written) and size in bytes."""
+    """Write the file atomically; returns its digest (``"blake3:<hex>"``, hashed as written) and size in bytes."""
     items = _pending(mapping)
     header = _header(items, metadata)
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    digest = hashlib.sha256(header)
+    digest = new_hasher(ALGORITHM)
+    digest.update(header)
     size = len(header)
     try:
         with temporary.open("wb") as f:
@@ -204,4 +205,4 @@ def _dump(target: Path, mapping: Mapping[str, Any], metadata: Mapping[str, str] 
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    return digest.hexdigest(), size
+    return format_digest(ALGORITHM, digest.hexdigest()), size

@@ -251,12 +251,13 @@ class Window:
         )
         self._schedule_next()
 
-    def tensors_dumped(self, path: str, sha256: str, size_bytes: int) -> None:
+    def tensors_dumped(self, path: str, digest: str, size_bytes: int) -> None:
         """``dump_tensors`` wrote ``path`` in this process: named in the record as this run's output, so the
-        file is bound to the launch that produced it. A dump after the record was written rewrites it."""
+        file is bound to the launch that produced it (``digest``: ``"blake3:<hex>"``). A dump after the record was
+        written rewrites it."""
         if os.getpid() != self._pid:
             return
-        self._dumps.append({"path": path, "sha256": sha256, "size_bytes": size_bytes, "step": self._count})
+        self._dumps.append({"path": path, "digest": digest, "size_bytes": size_bytes, "step": self._count})
         if self._written is not None and not self._closed:
             self._write()
 

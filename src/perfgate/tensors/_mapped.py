@@ -12,23 +12,54 @@ nothing stays resident after the consumer drops them; the kernel's page cache an
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
 import numpy as np
 
 from perfgate._safeopen import open_nofollow
+from perfgate.digests import ALGORITHM, Algorithm, Hasher, new_hasher
 from perfgate.tensors._errors import ComparisonCancelled, TensorInputError
 
 __all__ = ["ChunkStream", "ChunkedFile", "FileChunks", "OwnedChunks"]
 
 _SEQUENTIAL: int | None = getattr(os, "POSIX_FADV_SEQUENTIAL", None)
+_MAX_GAP_BYTES = 1 << 20
+"""Bytes between chunks (a header, padding, a zip member's local header) a running digest reads itself."""
+_THREADED_BYTES = 32 << 20
+"""A digest started on a file larger than this from its first byte by `ChunkedFile.digest` hashes on
+all CPUs (BLAKE3 splits large updates); chunks the comparison reads are small and hash on one."""
+
+
+class _Running:
+    """Digests of one file's bytes taken in file order: ``position`` is the first byte not hashed yet."""
+
+    def __init__(self, algorithms: tuple[Algorithm, ...]) -> None:
+        self.lock = threading.Lock()
+        self.algorithms = algorithms
+        self.position = 0
+        self.streaming = True
+        self._hashers: list[Hasher] | None = None
+
+    def update(self, raw: np.ndarray, size_bytes: int, *, bulk: bool = False) -> None:
+        """Hash ``raw`` (the bytes at ``position``); the caller holds the lock."""
+        if self._hashers is None:
+            threads = bulk and self.position == 0 and size_bytes > _THREADED_BYTES
+            self._hashers = [new_hasher(a, threads=threads) for a in self.algorithms]
+        data = raw.data
+        for hasher in self._hashers:
+            hasher.update(data)
+        self.position += raw.shape[0]
+
+    def hexdigests(self) -> dict[Algorithm, str]:
+        if self._hashers is None:  # an empty file
+            self._hashers = [new_hasher(a) for a in self.algorithms]
+        return {a: h.hexdigest() for a, h in zip(self.algorithms, self._hashers, strict=True)}
 
 
 class ChunkedFile:
@@ -42,6 +73,7 @@ class ChunkedFile:
         self._lock = threading.Lock()
         self._fd: int | None = fd if fd is not None else open_nofollow(path)
         self.size_bytes = os.fstat(self._fd).st_size
+        self._running: _Running | None = None
         if _SEQUENTIAL is not None:
             os.posix_fadvise(self._fd, 0, 0, _SEQUENTIAL)
 
@@ -83,25 +115,54 @@ class ChunkedFile:
                 )
             done += n
 
+    def start_digest(self, algorithms: Sequence[Algorithm]) -> None:
+        """Digest the file as the comparison reads it: from now on every chunk `FileChunks` reads is hashed
+        in the same pass, while reads go forward through the file (small gaps such as headers are read
+        here); `digest` then hashes only what no chunk covered."""
+        self._running = _Running(tuple(algorithms))
+
+    def observed(self, data: np.ndarray, offset: int) -> None:
+        """``data`` (just read at byte ``offset``) feeds the running digest where it continues it."""
+        running = self._running
+        if running is None or not running.streaming:
+            return
+        raw: np.ndarray = cast(Any, data).reshape(-1).view(np.uint8)
+        end = offset + raw.shape[0]
+        with running.lock:
+            if end <= running.position:
+                return  # hashed already (by `digest`, or a chunk read twice)
+            if offset > running.position:
+                if offset - running.position > _MAX_GAP_BYTES:
+                    running.streaming = False  # out of file order: `digest` reads the rest itself
+                    return
+                gap = np.empty(offset - running.position, dtype=np.uint8)
+                self.read_into(gap, running.position)
+                running.update(gap, self.size_bytes)
+            running.update(raw[running.position - offset :], self.size_bytes)
+
     def digest(
         self, on_chunk: Callable[[], None] | None = None, chunk_bytes: int = 8 << 20
-    ) -> tuple[str, int]:
-        """sha256 (hex) and size of the whole file as opened, read through this descriptor (so the digest is
-        of the bytes compared, even if the path is replaced meanwhile). ``on_chunk`` runs before each chunk:
-        raise from it to stop. hashlib releases the GIL, so files hash in parallel on several threads.
+    ) -> tuple[dict[Algorithm, str], int]:
+        """Digests (algorithm -> hex) and size of the whole file as opened, read through this descriptor (so
+        they are of the bytes compared, even if the path is replaced meanwhile): what `start_digest` began
+        (default: BLAKE3 alone, from the first byte), finished from where the comparison's reads stopped.
+        ``on_chunk`` runs before each chunk: raise from it to stop. The hashers release the GIL, so files
+        hash in parallel on several threads.
 
         Raises:
             TensorInputError: the file ends early (it shrank since it was opened).
         """
-        h = hashlib.sha256()
+        running = self._running or _Running((ALGORITHM,))
         buffer = np.empty(min(chunk_bytes, max(self.size_bytes, 1)), dtype=np.uint8)
-        for offset in range(0, self.size_bytes, buffer.shape[0]):
+        while True:
             if on_chunk is not None:
                 on_chunk()
-            part = buffer[: min(buffer.shape[0], self.size_bytes - offset)]
-            self.read_into(part, offset)
-            h.update(part.data)
-        return h.hexdigest(), self.size_bytes
+            with running.lock:
+                if running.position >= self.size_bytes:
+                    return running.hexdigests(), self.size_bytes
+                part = buffer[: min(buffer.shape[0], self.size_bytes - running.position)]
+                self.read_into(part, running.position)
+                running.update(part, self.size_bytes, bulk=True)
 
     def read_bytes(self, offset: int, length: int) -> bytes:
         """A copy of ``length`` bytes at ``offset`` (bounds were checked by the caller)."""
@@ -166,6 +227,7 @@ class FileChunks:
             if out is None:
                 out = np.empty(n, dtype=self._dtype)
             self._file.read_into(out, self._offset + start * itemsize)
+            self._file.observed(out, self._offset + start * itemsize)
             held.append((start + n, out))
             yield out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import tokenize
 import warnings
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from perfgate.digests import Algorithm
 from perfgate.tensors._errors import TensorInputError
 from perfgate.tensors._mapped import ChunkedFile, ChunkStream
 from perfgate.tensors.dtypes import category
@@ -147,8 +148,15 @@ class NpyFile:
         h = self.header
         return self._file.chunks(h.header_bytes, h.dtype, math.prod(h.shape), chunk_elements)
 
-    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[str, int]:
-        """sha256 and size of the file as opened (see `ChunkedFile.digest`)."""
+    streams_digest = True
+    """The comparison's reads feed the digest (see `start_digest`)."""
+
+    def start_digest(self, algorithms: Sequence[Algorithm]) -> None:
+        """Hash the file's bytes as the comparison reads them (see `ChunkedFile.start_digest`)."""
+        self._file.start_digest(algorithms)
+
+    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[dict[Algorithm, str], int]:
+        """Digests and size of the file as opened (see `ChunkedFile.digest`)."""
         return self._file.digest(on_chunk)
 
     def close(self) -> None:

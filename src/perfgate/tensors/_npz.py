@@ -15,13 +15,14 @@ import math
 import struct
 import zipfile
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
+from perfgate.digests import Algorithm
 from perfgate.tensors._errors import TensorInputError
 from perfgate.tensors._mapped import ChunkedFile, ChunkStream, OwnedChunks
 from perfgate.tensors._npy import NpyHeader, read_npy_header
@@ -212,8 +213,17 @@ class NpzFile:
         except (zipfile.BadZipFile, EOFError, zlib.error, NotImplementedError, OSError) as exc:
             raise TensorInputError(f"{where}: corrupt member ({exc})") from exc
 
-    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[str, int]:
-        """sha256 and size of the file as opened (see `ChunkedFile.digest`)."""
+    @property
+    def streams_digest(self) -> bool:
+        """Whether the comparison's reads feed the digest (stored members; inflating reads other bytes)."""
+        return all(m.info.compress_type == zipfile.ZIP_STORED for m in self._members.values())
+
+    def start_digest(self, algorithms: Sequence[Algorithm]) -> None:
+        """Hash the file's bytes as the comparison reads them (see `ChunkedFile.start_digest`)."""
+        self._file.start_digest(algorithms)
+
+    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[dict[Algorithm, str], int]:
+        """Digests and size of the file as opened (see `ChunkedFile.digest`)."""
         return self._file.digest(on_chunk)
 
     def close(self) -> None:

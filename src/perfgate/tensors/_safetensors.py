@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from perfgate.digests import Algorithm
 from perfgate.tensors._errors import TensorInputError
 from perfgate.tensors._mapped import ChunkedFile, ChunkStream
 from perfgate.tensors.dtypes import SAFETENSORS_DTYPES, UNSUPPORTED_SAFETENSORS_DTYPES
@@ -209,8 +210,15 @@ class SafetensorsFile:
         count = math.prod(slot.shape)
         return self._file.chunks(self._data_start + slot.begin, slot.dtype, count, chunk_elements)
 
-    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[str, int]:
-        """sha256 and size of the file as opened (see `ChunkedFile.digest`)."""
+    streams_digest = True
+    """The comparison's reads feed the digest (see `start_digest`)."""
+
+    def start_digest(self, algorithms: Sequence[Algorithm]) -> None:
+        """Hash the file's bytes as the comparison reads them (see `ChunkedFile.start_digest`)."""
+        self._file.start_digest(algorithms)
+
+    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[dict[Algorithm, str], int]:
+        """Digests and size of the file as opened (see `ChunkedFile.digest`)."""
         return self._file.digest(on_chunk)
 
     def close(self) -> None:

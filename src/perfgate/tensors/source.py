@@ -8,14 +8,14 @@ has one, else as the union of its ``.safetensors``, ``.npz`` and ``.npy`` files.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Protocol
 
 from perfgate._safeopen import UnsafeFileError, open_file
+from perfgate.digests import ALGORITHM, Algorithm, new_hasher
 from perfgate.tensors._errors import TensorInputError
 from perfgate.tensors._mapped import ChunkStream
 from perfgate.tensors._npy import MAGIC as NPY_MAGIC
@@ -24,7 +24,7 @@ from perfgate.tensors._npz import NpzFile, NpzLimits
 from perfgate.tensors._safetensors import DEFAULT_MAX_HEADER_BYTES, SafetensorsFile
 from perfgate.tensors.entry import TensorEntry
 
-__all__ = ["ReaderLimits", "SourceKind", "TensorSource", "open_tensor_source"]
+__all__ = ["DigestJob", "ReaderLimits", "SourceKind", "TensorSource", "open_tensor_source"]
 
 SourceKind = Literal["safetensors", "npz", "npy", "folder"]
 _SUFFIXES = (".safetensors", ".npz", ".npy")
@@ -40,12 +40,27 @@ class ReaderLimits:
     npz: NpzLimits = field(default_factory=NpzLimits)
 
 
+@dataclass(frozen=True)
+class DigestJob:
+    """Digests one file of a source: ``run(on_chunk)`` returns (algorithm -> hex, size in bytes);
+    ``on_chunk`` runs before each chunk read (raise from it to stop)."""
+
+    path: Path
+    run: Callable[[Callable[[], None] | None], tuple[dict[Algorithm, str], int]]
+    after_comparison: bool
+    """The comparison's reads feed this digest: run it once they are done."""
+
+
 class _Reader(Protocol):
     path: Path
 
     def entries(self) -> list[TensorEntry]: ...
+    @property
+    def streams_digest(self) -> bool: ...
+
     def chunks(self, key: str, chunk_elements: int) -> ChunkStream: ...
-    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[str, int]: ...
+    def start_digest(self, algorithms: Sequence[Algorithm]) -> None: ...
+    def digest(self, on_chunk: Callable[[], None] | None = None) -> tuple[dict[Algorithm, str], int]: ...
     def close(self) -> None: ...
 
 
@@ -103,6 +118,7 @@ class TensorSource:
         self.kind: SourceKind = kind
         self._readers = readers
         self._index = index
+        self._algorithms: tuple[Algorithm, ...] = (ALGORITHM,)
         self.files: tuple[Path, ...] = ((index,) if index else ()) + tuple(r.path for r in readers)
         self.entries: dict[str, TensorEntry] = {}
         self._owner: dict[str, _Reader] = {}
@@ -127,16 +143,25 @@ class TensorSource:
         be shorter); see `ChunkStream` for releasing what was consumed."""
         return self._owner[key].chunks(key, chunk_elements)
 
-    def digest_jobs(self) -> list[tuple[Path, Callable[[Callable[[], None] | None], tuple[str, int]]]]:
-        """One job per file in ``files`` (same order): called with an ``on_chunk`` check, it returns the
-        file's sha256 and size. Tensor files are hashed through the descriptors the comparison reads, so
-        a path replaced meanwhile cannot make the recorded digest differ from the bytes compared; the jobs
-        are independent (run them on several threads)."""
-        jobs: list[tuple[Path, Callable[[Callable[[], None] | None], tuple[str, int]]]] = []
+    def start_digests(self, algorithms: Sequence[Algorithm]) -> None:
+        """Digest every tensor file with ``algorithms`` in the same pass as the comparison reads it (call
+        before comparing); `digest_jobs` then finishes each digest from where the reads stopped."""
+        self._algorithms = tuple(algorithms)
+        for reader in self._readers:
+            reader.start_digest(self._algorithms)
+
+    def digest_jobs(self) -> list[DigestJob]:
+        """One job per file in ``files`` (same order). Tensor files are hashed through the descriptors the
+        comparison reads (in the same pass, after `start_digests`), so a path replaced meanwhile cannot make
+        the recorded digest differ from the bytes compared; the jobs are independent (run them on several
+        threads). A job whose ``after_comparison`` is true finishes what the comparison's reads began: run
+        it once the comparison is done (before, it would read every byte itself)."""
+        algorithms = self._algorithms
+        jobs: list[DigestJob] = []
         if self._index is not None:
             index = self._index
-            jobs.append((index, lambda on_chunk: _file_digest(index, on_chunk)))
-        jobs.extend((r.path, r.digest) for r in self._readers)
+            jobs.append(DigestJob(index, lambda on_chunk: _file_digest(index, algorithms, on_chunk), False))
+        jobs.extend(DigestJob(r.path, r.digest, r.streams_digest) for r in self._readers)
         return jobs
 
     def close(self) -> None:
@@ -150,17 +175,20 @@ class TensorSource:
         self.close()
 
 
-def _file_digest(path: Path, on_chunk: Callable[[], None] | None) -> tuple[str, int]:
-    """sha256 and size of a small file (a shard index), opened without following links."""
-    h = hashlib.sha256()
+def _file_digest(
+    path: Path, algorithms: Sequence[Algorithm], on_chunk: Callable[[], None] | None
+) -> tuple[dict[Algorithm, str], int]:
+    """Digests and size of a small file (a shard index), opened without following links."""
+    hashers = [new_hasher(a) for a in algorithms]
     size = 0
     with open_file(path) as f:
         while block := f.read(1 << 20):
             if on_chunk is not None:
                 on_chunk()
-            h.update(block)
+            for h in hashers:
+                h.update(block)
             size += len(block)
-    return h.hexdigest(), size
+    return {a: h.hexdigest() for a, h in zip(algorithms, hashers, strict=True)}, size
 
 
 def _open_all(paths: list[Path], limits: ReaderLimits) -> list[_Reader]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
@@ -16,14 +16,17 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from perfgate.digests import ALGORITHM, DIGEST_PATTERN, entry_digest, format_digest
 from perfgate.errors import ToolError
-from perfgate.evidence import EvidenceState
+from perfgate.evidence import EvidenceRecord, EvidenceState
 from perfgate.report.plots import tensor_errors_png
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
 if TYPE_CHECKING:
+    from perfgate.digests import Algorithm
     from perfgate.tensors import CompareOptions, ComparisonReport, TensorComparison, TensorSource
+    from perfgate.tensors.source import DigestJob
 
 __all__ = [
     "SPEC",
@@ -43,7 +46,7 @@ MAX_LISTED = 200
 
 
 Role = Literal["reference", "candidate"]
-_Hashed = tuple[Role, Path, str, int]
+_Hashed = tuple[Role, Path, "dict[Algorithm, str]", int]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
@@ -200,14 +203,26 @@ class TensorResult(BaseModel):
 class InputFile(BaseModel):
     role: Role
     path: str = Field(description="Path relative to the workspace (absolute when under a read root).")
-    sha256: str
+    digest: str = Field(
+        description="BLAKE3 of the bytes compared, with the algorithm's name: 'blake3:<hex>'.",
+        pattern=DIGEST_PATTERN,
+    )
+    other_digests: list[str] = Field(
+        default_factory=list[str],
+        description="The same bytes under an older algorithm ('sha256:<hex>'), taken only when a run record "
+        "written before BLAKE3 names a dump at this path.",
+    )
     size_bytes: int
 
 
 class FileProducer(BaseModel):
     role: Role
     path: str
-    sha256: str
+    digest: str = Field(
+        description="The digest that binds the file to its producer ('<algorithm>:<hex>', the algorithm the "
+        "producer's record used); the file's BLAKE3 when unbound.",
+        pattern=DIGEST_PATTERN,
+    )
     evidence_id: str | None = Field(
         description="The benchmark window record whose launched run dumped exactly these bytes at this path "
         "(perfgate.harness.dump_tensors); null: unbound (no launched run is known to have produced it, e.g. a "
@@ -241,7 +256,7 @@ class CompareTensorsOutput(BaseModel):
     )
     elements_compared: int
     bytes_compared: int
-    files: list[InputFile] = Field(description="Every file read, with its sha256.")
+    files: list[InputFile] = Field(description="Every file read, with its digest (BLAKE3).")
     producers: list[FileProducer] = Field(
         default_factory=list[FileProducer],
         description="Per file read: the launched run that produced it, or unbound (evidence_id null).",
@@ -254,7 +269,9 @@ def _finite_or_none(value: Any) -> Any:
 
 
 def _tensor_result(t: TensorComparison) -> TensorResult:
-    fields = {k: _finite_or_none(v) for k, v in dataclasses.asdict(t).items()}
+    # Field by field, not dataclasses.asdict: that deep-copies every shape list (most of a many-tensor
+    # call's result building).
+    fields = {f.name: _finite_or_none(getattr(t, f.name)) for f in dataclasses.fields(t)}
     for side in ("reference_key", "candidate_key"):
         if fields[side] == t.key:
             fields[side] = None
@@ -264,14 +281,17 @@ def _tensor_result(t: TensorComparison) -> TensorResult:
 _SEVERITY = {"value_mismatch": 0, "shape_mismatch": 1, "dtype_mismatch": 2, "match": 3}
 
 
-def _problems_first(tensors: list[TensorComparison]) -> list[TensorComparison]:
-    return sorted(tensors, key=lambda t: (_SEVERITY[t.status], -(t.mismatched_fraction or 0.0)))
+def _problems_first(tensors: list[TensorComparison]) -> list[int]:
+    """Indices of ``tensors``, problems first (the worst fraction of mismatches first)."""
+    return sorted(
+        range(len(tensors)),
+        key=lambda i: (_SEVERITY[tensors[i].status], -(tensors[i].mismatched_fraction or 0.0)),
+    )
 
 
-def _hash_sources(sources: list[tuple[Role, TensorSource]], stop: threading.Event) -> list[_Hashed]:
-    """sha256 and size of every file of both sources, through the descriptors the comparison reads, on
-    one thread per file up to the usable CPUs (hashlib releases the GIL); stops at the next chunk once
-    ``stop`` is set."""
+def _hash_jobs(jobs: list[tuple[Role, DigestJob]], stop: threading.Event) -> list[_Hashed]:
+    """Run digest jobs, one thread per file up to the usable CPUs (the hashers release the GIL); they stop
+    at the next chunk once ``stop`` is set."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from perfgate.tensors import ComparisonCancelled
@@ -281,15 +301,11 @@ def _hash_sources(sources: list[tuple[Role, TensorSource]], stop: threading.Even
         if stop.is_set():
             raise ComparisonCancelled
 
-    jobs: list[tuple[Role, Path, Callable[[Callable[[], None] | None], tuple[str, int]]]] = [
-        (role, path, job) for role, source in sources for path, job in source.digest_jobs()
-    ]
-    if len(jobs) == 1:
-        role, path, job = jobs[0]
-        return [(role, path, *job(check))]
+    if len(jobs) <= 1:
+        return [(role, job.path, *job.run(check)) for role, job in jobs]
     with ThreadPoolExecutor(min(len(jobs), usable_cpus()), thread_name_prefix="perfgate-hash") as pool:
-        futures: list[tuple[Role, Path, Future[tuple[str, int]]]] = [
-            (role, path, pool.submit(job, check)) for role, path, job in jobs
+        futures: list[tuple[Role, Path, Future[tuple[dict[Algorithm, str], int]]]] = [
+            (role, job.path, pool.submit(job.run, check)) for role, job in jobs
         ]
         try:
             return [(role, path, *future.result()) for role, path, future in futures]
@@ -347,6 +363,10 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
     try:
         candidate = await anyio.to_thread.run_sync(_open, "candidate", cand_path, confine)
         try:
+            paths = {rt.relative(p) for source in (reference, candidate) for p in source.files}
+            algorithms = await anyio.to_thread.run_sync(digest_algorithms, rt, paths)
+            reference.start_digests(algorithms)
+            candidate.start_digests(algorithms)
             report, hashed = await _compare_and_hash(rt, reference, candidate, options, stop)
             worst = sorted(
                 (t for t in report.tensors if t.status == "value_mismatch" and t.mismatched),
@@ -376,8 +396,14 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         title = "Absolute error of the most mismatched tensors"
         await rt.plot(ev, "error_histograms.png", lambda: tensor_errors_png(histograms, title), key=True)
     files = [
-        InputFile(role=role, path=rt.relative(p), sha256=sha, size_bytes=size)
-        for role, p, sha, size in hashed
+        InputFile(
+            role=role,
+            path=rt.relative(p),
+            digest=format_digest(ALGORITHM, digests[ALGORITHM]),
+            other_digests=[format_digest(a, h) for a, h in digests.items() if a != ALGORITHM],
+            size_bytes=size,
+        )
+        for role, p, digests, size in hashed
     ]
     producers = await anyio.to_thread.run_sync(find_producers, rt, files)
     notes = list(report.notes)
@@ -391,10 +417,11 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         notes.append(
             "allow_nonfinite: matching non-finite values were accepted as agreement (explicit opt-in)"
         )
+    results = [_tensor_result(t) for t in report.tensors]
     full = {
         "status": report.status,
         "summary": report.summary,
-        "tensors": [_tensor_result(t).model_dump(mode="json") for t in report.tensors],
+        "tensors": [r.model_dump(mode="json") for r in results],
         "missing_keys": report.missing_keys,
         "extra_keys": report.extra_keys,
         "files": [f.model_dump(mode="json") for f in files],
@@ -406,14 +433,14 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         },
     }
     await anyio.to_thread.run_sync(ev.write_json, "comparison.json", full)
-    listed = _problems_first(report.tensors)[:MAX_LISTED]
+    listed = [results[i] for i in _problems_first(report.tensors)[:MAX_LISTED]]
     out = CompareTensorsOutput(
         evidence_id=ev.id,
         state=EvidenceState.PASSED if report.status == "match" else EvidenceState.FAILED,
         status=report.status,
         summary=report.summary
         + (f"; {len(report.mapped_keys)} keys renamed by key_map" if report.mapped_keys else ""),
-        tensors=[_tensor_result(t) for t in listed],
+        tensors=listed,
         tensors_total=len(report.tensors),
         missing_keys=report.missing_keys[:MAX_LISTED],
         missing_keys_total=len(report.missing_keys),
@@ -433,41 +460,61 @@ PRODUCER_TOOLS = ("run_benchmark_window",)
 """Tools whose records name the tensor files their launched runs dumped (``result.tensor_dumps``)."""
 
 
-def find_producers(rt: ToolRuntime, files: list[InputFile]) -> list[FileProducer]:
-    """Each file's producer: the newest window record whose run dumped these exact bytes at this path."""
-    wanted = {(f.path, f.sha256) for f in files}
-    found: dict[tuple[str, str], tuple[str, int, dict[str, Any] | None]] = {}
+def _dump_entries(rt: ToolRuntime) -> Iterator[tuple[EvidenceRecord, dict[str, Any]]]:
+    """Every tensor dump named by a producer record that ran (record, dump entry)."""
     for tool in PRODUCER_TOOLS:
         for record in rt.ledger.records(tool=tool):
             dumps = record.result.get("tensor_dumps")
             if not isinstance(dumps, list) or record.state.value not in ("executed", "passed"):
                 continue
             for dump in cast("list[Any]", dumps):
-                if not isinstance(dump, dict):
-                    continue
-                entry = cast("dict[str, Any]", dump)
-                key = (str(entry.get("path")), str(entry.get("sha256")))
-                if key in wanted:
-                    provenance = record.result.get("provenance")
-                    code = (
-                        cast("dict[str, Any]", provenance).get("code")
-                        if isinstance(provenance, dict)
-                        else None
-                    )
-                    launch = entry.get("launch")
-                    found[key] = (
-                        record.id,
-                        launch if isinstance(launch, int) else 0,
-                        cast("dict[str, Any]", code) if isinstance(code, dict) else None,
-                    )
+                if isinstance(dump, dict):
+                    yield record, cast("dict[str, Any]", dump)
+
+
+def digest_algorithms(rt: ToolRuntime, paths: set[str]) -> list[Algorithm]:
+    """BLAKE3, plus each other known algorithm a producer record used for a dump at one of ``paths``
+    (sha256, in records written before BLAKE3): a file binds only to a digest of its own algorithm."""
+    algorithms: list[Algorithm] = [ALGORITHM]
+    for _record, entry in _dump_entries(rt):
+        if str(entry.get("path")) in paths:
+            named = entry_digest(entry)
+            if named is not None and named[0] not in algorithms:
+                algorithms.append(named[0])
+    return algorithms
+
+
+def find_producers(rt: ToolRuntime, files: list[InputFile]) -> list[FileProducer]:
+    """Each file's producer: the newest window record whose run dumped these exact bytes at this path,
+    matched digest to digest under the same algorithm (a record's algorithm name is part of the match)."""
+    wanted = {(f.path, d) for f in files for d in (f.digest, *f.other_digests)}
+    found: dict[tuple[str, str], tuple[str, int, dict[str, Any] | None]] = {}
+    for record, entry in _dump_entries(rt):
+        named = entry_digest(entry)
+        if named is None:
+            continue  # an unknown or malformed algorithm binds nothing
+        key = (str(entry.get("path")), format_digest(*named))
+        if key in wanted:
+            provenance = record.result.get("provenance")
+            code = cast("dict[str, Any]", provenance).get("code") if isinstance(provenance, dict) else None
+            launch = entry.get("launch")
+            found[key] = (
+                record.id,
+                launch if isinstance(launch, int) else 0,
+                cast("dict[str, Any]", code) if isinstance(code, dict) else None,
+            )
     out: list[FileProducer] = []
     for f in files:
-        hit = found.get((f.path, f.sha256))
+        digest, hit = f.digest, None
+        for candidate in (f.digest, *f.other_digests):
+            if (f.path, candidate) in found:
+                digest, hit = candidate, found[(f.path, candidate)]
+                break
         out.append(
             FileProducer(
                 role=f.role,
                 path=f.path,
-                sha256=f.sha256,
+                digest=digest,
                 evidence_id=hit[0] if hit else None,
                 launch=hit[1] if hit else None,
                 code=hit[2] if hit else None,
@@ -483,15 +530,22 @@ async def _compare_and_hash(
     options: CompareOptions,
     stop: threading.Event,
 ) -> tuple[ComparisonReport, list[_Hashed]]:
-    """Hash the inputs and compare them concurrently (each in a worker thread), stoppable on cancel."""
+    """Compare the inputs and digest them, stoppable on cancel. Files the comparison reads in order are
+    hashed in the same pass (each chunk as it is read); their digests are finished (headers, bytes no key
+    selected) once the comparison is done. The others (a shard index, a compressed NPZ) hash meanwhile on
+    their own threads."""
     from anyio import from_thread  # not at start-up: only progress callbacks (worker threads) use it
 
     from perfgate.tensors import ComparisonCancelled, TensorInputError, compare_sources
 
-    sources: list[tuple[Role, TensorSource]] = [("reference", reference), ("candidate", candidate)]
+    sides: list[tuple[Role, TensorSource]] = [("reference", reference), ("candidate", candidate)]
+    jobs: list[tuple[Role, DigestJob]] = [
+        (role, job) for role, source in sides for job in source.digest_jobs()
+    ]
     report: list[ComparisonReport] = []
-    hashed: list[list[_Hashed]] = []
+    hashed: dict[int, _Hashed] = {}
     failures: list[Exception] = []
+    compared = anyio.Event()
 
     def progress(done: int, total: int, message: str) -> None:
         if not stop.is_set():
@@ -499,6 +553,11 @@ async def _compare_and_hash(
 
     def compare() -> ComparisonReport:
         return compare_sources(reference, candidate, options, progress=progress, cancelled=stop.is_set)
+
+    def hash_some(after_comparison: bool) -> None:
+        chosen = [i for i, (_, job) in enumerate(jobs) if job.after_comparison == after_comparison]
+        results = _hash_jobs([jobs[i] for i in chosen], stop)
+        hashed.update(zip(chosen, results, strict=True))
 
     # Each task keeps its own failure: a task group would wrap it in an exception group, which the
     # SDK shows the agent only as a bare "error executing tool".
@@ -508,12 +567,15 @@ async def _compare_and_hash(
         except (TensorInputError, ComparisonCancelled, OSError) as exc:
             failures.append(exc)
             stop.set()
+        finally:
+            compared.set()
 
     async def run_hash() -> None:
         try:
-            hashed.append(
-                await anyio.to_thread.run_sync(_hash_sources, sources, stop, abandon_on_cancel=True)
-            )
+            await anyio.to_thread.run_sync(hash_some, False, abandon_on_cancel=True)
+            await compared.wait()
+            if not stop.is_set():
+                await anyio.to_thread.run_sync(hash_some, True, abandon_on_cancel=True)
         except (TensorInputError, ComparisonCancelled, OSError) as exc:
             failures.append(exc)
             stop.set()
@@ -530,8 +592,8 @@ async def _compare_and_hash(
             raise ToolError(str(exc)) from exc
         if isinstance(exc, OSError):
             raise ToolError(f"could not read the tensor files: {exc}") from exc
-    assert report and hashed, f"both workers finished: {failures}"
-    return report[0], hashed[0]
+    assert report and len(hashed) == len(jobs), f"both workers finished: {failures}"
+    return report[0], [hashed[i] for i in range(len(jobs))]
 
 
 SPEC = ToolSpec(

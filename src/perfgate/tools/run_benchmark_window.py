@@ -284,7 +284,9 @@ class CodeState(BaseModel):
 
 class TensorDump(BaseModel):
     path: str = Field(description="The file dump_tensors wrote, relative to the workspace when inside it.")
-    sha256: str
+    digest: str = Field(
+        description="Its content digest with the algorithm's name, 'blake3:<hex>' (hashed as it was written)."
+    )
     size_bytes: int
     launch: int = Field(description="The launch (0-based) whose process wrote it.")
     rank: int
@@ -374,7 +376,7 @@ def tensor_dumps(rt: ToolRuntime, launch: int, records: list[RankRecord]) -> lis
     return [
         TensorDump(
             path=rt.relative(Path(d.path)),
-            sha256=d.sha256,
+            digest=digest,
             size_bytes=d.size_bytes,
             launch=launch,
             rank=r.rank,
@@ -382,6 +384,7 @@ def tensor_dumps(rt: ToolRuntime, launch: int, records: list[RankRecord]) -> lis
         )
         for r in records
         for d in r.tensor_dumps
+        if (digest := d.named_digest) is not None
     ]
 
 

@@ -40,7 +40,7 @@ def unique_values(key: npt.NDArray[np.integer[Any]]) -> I64:
         return np.unique(key).astype(np.int64)
     lo, span = found
     present = np.zeros(span, bool)
-    present[key - lo] = True
+    present[np.subtract(key, lo, dtype=np.int64)] = True
     return np.flatnonzero(present) + lo
 
 
@@ -51,7 +51,7 @@ def unique_inverse(key: npt.NDArray[np.integer[Any]]) -> tuple[I64, I64]:
         unique, inverse = np.unique(key, return_inverse=True)
         return unique.astype(np.int64), inverse.astype(np.int64).ravel()
     lo, span = found
-    shifted = key - lo
+    shifted = np.subtract(key, lo, dtype=np.int64)
     present = np.zeros(span, bool)
     present[shifted] = True
     index = np.cumsum(present, dtype=np.int64) - 1
@@ -65,6 +65,6 @@ def unique_counts(key: npt.NDArray[np.integer[Any]]) -> tuple[I64, I64]:
         unique, counts = np.unique(key, return_counts=True)
         return unique.astype(np.int64), counts.astype(np.int64)
     lo, span = found
-    counts = np.bincount(key - lo, minlength=span)
+    counts = np.bincount(np.subtract(key, lo, dtype=np.int64), minlength=span)
     present = np.flatnonzero(counts)
     return present + lo, counts[present].astype(np.int64)

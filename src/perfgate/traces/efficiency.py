@@ -78,7 +78,7 @@ def op_efficiency(p: Prepared, device: str, on_device: bool) -> OpEfficiencySumm
     time = _device_time(p, rows) if on_device else cpu.f("dur")[rows]
     names: list[str] = p.table.names
     name_ids, prec = cpu.i("name")[rows], cpu.i("shape_prec")[rows]
-    key = name_ids * len(PRECISION_CODES) + np.maximum(prec, 0)
+    key = name_ids.astype(np.int64) * len(PRECISION_CODES) + np.maximum(prec, 0)
     uniq, inv = unique_inverse(key)
     count = np.bincount(inv)
     f_sum = np.bincount(inv, weights=flops[rows])

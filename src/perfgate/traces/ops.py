@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import numpy.typing as npt
 
 from perfgate.traces._np import int_list
 from perfgate.traces.models import FlopsSummary, OpStats
 from perfgate.traces.prepare import Prepared
+from perfgate.traces.table import Ints
 
 __all__ = [
     "FLOPS_BASIS",
+    "PARENT_CHUNK",
     "cpu_parents",
     "cpu_self_times",
     "flops_summary",
@@ -28,34 +32,93 @@ FLOPS_BASIS = (
 )
 
 
-def parent_rows(ts: F64, dur: F64, tid: I64) -> I64:
+PARENT_CHUNK = 1 << 16
+"""Events whose parents are worked out together: bounds the temporaries of `parent_rows`."""
+
+
+def parent_rows(ts: F64, dur: F64, tid: Ints) -> Ints:
     """Row of each event's direct parent on its thread (-1 for top-level and zero-length events).
 
     Events of one thread nest (Chrome trace semantics). The parent of an event is found without a
     Python loop: walking the starts and ends of one thread in time order, an event opened at depth
     ``d`` belongs to the latest event opened at depth ``d - 1`` before it. Zero-length events have no
     children and no parent.
+
+    The walk is cut where a thread has nothing open (every event of the thread that started earlier
+    has ended): no event after such a point has a parent before it, so the pieces are walked one at a
+    time, about `PARENT_CHUNK` events each, and the temporaries stay that small whatever the trace size.
+    The result is int32 (rows of a trace fit; int64 beyond 2**31 rows).
     """
-    out = np.full(dur.size, -1, np.int64)
-    rows = np.flatnonzero(dur > 0)
-    m = rows.size
-    if m < 2:
+    index = np.int32 if dur.size < 2**31 else np.int64
+    out = np.full(dur.size, -1, index)
+    rows = np.flatnonzero(dur > 0).astype(index)
+    if rows.size < 2:
         return out
-    d = dur[rows]
-    t_open = ts[rows]
+    # Thread, then start, the longer first at equal starts (it is the parent), then row: the order in
+    # which the walk opens events. A stable sort keeps rows in order within ties.
+    longer_first = dur[rows]
+    np.negative(longer_first, out=longer_first)
+    order = np.lexsort((longer_first, ts[rows], tid[rows]))
+    del longer_first
+    rows = rows[order]
+    del order
+    for lo, hi in _pieces(ts, dur, tid, rows):
+        piece = rows[lo:hi]
+        parent = _walk(ts[piece], dur[piece], tid[piece])
+        has = parent >= 0
+        out[piece[has]] = piece[parent[has]]
+    return out
+
+
+def _pieces(ts: F64, dur: F64, tid: Ints, rows: Ints) -> list[tuple[int, int]]:
+    """Consecutive ranges of ``rows`` (in walk order) of about `PARENT_CHUNK` events, cut only where
+    the walk has nothing open."""
+    m = rows.size
     threads = tid[rows]
+    # A new thread starts with nothing open.
+    cuts = [np.flatnonzero(threads[1:] != threads[:-1]) + 1]
+    bounds = [0, *cuts[0].tolist(), m]
+    del threads
+    for a, b in pairwise(bounds):
+        if b - a <= PARENT_CHUNK:
+            continue
+        # Inside a long thread: before event i nothing is open when every earlier event ended by its
+        # start (ends equal to the start close first).
+        seg = rows[a:b]
+        starts = ts[seg]
+        ends = dur[seg]
+        ends += starts
+        np.maximum.accumulate(ends, out=ends)
+        cuts.append(np.flatnonzero(starts[1:] >= ends[:-1]) + 1 + a)
+        del seg, starts, ends
+    points = np.unique(np.concatenate([np.zeros(1, np.int64), *cuts, np.array([m])]))
+    # Greedy: each piece ends at the last cut point within PARENT_CHUNK of its start (or the next one).
+    out: list[tuple[int, int]] = []
+    start = 0
+    while start < m:
+        k = int(np.searchsorted(points, start + PARENT_CHUNK, side="right")) - 1
+        stop = int(points[k])
+        if stop <= start:
+            stop = int(points[np.searchsorted(points, start, side="right")])
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def _walk(ts: F64, dur: F64, tid: Ints) -> Ints:
+    """`parent_rows` of events that all have a positive duration, as indexes into the arguments."""
+    m = dur.size
+    index = np.int32 if m < 2**31 else np.int64
     # Opens are rows [0, m) of the concatenation, closes [m, 2m). At equal times closes sort before
-    # opens, and among opens the longer one first (it is the parent). Temporaries are dropped early:
-    # this runs on millions of ops for a large trace.
+    # opens, and among opens the longer one first (it is the parent).
     order = np.lexsort(
         (
-            np.concatenate([-d, np.zeros(m)]),
+            np.concatenate([-dur, np.zeros(m)]),
             np.concatenate([np.ones(m, np.int8), np.zeros(m, np.int8)]),
-            np.concatenate([t_open, t_open + d]),
-            np.concatenate([threads, threads]),
+            np.concatenate([ts, ts + dur]),
+            np.concatenate([tid, tid]),
         )
     )
-    del t_open, threads, d
     opened = order < m
     depth = np.cumsum(np.where(opened, 1, -1), dtype=np.int32)
     pos = np.flatnonzero(opened)
@@ -70,18 +133,17 @@ def parent_rows(ts: F64, dur: F64, tid: I64) -> I64:
     has_parent = (level > 1) & (j >= 0)
     j_safe = np.where(has_parent, j, 0)
     has_parent &= level[by_level][j_safe] == level - 1
-    parent = np.full(m, -1, np.int64)
+    parent = np.full(m, -1, index)
     parent[who[has_parent]] = who[by_level][j_safe[has_parent]]
-    out[rows] = np.where(parent >= 0, rows[np.maximum(parent, 0)], -1)
-    return out
+    return parent
 
 
-def cpu_parents(p: Prepared) -> I64:
+def cpu_parents(p: Prepared) -> Ints:
     """`parent_rows` of the prepared CPU ops, computed once per trace."""
     if "cpu_parent" not in p.cache:
         cpu = p.cpu
         p.cache["cpu_parent"] = parent_rows(cpu.f("ts"), cpu.f("dur"), cpu.i("tid"))
-    out: I64 = p.cache["cpu_parent"]  # pyright: ignore[reportAssignmentType]
+    out: Ints = p.cache["cpu_parent"]  # pyright: ignore[reportAssignmentType]
     return out
 
 
@@ -94,7 +156,7 @@ def cpu_self_times(p: Prepared) -> F64:
     return out
 
 
-def self_times(ts: F64, dur: F64, tid: I64, parent: I64 | None = None) -> F64:
+def self_times(ts: F64, dur: F64, tid: Ints, parent: Ints | None = None) -> F64:
     """Exclusive time of each event: its duration minus that of its direct children on its thread.
 
     Imperfect nesting never yields a negative result (see `parent_rows`; pass its result as ``parent``

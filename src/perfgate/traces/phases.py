@@ -110,7 +110,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     is_cpu_op = np.isin(cpu.i("cat"), op_cats)
     # Per-name lookups, indexed by the name ids: no Python loop over events.
     aten_of_id = np.zeros(len(names), bool)
-    code_of_id = np.zeros(len(names), np.int64)  # 0: no phase by name, else 1 + PHASE_ORDER index
+    code_of_id = np.zeros(len(names), np.int8)  # 0: no phase by name, else 1 + PHASE_ORDER index
     for i in present:
         aten_of_id[i] = names[i].startswith("aten::")
         ph = phase_of_id[i]

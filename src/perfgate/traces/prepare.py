@@ -22,7 +22,7 @@ import numpy.typing as npt
 from perfgate.traces._group import TABLE_LIMIT, unique_inverse
 from perfgate.traces.classify import CATEGORIES, Category, category_kind, classify_device
 from perfgate.traces.models import AnalysisWindow, TimeBasis
-from perfgate.traces.table import DIR_D2D, DIR_D2H, DIR_H2D, DIR_OTHER, Columns, EventTable
+from perfgate.traces.table import DIR_D2D, DIR_D2H, DIR_H2D, DIR_OTHER, Columns, EventTable, Ints
 
 __all__ = ["KIND_CODES", "Prepared", "prepare"]
 
@@ -45,8 +45,8 @@ _STEP = re.compile(r"ProfilerStep\s*#\s*(\d{1,18})(?!\d)")
 class Prepared:
     """Arrays for the analyses. Times are microseconds relative to ``origin``.
 
-    ``device`` columns add ``end``, ``category`` (index into `CATEGORIES`), ``kind`` (`KIND_CODES`)
-    and ``launch`` (row in ``host`` of the launching call, -1 when unknown). ``host`` and ``cpu``
+    ``device`` columns add ``end``, ``category`` (index into `CATEGORIES`, int8), ``kind``
+    (`KIND_CODES`, int8) and ``launch`` (row in ``host`` of the launching call, -1 when unknown). ``host`` and ``cpu``
     add ``end``. ``steps_*`` describe every ProfilerStep of the trace (window or not).
     """
 
@@ -74,12 +74,13 @@ def _with_times(cols: Columns, rounded: bool) -> Columns:
     else:
         end = ts + dur
     data["ts"], data["dur"], data["end"] = ts, dur, end
-    return Columns(data)
+    return Columns(data, dict(cols.sparse))
 
 
 def _take(cols: Columns, keep: npt.NDArray[np.bool_]) -> Columns:
     """The kept rows, column by column, dropping each source column from ``cols`` once copied."""
-    return Columns({name: cols.data.pop(name)[keep] for name in list(cols.data)})
+    data = {name: cols.data.pop(name)[keep] for name in list(cols.data)}
+    return Columns(data, {name: cols.sparse.pop(name).take(keep) for name in list(cols.sparse)})
 
 
 def _steps(table: EventTable, cpu: Columns) -> tuple[I64, F64, F64]:
@@ -94,7 +95,7 @@ def _steps(table: EventTable, cpu: Columns) -> tuple[I64, F64, F64]:
                 numbers[i] = int(match.group(1))
     if not ids or len(cpu) == 0:
         return np.empty(0, np.int64), np.empty(0, np.float64), np.empty(0, np.float64)
-    mask = np.isin(cpu.i("name"), np.array(ids, np.int64))
+    mask = np.isin(cpu.i("name"), np.array(ids, np.int32))
     rows = np.flatnonzero(mask)
     rows = rows[np.argsort(cpu.f("ts")[rows], kind="stable")]
     seen: set[int] = set()
@@ -109,14 +110,15 @@ def _steps(table: EventTable, cpu: Columns) -> tuple[I64, F64, F64]:
     return step_numbers, cpu.f("ts")[idx], cpu.f("dur")[idx]
 
 
-def _classify(table: EventTable, device: Columns) -> tuple[I64, I64]:
+def _classify(table: EventTable, device: Columns) -> tuple[Ints, Ints]:
     """Per device event: category code and kind code (classified once per distinct name/category)."""
     n = len(device)
     if n == 0:
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    key = device.i("name") * (len(table.cats) + 1) + device.i("cat")
+        return np.empty(0, np.int8), np.empty(0, np.int8)
+    key = device.i("name").astype(np.int64) * (len(table.cats) + 1) + device.i("cat")
     unique, inverse = unique_inverse(key)
-    cat_of = np.empty(unique.size, np.int64)
+    del key
+    cat_of = np.empty(unique.size, np.int8)
     needs_args = np.zeros(unique.size, bool)
     for u, k in enumerate(unique.tolist()):
         name_id, cat_id = divmod(int(k), len(table.cats) + 1)
@@ -129,7 +131,7 @@ def _classify(table: EventTable, device: Columns) -> tuple[I64, I64]:
         direction = device.i("direction")
         for code, cat_name in _DIR_CATEGORY.items():
             category[resolve & (direction == code)] = _CATEGORY_CODE[cat_name]
-    kind_of = np.array([KIND_CODES[category_kind(c)] for c in CATEGORIES], np.int64)
+    kind_of = np.array([KIND_CODES[category_kind(c)] for c in CATEGORIES], np.int8)
     return category, kind_of[category]
 
 

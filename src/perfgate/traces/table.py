@@ -4,6 +4,12 @@ Events are routed by category into three tables (device activity, host runtime c
 everything else (flows, metadata, instants, profiler bookkeeping) is only counted. Columns are numpy
 arrays, names are interned to integer ids, so a trace of millions of events costs a few dozen bytes
 per kept event. All times are microseconds as written in the trace.
+
+Columns are as narrow as their values allow: times, durations and byte counts stay float64 (they are
+written with nanosecond fractions and results must not depend on the storage), interned ids are
+int32, flags and small codes int8. Columns that are empty for almost every event (profiler FLOPs, the
+work of shape ops, byte counts of host calls) are stored sparsely: the rows that hold a value and the
+values (`SparseColumn`), expanded only while an analysis reads them.
 """
 
 from __future__ import annotations
@@ -11,10 +17,10 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -30,11 +36,15 @@ __all__ = [
     "IGNORED_CATEGORIES",
     "Columns",
     "EventTable",
+    "Ints",
+    "SparseColumn",
     "TableBuilder",
 ]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
+Ints = npt.NDArray[np.signedinteger[Any]]
+"""An integer column: int64 for raw ids read from the trace, int32 for interned ids, int8 for codes."""
 
 DEVICE_CATEGORIES = frozenset(
     {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset", "cuda_sync", "mtia_ccp_events"}
@@ -138,15 +148,15 @@ def _ints(values: list[Scalar]) -> I64:
     return np.array([_to_int(v) for v in values], np.int64)
 
 
-def _directions(args: list[EventArgs]) -> I64:
+def _directions(args: list[EventArgs]) -> Ints:
     raw = [a.kind if a.kind is not None else a.direction for a in args]
     values = set(raw)
     if values == {None}:
-        return np.zeros(len(args), np.int64)
+        return np.zeros(len(args), np.int8)
     codes = {
         v: DIR_UNKNOWN if v is None else _DIRECTIONS.get(str(v).strip().lower(), DIR_UNKNOWN) for v in values
     }
-    return np.fromiter(map(codes.__getitem__, raw), np.int64, len(raw))
+    return np.fromiter(map(codes.__getitem__, raw), np.int8, len(raw))
 
 
 def _gather(items: list[Event], rows: list[int]) -> list[Event]:
@@ -173,15 +183,15 @@ _GET_FLOPS = attrgetter("flops")
 _SEQ = b'"Sequence number"'
 
 
-def _has_key(raws: list[msgspec.Raw], key: bytes) -> I64:
+def _has_key(raws: list[msgspec.Raw], key: bytes) -> Ints:
     """1 for each raw args object that contains ``key``, else 0: one joined buffer, searched in C."""
     n = len(raws)
     joined = b"".join(raws)
     if key not in joined:
-        return np.zeros(n, np.int64)
+        return np.zeros(n, np.int8)
     ends = np.cumsum(np.fromiter(map(len, raws), np.int64, n))
     hits = np.fromiter((m.start() for m in re.finditer(re.escape(key), joined)), np.int64)
-    out = np.zeros(n, np.int64)
+    out = np.zeros(n, np.int8)
     out[np.searchsorted(ends, hits, side="right")] = 1
     return out
 
@@ -205,43 +215,91 @@ class _TidInterner(dict[int | str | None, int]):
 
 
 @dataclass
+class SparseColumn:
+    """A column that holds a value in few rows: ``rows`` (ascending), their ``values``, ``fill`` elsewhere.
+
+    `dense` expands it to exactly the array a dense column would hold (NaN or -1 in the other rows).
+    """
+
+    rows: I64
+    values: npt.NDArray[np.generic]
+    fill: float | int
+
+    def dense(self, n: int) -> npt.NDArray[np.generic]:
+        """The full column of ``n`` rows."""
+        out = np.full(n, self.fill, self.values.dtype)
+        out[self.rows] = self.values
+        return out
+
+    @staticmethod
+    def of(column: npt.NDArray[np.generic], fill: float | int) -> SparseColumn:
+        """The rows of ``column`` that differ from ``fill`` (for a NaN fill: that are not NaN)."""
+        held = ~np.isnan(column) if isinstance(fill, float) and math.isnan(fill) else column != fill
+        rows = np.flatnonzero(held)
+        return SparseColumn(rows, column[rows], fill)
+
+    def take(self, keep: npt.NDArray[np.bool_]) -> SparseColumn:
+        """The column of the rows a mask keeps, renumbered."""
+        kept = keep[self.rows]
+        before = np.cumsum(keep, dtype=np.int32 if keep.size < 2**31 else np.int64) - 1  # new row numbers
+        return SparseColumn(before[self.rows[kept]].astype(np.int64), self.values[kept], self.fill)
+
+
+@dataclass
 class Columns:
-    """A table as named numpy columns of equal length."""
+    """A table as named numpy columns of equal length; ``sparse`` columns are stored as `SparseColumn`."""
 
     data: dict[str, npt.NDArray[np.generic]]
+    sparse: dict[str, SparseColumn] = field(default_factory=dict[str, SparseColumn])
 
     def __len__(self) -> int:
         return len(next(iter(self.data.values()))) if self.data else 0
 
+    def _column(self, name: str) -> npt.NDArray[np.generic]:
+        column = self.data.get(name)
+        if column is None:
+            # Expanded for the caller only: the table keeps the sparse form.
+            return self.sparse[name].dense(len(self))
+        return column
+
     def f(self, name: str) -> F64:
-        """A float64 column."""
-        column = self.data[name]
+        """A float64 column (a sparse one is expanded into a new array)."""
+        column = self._column(name)
         assert column.dtype == np.float64
         return column  # pyright: ignore[reportReturnType]
 
-    def i(self, name: str) -> I64:
-        """An int64 column."""
-        column = self.data[name]
-        assert column.dtype == np.int64
+    def i(self, name: str) -> Ints:
+        """An integer column (see `Ints` for the widths; a sparse one is expanded into a new array)."""
+        column = self._column(name)
+        assert np.issubdtype(column.dtype, np.signedinteger)
         return column  # pyright: ignore[reportReturnType]
 
-    def take(self, index: npt.NDArray[np.integer] | npt.NDArray[np.bool_]) -> Columns:
-        """The rows selected by an index or mask array."""
-        return Columns({k: v[index] for k, v in self.data.items()})
+    def empty(self) -> Columns:
+        """No rows, the same columns and types."""
+        return Columns(
+            {k: np.empty(0, v.dtype) for k, v in self.data.items()},
+            {
+                k: SparseColumn(np.empty(0, np.int64), np.empty(0, v.values.dtype), v.fill)
+                for k, v in self.sparse.items()
+            },
+        )
 
 
-_DEVICE_FLOAT = ("ts", "dur", "nbytes")
-_DEVICE_INT = ("name", "cat", "stream", "corr", "device", "direction")
-_HOST_FLOAT = ("ts", "dur", "nbytes")
-_HOST_INT = ("name", "cat", "corr", "tid")
-_CPU_FLOAT = ("ts", "dur", "flops", "shape_flops", "shape_bytes")
-_CPU_INT = ("name", "cat", "tid", "grad", "shape_prec")
+# numpy type codes: f8 float64, i8 int64, i4 int32, i1 int8.
+_DEVICE_COLUMNS = {"ts": "f8", "dur": "f8", "nbytes": "f8", "name": "i4", "cat": "i4", "stream": "i8",
+                   "corr": "i8", "device": "i8", "direction": "i1"}  # fmt: skip
+_HOST_COLUMNS = {"ts": "f8", "dur": "f8", "name": "i4", "cat": "i4", "corr": "i8", "tid": "i4"}
+_HOST_SPARSE: dict[str, tuple[str, float | int]] = {"nbytes": ("f8", math.nan)}
+_CPU_COLUMNS = {"ts": "f8", "dur": "f8", "name": "i4", "cat": "i4", "tid": "i4", "grad": "i1"}
+_CPU_SPARSE: dict[str, tuple[str, float | int]] = {"flops": ("f8", math.nan), "shape_flops": ("f8", math.nan),
+               "shape_bytes": ("f8", math.nan), "shape_prec": ("i1", -1)}  # fmt: skip
 
 
-def _empty(floats: Sequence[str], ints: Sequence[str]) -> Columns:
-    data: dict[str, npt.NDArray[np.generic]] = {k: np.empty(0, np.float64) for k in floats}
-    data.update({k: np.empty(0, np.int64) for k in ints})
-    return Columns(data)
+def _empty(columns: dict[str, str], sparse: dict[str, tuple[str, float | int]]) -> Columns:
+    return Columns(
+        {k: np.empty(0, t) for k, t in columns.items()},
+        {k: SparseColumn(np.empty(0, np.int64), np.empty(0, t), fill) for k, (t, fill) in sparse.items()},
+    )
 
 
 @dataclass
@@ -270,9 +328,9 @@ class EventTable:
 
     def release(self) -> None:
         """Drop the event columns (names, categories and counts stay)."""
-        self.device = self.device.take(np.empty(0, np.int64))
-        self.host = self.host.take(np.empty(0, np.int64))
-        self.cpu = self.cpu.take(np.empty(0, np.int64))
+        self.device = self.device.empty()
+        self.host = self.host.empty()
+        self.cpu = self.cpu.empty()
 
     def name_ids(self, names: Iterable[str]) -> list[int]:
         """Ids of the given names that occur in this trace."""
@@ -365,8 +423,8 @@ class TableBuilder:
         return {
             "ts": ts.astype(np.float64),
             "dur": np.array(list(map(_GET_DUR, events)), np.float64),
-            "name": np.fromiter(map(self._names.__getitem__, map(_GET_NAME, events)), np.int64, n),
-            "cat": np.fromiter(map(self._cats.__getitem__, map(_GET_CAT, events)), np.int64, n),
+            "name": np.fromiter(map(self._names.__getitem__, map(_GET_NAME, events)), np.int32, n),
+            "cat": np.fromiter(map(self._cats.__getitem__, map(_GET_CAT, events)), np.int32, n),
         }
 
     def _device_columns(self, events: list[Event]) -> Columns:
@@ -385,50 +443,54 @@ class TableBuilder:
         data["corr"] = _ints(list(map(_GET_CORR, args)))
         nbytes = _floats(list(map(_GET_BYTES, args)))
         size = _floats(list(map(_GET_SIZE, args)))
-        data["nbytes"] = np.where(np.isnan(nbytes), size, nbytes)
-        data["tid"] = np.fromiter(map(self._tids.__getitem__, map(_GET_TID, events)), np.int64, len(events))
-        return Columns(data)
+        data["tid"] = np.fromiter(map(self._tids.__getitem__, map(_GET_TID, events)), np.int32, len(events))
+        return Columns(data, {"nbytes": SparseColumn.of(np.where(np.isnan(nbytes), size, nbytes), math.nan)})
 
     def _cpu_columns(self, events: list[Event]) -> Columns:
         data = self._common(events)
         n = len(events)
-        data["tid"] = np.fromiter(map(self._tids.__getitem__, map(_GET_TID, events)), np.int64, n)
+        data["tid"] = np.fromiter(map(self._tids.__getitem__, map(_GET_TID, events)), np.int32, n)
         raws = list(map(_GET_ARGS, events))
         # torch numbers the ops it records while grad mode is on; a substring test per raw args object
         # (in C) tells grad-mode ops from no-grad ones without decoding every CPU op's args.
         data["grad"] = _has_key(raws, _SEQ)
         # Profiler-attributed FLOPs are rare: decode CPU-op args only when some carry them.
+        sparse: dict[str, SparseColumn] = {}
         if b'"flops"' in b"".join(raws):
-            data["flops"] = _floats(list(map(_GET_FLOPS, decode_args(raws))))
+            sparse["flops"] = SparseColumn.of(_floats(list(map(_GET_FLOPS, decode_args(raws)))), math.nan)
         else:
-            data["flops"] = np.full(n, np.nan)
-        self._shape_columns(events, raws, data)
-        return Columns(data)
+            sparse["flops"] = SparseColumn(np.empty(0, np.int64), np.empty(0, np.float64), math.nan)
+        self._shape_columns(events, raws, cast("Ints", data["name"]), sparse)
+        return Columns(data, sparse)
 
     def _shape_columns(
-        self, events: list[Event], raws: list[msgspec.Raw], data: dict[str, npt.NDArray[np.generic]]
+        self,
+        events: list[Event],
+        raws: list[msgspec.Raw],
+        ids: Ints,
+        sparse: dict[str, SparseColumn],
     ) -> None:
         """FLOPs/bytes of the GEMM, attention and copy ops with recorded shapes (see `shapes`)."""
         from perfgate.traces.shapes import SHAPE_OPS, shapes_work
 
         n = len(events)
         flops, nbytes = np.full(n, np.nan), np.full(n, np.nan)
-        prec = np.full(n, -1, np.int64)
-        data["shape_flops"], data["shape_bytes"], data["shape_prec"] = flops, nbytes, prec
+        prec = np.full(n, -1, np.int8)
         names = self._names
         if len(self._shape_ids) < len(names):
             # Which interned names are shape ops: checked once per new name, not per event.
             new = list(names)[len(self._shape_ids) :]
             self._shape_ids = np.concatenate([self._shape_ids, np.array([x in SHAPE_OPS for x in new], bool)])
-        ids = cast("I64", data["name"])
         rows = np.flatnonzero(self._shape_ids[ids])
-        if rows.size == 0:
-            return
-        picked = rows.tolist()
-        lookup = list(names)
-        work = shapes_work([lookup[int(ids[i])] for i in picked], [raws[i] for i in picked])
-        for i, (f, b, c) in zip(picked, work, strict=True):
-            flops[i], nbytes[i], prec[i] = f, b, c
+        if rows.size:
+            picked = rows.tolist()
+            lookup = list(names)
+            work = shapes_work([lookup[int(ids[i])] for i in picked], [raws[i] for i in picked])
+            for i, (f, b, c) in zip(picked, work, strict=True):
+                flops[i], nbytes[i], prec[i] = f, b, c
+        sparse["shape_flops"] = SparseColumn.of(flops, math.nan)
+        sparse["shape_bytes"] = SparseColumn.of(nbytes, math.nan)
+        sparse["shape_prec"] = SparseColumn.of(prec, -1)
 
     def _category_counts(self, tables: dict[str, Columns]) -> Counter[str]:
         counts = Counter[str](self._skipped_counts)
@@ -443,22 +505,19 @@ class TableBuilder:
     def build(self) -> EventTable:
         """The finished table (the builder should not be used afterwards)."""
         tables: dict[str, Columns] = {}
-        for key, floats, ints in (
-            ("device", _DEVICE_FLOAT, _DEVICE_INT),
-            ("host", _HOST_FLOAT, _HOST_INT),
-            ("cpu", _CPU_FLOAT, _CPU_INT),
+        no_sparse: dict[str, tuple[str, float | int]] = {}
+        for key, columns, sparse_columns in (
+            ("device", _DEVICE_COLUMNS, no_sparse),
+            ("host", _HOST_COLUMNS, _HOST_SPARSE),
+            ("cpu", _CPU_COLUMNS, _CPU_SPARSE),
         ):
             parts = self._parts[key]
             if not parts:
-                tables[key] = _empty(floats, ints)
+                tables[key] = _empty(columns, sparse_columns)
             elif len(parts) == 1:
                 tables[key] = parts[0]
             else:
-                data: dict[str, npt.NDArray[np.generic]] = {}
-                for col in list(parts[0].data):
-                    # Column by column, freeing each part's copy: the table is never held twice.
-                    data[col] = np.concatenate([p.data.pop(col) for p in parts])
-                tables[key] = Columns(data)
+                tables[key] = _concatenate(parts)
             parts.clear()
         return EventTable(
             device=tables["device"],
@@ -473,3 +532,19 @@ class TableBuilder:
             float_timestamps=self._float_ts,
             dropped_without_time=self._dropped,
         )
+
+
+def _concatenate(parts: list[Columns]) -> Columns:
+    """One table from consecutive parts, column by column, freeing each part's copy as it goes (the
+    table is never held twice)."""
+    starts = np.cumsum([0, *(len(p) for p in parts)])[:-1].tolist()
+    data: dict[str, npt.NDArray[np.generic]] = {}
+    for col in list(parts[0].data):
+        data[col] = np.concatenate([p.data.pop(col) for p in parts])
+    sparse: dict[str, SparseColumn] = {}
+    for col in list(parts[0].sparse):
+        pieces = [p.sparse.pop(col) for p in parts]
+        rows = np.concatenate([c.rows + start for c, start in zip(pieces, starts, strict=True)])
+        values = np.concatenate([c.values for c in pieces])
+        sparse[col] = SparseColumn(rows.astype(np.int64), values, pieces[0].fill)
+    return Columns(data, sparse)
