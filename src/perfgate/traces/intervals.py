@@ -19,7 +19,9 @@ def merge(start: F64, end: F64) -> tuple[F64, F64]:
         return np.empty(0, np.float64), np.empty(0, np.float64)
     order = np.argsort(start, kind="stable")
     s = start[order]
-    e = np.maximum.accumulate(end[order])
+    e = end[order]
+    del order
+    np.maximum.accumulate(e, out=e)
     # A new merged interval begins where a start lies beyond every earlier end.
     new = np.empty(s.size, dtype=bool)
     new[0] = True
