@@ -124,6 +124,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     unnamed_op = (named == 0) & is_cpu_op
     masks["forward"] = masks["forward"] | (unnamed_op & grad)
     masks["no_grad"] = unnamed_op & ~grad
+    del named, unnamed_op, grad
 
     extra: dict[PhaseName, tuple[F64, F64]] = {}
     if len(host):
@@ -157,15 +158,14 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         # Each phase's intervals are merged on their own first (a phase of nested ops merges into few
         # intervals), so the whole trace's ops are never copied twice at once. Unions do not depend
         # on the grouping: the merged intervals, and so the sums, are the same.
-        s, e = _clipped(ts, end, outermost(masks[ph]), lo, hi)
+        s, e = _union(ts, end, outermost(masks[ph]), lo, hi)
         if ph in extra:
             xs, xe = clip(extra[ph][0], extra[ph][1], lo, hi)
-            s, e = np.concatenate([s, xs]), np.concatenate([e, xe])
-        s, e = merge(s, e)
-        if ph == "collectives":
+            s, e = merge(np.concatenate([s, xs]), np.concatenate([e, xe]))
+        if ph == "collectives" and s.size:
             # Communication running while an op computes is hidden; only the rest is waited for.
             aten = outermost(is_aten & ~masks["collectives"])
-            s, e = difference(s, e, *_clipped(ts, end, aten, lo, hi))
+            s, e = difference(s, e, *_union(ts, end, aten, lo, hi))
             del aten
         before = union_length(covered_s, covered_e)
         covered_s, covered_e = merge(np.concatenate([covered_s, s]), np.concatenate([covered_e, e]))
@@ -197,6 +197,29 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         short_top_level_op_us_per_step=float(durations[short].sum()) / per_step,
         implicit_syncs_per_step=float(np.sum(implicit & in_window)) / per_step,
     )
+
+
+UNION_CHUNK = 1 << 18
+"""Ops whose intervals are clipped and merged together before joining the union of the rest."""
+
+
+def _union(ts: F64, end: F64, mask: npt.NDArray[np.bool_], lo: float, hi: float) -> tuple[F64, F64]:
+    """`merge` of the masked intervals clipped to ``[lo, hi)``, built `UNION_CHUNK` rows at a time.
+
+    A union is the same however its parts are grouped, and `merge` returns it in one canonical form
+    (its boundaries are input values), so the result equals one merge over all rows; only one chunk's
+    copies are held at a time.
+    """
+    parts_s: list[F64] = []
+    parts_e: list[F64] = []
+    for a in range(0, ts.size, UNION_CHUNK):
+        b = a + UNION_CHUNK
+        s, e = merge(*_clipped(ts[a:b], end[a:b], mask[a:b], lo, hi))
+        parts_s.append(s)
+        parts_e.append(e)
+    if len(parts_s) == 1:
+        return parts_s[0], parts_e[0]
+    return merge(np.concatenate(parts_s), np.concatenate(parts_e))
 
 
 def _clipped(ts: F64, end: F64, mask: npt.NDArray[np.bool_], lo: float, hi: float) -> tuple[F64, F64]:
