@@ -8,6 +8,7 @@ call, the answer). Results are reported as median and range (min-max) of the rep
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -22,9 +23,20 @@ __all__ = ["call_cold", "call_timed", "fmt", "perfgate_server", "summary", "warm
 
 
 def perfgate_server(workspace: Path) -> StdioServerParameters:
-    """``perfgate serve`` on ``workspace`` over stdio, as an agent's client starts it."""
+    """``perfgate serve`` on ``workspace`` over stdio, as an agent's client starts it.
+
+    The server imports the perfgate this process imported (the client passes a server only a few
+    environment variables, so without ``PYTHONPATH`` it would run whichever perfgate is installed,
+    not the checkout being measured).
+    """
+    import perfgate
+
+    src = str(Path(perfgate.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "perfgate", "serve", "--workspace", str(workspace)]
+        command=sys.executable,
+        args=["-m", "perfgate", "serve", "--workspace", str(workspace)],
+        env={"PYTHONPATH": path},
     )
 
 

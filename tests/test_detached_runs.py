@@ -65,8 +65,10 @@ async def _wait(workspace: Path, run_id: str) -> dict[str, Any]:
         assert time.monotonic() < deadline, out
 
 
+@pytest.mark.timeout(900)  # two 2-rank torchrun runs: about 95 s on the loaded 2-core machine
 async def test_a_detached_two_rank_run_survives_restarts_and_matches_the_blocking_path(allowed: Path) -> None:
-    started = await call(allowed, "run_benchmark_window", two_ranks(free_port(), detach=True))
+    port = free_port()  # both runs on it: their argv must be the same for the comparison below
+    started = await call(allowed, "run_benchmark_window", two_ranks(port, detach=True))
     assert started["state"] == "planned" and started["run_id"].startswith("run-")
     run_id = started["run_id"]
     # the server that started it is gone (its lifespan ended with the call); a new one answers
@@ -81,7 +83,7 @@ async def test_a_detached_two_rank_run_survives_restarts_and_matches_the_blockin
     again = await call(allowed, "benchmark_run", {"action": "result", "run_id": run_id})
     assert again["evidence_id"] == res["evidence_id"]  # recorded once
 
-    blocking = await call(allowed, "run_benchmark_window", two_ranks(free_port()))
+    blocking = await call(allowed, "run_benchmark_window", two_ranks(port))
     assert blocking["state"] == "executed"
     same = ("state", "world_size", "windows_measured", "steps_measured", "device", "timing", "label")
     assert {k: detached[k] for k in same} == {k: blocking[k] for k in same}

@@ -33,6 +33,7 @@ FAKES = Path(__file__).parent / "fakes"
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # ~30 s of tool calls on a quiet 2-core machine, several times that loaded
 def test_the_cpu_selftest_passes_through_the_real_tools_and_records_one_ledger_entry(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from perfgate.selftest import run_selftest

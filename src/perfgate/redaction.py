@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from perfgate.envprobe.redact import REDACTED, Redactor, is_secret_name
+from perfgate.envprobe.redact import REDACTED, Redactor, is_secret_name, secret_values
 
 if TYPE_CHECKING:
     from perfgate.execution.request import CommandRequest
@@ -42,6 +43,8 @@ __all__ = [
 _FLAG_IN_TEXT = re.compile(
     r"""(?P<flag>(?<![\w-])--?[A-Za-z][\w-]*)(?P<sep>=|[ \t]+)(?P<quote>["']?)(?P<value>[^\s"',;]+)"""
 )
+# Exact types that hold no text (subclasses take the general path).
+_LEAVES = frozenset({int, float, bool, type(None)})
 _ARGV_KEYS = frozenset({"argv", "command", "cmd", "launch_command", "user_command"})
 _ENV_KEYS = frozenset({"env", "environment_changes"})
 
@@ -63,6 +66,39 @@ def flag_secrets(argv: Sequence[str]) -> list[str]:
     return [v for v in found if len(v) >= 4]
 
 
+# The secret values of the server's environment, found again only when the environment changed
+# (decoding os.environ alone costs more than scrubbing a small record).
+_env_secrets: tuple[dict[Any, Any] | None, frozenset[str]] = (None, frozenset())
+_ENV_LOCK = threading.Lock()
+
+
+def _server_secrets() -> frozenset[str]:
+    """`secret_values` of ``os.environ``, cached while its bytes are unchanged."""
+    global _env_secrets
+    raw = cast("dict[Any, Any] | None", getattr(os.environ, "_data", None))
+    if raw is None:  # no underlying mapping to compare: find them every time
+        return secret_values(dict(os.environ))
+    with _ENV_LOCK:
+        snapshot, found = _env_secrets
+        if snapshot != raw:
+            snapshot = dict(raw)  # taken first: a change while decoding is seen on the next call
+            found = secret_values(dict(os.environ))
+            _env_secrets = (snapshot, found)
+        return found
+
+
+# Strings found free of secrets, per secret set: (the scrubber's secret pattern, text). Scrubbing is a
+# pure function of the two, so a string once found clean is clean again; only clean strings are kept
+# (never a secret), short ones only, and the set is emptied when full. Keys, enum values and the
+# fixed sentences of tool results recur in every record.
+_CLEAN: dict[tuple[str | None, str], None] = {}
+_CLEAN_MAX_ENTRIES = 8192
+
+_MEMO_CHARS = 512
+_MEMO_ENTRIES = 65536
+"""Strings a `Scrubber` remembers the scrubbed form of (short ones, up to this many)."""
+
+
 class Scrubber:
     """Removes secrets from strings, argv lists, env mappings and JSON trees.
 
@@ -73,10 +109,16 @@ class Scrubber:
     """
 
     def __init__(self, env: Mapping[str, str] | None = None, secrets: Iterable[str] = ()) -> None:
-        merged = {**os.environ, **(env or {})}
+        extra = dict(env or {})
         for i, value in enumerate(secrets):
-            merged[f"PERFGATE_REDACT_SECRET_{i}"] = value
-        self._redactor = Redactor(merged)
+            extra[f"PERFGATE_REDACT_SECRET_{i}"] = value
+        self._redactor = Redactor(extra, values=_server_secrets())
+        # Which strings this scrubber leaves alone depends only on its secret values (the patterns are
+        # fixed): the key under which `_CLEAN` remembers them.
+        self._clean_key = self._redactor.secrets_pattern
+        # A scrubber's secrets are fixed once built, so a string scrubs the same way every time; records
+        # repeat short strings thousands of times (keys' parts, dtypes, statuses): each is scrubbed once.
+        self._seen: dict[str, tuple[str, int]] = {}
 
     @classmethod
     def for_values(cls, env: Mapping[str, Any] | None = None, argv: Sequence[Any] | None = None) -> Scrubber:
@@ -91,11 +133,16 @@ class Scrubber:
         argv: list[str] = []
 
         def walk(value: Any, key: str | None) -> None:
-            if isinstance(value, Mapping):
+            kind: type = type(cast("object", value))
+            if kind is str or kind in _LEAVES:  # most of a record: skip the abstract-class checks below
+                return
+            if kind is dict or isinstance(value, Mapping):
                 items = cast("Mapping[Any, Any]", value)
                 if key in _ENV_KEYS:
                     env.update({str(k): str(v) for k, v in items.items() if isinstance(v, str)})
                 for k, v in items.items():
+                    if type(v) is str or type(v) in _LEAVES:
+                        continue
                     walk(v, k if isinstance(k, str) else None)
             elif isinstance(value, (list, tuple)):
                 seq = cast("Sequence[Any]", value)
@@ -114,6 +161,26 @@ class Scrubber:
         return self._redactor.redactions
 
     def text(self, text: str) -> str:
+        seen = self._seen.get(text)
+        if seen is not None:
+            self._redactor.redactions += seen[1]  # counted as if scrubbed again
+            return seen[0]
+        known = (self._clean_key, text) if len(text) <= _MEMO_CHARS else None
+        if known is not None and known in _CLEAN:
+            return text
+        before = self._redactor.redactions
+        scrubbed = self._text(text)
+        if known is not None:
+            count = self._redactor.redactions - before
+            if len(self._seen) < _MEMO_ENTRIES:
+                self._seen[text] = (scrubbed, count)
+            if not count and scrubbed == text:
+                if len(_CLEAN) >= _CLEAN_MAX_ENTRIES:
+                    _CLEAN.clear()
+                _CLEAN[known] = None
+        return scrubbed
+
+    def _text(self, text: str) -> str:
         text = self._redactor.secrets(text)
 
         def flag(m: re.Match[str]) -> str:
@@ -153,16 +220,25 @@ class Scrubber:
 
     def tree(self, value: Any, key: str | None = None) -> Any:
         """A JSON-like tree with secrets removed; lists under argv-like keys are read as argv."""
+        kind: type = type(cast("object", value))
+        if kind is str:
+            return self.text(value)
+        if kind in _LEAVES:  # numbers, booleans and None: nothing to scrub, no abstract-class checks
+            return value
         if isinstance(value, str):
             return self.text(value)
-        if isinstance(value, Mapping):
+        if kind is dict or isinstance(value, Mapping):
             items = cast("Mapping[Any, Any]", value)
             if key in _ENV_KEYS and all(isinstance(k, str) for k in items):
                 return self.env(cast("Mapping[str, Any]", items))
-            return {
-                (self.text(k) if isinstance(k, str) else k): self.tree(v, k if isinstance(k, str) else None)
-                for k, v in items.items()
-            }
+            text, tree = self.text, self.tree
+            out: dict[Any, Any] = {}
+            for k, v in items.items():
+                name = k if type(k) is str or isinstance(k, str) else None
+                out[text(k) if name is not None else k] = (
+                    text(v) if type(v) is str else v if type(v) in _LEAVES else tree(v, name)
+                )
+            return out
         if isinstance(value, (list, tuple)):
             seq = cast("Sequence[Any]", value)
             if key in _ARGV_KEYS and all(isinstance(v, str) for v in seq):

@@ -20,7 +20,6 @@ from perfgate.audit.formats import EXPECTED_SUFFIXES
 from perfgate.audit.ids import IdValue, SampleIds, StringPool, parse_text_id
 from perfgate.audit.read_npz import ids_from_array, load_array_file
 from perfgate.audit.read_parquet import read_parquet_ids
-from perfgate.tensors._npy import quiet_py2_header
 
 __all__ = ["EXPECTED_SUFFIXES", "ExpectedIds", "IdRange", "read_expected"]
 
@@ -149,6 +148,8 @@ def _csv_ids(text: str, path: Path) -> list[IdValue]:
 
 
 def _load_array(path: Path) -> NDArray[Any]:
+    from perfgate.tensors._npy import quiet_py2_header  # here: the tensors package is slow to import
+
     try:
         with open_file(path) as f:
             loaded = load_array_file(path, f)

@@ -16,7 +16,6 @@ from perfgate.audit._files import MAX_GZIP_RATIO, RATIO_EXEMPT_BYTES
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import SampleIds, StringPool
 from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
-from perfgate.tensors._npy import NPY_HEADER_ERRORS, quiet_py2_header
 
 __all__ = ["check_array_file", "ids_from_array", "load_array_file", "read_npz"]
 
@@ -26,6 +25,8 @@ _ENCRYPTED = 0x1
 
 def load_array_file(path: Path, f: IO[bytes]) -> Any:
     """`numpy.load` of the open file ``f`` once `check_array_file` passed (no pickle, ever)."""
+    from perfgate.tensors._npy import quiet_py2_header  # here: the tensors package is slow to import
+
     check_array_file(path, f)
     f.seek(0)
     with quiet_py2_header():
@@ -41,6 +42,8 @@ def _load_checked(path: Path, f: IO[bytes]) -> Any:
 
 def _npy_bytes(stream: IO[bytes], where: str) -> int:
     """Header plus data bytes that an NPY header declares (read from ``stream``, nothing else)."""
+    from perfgate.tensors._npy import NPY_HEADER_ERRORS, quiet_py2_header
+
     try:
         with quiet_py2_header():
             version = np.lib.format.read_magic(stream)
@@ -118,6 +121,8 @@ def read_npz(path: Path, builder: RecordBuilder) -> None:
         AuditInputError: unreadable file, pickled/object arrays, a missing column, columns of
             different lengths or of the wrong dtype.
     """
+    from perfgate.tensors._npy import quiet_py2_header
+
     source = str(path)
     builder.sources.append(source)
     try:

@@ -29,6 +29,7 @@ __all__ = [
     "Redactor",
     "is_secret_name",
     "redact_env_values",
+    "secret_values",
 ]
 
 REDACTED = "<redacted>"
@@ -151,28 +152,51 @@ def _variable_secrets(name: str, value: str) -> tuple[str, ...]:
     return tuple(values)
 
 
+def secret_values(env: Mapping[str, str]) -> frozenset[str]:
+    """The values `Redactor` scrubs because of ``env``: secret-named variables' values, URL credentials."""
+    values: set[str] = set()
+    for name, value in env.items():
+        values.update(_variable_secrets(name, value))
+    return frozenset(values)
+
+
+@functools.lru_cache(maxsize=256)
+def _secret_pattern(values: frozenset[str]) -> re.Pattern[str] | None:
+    # Longest first, so a secret containing another secret is replaced whole.
+    ordered = sorted(values, key=len, reverse=True)
+    return re.compile("|".join(re.escape(v) for v in ordered)) if ordered else None
+
+
 class Redactor:
     """Scrubs one collection's secrets and host identity from strings, argv lists and JSON trees.
 
     Args:
         env: the environment the observed process had (its secret-looking values are scrubbed
             everywhere they appear).
+        values: further values to scrub everywhere (as `secret_values` finds them in an environment).
         homes: home directories to show as ``~``.
         hostnames: host names to show as ``<hostname>`` (short names, FQDNs).
     """
 
     def __init__(
-        self, env: Mapping[str, str], *, homes: Iterable[str] = (), hostnames: Iterable[str] = ()
+        self,
+        env: Mapping[str, str],
+        *,
+        homes: Iterable[str] = (),
+        hostnames: Iterable[str] = (),
+        values: Iterable[str] = (),
     ) -> None:
-        values: set[str] = set()
-        for name, value in env.items():
-            values.update(_variable_secrets(name, value))
-        # Longest first, so a secret containing another secret is replaced whole.
-        ordered = sorted(values, key=len, reverse=True)
-        self._secrets = re.compile("|".join(re.escape(v) for v in ordered)) if ordered else None
+        found: set[str] = set(values)
+        found.update(secret_values(env))
+        self._secrets = _secret_pattern(frozenset(found))
         self._homes = sorted({h.rstrip("/") for h in homes if h and h.rstrip("/")}, key=len, reverse=True)
         self._hostnames = sorted({h for h in hostnames if len(h) >= 3}, key=len, reverse=True)
         self.redactions = 0
+
+    @property
+    def secrets_pattern(self) -> str | None:
+        """The pattern matching this redactor's secret values (None: it holds none)."""
+        return self._secrets.pattern if self._secrets is not None else None
 
     def add_hostname(self, hostname: str) -> None:
         if len(hostname) >= 3 and hostname not in self._hostnames:

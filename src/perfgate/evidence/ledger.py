@@ -171,6 +171,18 @@ class EvidenceRecord(BaseModel):
     hash: str = ""
 
 
+_BODY_FIELDS = tuple(name for name in EvidenceRecord.model_fields if name != "hash")
+
+
+def _body(record: EvidenceRecord) -> dict[str, Any]:
+    """What is hashed of a validated record: ``record.model_dump(mode="json", exclude={"hash"})``, read
+    off its attributes (its inputs and result are plain JSON values already; dumping walked them again)."""
+    body = {name: getattr(record, name) for name in _BODY_FIELDS}
+    body["state"] = record.state.value
+    body["artifacts"] = [a.model_dump(mode="json") for a in record.artifacts]
+    return body
+
+
 class VerifyReport(BaseModel):
     """Outcome of `Ledger.verify`: ``ok`` is false when anything was edited, forged, lost or rolled back."""
 
@@ -212,6 +224,11 @@ def _file_ids(db_path: Path) -> tuple[_FileId | None, ...]:
                 else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             )
     return tuple(out)
+
+
+def _slot_seq(slot: dict[str, Any]) -> int:
+    seq = slot.get("seq")
+    return seq if isinstance(seq, int) else -1
 
 
 class _Connection:
@@ -318,6 +335,10 @@ class Ledger:
         self._anchor_file: Path | None = None
         self._anchor_lock_fd: int | None = None
         self._anchor_lock_pid = 0
+        # (the two anchor slots' bytes, key, ledger id) -> their parsed values and the one in force
+        self._anchor_memo: (
+            tuple[tuple[bytes, bytes, bytes, str], list[dict[str, Any] | None], int | None] | None
+        ) = None
         with self._connect():
             pass
 
@@ -374,24 +395,48 @@ class Ledger:
     def _anchor_message(self, seq: int, hash_: str) -> str:
         return f"{self.workspace}:{self.ledger_id}:{seq}:{hash_}"
 
-    def _anchor_slots(self) -> list[dict[str, Any] | None]:
-        """The anchor file's two slots, each parsed (None: empty, torn or not an anchor)."""
+    def _anchor_raw_slots(self) -> list[bytes]:
+        """The anchor file's two slots as bytes (empty when the file or the slot is absent)."""
         try:
             data = self.anchor_path.read_bytes()
         except FileNotFoundError:
-            return [None, None]
+            return [b"", b""]
         except OSError as exc:
             if isinstance(exc, PermissionError):
                 raise TrustRootError(f"cannot read {self.anchor_path}: permission denied") from exc
             raise
-        slots: list[dict[str, Any] | None] = []
-        for i in range(2):
-            try:
-                value = json.loads(data[i * _ANCHOR_SLOT : (i + 1) * _ANCHOR_SLOT])
-            except ValueError:
-                value = None
-            slots.append(cast("dict[str, Any]", value) if isinstance(value, dict) else None)
-        return slots
+        return [data[:_ANCHOR_SLOT], data[_ANCHOR_SLOT : 2 * _ANCHOR_SLOT]]
+
+    @staticmethod
+    def _parse_slot(raw: bytes) -> dict[str, Any] | None:
+        try:
+            value = json.loads(raw) if raw else None
+        except ValueError:
+            value = None
+        return cast("dict[str, Any]", value) if isinstance(value, dict) else None
+
+    def _anchor_slots(self) -> list[dict[str, Any] | None]:
+        """The anchor file's two slots, each parsed (None: empty, torn or not an anchor)."""
+        return [self._parse_slot(raw) for raw in self._anchor_raw_slots()]
+
+    def _known_slots(
+        self, key: SigningKey, raws: tuple[bytes, bytes]
+    ) -> tuple[list[dict[str, Any] | None], int | None]:
+        """`_anchor_slots` and `_best_slot` for the append path, remembered by the slots' exact bytes.
+
+        Parsing both 8 KiB slots and checking their MACs is most of what an anchor update costs, and the
+        slots almost always hold what this process wrote itself. The memo is keyed by content (the raw
+        bytes read now, the key and the ledger id), so a slot written by another process, edited or torn
+        is parsed and checked afresh. Its parsed values are read, never handed out.
+        """
+        memo_key = (*raws, key.secret, self.ledger_id)
+        known = self._anchor_memo
+        if known is not None and known[0] == memo_key:
+            return known[1], known[2]
+        slots = [self._parse_slot(raw) for raw in raws]
+        best = self._best_slot(slots, key)
+        self._anchor_memo = (memo_key, slots, best)
+        return slots, best
 
     def _best_slot(self, slots: list[dict[str, Any] | None], key: SigningKey | None) -> int | None:
         """Index of the anchor in force: the newest whose MAC verifies (with a key), else the newest."""
@@ -399,20 +444,21 @@ class Ledger:
         def rank(i: int) -> tuple[bool, int]:
             slot = slots[i]
             assert slot is not None
-            seq, hash_ = slot.get("seq"), slot.get("hash")
-            good = (
-                key is not None
-                and isinstance(seq, int)
-                and isinstance(hash_, str)
-                and slot.get("ledger_id") == self.ledger_id
-                and key.check(
-                    _ANCHOR_MAC, self._anchor_message(seq, hash_), cast("str | None", slot.get("mac"))
-                )
-            )
-            return (good, seq if isinstance(seq, int) else -1)
+            return (self._slot_good(slot, key), _slot_seq(slot))
 
         present = [i for i in range(2) if slots[i] is not None]
         return max(present, key=rank) if present else None
+
+    def _slot_good(self, slot: dict[str, Any], key: SigningKey | None) -> bool:
+        """Whether an anchor slot is this ledger's and its MAC verifies under ``key``."""
+        seq, hash_ = slot.get("seq"), slot.get("hash")
+        return (
+            key is not None
+            and isinstance(seq, int)
+            and isinstance(hash_, str)
+            and slot.get("ledger_id") == self.ledger_id
+            and key.check(_ANCHOR_MAC, self._anchor_message(seq, hash_), cast("str | None", slot.get("mac")))
+        )
 
     def _read_anchor(self, key: SigningKey | None = None) -> dict[str, Any] | None:
         """The anchor in force (from an older perfgate's ``anchor.json`` when no slot is written yet)."""
@@ -450,39 +496,60 @@ class Ledger:
             fd = self._anchor_lock()
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                slots = self._anchor_slots()
-                best = self._best_slot(slots, key)
-                current = slots[best] if best is not None else self._read_anchor(key)
-                replaced: list[Any] = []
-                if current is not None:
-                    replaced = list(cast("list[Any]", current.get("replaced") or []))
-                    if current.get("ledger_id") == self.ledger_id:
-                        if isinstance(current.get("seq"), int) and current["seq"] >= seq:
-                            return
-                    else:  # the database was deleted or swapped: remember it, so verify keeps saying so
-                        replaced.append({"ledger_id": current.get("ledger_id"), "seq": current.get("seq")})
-                anchor: dict[str, Any] = {
-                    "ledger_id": self.ledger_id,
-                    "workspace": str(self.workspace),
-                    "seq": seq,
-                    "hash": hash_,
-                    "key_id": key.key_id,
-                    "mac": key.mac(_ANCHOR_MAC, self._anchor_message(seq, hash_)),
-                    "replaced": replaced,
-                }
-                text = json.dumps(anchor, separators=(",", ":")).encode()
-                while len(text) >= _ANCHOR_SLOT and anchor["replaced"]:  # keep the newest replacements
-                    anchor["replaced"] = anchor["replaced"][1:]
-                    text = json.dumps(anchor, separators=(",", ":")).encode()
-                target = 1 - best if best is not None else 0
-                path = self.anchor_path
-                out = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
                 try:
-                    os.pwrite(out, text.ljust(_ANCHOR_SLOT - 1) + b"\n", target * _ANCHOR_SLOT)
+                    out = os.open(self.anchor_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
+                except PermissionError as exc:
+                    raise TrustRootError(f"cannot write {self.anchor_path}: permission denied") from exc
+                try:
+                    self._advance_anchor(out, key, seq, hash_)
                 finally:
                     os.close(out)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _advance_anchor(self, out: int, key: SigningKey, seq: int, hash_: str) -> None:
+        """`_write_anchor` on the anchor file open as ``out``, under its lock."""
+        data = b""
+        while len(data) < 2 * _ANCHOR_SLOT and (
+            chunk := os.pread(out, 2 * _ANCHOR_SLOT - len(data), len(data))
+        ):
+            data += chunk
+        raws = (data[:_ANCHOR_SLOT], data[_ANCHOR_SLOT : 2 * _ANCHOR_SLOT])
+        slots, best = self._known_slots(key, raws)
+        current = slots[best] if best is not None else self._read_anchor(key)
+        replaced: list[Any] = []
+        if current is not None:
+            replaced = list(cast("list[Any]", current.get("replaced") or []))
+            if current.get("ledger_id") == self.ledger_id:
+                if isinstance(current.get("seq"), int) and current["seq"] >= seq:
+                    return
+            else:  # the database was deleted or swapped: remember it, so verify keeps saying so
+                replaced.append({"ledger_id": current.get("ledger_id"), "seq": current.get("seq")})
+        anchor: dict[str, Any] = {
+            "ledger_id": self.ledger_id,
+            "workspace": str(self.workspace),
+            "seq": seq,
+            "hash": hash_,
+            "key_id": key.key_id,
+            "mac": key.mac(_ANCHOR_MAC, self._anchor_message(seq, hash_)),
+            "replaced": replaced,
+        }
+        text = json.dumps(anchor, separators=(",", ":")).encode()
+        while len(text) >= _ANCHOR_SLOT and anchor["replaced"]:  # keep the newest replacements
+            anchor["replaced"] = anchor["replaced"][1:]
+            text = json.dumps(anchor, separators=(",", ":")).encode()
+        target = 1 - best if best is not None else 0
+        raw = text.ljust(_ANCHOR_SLOT - 1) + b"\n"
+        os.pwrite(out, raw, target * _ANCHOR_SLOT)
+        # What the slots hold now, as the next append will read them unless another process writes: the
+        # one just written, newest and MACed by this key, is in force.
+        if best is not None:
+            written = (raw, raws[1]) if target == 0 else (raws[0], raw)
+            new_slots = list(slots)
+            new_slots[target] = anchor
+            self._anchor_memo = ((*written, key.secret, self.ledger_id), new_slots, target)
+        else:
+            self._anchor_memo = None
 
     def _record_problem(
         self, seq: int, body: str, hash_: str, key_id: str | None, mac: str | None
@@ -513,12 +580,14 @@ class Ledger:
         """A fresh evidence id: a UTC timestamp for humans plus randomness for uniqueness."""
         return f"{prefix}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
 
-    def artifact_dir(self, evidence_id: str) -> Path:
-        """The folder where a record's artifacts are written before the record is appended."""
+    def artifact_dir(self, evidence_id: str, *, create: bool = True) -> Path:
+        """The folder where a record's artifacts are written before the record is appended (created
+        unless ``create`` is false: a record without artifacts needs none)."""
         if not evidence_id or "/" in evidence_id or evidence_id.startswith("."):
             raise ValueError(f"invalid evidence id {evidence_id!r}")
         path = self.artifact_root / evidence_id
-        path.mkdir(parents=True, exist_ok=True)
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
         return path
 
     def _artifacts(self, draft: EvidenceDraft) -> list[Artifact]:
@@ -581,7 +650,7 @@ class Ledger:
                     artifacts=artifacts,
                     prev_hash=prev_hash,
                 )
-                body = canonical_json(record.model_dump(mode="json", exclude={"hash"}))
+                body = canonical_json(_body(record))
                 record.hash = hashlib.sha256((prev_hash + body).encode()).hexdigest()
                 mac = key.mac(_RECORD_MAC, self._record_message(seq, record.hash))
                 try:

@@ -67,6 +67,16 @@ def _table() -> tuple[DeviceRow, ...]:
     )
 
 
+@cache
+def _by_normalized_name() -> dict[str, DeviceRow]:
+    """Every row under its normalized name and aliases (the first row wins a name two rows share)."""
+    out: dict[str, DeviceRow] = {}
+    for row in _table():
+        for n in (row.name, *row.aliases):
+            out.setdefault(_normalize(n), row)
+    return out
+
+
 def device_names() -> list[str]:
     """Canonical names of every device in the table."""
     return [row.name for row in _table()]
@@ -78,10 +88,9 @@ def find_device(name: str) -> DeviceRow:
     Raises:
         PeakLookupError: no row matches; never a nearest-name guess.
     """
-    wanted = _normalize(name)
-    for row in _table():
-        if wanted in {_normalize(n) for n in (row.name, *row.aliases)}:
-            return row
+    row = _by_normalized_name().get(_normalize(name))
+    if row is not None:
+        return row
     raise PeakLookupError(
         f"device {name!r} is not in the peak table (known: {', '.join(device_names())}). "
         "Pass peak_tflops with the vendor's dense figure for your precision instead; "

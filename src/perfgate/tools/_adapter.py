@@ -10,11 +10,12 @@ from __future__ import annotations
 import base64
 import inspect
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import BaseModel, Field, ValidationError
 
@@ -50,6 +51,54 @@ def validation_message(tool: str, exc: ValidationError, model: type[BaseModel]) 
     return argument_message(tool, field_errors(exc, model.model_json_schema()))
 
 
+_JSON_SPACE = " \t\n\r"
+
+
+class _Metadata(FuncMetadata):
+    """The SDK's argument handling, without its cost for plain string arguments.
+
+    The SDK tries every string argument (of a field not typed ``str``) as JSON and keeps what parses to
+    an array, an object or null (clients that send ``"[1, 2]"`` for a list); a failed parse costs more
+    than validating the whole call. Only a JSON text opening with ``[``, ``{`` or ``n`` can parse to
+    one of those, so the SDK's own pass runs only when an argument could.
+    """
+
+    def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
+        if any(isinstance(v, str) and v.lstrip(_JSON_SPACE)[:1] in ("[", "{", "n") for v in data.values()):
+            return super().pre_parse_json(data)
+        return data.copy()
+
+
+def compact_schema(schema: Any) -> Any:
+    """``schema`` with each ``anyOf`` of bare types (``{"type": "number"}, {"type": "null"}``, pydantic's
+    form of an optional field) written as one type list (``"type": ["number", "null"]``).
+
+    The same values validate; a client that checks every result against the output schema (the SDK's
+    does) evaluates one keyword per optional field instead of a combinator over two subschemas, which
+    is most of its cost for a result with many optional fields.
+    """
+    if isinstance(schema, list):
+        return [compact_schema(v) for v in cast("list[Any]", schema)]
+    if not isinstance(schema, dict):
+        return schema
+    node = {k: compact_schema(v) for k, v in cast("dict[str, Any]", schema).items()}
+    options = node.get("anyOf")
+    if (
+        isinstance(options, list)
+        and "type" not in node
+        and options
+        and all(
+            isinstance(o, dict) and set(cast("dict[str, Any]", o)) == {"type"} and isinstance(o["type"], str)
+            for o in cast("list[Any]", options)
+        )
+    ):
+        types = [cast("dict[str, str]", o)["type"] for o in cast("list[Any]", options)]
+        if len(set(types)) == len(types):
+            del node["anyOf"]
+            node["type"] = types
+    return node
+
+
 class PerfgateTool(Tool):
     """A registered tool whose failures all reach the agent as sentences.
 
@@ -64,9 +113,18 @@ class PerfgateTool(Tool):
         tool = cls.from_function(fn, **kwargs)
         assert isinstance(tool, PerfgateTool)
         tool.parameters = {**tool.parameters, "additionalProperties": False}
+        meta = tool.fn_metadata
+        tool.fn_metadata = _Metadata(
+            arg_model=meta.arg_model,
+            output_schema=compact_schema(meta.output_schema) if meta.output_schema is not None else None,
+            output_model=meta.output_model,
+            wrap_output=meta.wrap_output,
+        )
         return tool
 
-    def _check_arguments(self, arguments: dict[str, Any]) -> None:
+    def _argument_error(self, arguments: dict[str, Any], exc: ValidationError | None) -> ToolError | None:
+        """Every problem with ``arguments`` in words: unknown fields by name, then one line per field
+        from ``exc`` (the SDK's validation of the same arguments, when it failed)."""
         model = self.fn_metadata.arg_model
         known = {info.alias or name for name, info in model.model_fields.items()}
         lines = [
@@ -74,15 +132,23 @@ class PerfgateTool(Tool):
             for key in sorted(arguments)
             if key not in known
         ]
-        try:
-            self.fn_metadata.validate_arguments(arguments)
-        except ValidationError as exc:
+        if exc is None and lines:
+            try:
+                self.fn_metadata.validate_arguments(arguments)
+            except ValidationError as found:
+                exc = found
+        if exc is not None:
             lines += field_errors(exc, self.parameters)
-        if lines:
-            raise ToolError(argument_message(self.name, lines))
+        return ToolError(argument_message(self.name, lines)) if lines else None
 
     async def run(self, arguments: dict[str, Any], context: Any, convert_result: bool = False) -> Any:
-        self._check_arguments(arguments)
+        # Arguments are validated once, by the SDK: its failure (a ToolError caused by the
+        # ValidationError itself, where a failing tool body's is caused by the body's error) is rewritten.
+        properties = cast("dict[str, Any]", self.parameters.get("properties") or {})
+        if any(key not in properties for key in arguments):
+            error = self._argument_error(arguments, None)
+            assert error is not None
+            raise error
         try:
             return await super().run(arguments, context, convert_result=convert_result)
         except UnexpectedToolError as exc:
@@ -91,6 +157,12 @@ class PerfgateTool(Tool):
                 raise
             logger.error("tool %r crashed", self.name, exc_info=cause)
             raise ToolError(crash_message(self.name, cause)) from cause
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                error = self._argument_error(arguments, exc.__cause__)
+                if error is not None:
+                    raise error from None
+            raise
 
 
 def _answer(spec: AnySpec, out: BaseModel, runtime: ToolRuntime) -> CallToolResult:

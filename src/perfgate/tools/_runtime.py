@@ -75,10 +75,12 @@ class EvidenceBuilder:
     artifact_names: list[str] = field(default_factory=list[str])
 
     def path(self, name: str) -> Path:
-        """Where to write artifact ``name`` (a plain file name); it is recorded on commit."""
+        """Where to write artifact ``name`` (a plain file name); it is recorded on commit. The record's
+        folder is created with its first artifact (a record without artifacts leaves no folder)."""
         if not name or name != Path(name).name or name.startswith("."):
             raise ValueError(f"artifact name must be a plain file name, got {name!r}")
         if name not in self.artifact_names:
+            self.dir.mkdir(parents=True, exist_ok=True)
             self.artifact_names.append(name)
         return self.dir / name
 
@@ -223,7 +225,7 @@ class ToolRuntime:
         return EvidenceBuilder(
             id=evidence_id,
             tool=self.tool,
-            dir=self.ledger.artifact_dir(evidence_id),
+            dir=self.ledger.artifact_dir(evidence_id, create=False),
             started_at=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
         )
 
@@ -244,25 +246,15 @@ class ToolRuntime:
         """
         from pydantic import ValidationError
 
-        from perfgate.redaction import Scrubber
-
         result = output.model_dump(mode="json")
         assert result.get("evidence_id") == builder.id, "output.evidence_id must be the builder's id"
         state = result.get("state")
         assert state is not None, "tool outputs carry a state"
-        # The stored record and the answer the agent gets carry no secret (argv flags, env values, URLs).
-        scrub = Scrubber.for_tree(self.inputs, result, {"command": command or []})
-        scrubbed = scrub.tree(result)
-        if scrub.redactions:
-            result = scrubbed
-            # A constrained field that cannot hold the marker keeps the answer as is; the record is scrubbed.
-            with contextlib.suppress(ValidationError):
-                output = type(output).model_validate(scrubbed)
         draft = EvidenceDraft(
             id=builder.id,
             tool=builder.tool,
             state=state,
-            inputs=scrub.tree(self.inputs),
+            inputs=self.inputs,
             result=result,
             profiled=profiled,
             command=command,
@@ -271,7 +263,13 @@ class ToolRuntime:
             artifact_names=list(builder.artifact_names),
             started_at=builder.started_at,
         )
-        await anyio.to_thread.run_sync(self.ledger.append, draft)
+        # One redaction pass, the ledger's, scrubs what is stored (argv flags, env values, URLs); when it
+        # changed the result, the answer is rebuilt from the stored one.
+        record = await anyio.to_thread.run_sync(self.ledger.append, draft)
+        if record.result != result:
+            # A constrained field that cannot hold the marker keeps the answer as is; the record is scrubbed.
+            with contextlib.suppress(ValidationError):
+                output = type(output).model_validate(record.result)
         return output
 
     async def load(self, evidence_id: str) -> EvidenceRecord:

@@ -269,7 +269,9 @@ def _finite_or_none(value: Any) -> Any:
 
 
 def _tensor_result(t: TensorComparison) -> TensorResult:
-    fields = {k: _finite_or_none(v) for k, v in dataclasses.asdict(t).items()}
+    # Field by field, not dataclasses.asdict: that deep-copies every shape list (most of a many-tensor
+    # call's result building).
+    fields = {f.name: _finite_or_none(getattr(t, f.name)) for f in dataclasses.fields(t)}
     for side in ("reference_key", "candidate_key"):
         if fields[side] == t.key:
             fields[side] = None
@@ -279,8 +281,12 @@ def _tensor_result(t: TensorComparison) -> TensorResult:
 _SEVERITY = {"value_mismatch": 0, "shape_mismatch": 1, "dtype_mismatch": 2, "match": 3}
 
 
-def _problems_first(tensors: list[TensorComparison]) -> list[TensorComparison]:
-    return sorted(tensors, key=lambda t: (_SEVERITY[t.status], -(t.mismatched_fraction or 0.0)))
+def _problems_first(tensors: list[TensorComparison]) -> list[int]:
+    """Indices of ``tensors``, problems first (the worst fraction of mismatches first)."""
+    return sorted(
+        range(len(tensors)),
+        key=lambda i: (_SEVERITY[tensors[i].status], -(tensors[i].mismatched_fraction or 0.0)),
+    )
 
 
 def _hash_jobs(jobs: list[tuple[Role, DigestJob]], stop: threading.Event) -> list[_Hashed]:
@@ -411,10 +417,11 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         notes.append(
             "allow_nonfinite: matching non-finite values were accepted as agreement (explicit opt-in)"
         )
+    results = [_tensor_result(t) for t in report.tensors]
     full = {
         "status": report.status,
         "summary": report.summary,
-        "tensors": [_tensor_result(t).model_dump(mode="json") for t in report.tensors],
+        "tensors": [r.model_dump(mode="json") for r in results],
         "missing_keys": report.missing_keys,
         "extra_keys": report.extra_keys,
         "files": [f.model_dump(mode="json") for f in files],
@@ -426,14 +433,14 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         },
     }
     await anyio.to_thread.run_sync(ev.write_json, "comparison.json", full)
-    listed = _problems_first(report.tensors)[:MAX_LISTED]
+    listed = [results[i] for i in _problems_first(report.tensors)[:MAX_LISTED]]
     out = CompareTensorsOutput(
         evidence_id=ev.id,
         state=EvidenceState.PASSED if report.status == "match" else EvidenceState.FAILED,
         status=report.status,
         summary=report.summary
         + (f"; {len(report.mapped_keys)} keys renamed by key_map" if report.mapped_keys else ""),
-        tensors=[_tensor_result(t) for t in listed],
+        tensors=listed,
         tensors_total=len(report.tensors),
         missing_keys=report.missing_keys[:MAX_LISTED],
         missing_keys_total=len(report.missing_keys),
