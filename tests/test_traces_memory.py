@@ -12,7 +12,7 @@ import pytest
 
 from perfgate.traces import AnalysisOptions, analyze_trace, ops, phases
 from perfgate.traces.analyze import load_table
-from perfgate.traces.intervals import clip, difference, merge
+from perfgate.traces.intervals import clip, difference, merge, merge_merged
 from perfgate.traces.prepare import prepare
 from perfgate.traces.table import Columns
 
@@ -217,3 +217,13 @@ def test_end_times_are_derived_not_stored(tmp_path: Path) -> None:
         for cols in (prepared.device, prepared.host, prepared.cpu):
             assert "end" not in cols.data
             np.testing.assert_array_equal(cols.f("end"), cols.f("ts") + cols.f("dur"))
+
+
+def test_merging_two_merged_sets_equals_merging_their_concatenation() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        a = merge(*_random_intervals(rng, int(rng.integers(0, 30)), 200))
+        b = merge(*_random_intervals(rng, int(rng.integers(0, 30)), 200))
+        got = merge_merged(*a, *b)
+        want = merge(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

@@ -297,6 +297,7 @@ def analyze_table(
     sync = sync_stats(prepared)
     steps = step_summary(prepared)
     self_ops = top_ops(prepared, options.top_k, by="self")
+    between()
     host = host_breakdown(prepared)
     between()
     idle = idle_breakdown(prepared)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["clip", "difference", "intersection_length", "merge", "union_length"]
+__all__ = ["clip", "difference", "intersection_length", "merge", "merge_merged", "union_length"]
 
 F64 = npt.NDArray[np.float64]
 
@@ -21,6 +21,31 @@ def merge(start: F64, end: F64) -> tuple[F64, F64]:
     s = start[order]
     e = end[order]
     del order
+    return _sweep(s, e)
+
+
+def merge_merged(a_s: F64, a_e: F64, b_s: F64, b_e: F64) -> tuple[F64, F64]:
+    """``merge`` of two sets of intervals that are each already merged (sorted by start), without
+    concatenating and sorting them: B's intervals are placed among A's by binary search. The result
+    equals ``merge(concatenate([a_s, b_s]), concatenate([a_e, b_e]))``."""
+    n = a_s.size + b_s.size
+    if n == 0:
+        return np.empty(0, np.float64), np.empty(0, np.float64)
+    # Where the stable sort of the concatenation puts each B interval: after A's with start <= its own.
+    at = np.searchsorted(a_s, b_s, side="right")
+    at += np.arange(b_s.size)
+    from_a = np.ones(n, bool)
+    from_a[at] = False
+    s, e = np.empty(n, np.float64), np.empty(n, np.float64)
+    s[at], e[at] = b_s, b_e
+    del at
+    s[from_a], e[from_a] = a_s, a_e
+    del from_a
+    return _sweep(s, e)
+
+
+def _sweep(s: F64, e: F64) -> tuple[F64, F64]:
+    """Merge intervals sorted by start (``e`` is overwritten)."""
     np.maximum.accumulate(e, out=e)
     # A new merged interval begins where a start lies beyond every earlier end.
     new = np.empty(s.size, dtype=bool)

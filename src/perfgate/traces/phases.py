@@ -33,7 +33,7 @@ import numpy.typing as npt
 from perfgate.traces._group import unique_values
 from perfgate.traces._np import int_list
 from perfgate.traces.classify import IMPLICIT_SYNC_OPS, host_call_role, is_polling_call
-from perfgate.traces.intervals import clip, difference, merge, union_length
+from perfgate.traces.intervals import clip, difference, merge, merge_merged, union_length
 from perfgate.traces.models import HostBreakdown, HostPhase, PhaseName
 from perfgate.traces.ops import cpu_parents, cpu_self_times
 from perfgate.traces.prepare import Prepared
@@ -168,7 +168,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
             s, e = difference(s, e, *_union(ts, end, aten, lo, hi))
             del aten
         before = union_length(covered_s, covered_e)
-        covered_s, covered_e = merge(np.concatenate([covered_s, s]), np.concatenate([covered_e, e]))
+        covered_s, covered_e = merge_merged(covered_s, covered_e, s, e)
         time_us = union_length(covered_s, covered_e) - before
         accounted += time_us
         phases.append(_phase(ph, time_us, total, per_step, _top_names(p, masks[ph], self_us)))
