@@ -225,3 +225,14 @@ def test_auditing_jsonl_does_not_import_the_tensors_package(tmp_path: Path) -> N
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_long_line_is_named_by_number_while_earlier_blocks_are_still_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(jsonl_module, "_BLOCK_BYTES", 120)  # two or three lines a block, many in flight
+    monkeypatch.setattr(jsonl_module, "MAX_LINE_BYTES", 200)
+    path = tmp_path / "records.jsonl"
+    path.write_text(GOOD * 40 + '{"sample_id":1,"pad":"' + "x" * 300 + '"}\n' + GOOD)
+    with pytest.raises(AuditInputError, match="line 41 is longer than 200 bytes"):
+        read_observed(path)

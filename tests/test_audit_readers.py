@@ -298,6 +298,31 @@ def test_parquet_rows_beyond_32_bit_ranks_are_malformed_and_step_nulls_are_refus
         read_observed(tmp_path / "steps.parquet")
 
 
+def test_parquet_integer_columns_of_every_width_read_as_their_values(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pa.table(
+        {
+            "sample_id": pa.array([5, 6, 7], pa.int64()),
+            "epoch": pa.array([0, 3, 120], pa.int8()),
+            "rank": pa.array([0, 65535, 7], pa.uint16()),
+            "worker": pa.array([-1, 2**31 - 1, 0], pa.int32()),
+            "step": pa.array([2**40, 1, 2], pa.uint64()),
+        }
+    )
+    pq.write_table(table, tmp_path / "widths.parquet")
+    records = read_observed(tmp_path / "widths.parquet")
+    assert records.epoch.tolist() == [0, 3, 120]
+    assert records.rank.tolist() == [0, 65535, 7]
+    assert records.worker.tolist() == [-1, 2**31 - 1, 0]
+    assert records.step is not None and records.step.tolist() == [2**40, 1, 2]
+    pq.write_table(
+        table.set_column(2, "rank", pa.array([0, 2**31, 1], pa.uint32())), tmp_path / "u32.parquet"
+    )
+    records = read_observed(tmp_path / "u32.parquet")
+    assert [(m.line, m.reason) for m in records.malformed.examples] == [(2, "rank beyond 32 bits")]
+
+
 def test_explicit_null_steps_count_as_absent(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "obs.jsonl", [rec(0, step=0), rec(1, step=None), rec(2, session=None)])
     records = read_observed(path)

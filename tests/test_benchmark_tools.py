@@ -274,9 +274,17 @@ async def test_log_timing_parses_step_times_from_stdout(allowed: Path) -> None:
         },
     )
     assert out["state"] == "executed" and out["steps_measured"] == 10
-    # paced 10 ms steps: a busy machine stretches them without bound, but their median stays at or above
-    # the period (5% margin); a mis-parse (the step number, 4-13, or the loss) lands below it
-    assert out["median_step_ms"] >= 9.5
+    # The window holds the step_time_ms figures the job printed for steps 4-13, not the step numbers or
+    # the losses. (Not a bound on the paced 10 ms: on a busy machine a late step is followed by a short
+    # one, and the median of 10 steps fell below 9.5 ms in 7-15% of windows measured under load.)
+    printed = {
+        int(line.split()[1]): float(line.rsplit(" ", 1)[1])
+        for line in _artifact(allowed, out, "stdout.log").read_text().splitlines()
+        if line.startswith("step ") and "step_time_ms" in line
+    }
+    assert sorted(printed) == list(range(14)), printed
+    window = [printed[step] for step in range(4, 14)]
+    assert out["median_step_ms"] == pytest.approx(statistics.median(window), abs=1e-3)
     assert out["ranks"][0]["step_time_source"] == "log"
 
 

@@ -195,3 +195,19 @@ async def test_compare_tensors_binds_by_the_producer_records_own_algorithm(
         assert again.structured_content is not None
         producers = {p["role"]: p for p in again.structured_content["producers"]}
         assert producers["candidate"]["evidence_id"] == blake
+
+
+def test_harness_records_name_their_digest_and_older_ones_read_as_sha256() -> None:
+    import msgspec
+
+    from perfgate.benchmarking.records import TensorDumpRecord
+
+    new = msgspec.convert(
+        {"path": "/w/a.safetensors", "digest": f"blake3:{X}", "size_bytes": 8}, TensorDumpRecord
+    )
+    old = msgspec.convert({"path": "/w/a.safetensors", "sha256": X, "size_bytes": 8}, TensorDumpRecord)
+    bare = msgspec.convert({"path": "/w/a.safetensors", "size_bytes": 8}, TensorDumpRecord)
+    assert (new.named_digest, old.named_digest, bare.named_digest) == (f"blake3:{X}", f"sha256:{X}", None)
+    for forged in (f"md5:{X}", X, f"blake3:{X[:10]}"):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert({"path": "/w/a.safetensors", "digest": forged, "size_bytes": 8}, TensorDumpRecord)

@@ -13,6 +13,11 @@ import pytest
 from perfgate.tools import registered_specs
 
 NPX = shutil.which("npx")
+# Pinned: the version these tests were written against (npx reuses its cached copy, no network needed);
+# unpinned, a new release (2.x is out) or a cleared npm cache would change the client under test.
+INSPECTOR = "@modelcontextprotocol/inspector@0.15.0"
+# npm's words for a registry it cannot reach (DNS, refused, reset, timed out, offline)
+_UNREACHABLE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "ENETUNREACH")
 pytestmark = pytest.mark.skipif(NPX is None, reason="npx (Node.js) is not installed")
 
 
@@ -20,13 +25,13 @@ def _inspector(workspace: Path, *args: str) -> dict[str, object]:
     assert NPX is not None
     server = [sys.executable, "-m", "perfgate", "serve", "--workspace", str(workspace)]
     proc = subprocess.run(
-        [NPX, "-y", "@modelcontextprotocol/inspector", "--cli", *server, *args],
+        [NPX, "-y", INSPECTOR, "--cli", *server, *args],
         capture_output=True,
         text=True,
         timeout=240,
         check=False,
     )
-    if proc.returncode != 0 and "ENOTFOUND" in proc.stderr + proc.stdout:
+    if proc.returncode != 0 and any(code in proc.stderr + proc.stdout for code in _UNREACHABLE):
         pytest.skip("the npm registry is unreachable, so the inspector cannot be fetched")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout)

@@ -4,9 +4,12 @@ msgspec in one call, and bad lines are reported by number."""
 from __future__ import annotations
 
 import zlib
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 import msgspec
 import numpy as np
@@ -81,51 +84,115 @@ def read_jsonl(path: Path, builder: RecordBuilder) -> None:
     """Add the records of one JSONL file (optionally .gz) to `builder`.
 
     A block whose lines all share the first line's keys and differ only in their integers is read as
-    columns with numpy; other blocks decode in one msgspec call, and a block with any bad line is
-    decoded again line by line so each malformed line is reported with its number and the rest are kept.
+    columns with numpy, in `DECODE_THREADS` threads for a file of several blocks (numpy works outside
+    the GIL); other blocks decode in one msgspec call, and a block with any bad line is decoded again
+    line by line so each malformed line is reported with its number and the rest are kept. Blocks join
+    the builder in file order.
 
     Raises:
-        AuditInputError: the file cannot be opened, or a required field is absent from its records.
+        AuditInputError: the file cannot be opened or read, a line is longer than MAX_LINE_BYTES, or a
+            required field is absent from its records.
     """
     source = str(path)
     builder.sources.append(source)
-    preferred = 0
-    with open_binary(path, "observed records") as stream:
-        tail = b""
-        line_base = 0  # lines before the current block
+    joiner = _Joiner(source, builder)
+    pending: deque[tuple[bytes, Future[tuple[int, Columns | None]]]] = deque()
+    with (
+        open_binary(path, "observed records") as stream,
+        ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="perfgate-jsonl") as pool,
+    ):
         probed = False
-        while True:
-            try:
-                data = stream.read(_BLOCK_BYTES)
-            except (OSError, EOFError, zlib.error) as exc:
-                raise AuditInputError(f"cannot read {source} after line {line_base}: {exc}") from exc
-            if not data:
-                block, tail = tail, b""
-                if block and not block.endswith(b"\n"):
-                    block += b"\n"
-            else:
-                data = tail + data
-                cut = data.rfind(b"\n") + 1
-                block, tail = data[:cut], data[cut:]
-                if len(tail) > MAX_LINE_BYTES:
-                    long_line = line_base + block.count(b"\n") + 1
-                    raise AuditInputError(
-                        f"{source}: line {long_line} is longer than {MAX_LINE_BYTES} bytes "
-                        "(limit audit.read_jsonl.MAX_LINE_BYTES; a sample record is about 100 bytes): the file is "
-                        "not one JSON record per line, or it is corrupt"
-                    )
-            if not block:
-                if not data:
-                    break
-                continue
-            if not probed:
-                _probe_columns(block, source)
-                probed = True
-            n_lines = block.count(b"\n")
-            preferred = _decode_block(block, n_lines, line_base, source, builder, preferred)
-            line_base += n_lines
-            if not data:
-                break
+        try:
+            for block in _blocks(stream):
+                if not probed:
+                    _probe_columns(block, source)
+                    probed = True
+                while len(pending) > DECODE_THREADS:  # bounded memory: a few blocks in flight
+                    joiner.join(*pending.popleft())
+                pending.append((block, pool.submit(_attempt, block)))
+            while pending:
+                joiner.join(*pending.popleft())
+        except _LongLine as exc:
+            line = joiner.line_base + sum(b.count(b"\n") for b, _ in pending) + exc.lines_before + 1
+            raise AuditInputError(
+                f"{source}: line {line} is longer than {MAX_LINE_BYTES} bytes (limit "
+                "audit.read_jsonl.MAX_LINE_BYTES; a sample record is about 100 bytes): the file is not one "
+                "JSON record per line, or it is corrupt"
+            ) from None
+        except _ReadFailed as exc:
+            line = joiner.line_base + sum(b.count(b"\n") for b, _ in pending)
+            raise AuditInputError(f"cannot read {source} after line {line}: {exc.cause}") from exc.cause
+        finally:  # after an error, blocks not yet started are dropped, not decoded
+            for _, attempt in pending:
+                attempt.cancel()
+
+
+DECODE_THREADS = 2
+"""Threads that decode uniform blocks of one JSONL file at once (each holds a block of _BLOCK_BYTES and
+its temporaries, about ten times that); msgspec blocks decode in the calling thread, in order."""
+
+
+class _LongLine(Exception):
+    def __init__(self, lines_before: int) -> None:
+        self.lines_before = lines_before  # whole lines between the last block handed out and the long one
+
+
+class _ReadFailed(Exception):
+    def __init__(self, cause: Exception) -> None:
+        self.cause = cause
+
+
+def _blocks(stream: BinaryIO) -> Iterator[bytes]:
+    """Blocks of whole lines, each ending in a newline (one is added to a last line without it).
+
+    Raises:
+        _LongLine: a line longer than MAX_LINE_BYTES (before it is read whole).
+        _ReadFailed: the stream failed (a corrupt gzip member, an I/O error).
+    """
+    tail = b""
+    while True:
+        try:
+            data = stream.read(_BLOCK_BYTES)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise _ReadFailed(exc) from exc
+        if not data:
+            if tail:
+                yield tail if tail.endswith(b"\n") else tail + b"\n"
+            return
+        data = tail + data
+        cut = data.rfind(b"\n") + 1
+        block, tail = data[:cut], data[cut:]
+        if len(tail) > MAX_LINE_BYTES:
+            raise _LongLine(block.count(b"\n"))
+        if block:
+            yield block
+
+
+def _attempt(block: bytes) -> tuple[int, Columns | None]:
+    """The block's line count and, when its lines are uniform, its columns (runs in a pool thread)."""
+    n_lines = block.count(b"\n")
+    return n_lines, uniform_columns(block, n_lines, _LINE_DECODER)
+
+
+class _Joiner:
+    """Adds decoded blocks to the builder in file order, counting lines for their numbers."""
+
+    def __init__(self, source: str, builder: RecordBuilder) -> None:
+        self.source = source
+        self.builder = builder
+        self.line_base = 0  # lines before the next block
+        self.preferred = 0  # the msgspec decoder that worked last
+
+    def join(self, block: bytes, attempt: Future[tuple[int, Columns | None]]) -> None:
+        n_lines, columns = attempt.result()
+        if columns is not None:
+            ids = SampleIds.of_ints(columns.sample_id)
+            _add_columns(columns, ids, self.line_base + 1, self.source, self.builder)
+        else:
+            self.preferred = _decode_block(
+                block, n_lines, self.line_base, self.source, self.builder, self.preferred
+            )
+        self.line_base += n_lines
 
 
 def _probe_columns(block: bytes, source: str) -> None:
@@ -152,11 +219,7 @@ def _probe_columns(block: bytes, source: str) -> None:
 def _decode_block(
     block: bytes, n_lines: int, line_base: int, source: str, builder: RecordBuilder, preferred: int
 ) -> int:
-    """Decode a block of whole lines; returns the decoder that worked, to try first next time."""
-    columns = uniform_columns(block, n_lines, _LINE_DECODER)
-    if columns is not None:
-        _add_columns(columns, SampleIds.of_ints(columns.sample_id), line_base + 1, source, builder)
-        return preferred
+    """Decode a block of whole lines with msgspec; returns the decoder that worked, to try first next time."""
     # one JSON array of every line; a blank or broken line makes it invalid and is then found below
     joined = bytearray(b"[")
     joined += block.replace(b"\n", b",")

@@ -132,12 +132,16 @@ def _read_batches(pf: Any, columns: list[str], source: str, builder: RecordBuild
         ids[part] = _ids(batch.column("sample_id"), builder.pool, source).values
         for name, out in ints.items():
             values = _ints(batch.column(name), name, source)
-            if out.dtype == np.int32:
-                wide = (values < -(2**31)) | (values >= 2**31)
-                if wide.any():
-                    rows = np.arange(pos, pos + m) if isinstance(part, slice) else part
-                    invalid.append(rows[wide])
-                    reasons.append(f"{name} beyond 32 bits")
+            if out.dtype != np.int32 or not np.can_cast(values.dtype, np.int32):
+                # int8/16/32 columns (the usual epoch, rank and worker) go in as they are; wider ones
+                # as int64 (uint64 wraps, as before), checked against the int32 column
+                values = values.astype(np.int64, copy=False)
+                if out.dtype == np.int32:
+                    wide = (values < -(2**31)) | (values >= 2**31)
+                    if wide.any():
+                        rows = np.arange(pos, pos + m) if isinstance(part, slice) else part
+                        invalid.append(rows[wide])
+                        reasons.append(f"{name} beyond 32 bits")
             out[part] = values
         if restart is not None:
             col = batch.column("restart")
@@ -229,7 +233,8 @@ def _ids(column: Any, pool: StringPool, source: str) -> SampleIds:
     )
 
 
-def _ints(column: Any, name: str, source: str) -> NDArray[np.int64]:
+def _ints(column: Any, name: str, source: str) -> NDArray[np.integer[Any]]:
+    """An integer column in its own width (an int16 epoch stays int16: widening it is a copy)."""
     pa = _arrow()
 
     if not pa.types.is_integer(column.type):
@@ -238,7 +243,7 @@ def _ints(column: Any, name: str, source: str) -> NDArray[np.int64]:
         if name == "step":
             raise AuditInputError(f"{source}: 'step' has nulls: give every record a step or drop the column")
         column = column.fill_null(0)  # a record without a session token belongs to session 0
-    return np.asarray(column.to_numpy(), dtype=np.int64)
+    return np.asarray(column.to_numpy())
 
 
 def read_parquet_ids(path: Path, pool: StringPool) -> SampleIds:
