@@ -89,9 +89,12 @@ BEGIN SELECT RAISE(ABORT, 'the evidence ledger is append-only'); END;
 """
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: the form that is hashed."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def digest_inputs(inputs: Any) -> str:
@@ -629,8 +632,8 @@ class Ledger:
         artifacts = self._artifacts(draft)
         # Nothing secret is ever stored: the one redaction layer, keyed by what this record carries.
         scrub = Scrubber.for_tree(draft.inputs, draft.result, {"command": draft.command or []})
-        inputs = json.loads(canonical_json(scrub.tree(draft.inputs)))
-        result = json.loads(canonical_json(scrub.tree(draft.result)))
+        # Through JSON once, both together: what is stored and returned is exactly what JSON holds.
+        inputs, result = json.loads(canonical_json([scrub.tree(draft.inputs), scrub.tree(draft.result)]))
         command = scrub.argv(draft.command) if draft.command is not None else None
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")
