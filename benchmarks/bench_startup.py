@@ -15,6 +15,9 @@ from pathlib import Path
 import anyio
 from mcp import Client, StdioServerParameters
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _mcp import perfgate_server  # the server runs the perfgate imported here
+
 HERE = Path(__file__).resolve().parent
 MFU_ARGS = {
     "buckets": [{"name": "b", "flops_per_step": 1e14, "step_time_s": 0.5}],
@@ -43,9 +46,7 @@ async def _round_trip(client: Client, name: str, args: dict[str, object], n: int
 
 async def main(repeats: int = 7) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as ws:
-        perfgate = StdioServerParameters(
-            command=sys.executable, args=["-m", "perfgate", "serve", "--workspace", ws]
-        )
+        perfgate = perfgate_server(Path(ws))
         minimal = StdioServerParameters(command=sys.executable, args=[str(HERE / "_minimal_server.py")])
         await _cold_start(perfgate)  # warm the OS page cache for both before timing
         await _cold_start(minimal)

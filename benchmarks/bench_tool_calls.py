@@ -4,7 +4,8 @@
   file system of ``--dir`` (durable: one WAL commit with fsync per record).
 - ``warm``: a ``compute_mfu`` call over stdio to a running ``perfgate serve`` (which validates, computes,
   appends its ledger record and answers), interleaved call by call with the ``ratio`` tool of
-  ``_minimal_server.py`` (the smallest useful server on the same SDK), ``--calls`` of each.
+  ``_minimal_server.py`` (the smallest useful server on the same SDK), ``--calls`` of each; with each
+  server's CPU time per call (read from /proc on Linux: steadier than wall time on a loaded machine).
 - ``cold``: spawn, ``initialize`` and that one call, as an agent's first call of a session, alternating
   the two servers ``--cold`` times.
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 import sys
 import tempfile
@@ -66,20 +69,60 @@ def ledger_appends(folder: Path, n: int) -> list[float]:
     return times
 
 
-async def warm(folder: Path, calls: int) -> tuple[list[float], list[float]]:
+def _server_pids() -> dict[int, str]:
+    """This process's child processes and their command lines (Linux /proc; empty elsewhere)."""
+    out: dict[int, str] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            kids = Path(f"/proc/self/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for kid in kids:
+            try:
+                out[int(kid)] = Path(f"/proc/{kid}/cmdline").read_text().replace("\0", " ")
+            except OSError:
+                continue
+    return out
+
+
+def _cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of a process so far (NaN when it cannot be read)."""
+    if pid is None:
+        return math.nan
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def warm(folder: Path, calls: int) -> tuple[list[float], list[float], list[float]]:
+    """Interleaved warm calls; also each server's CPU seconds per call (server side, from /proc)."""
     ours: list[float] = []
     peer: list[float] = []
+    cpu = [0.0, 0.0]
     minimal = StdioServerParameters(command=sys.executable, args=[str(HERE / "_minimal_server.py")])
     async with AsyncExitStack() as stack:
         pg = await warm_client(stack, perfgate_server(folder / "warm-ws"))
         mini = await warm_client(stack, minimal)
+        pids = _server_pids()
+        pg_pid = next((p for p, cmd in pids.items() if " perfgate serve " in f" {cmd} "), None)
+        mini_pid = next((p for p, cmd in pids.items() if "_minimal_server" in cmd), None)
         for _ in range(5):  # first calls import the tool's modules
             await call_timed(pg, "compute_mfu", MFU_ARGS)
             await call_timed(mini, "ratio", RATIO_ARGS)
         for _ in range(calls):
+            before = _cpu_s(pg_pid)
             ours.append(await call_timed(pg, "compute_mfu", MFU_ARGS))
+            middle = _cpu_s(pg_pid), _cpu_s(mini_pid)
             peer.append(await call_timed(mini, "ratio", RATIO_ARGS))
-    return ours, peer
+            cpu[0] += middle[0] - before
+            cpu[1] += _cpu_s(mini_pid) - middle[1]
+    return ours, peer, [c / calls for c in cpu]
 
 
 async def cold(folder: Path, repeats: int) -> tuple[list[float], list[float]]:
@@ -110,12 +153,13 @@ def main() -> None:
         for name in ("warm-ws", "cold-ws"):
             (folder / name).mkdir()
         appends = ledger_appends(folder, args.appends)
-        warm_ours, warm_peer = anyio.run(warm, folder, args.calls)
+        warm_ours, warm_peer, (cpu_ours, cpu_peer) = anyio.run(warm, folder, args.calls)
         cold_ours, cold_peer = anyio.run(cold, folder, args.cold)
     results = {
         "ledger_append_ms": summary(appends, 1e3),
         "warm_compute_mfu_ms": summary(warm_ours, 1e3),
         "warm_minimal_ms": summary(warm_peer, 1e3),
+        "warm_server_cpu_ms_per_call": {"compute_mfu": cpu_ours * 1e3, "minimal": cpu_peer * 1e3},
         "cold_compute_mfu_s": summary(cold_ours),
         "cold_minimal_s": summary(cold_peer),
     }
@@ -126,6 +170,10 @@ def main() -> None:
     print(f"  warm compute_mfu            {fmt(results['warm_compute_mfu_ms'], 'ms')}")
     print(f"  warm one-tool server        {fmt(results['warm_minimal_ms'], 'ms')}")
     print(f"  warm ratio (medians)        {warm_ratio:.2f}x (goal <= 1.5x)")
+    print(
+        f"  server CPU per warm call    {cpu_ours * 1e3:.2f} ms vs {cpu_peer * 1e3:.2f} ms "
+        f"({cpu_ours / cpu_peer:.2f}x; clock ticks summed over the calls)"
+    )
     print(f"  cold compute_mfu            {fmt(results['cold_compute_mfu_s'], 's')}")
     print(f"  cold one-tool server        {fmt(results['cold_minimal_s'], 's')}")
     print(f"  cold ratio (medians)        {cold_ratio:.2f}x")

@@ -10,8 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from perfgate.traces import AnalysisOptions, analyze_trace, ops
+from perfgate.traces import AnalysisOptions, analyze_trace, ops, phases
 from perfgate.traces.analyze import load_table
+from perfgate.traces.intervals import clip, difference, merge, merge_merged
+from perfgate.traces.prepare import prepare
 from perfgate.traces.table import Columns
 
 MUSA = Path(__file__).parent / "fixtures" / "traces" / "musa_s4000_rank1.json"
@@ -164,3 +166,64 @@ def test_the_parent_walk_holds_a_few_bytes_per_event(monkeypatch: pytest.MonkeyP
     assert parent.dtype == np.int32
     # One walk over the whole trace held ~100 bytes per event (opens and closes, 64-bit keys).
     assert peak / m < 48, f"{peak / m:.1f} bytes per event"
+
+
+def _runs(cells: Any) -> tuple[list[float], list[float]]:
+    """Maximal runs of covered unit cells as [start, end) intervals."""
+    padded = np.concatenate([[False], cells, [False]]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(padded))
+    return edges[::2].astype(float).tolist(), edges[1::2].astype(float).tolist()
+
+
+def _random_intervals(rng: np.random.Generator, n: int, span: int) -> tuple[Any, Any]:
+    start = rng.integers(0, span, n).astype(float)
+    return start, start + rng.integers(0, 12, n)
+
+
+def _cells(start: Any, end: Any, span: int) -> Any:
+    out = np.zeros(span + 12, bool)
+    for s, e in zip(start.tolist(), end.tolist(), strict=True):
+        out[int(s) : int(e)] = True
+    return out
+
+
+def test_difference_skips_the_intervals_that_cannot_cut_and_stays_exact() -> None:
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        a_s, a_e = _random_intervals(rng, int(rng.integers(1, 6)), 300)
+        b_s, b_e = _random_intervals(rng, int(rng.integers(1, 80)), 300)  # B far larger than A
+        s, e = difference(a_s, a_e, b_s, b_e)
+        assert (s.tolist(), e.tolist()) == _runs(_cells(a_s, a_e, 300) & ~_cells(b_s, b_e, 300))
+
+
+def test_a_phase_union_built_in_chunks_equals_one_merge(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        s, e = _random_intervals(rng, 500, 2000)
+        mask = rng.random(500) < 0.7
+        lo, hi = 100.0, 1800.0
+        whole = merge(*clip(s[mask], e[mask], lo, hi))
+        monkeypatch.setattr(phases, "UNION_CHUNK", int(rng.integers(1, 64)))
+        chunked = phases._union(s, e, mask, lo, hi)  # pyright: ignore[reportPrivateUsage]
+        assert chunked[0].tolist() == whole[0].tolist() and chunked[1].tolist() == whole[1].tolist()
+
+
+def test_end_times_are_derived_not_stored(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    replicate(path, 5, pad=0)
+    for basis in ("exact", "hta_rounded"):
+        table, _, _ = load_table(path)
+        prepared = prepare(table, time_basis=basis, release=True)
+        for cols in (prepared.device, prepared.host, prepared.cpu):
+            assert "end" not in cols.data
+            np.testing.assert_array_equal(cols.f("end"), cols.f("ts") + cols.f("dur"))
+
+
+def test_merging_two_merged_sets_equals_merging_their_concatenation() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        a = merge(*_random_intervals(rng, int(rng.integers(0, 30)), 200))
+        b = merge(*_random_intervals(rng, int(rng.integers(0, 30)), 200))
+        got = merge_merged(*a, *b)
+        want = merge(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+        assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

@@ -27,7 +27,10 @@ WAL commit (one fsync) instead of opening, checkpointing and deleting the WAL ev
 rewritten in place, alternately (the slot being replaced is never the newest): a kill -9 loses
 nothing, since the page cache survives the process, and a power cut can at worst leave the anchor one
 append behind the ledger, which `verify` accepts (it only ever flags a ledger *shorter* than its
-anchor). HEAD is rewritten in place too, as a fixed-width line.
+anchor). HEAD is rewritten in place too, as a fixed-width line. Each append still reads both anchor
+slots under the anchor's lock, but parses them and checks their MACs only when their bytes differ from
+what this `Ledger` last read or wrote (another writer's slot is always checked afresh). The chain head is
+read inside the write transaction, never cached: a concurrent writer's record cannot be skipped.
 """
 
 from __future__ import annotations
@@ -86,9 +89,12 @@ BEGIN SELECT RAISE(ABORT, 'the evidence ledger is append-only'); END;
 """
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: the form that is hashed."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def digest_inputs(inputs: Any) -> str:
@@ -315,9 +321,10 @@ def _connection(db_path: Path) -> _Connection:
 class Ledger:
     """The append-only evidence store of one workspace.
 
-    Methods are synchronous and cheap; call them from a worker thread in async code. Each call opens
-    its own connection, so one `Ledger` is safe to share between threads and processes. ``trust`` is
-    where the signing key and the anchor live (default: `TrustRoot.locate` from the environment).
+    Methods are synchronous and cheap; call them from a worker thread in async code. Every `Ledger` on
+    a database shares its process's one connection under a lock, and writers serialize on SQLite's
+    lock, so one `Ledger` is safe to share between threads and processes. ``trust`` is where the signing
+    key and the anchor live (default: `TrustRoot.locate` from the environment).
     """
 
     def __init__(self, workspace: Path, trust: TrustRoot | None = None) -> None:
@@ -625,8 +632,8 @@ class Ledger:
         artifacts = self._artifacts(draft)
         # Nothing secret is ever stored: the one redaction layer, keyed by what this record carries.
         scrub = Scrubber.for_tree(draft.inputs, draft.result, {"command": draft.command or []})
-        inputs = json.loads(canonical_json(scrub.tree(draft.inputs)))
-        result = json.loads(canonical_json(scrub.tree(draft.result)))
+        # Through JSON once, both together: what is stored and returned is exactly what JSON holds.
+        inputs, result = json.loads(canonical_json([scrub.tree(draft.inputs), scrub.tree(draft.result)]))
         command = scrub.argv(draft.command) if draft.command is not None else None
         with self._connect() as conn:
             conn.execute("BEGIN IMMEDIATE")

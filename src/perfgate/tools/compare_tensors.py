@@ -606,7 +606,7 @@ SPEC = ToolSpec(
         "float8 included), NPZ/NPY (never unpickled) and sharded checkpoint folders, streaming in bounded "
         "memory. Use it as correctness evidence before keeping an optimization; dump tensors from training "
         "with perfgate.harness.dump_tensors inside the runs run_benchmark_window launches: each file's producer (the run "
-        "that dumped those bytes) is recorded, and a file no launched run produced is unbound and cannot support a "
+        "that dumped those bytes, matched by BLAKE3 digest taken in the comparison's own reads) is recorded, and a file no launched run produced is unbound and cannot support a "
         "keep. The evidence passes only on status 'match'. Integers compare "
         "exactly; any NaN or Inf fails unless allow_nonfinite (a recorded opt-in). key_map strips wrapper prefixes such as '_orig_mod.' "
         "and renames keys before pairing (recorded in the evidence), so a compiled model compares with an "

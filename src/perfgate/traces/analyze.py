@@ -276,9 +276,34 @@ def analyze_table(
         release_free_memory()  # the raw columns just freed
     checkpoint()
     counts["device_in_window"] = len(prepared.device)
+    large = counts["decompressed_bytes"] >= TRIM_EVERY_BYTES
+
+    def between() -> None:
+        # Between the analyses of a large trace, hand their freed temporaries back to the system, so
+        # the next one's arrays do not land beside them.
+        checkpoint()
+        if large:
+            release_free_memory()
+
     t = temporal_breakdown(prepared)
-    checkpoint()
+    between()
     flops = flops_summary(prepared)
+    categories = category_stats(prepared)
+    kernels = top_kernels(prepared, options.top_k)
+    ops = top_ops(prepared, options.top_k)
+    between()
+    launch = launch_stats(prepared, options.short_kernel_us)
+    between()
+    sync = sync_stats(prepared)
+    steps = step_summary(prepared)
+    self_ops = top_ops(prepared, options.top_k, by="self")
+    between()
+    host = host_breakdown(prepared)
+    between()
+    idle = idle_breakdown(prepared)
+    sequences = frequent_sequences(prepared, min(options.top_k, 5))
+    between()
+    efficiency = _op_efficiency(prepared, device, t.span_us > 0, options.top_k)
     return RankProfile(
         rank=rank,
         rank_source=source,
@@ -302,19 +327,19 @@ def analyze_table(
         comm_compute_overlap_us=t.comm_compute_overlap_us,
         comm_compute_overlap_fraction=t.comm_compute_overlap_fraction,
         streams=t.streams,
-        categories=category_stats(prepared),
-        top_kernels=top_kernels(prepared, options.top_k),
-        top_ops=top_ops(prepared, options.top_k),
-        launch=launch_stats(prepared, options.short_kernel_us),
-        sync=sync_stats(prepared),
-        steps=step_summary(prepared),
+        categories=categories,
+        top_kernels=kernels,
+        top_ops=ops,
+        launch=launch,
+        sync=sync,
+        steps=steps,
         flops=flops,
         flops_unavailable=None if flops is not None else _flops_unavailable(table),
-        top_self_ops=top_ops(prepared, options.top_k, by="self"),
-        host=host_breakdown(prepared),
-        idle=idle_breakdown(prepared),
-        kernel_sequences=frequent_sequences(prepared, min(options.top_k, 5)),
-        op_efficiency=_op_efficiency(prepared, device, t.span_us > 0, options.top_k),
+        top_self_ops=self_ops,
+        host=host,
+        idle=idle,
+        kernel_sequences=sequences,
+        op_efficiency=efficiency,
         event_counts=counts,
         warnings=_warnings(table, counts["device"], prepared, stream),
     )

@@ -40,12 +40,18 @@ def _queue_depth(
     if launch_ts.size == 0 or span_end <= span_start:
         return 0, 0.0, None
     times = np.concatenate([launch_ts, done_ts])
-    delta = np.concatenate([np.ones(launch_ts.size, np.int64), -np.ones(done_ts.size, np.int64)])
+    delta = np.concatenate([np.ones(launch_ts.size, np.int8), np.full(done_ts.size, -1, np.int8)])
     # At equal times, completions go first so a back-to-back launch does not look like depth 2.
     order = np.lexsort((delta, times))
-    times, depth = times[order], np.cumsum(delta[order])
-    clipped = np.minimum(np.maximum(times, span_start), span_end)
-    widths = np.diff(np.append(clipped, span_end))
+    clipped = times[order]
+    del times
+    depth = np.cumsum(delta[order], dtype=np.int64)
+    del order, delta
+    np.maximum(clipped, span_start, out=clipped)
+    np.minimum(clipped, span_end, out=clipped)
+    widths = np.empty_like(clipped)
+    np.subtract(clipped[1:], clipped[:-1], out=widths[:-1])
+    widths[-1] = span_end - clipped[-1]
     total = span_end - span_start
     # Before the first event nothing is outstanding.
     zero = float(widths[depth == 0].sum()) + float(clipped[0] - span_start)
@@ -60,11 +66,14 @@ def launch_stats(p: Prepared, short_kernel_us: float) -> LaunchStats:
     launch_rows = rows[matched]
     d_ts, d_dur, d_end = dev.f("ts"), dev.f("dur"), dev.f("end")
     h_ts, h_dur = host.f("ts"), host.f("dur")
-    delays = d_ts[matched] - h_ts[launch_rows]
+    delays = d_ts[matched]
+    delays -= h_ts[launch_rows]
     compute = dev.i("kind") == KIND_CODES["compute"] if len(dev) else np.empty(0, bool)
 
-    launch_bound = int(np.sum(d_dur[matched & compute] < h_dur[rows[matched & compute]]))
-    launched_kernels = int(np.sum(matched & compute))
+    launched = matched & compute
+    launch_bound = int(np.sum(d_dur[launched] < h_dur[rows[launched]]))
+    launched_kernels = int(np.sum(launched))
+    del launched
     short = compute & (d_dur < short_kernel_us)
 
     api = Counter[str]()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["clip", "difference", "intersection_length", "merge", "union_length"]
+__all__ = ["clip", "difference", "intersection_length", "merge", "merge_merged", "union_length"]
 
 F64 = npt.NDArray[np.float64]
 
@@ -19,7 +19,34 @@ def merge(start: F64, end: F64) -> tuple[F64, F64]:
         return np.empty(0, np.float64), np.empty(0, np.float64)
     order = np.argsort(start, kind="stable")
     s = start[order]
-    e = np.maximum.accumulate(end[order])
+    e = end[order]
+    del order
+    return _sweep(s, e)
+
+
+def merge_merged(a_s: F64, a_e: F64, b_s: F64, b_e: F64) -> tuple[F64, F64]:
+    """``merge`` of two sets of intervals that are each already merged (sorted by start), without
+    concatenating and sorting them: B's intervals are placed among A's by binary search. The result
+    equals ``merge(concatenate([a_s, b_s]), concatenate([a_e, b_e]))``."""
+    n = a_s.size + b_s.size
+    if n == 0:
+        return np.empty(0, np.float64), np.empty(0, np.float64)
+    # Where the stable sort of the concatenation puts each B interval: after A's with start <= its own.
+    at = np.searchsorted(a_s, b_s, side="right")
+    at += np.arange(b_s.size)
+    from_a = np.ones(n, bool)
+    from_a[at] = False
+    s, e = np.empty(n, np.float64), np.empty(n, np.float64)
+    s[at], e[at] = b_s, b_e
+    del at
+    s[from_a], e[from_a] = a_s, a_e
+    del from_a
+    return _sweep(s, e)
+
+
+def _sweep(s: F64, e: F64) -> tuple[F64, F64]:
+    """Merge intervals sorted by start (``e`` is overwritten)."""
+    np.maximum.accumulate(e, out=e)
     # A new merged interval begins where a start lies beyond every earlier end.
     new = np.empty(s.size, dtype=bool)
     new[0] = True
@@ -51,16 +78,35 @@ def difference(a_start: F64, a_end: F64, b_start: F64, b_end: F64) -> tuple[F64,
     if a_s.size == 0 or b_start.size == 0:
         return a_s, a_e
     b_s, b_e = merge(b_start, b_end)
+    if bool(np.all(a_e > a_s)) and bool(np.all(b_e > b_s)):
+        b_s, b_e = _cutting(a_s, a_e, b_s, b_e)
     bounds = np.unique(np.concatenate([a_s, a_e, b_s, b_e]))
     lo, hi = bounds[:-1], bounds[1:]
     mid = (lo + hi) / 2
 
     def covered(s: F64, e: F64) -> npt.NDArray[np.bool_]:
+        if s.size == 0:
+            return np.zeros(mid.size, bool)
         i = np.searchsorted(s, mid, side="right") - 1
         return (i >= 0) & (e[np.maximum(i, 0)] > mid)
 
     keep = covered(a_s, a_e) & ~covered(b_s, b_e)
     return merge(lo[keep], hi[keep])
+
+
+def _cutting(a_s: F64, a_e: F64, b_s: F64, b_e: F64) -> tuple[F64, F64]:
+    """The merged B intervals that can change `difference` of merged A: those that overlap an A
+    interval, and those with a bound one float below an A start (where the midpoint test of a
+    one-ulp piece rounds into A). The others' bounds lie in A's gaps, where nothing is kept; B can be
+    far larger than A, and this spares sorting it."""
+    last_a = np.searchsorted(a_s, b_e, side="left") - 1
+    keep = last_a >= 0
+    keep &= a_e[np.maximum(last_a, 0)] > b_s
+    del last_a
+    below = np.nextafter(a_s, -np.inf)
+    keep |= np.isin(b_s, below)
+    keep |= np.isin(b_e, below)
+    return b_s[keep], b_e[keep]
 
 
 def clip(start: F64, end: F64, lo: float, hi: float) -> tuple[F64, F64]:

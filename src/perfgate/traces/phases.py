@@ -33,7 +33,7 @@ import numpy.typing as npt
 from perfgate.traces._group import unique_values
 from perfgate.traces._np import int_list
 from perfgate.traces.classify import IMPLICIT_SYNC_OPS, host_call_role, is_polling_call
-from perfgate.traces.intervals import clip, difference, merge, union_length
+from perfgate.traces.intervals import clip, difference, merge, merge_merged, union_length
 from perfgate.traces.models import HostBreakdown, HostPhase, PhaseName
 from perfgate.traces.ops import cpu_parents, cpu_self_times
 from perfgate.traces.prepare import Prepared
@@ -124,6 +124,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     unnamed_op = (named == 0) & is_cpu_op
     masks["forward"] = masks["forward"] | (unnamed_op & grad)
     masks["no_grad"] = unnamed_op & ~grad
+    del named, unnamed_op, grad
 
     extra: dict[PhaseName, tuple[F64, F64]] = {}
     if len(host):
@@ -136,7 +137,17 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         sync_rows = np.isin(h_names, np.array(sync_ids, np.int64))
         extra["sync"] = (host.f("ts")[sync_rows], host.f("end")[sync_rows])
 
-    aten_s, aten_e = ts[is_aten & ~masks["collectives"]], end[is_aten & ~masks["collectives"]]
+    # An op inside its parent adds nothing to a union that holds the parent: each phase's union is
+    # taken over the outermost of its ops only (the same union, far fewer intervals to sort).
+    parent = cpu_parents(p)
+    safe = np.maximum(parent, 0)
+    inside = parent >= 0
+    inside &= ts >= ts[safe]
+    inside &= end <= end[safe]
+
+    def outermost(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        return mask & ~(inside & mask[safe])
+
     covered_s, covered_e = np.empty(0, np.float64), np.empty(0, np.float64)
     total = hi - lo
     per_step = max(steps, 1)
@@ -144,15 +155,20 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     phases: list[HostPhase] = []
     accounted = 0.0
     for ph in PHASE_ORDER:
-        s, e = ts[masks[ph]], end[masks[ph]]
+        # Each phase's intervals are merged on their own first (a phase of nested ops merges into few
+        # intervals), so the whole trace's ops are never copied twice at once. Unions do not depend
+        # on the grouping: the merged intervals, and so the sums, are the same.
+        s, e = _union(ts, end, outermost(masks[ph]), lo, hi)
         if ph in extra:
-            s, e = np.concatenate([s, extra[ph][0]]), np.concatenate([e, extra[ph][1]])
-        s, e = clip(s, e, lo, hi)
-        if ph == "collectives":
+            xs, xe = clip(extra[ph][0], extra[ph][1], lo, hi)
+            s, e = merge(np.concatenate([s, xs]), np.concatenate([e, xe]))
+        if ph == "collectives" and s.size:
             # Communication running while an op computes is hidden; only the rest is waited for.
-            s, e = difference(s, e, *clip(aten_s, aten_e, lo, hi))
+            aten = outermost(is_aten & ~masks["collectives"])
+            s, e = difference(s, e, *_union(ts, end, aten, lo, hi))
+            del aten
         before = union_length(covered_s, covered_e)
-        covered_s, covered_e = merge(np.concatenate([covered_s, s]), np.concatenate([covered_e, e]))
+        covered_s, covered_e = merge_merged(covered_s, covered_e, s, e)
         time_us = union_length(covered_s, covered_e) - before
         accounted += time_us
         phases.append(_phase(ph, time_us, total, per_step, _top_names(p, masks[ph], self_us)))
@@ -161,7 +177,6 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     in_window = (ts >= lo) & (ts < hi)
     implicit = np.isin(name_ids, np.array(p.table.name_ids(IMPLICIT_SYNC_OPS), np.int64))
     ops = is_cpu_op & in_window
-    parent = cpu_parents(p)
     top_level = ops & ((parent < 0) | ~is_cpu_op[np.maximum(parent, 0)])
     durations = cpu.f("dur")[top_level]
     short = durations < short_op_us
@@ -182,6 +197,40 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         short_top_level_op_us_per_step=float(durations[short].sum()) / per_step,
         implicit_syncs_per_step=float(np.sum(implicit & in_window)) / per_step,
     )
+
+
+UNION_CHUNK = 1 << 18
+"""Ops whose intervals are clipped and merged together before joining the union of the rest."""
+
+
+def _union(ts: F64, end: F64, mask: npt.NDArray[np.bool_], lo: float, hi: float) -> tuple[F64, F64]:
+    """`merge` of the masked intervals clipped to ``[lo, hi)``, built `UNION_CHUNK` rows at a time.
+
+    A union is the same however its parts are grouped, and `merge` returns it in one canonical form
+    (its boundaries are input values), so the result equals one merge over all rows; only one chunk's
+    copies are held at a time.
+    """
+    parts_s: list[F64] = []
+    parts_e: list[F64] = []
+    for a in range(0, ts.size, UNION_CHUNK):
+        b = a + UNION_CHUNK
+        s, e = merge(*_clipped(ts[a:b], end[a:b], mask[a:b], lo, hi))
+        parts_s.append(s)
+        parts_e.append(e)
+    if len(parts_s) == 1:
+        return parts_s[0], parts_e[0]
+    return merge(np.concatenate(parts_s), np.concatenate(parts_e))
+
+
+def _clipped(ts: F64, end: F64, mask: npt.NDArray[np.bool_], lo: float, hi: float) -> tuple[F64, F64]:
+    """`clip` of the masked intervals, copying only the ones that survive the cut."""
+    # min(end, hi) > max(ts, lo) exactly when each of end, hi exceeds each of ts, lo (hi > lo here).
+    keep = mask & (end > ts) & (end > lo) & (ts < hi)
+    s, e = ts[keep], end[keep]
+    del keep
+    np.maximum(s, lo, out=s)
+    np.minimum(e, hi, out=e)
+    return s, e
 
 
 def _sync_span(p: Prepared, sync: npt.NDArray[np.bool_], ts: F64, end: F64) -> float:

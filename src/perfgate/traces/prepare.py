@@ -45,7 +45,7 @@ _STEP = re.compile(r"ProfilerStep\s*#\s*(\d{1,18})(?!\d)")
 class Prepared:
     """Arrays for the analyses. Times are microseconds relative to ``origin``.
 
-    ``device`` columns add ``end``, ``category`` (index into `CATEGORIES`, int8), ``kind``
+    ``device`` columns add ``end`` (derived, see `_with_times`), ``category`` (index into `CATEGORIES`, int8), ``kind``
     (`KIND_CODES`, int8) and ``launch`` (row in ``host`` of the launching call, -1 when unknown). ``host`` and ``cpu``
     add ``end``. ``steps_*`` describe every ProfilerStep of the trace (window or not).
     """
@@ -65,15 +65,14 @@ class Prepared:
 
 
 def _with_times(cols: Columns, rounded: bool) -> Columns:
+    """The columns on the chosen time basis; ``end`` is derived on reading (`Columns.f`): ts + dur,
+    which equals the rounded end exactly (whole microseconds far below 2**53)."""
     data = dict(cols.data)
-    ts, dur = cols.f("ts"), cols.f("dur")
     if rounded:
+        ts, dur = cols.f("ts"), cols.f("dur")
         end = np.floor(ts + dur)
         ts = np.ceil(ts)
-        dur = end - ts
-    else:
-        end = ts + dur
-    data["ts"], data["dur"], data["end"] = ts, dur, end
+        data["ts"], data["dur"] = ts, end - ts
     return Columns(data, dict(cols.sparse))
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from perfgate.traces._events import Event, EventArgs, Scalar, decode_args
+from perfgate.traces._memory import release_free_memory
 from perfgate.traces._np import int_list
 
 __all__ = [
@@ -257,6 +258,11 @@ class Columns:
 
     def _column(self, name: str) -> npt.NDArray[np.generic]:
         column = self.data.get(name)
+        if column is None and name == "end" and "ts" in self.data:
+            # Derived, not stored: ts + dur is exact where it matters (see `prepare`) and costs a
+            # column's memory only while an analysis reads it.
+            end: F64 = np.add(self.data["ts"], self.data["dur"], dtype=np.float64)
+            return end
         if column is None:
             # Expanded for the caller only: the table keeps the sparse form.
             return self.sparse[name].dense(len(self))
@@ -293,6 +299,9 @@ _HOST_SPARSE: dict[str, tuple[str, float | int]] = {"nbytes": ("f8", math.nan)}
 _CPU_COLUMNS = {"ts": "f8", "dur": "f8", "name": "i4", "cat": "i4", "tid": "i4", "grad": "i1"}
 _CPU_SPARSE: dict[str, tuple[str, float | int]] = {"flops": ("f8", math.nan), "shape_flops": ("f8", math.nan),
                "shape_bytes": ("f8", math.nan), "shape_prec": ("i1", -1)}  # fmt: skip
+
+
+_TRIM_COLUMN_BYTES = 4 << 20
 
 
 def _empty(columns: dict[str, str], sparse: dict[str, tuple[str, float | int]]) -> Columns:
@@ -536,11 +545,18 @@ class TableBuilder:
 
 def _concatenate(parts: list[Columns]) -> Columns:
     """One table from consecutive parts, column by column, freeing each part's copy as it goes (the
-    table is never held twice)."""
+    table is never held twice).
+
+    The parts lie in the heap between the reader's freed buffers; a large column's pieces are handed
+    back to the system as soon as they are copied (`release_free_memory`), else the heap would keep
+    them resident beside the new columns: the whole table twice.
+    """
     starts = np.cumsum([0, *(len(p) for p in parts)])[:-1].tolist()
     data: dict[str, npt.NDArray[np.generic]] = {}
     for col in list(parts[0].data):
         data[col] = np.concatenate([p.data.pop(col) for p in parts])
+        if data[col].nbytes >= _TRIM_COLUMN_BYTES:
+            release_free_memory()
     sparse: dict[str, SparseColumn] = {}
     for col in list(parts[0].sparse):
         pieces = [p.sparse.pop(col) for p in parts]

@@ -1,0 +1,228 @@
+"""The shortcuts that make a tool call and a ledger append cheap must not weaken what they replaced.
+
+Each test here breaks if one shortcut goes too far: the anchor memo trusting bytes it did not read, the
+body built by hand drifting from the record's dump, the clean-string set outliving a secret, the SDK's
+JSON pre-parse skipped for a string it would have parsed, a compacted output schema accepting other
+values, one redaction pass missing the answer, or argument errors losing a line.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+from mcp import Client
+from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+from pydantic import BaseModel
+
+from perfgate.evidence import EvidenceDraft, EvidenceRecord, EvidenceState, Ledger, canonical_json
+from perfgate.redaction import Scrubber
+from perfgate.tools._adapter import compact_schema
+from perfgate.tools._runtime import ServerConfig, ToolRuntime
+
+MFU_ARGS: dict[str, Any] = {
+    "buckets": [{"name": "b", "flops_per_step": 1e14, "step_time_s": 0.5}],
+    "flops_kind": "model",
+    "device": "H100",
+    "precision": "bf16",
+}
+SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"
+
+
+def _append(ledger: Ledger, **draft: Any) -> EvidenceRecord:
+    return ledger.append(EvidenceDraft(id=Ledger.new_id(), tool="t", state=EvidenceState.EXECUTED, **draft))
+
+
+def _slot_seqs(ledger: Ledger) -> list[int | None]:
+    data = ledger.anchor_path.read_bytes()
+    seqs: list[int | None] = []
+    for i in range(2):
+        try:
+            seqs.append(json.loads(data[i * 8192 : (i + 1) * 8192])["seq"])
+        except ValueError:
+            seqs.append(None)
+    return seqs
+
+
+def test_an_anchor_written_by_another_writer_is_read_again_not_taken_from_memory(workspace: Path) -> None:
+    """Each `Ledger` remembers the anchor slots it wrote; when another writer moved the anchor since, the
+    slot in force is the other writer's, and the next write must go to the *other* slot (a memo trusted
+    blindly would overwrite the anchor in force, and a torn write would then lose both)."""
+    a, b = Ledger(workspace), Ledger(workspace)
+    _append(a, result={"i": 1})
+    _append(b, result={"i": 2})
+    _append(a, result={"i": 3})
+    assert sorted(s for s in _slot_seqs(a) if s is not None) == [2, 3]
+    _append(b, result={"i": 4})
+    assert sorted(s for s in _slot_seqs(a) if s is not None) == [3, 4]
+    report = Ledger(workspace).verify()
+    assert report.ok, report.errors
+
+
+def test_an_anchor_rolled_back_on_disk_between_appends_is_noticed(workspace: Path) -> None:
+    """Bytes changed under the memo (a restored copy of the anchor file) are parsed afresh."""
+    ledger = Ledger(workspace)
+    _append(ledger, result={"i": 1})
+    old = ledger.anchor_path.read_bytes()
+    _append(ledger, result={"i": 2})
+    _append(ledger, result={"i": 3})
+    ledger.anchor_path.write_bytes(old)  # slots back to "record 1"
+    _append(ledger, result={"i": 4})
+    assert sorted(s for s in _slot_seqs(ledger) if s is not None) == [1, 4]
+    anchor = Ledger(workspace).anchor()
+    assert anchor is not None and anchor["seq"] == 4
+    assert Ledger(workspace).verify().ok
+
+
+def test_the_stored_body_is_exactly_the_records_canonical_dump(workspace: Path) -> None:
+    """The body is assembled from the record's attributes instead of a second dump; it must stay
+    byte for byte what the dump gives, for every field a record can carry."""
+    ledger = Ledger(workspace)
+    evidence_id = Ledger.new_id()
+    (ledger.artifact_dir(evidence_id) / "log.txt").write_text("hello\n")
+    record = ledger.append(
+        EvidenceDraft(
+            id=evidence_id,
+            tool="run_benchmark_window",
+            state=EvidenceState.FAILED,
+            inputs={"n": 3, "nested": {"b": [1, 2.5, None, True], "a": "é"}},
+            result={"z": 1, "y": {"x": []}},
+            profiled=True,
+            command=["python", "train.py", "--steps", "3"],
+            exit_code=2,
+            environment_id="ev-env",
+            artifact_names=["log.txt"],
+            started_at="2026-01-01T00:00:00+00:00",
+        )
+    )
+    with sqlite3.connect(ledger.db_path) as conn:
+        (body,) = conn.execute("SELECT body FROM evidence WHERE id = ?", (evidence_id,)).fetchone()
+    assert body == canonical_json(record.model_dump(mode="json", exclude={"hash"}))
+    stored = EvidenceRecord.model_validate_json(body)
+    assert body == canonical_json(stored.model_dump(mode="json", exclude={"hash"}))
+    assert [a.name for a in stored.artifacts] == ["log.txt"]
+
+
+def test_a_string_found_clean_is_scrubbed_again_under_other_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clean strings are remembered per secret set: a value clean for one scrubber is still a secret for
+    a scrubber that knows it (from a request's argv, or from an environment changed since)."""
+    value = "zq-not-yet-a-secret-81734"
+    assert Scrubber().text(f"x {value}") == f"x {value}"
+    assert Scrubber(secrets=[value]).text(f"x {value}") == "x <redacted>"
+    assert Scrubber().text(f"x {value}") == f"x {value}"
+    monkeypatch.setenv("PERFGATE_TEST_API_TOKEN", value)
+    assert Scrubber().text(f"x {value}") == "x <redacted>"
+    monkeypatch.delenv("PERFGATE_TEST_API_TOKEN")
+    assert Scrubber().text(f"x {value}") == f"x {value}"
+
+
+class _Out(BaseModel):
+    evidence_id: str
+    state: EvidenceState
+    note: str
+
+
+@pytest.mark.anyio
+async def test_one_redaction_pass_scrubs_both_the_record_and_the_answer(workspace: Path) -> None:
+    """The ledger's pass is the only one: the answer `commit` returns is rebuilt from the stored result,
+    so a secret the inputs reveal (an env value) is gone from both."""
+    ledger = Ledger(workspace)
+    inputs = {"env": {"HF_TOKEN": SECRET}}
+    rt = ToolRuntime(config=ServerConfig.create(workspace), ledger=ledger, tool="t", inputs=inputs)
+    ev = rt.evidence()
+    out = await rt.commit(ev, _Out(evidence_id=ev.id, state=EvidenceState.EXECUTED, note=f"token {SECRET}"))
+    assert SECRET not in out.note and "<redacted>" in out.note
+    record = ledger.get(ev.id)
+    assert record is not None and record.result["note"] == out.note
+    assert record.inputs["env"] == {"HF_TOKEN": "<redacted>"}
+
+
+@pytest.mark.anyio
+async def test_a_record_without_artifacts_leaves_no_folder(workspace: Path, server: Any) -> None:
+    async with Client(server, mode="auto") as client:
+        result = await client.call_tool("compute_mfu", MFU_ARGS)
+    assert not result.is_error
+    artifacts = workspace / ".perfgate" / "artifacts"
+    assert not any(artifacts.iterdir())
+    report = Ledger(workspace).verify()
+    assert report.ok and not report.warnings, report
+
+
+@pytest.mark.anyio
+async def test_an_unknown_field_and_a_bad_value_are_both_reported(server: Any) -> None:
+    """Arguments are validated once (by the SDK); its failure and the unknown-field check still come
+    back together, one line each, without the SDK's prefix."""
+    async with Client(server, mode="auto") as client:
+        result = await client.call_tool("compute_mfu", {**MFU_ARGS, "flops_kind": "magic", "peek": 1})
+        alone = await client.call_tool("compute_mfu", {**MFU_ARGS, "flops_kind": "magic"})
+    assert result.is_error
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert text.startswith("compute_mfu: 2 invalid arguments")
+    assert "- peek: unknown field" in text and "- flops_kind:" in text
+    lone = alone.content[0].text  # type: ignore[union-attr]
+    assert lone.startswith("compute_mfu: 1 invalid argument\n- flops_kind:")
+    assert "Error executing tool" not in text + lone
+
+
+_JSON_TEXTS = ["[1, 2]", ' {"a": 1}', "null", "\n[]", "true", "1", '"x"', "NaN", "nope", "", "[", "{bad", "n"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["buckets", "flops_kind", "device", "precision", "peak_tflops", "other"]),
+        st.one_of(st.sampled_from(_JSON_TEXTS), st.text(max_size=12), st.integers(), st.none()),
+    )
+)
+def test_the_pre_parse_shortcut_gives_what_the_sdk_gives(arguments: dict[str, Any]) -> None:
+    from perfgate.server import build_server
+
+    tool = _compute_mfu_tool(build_server)
+    sdk = FuncMetadata(arg_model=tool.fn_metadata.arg_model)
+    assert tool.fn_metadata.pre_parse_json(arguments) == sdk.pre_parse_json(arguments)
+
+
+_TOOL: list[Any] = []
+
+
+def _compute_mfu_tool(build: Any) -> Any:
+    if not _TOOL:
+        import tempfile
+
+        server = build(ServerConfig.create(Path(tempfile.mkdtemp(prefix="perfgate-test-"))))
+        _TOOL.extend(server._tool_manager.list_tools())  # pyright: ignore[reportPrivateUsage]
+    return next(t for t in _TOOL if t.name == "compute_mfu")
+
+
+_PROBES: list[Any] = [None, 0, -3, 1.5, True, "x", "", [], ["a"], [1.5, None], {}, {"a": 1}]
+
+
+def test_compacted_output_schemas_accept_exactly_what_the_sdk_schemas_accept(server: Any) -> None:
+    """Type lists replace pydantic's anyOf of bare types; every property of every tool's output schema
+    must accept and refuse the same values as the schema the SDK generated."""
+    tools = server._tool_manager.list_tools()  # pyright: ignore[reportPrivateUsage]
+    compared = 0
+    for tool in tools:
+        meta = tool.fn_metadata
+        if meta.output_schema is None:
+            continue
+        original = FuncMetadata(arg_model=meta.arg_model, output_model=meta.output_model).output_schema
+        assert original is not None
+        assert meta.output_schema == compact_schema(original)
+        nodes: list[tuple[dict[str, Any], dict[str, Any]]] = [(original, meta.output_schema)]
+        nodes += [(original["$defs"][k], meta.output_schema["$defs"][k]) for k in original.get("$defs", {})]
+        for before, after in nodes:
+            for name, prop in before.get("properties", {}).items():
+                defs = {"$defs": original.get("$defs", {})}
+                old = Draft202012Validator({**defs, **prop})
+                new = Draft202012Validator({**defs, **after["properties"][name]})
+                for probe in _PROBES:
+                    assert old.is_valid(probe) == new.is_valid(probe), (tool.name, name, probe)
+                compared += 1
+    assert compared > 100
