@@ -54,29 +54,31 @@ def test_without_matplotlib_plots_are_reported_off(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert not plots.plots_available()
     with pytest.raises(plots.PlotsUnavailable, match="plots are off"):
-        plots.coverage_png([[1.0]], epochs=[0], ranks=[0])
+        plots.tensor_errors_png({"w": ([1e-8, 1e-6], [1])})
+    # The key plots of the trace tools and audit_samples need no matplotlib.
+    assert png_size(plots.coverage_png([[1.0]], epochs=[0], ranks=[0])) == EXPECTED
 
 
 @pytest.mark.anyio
 async def test_a_plotting_tool_still_answers_and_says_plots_are_off(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import numpy as np
     from mcp import Client
 
     from perfgate.server import build_server
     from perfgate.tools._runtime import ServerConfig
 
-    (workspace / "samples.jsonl").write_text(
-        "".join(f'{{"sample_id": {i}, "epoch": 0, "rank": 0, "worker": 0}}\n' for i in range(8))
-    )
+    np.save(workspace / "ref.npy", np.zeros(64, np.float32))
+    np.save(workspace / "cand.npy", np.full(64, 1e-3, np.float32))
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     async with Client(build_server(ServerConfig.create(workspace))) as client:
         result = await client.call_tool(
-            "audit_samples", {"observed": "samples.jsonl", "expected_range": [0, 8], "world_size": 1}
+            "compare_tensors", {"reference": "ref.npy", "candidate": "cand.npy", "atol": 1e-6, "rtol": 0}
         )
     assert not result.is_error
     assert result.structured_content is not None
-    assert result.structured_content["status"] == "passed"
+    assert result.structured_content["status"] == "mismatch"
     texts = [getattr(c, "text", "") for c in result.content]
     assert any("plots are off" in t for t in texts)
     assert all(getattr(c, "type", None) != "image" for c in result.content)

@@ -85,3 +85,29 @@ async def test_a_trace_answer_carries_its_image_without_matplotlib(
     images = [c for c in result.content if getattr(c, "type", None) == "image"]
     assert len(images) == 1
     assert not any("plots are off" in getattr(c, "text", "") for c in result.content)
+
+
+def test_the_coverage_heat_map_colours_each_cell_by_its_value_without_matplotlib(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    png = raster.coverage_png([[1.0, 0.5], [0.0, 1.0]], epochs=[0, 1], ranks=[0, 3])
+    assert png_size(png) == (raster.WIDTH, raster.HEIGHT)
+    pixels = decode(png)
+    # Panel x 90..690, y 40..400: sample a corner of each cell, away from its value text.
+    full, half, none = (raster.rgb(c) for c in ("#fde725", "#21918c", "#440154"))
+    for (x, y), colour in (((100, 50), full), ((400, 50), half), ((100, 230), none), ((400, 230), full)):
+        assert tuple(pixels[y, x]) == colour
+    # A value above 1 (over-coverage) tops the scale; 1.0 is then no longer the brightest colour.
+    over = decode(raster.coverage_png([[2.0, 1.0]], epochs=[0], ranks=[0, 1]))
+    assert tuple(over[50, 100]) == full and tuple(over[50, 400]) == half
+
+
+def test_a_large_coverage_grid_draws_every_cell_and_thins_its_labels() -> None:
+    import numpy as np
+
+    values = np.linspace(0.0, 1.0, 50 * 512).reshape(50, 512)
+    pixels = decode(raster.coverage_png(values.tolist(), epochs=list(range(50)), ranks=list(range(512))))
+    # The first and last cells keep their colours; no value text is written into cells that small.
+    assert tuple(pixels[41, 91]) == raster.rgb("#440154")
+    assert tuple(pixels[399, 689]) == raster.rgb("#fde725")

@@ -1,8 +1,9 @@
 """PNG plots for evidence records (matplotlib, optional: the `plots` extra).
 
 Every function returns PNG bytes, or raises `PlotsUnavailable` when matplotlib is missing; callers
-record "plots are off" and carry on. The trace tools' breakdown plots (`breakdown_png`, `top_ops_png`)
-are drawn by `perfgate.report.raster` instead: they come back with every trace answer, so they must
+record "plots are off" and carry on. The key plots of the trace tools (`breakdown_png`, `top_ops_png`)
+and of `audit_samples` (`coverage_png`) are drawn by `perfgate.report.raster` instead: they come back
+with every answer, so they must
 cost milliseconds and need no matplotlib. Figures use the Agg backend and are closed after rendering, so
 plotting from a server's worker threads neither opens windows nor leaks memory.
 """
@@ -175,29 +176,8 @@ def coverage_png(
     ranks: Sequence[int],
     title: str = "Sample coverage",
 ) -> bytes:
-    """Heat map of the fraction of expected samples seen, epoch x rank (1.0 = full coverage)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
-    image = ax.imshow(
-        [list(row) for row in matrix],
-        vmin=0.0,
-        vmax=max(1.0, *(v for row in matrix for v in row)),
-        cmap="viridis",
-        aspect="auto",
-    )
-    ax.set_yticks(range(len(epochs)), [f"epoch {e}" for e in epochs])
-    ax.set_xticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    for i, row in enumerate(matrix):
-        for j, value in enumerate(row):
-            ax.text(
-                j,
-                i,
-                f"{value:.2f}",
-                ha="center",
-                va="center",
-                color="white" if value < 0.6 else "black",
-                fontsize=8,
-            )
-    fig.colorbar(image, ax=ax, label="fraction of the rank's expected share")
-    ax.set_title(title)
-    return _render(fig)
+    """Heat map of the fraction of expected samples seen, epoch x rank (`perfgate.report.raster.coverage_png`:
+    it comes back with every `audit_samples` answer, so no matplotlib)."""
+    from perfgate.report import raster
+
+    return raster.coverage_png(matrix, epochs, ranks, title)

@@ -1,6 +1,6 @@
-"""A small raster renderer for the trace tools' key plot: stacked and horizontal bars, text, PNG out.
+"""A small raster renderer for the key plots: stacked and horizontal bars, a heat map, text, PNG out.
 
-The trace tools return their breakdown as an image with every answer, so it must cost milliseconds,
+The trace tools and `audit_samples` return their key plot as an image with every answer, so it must cost milliseconds,
 not the ~0.3 s (and ~1 s of import on the first call) that matplotlib takes. This draws into a numpy
 RGB array and encodes the PNG with zlib: a few milliseconds, nothing beyond numpy. Text uses two
 anti-aliased bitmap atlases of printable ASCII (other characters draw as ``?``), rasterized once from
@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from perfgate.evidence.access import as_dict, as_list
 
-__all__ = ["Canvas", "breakdown_png", "top_ops_png"]
+__all__ = ["Canvas", "breakdown_png", "coverage_png", "top_ops_png"]
 
 WIDTH, HEIGHT = 800, 450
 Color = tuple[int, int, int]
@@ -353,4 +353,70 @@ def top_ops_png(ops: Sequence[tuple[str, float]], title: str = "Host time by CPU
         canvas.rect(330, top, max(panel.x(value), 331), bottom, rgb(_COMPUTE))
         canvas.text(324, (top + bottom) / 2, name, anchor="rm", max_width=315)
     panel.frame()
+    return canvas.png()
+
+
+_VIRIDIS = ("#440154", "#3b528b", "#21918c", "#5ec962", "#fde725")
+
+
+def _colormap(values: npt.NDArray[np.float64]) -> npt.NDArray[np.uint8]:
+    """Viridis-like colours (linear between five of its stops) for values in [0, 1]: shape (..., 3)."""
+    stops = np.array([rgb(c) for c in _VIRIDIS], np.float64)
+    finite: npt.NDArray[np.float64] = np.nan_to_num(values)
+    where = np.minimum(np.maximum(finite, 0.0), 1.0) * (len(stops) - 1)
+    low = np.minimum(where.astype(np.int64), len(stops) - 2)
+    frac = (where - low)[..., None]
+    return (stops[low] + (stops[low + 1] - stops[low]) * frac + 0.5).astype(np.uint8)
+
+
+def coverage_png(
+    matrix: Sequence[Sequence[float]],
+    epochs: Sequence[int],
+    ranks: Sequence[int],
+    title: str = "Sample coverage",
+) -> bytes:
+    """Heat map of the fraction of expected samples seen, epoch (rows) x rank (columns), 1.0 = full
+    coverage, with the value written in each cell large enough to hold it and a colour bar."""
+    canvas = Canvas()
+    canvas.text(WIDTH / 2, 8, title, large=True, anchor="ct", max_width=WIDTH - 20)
+    values = np.reshape(np.array([list(row) for row in matrix], np.float64), (len(epochs), len(ranks)))
+    top = max(1.0, float(np.nanmax(values)) if values.size else 1.0)
+    x0, y0, x1, y1 = 90, 40, 690, 400
+    if values.size:
+        # Every pixel of the panel takes the colour of the cell it falls in.
+        cols = np.minimum((np.arange(x1 - x0) * len(ranks)) // (x1 - x0), len(ranks) - 1)
+        rows = np.minimum((np.arange(y1 - y0) * len(epochs)) // (y1 - y0), len(epochs) - 1)
+        canvas.pixels[y0:y1, x0:x1] = _colormap(values / top)[rows[:, None], cols[None, :]]
+    cell_w, cell_h = (x1 - x0) / max(len(ranks), 1), (y1 - y0) / max(len(epochs), 1)
+    if cell_w >= 5 * 7 + 4 and cell_h >= 14:
+        for i, row in enumerate(values):
+            for j, value in enumerate(row):
+                ink: Color = (255, 255, 255) if value / top < 0.6 else _INK
+                canvas.text(
+                    x0 + (j + 0.5) * cell_w, y0 + (i + 0.5) * cell_h, f"{value:.2f}", color=ink, anchor="cm"
+                )
+    every_row = max(1, math.ceil(14 / cell_h))
+    for i, epoch in enumerate(epochs):
+        if i % every_row == 0:
+            canvas.text(x0 - 6, y0 + (i + 0.5) * cell_h, f"epoch {epoch}", anchor="rm", max_width=x0 - 8)
+    every_col = max(1, math.ceil(7 * 8 / cell_w))
+    for j, rank in enumerate(ranks):
+        if j % every_col == 0:
+            canvas.text(
+                x0 + (j + 0.5) * cell_w, y1 + 5, f"rank {rank}", anchor="ct", max_width=cell_w * every_col
+            )
+    _Panel(canvas, (x0, y0, x1, y1), 1.0).frame()
+    # Colour bar: 0 at the bottom, ``top`` at the top.
+    bx0, bx1 = 715, 735
+    levels = np.linspace(1.0, 0.0, y1 - y0)
+    canvas.pixels[y0:y1, bx0:bx1] = _colormap(levels)[:, None, :]
+    bar = _Panel(canvas, (bx0, y0, bx1, y1), top)
+    for t in _ticks(top):
+        if t <= top:
+            canvas.rect(bx1, bar.y(t), bx1 + 4, bar.y(t) + 1, _INK)
+            canvas.text(bx1 + 6, bar.y(t), _fmt(t), anchor="lm")
+    bar.frame()
+    canvas.text(
+        WIDTH / 2, y1 + 24, "fraction of the rank's expected share (colour and cell value)", anchor="ct"
+    )
     return canvas.png()
