@@ -88,8 +88,9 @@ def _server_secrets() -> frozenset[str]:
 
 
 # Strings found free of secrets, per secret set: (the scrubber's secret pattern, text). Scrubbing is a
-# pure function of the two, so a string once found clean is clean again; only clean strings are kept
-# (never a secret), short ones only, and the set is emptied when full. Keys, enum values and the
+# pure function of the two, so a string once found clean is clean again; the text kept is always clean
+# (the key holds the secret pattern, in memory only), short strings only, and the set is emptied when
+# full. Keys, enum values and the
 # fixed sentences of tool results recur in every record.
 _CLEAN: dict[tuple[str | None, str], None] = {}
 _CLEAN_MAX_ENTRIES = 8192

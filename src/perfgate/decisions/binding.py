@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from perfgate.decisions.experiments import Experiment
-from perfgate.digests import KNOWN_ALGORITHMS, entry_digest, format_digest
+from perfgate.digests import KNOWN_ALGORITHMS, entry_digest, format_digest, parse
 from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, as_list, str_list
 
@@ -289,9 +289,7 @@ def _digest_problem(
             own = entry_digest(f)
             if own is not None:
                 taken.add(format_digest(*own))
-            taken.update(
-                d for d in str_list(f.get("other_digests")) if entry_digest({"digest": d}) is not None
-            )
+            taken.update(d for d in str_list(f.get("other_digests")) if parse(d) is not None)
     if digest not in taken:
         return f"{check.id} took no {named[0]} digest {named[1][:16]}... of that file"
     if record is None:

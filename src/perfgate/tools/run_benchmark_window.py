@@ -285,7 +285,8 @@ class CodeState(BaseModel):
 class TensorDump(BaseModel):
     path: str = Field(description="The file dump_tensors wrote, relative to the workspace when inside it.")
     digest: str = Field(
-        description="Its content digest with the algorithm's name, 'blake3:<hex>' (hashed as it was written)."
+        description="Its content digest with the algorithm's name (hashed as it was written): 'blake3:<hex>', or "
+        "'sha256:<hex>' in a run record written before BLAKE3."
     )
     size_bytes: int
     launch: int = Field(description="The launch (0-based) whose process wrote it.")
