@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, EvidenceState, Ledger, canonical_json
 from perfgate.redaction import Scrubber
-from perfgate.tools._adapter import compact_schema
+from perfgate.tools._adapter import compact_schema, inline_refs
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
 
 MFU_ARGS: dict[str, Any] = {
@@ -203,9 +203,42 @@ def _compute_mfu_tool(build: Any) -> Any:
 _PROBES: list[Any] = [None, 0, -3, 1.5, True, "x", "", [], ["a"], [1.5, None], {}, {"a": 1}]
 
 
-def test_compacted_output_schemas_accept_exactly_what_the_sdk_schemas_accept(server: Any) -> None:
-    """Type lists replace pydantic's anyOf of bare types; every property of every tool's output schema
-    must accept and refuse the same values as the schema the SDK generated."""
+def _property_pairs(original: dict[str, Any], served: Any) -> list[tuple[dict[str, Any], Any]]:
+    """(original subschema, served subschema) for every property at every depth: the original's
+    ``$ref``s are followed (siblings merged, as `inline_refs` does) while walking both side by side."""
+    defs: dict[str, Any] = original.get("$defs", {})
+    pairs: list[tuple[dict[str, Any], Any]] = []
+
+    def resolve(node: Any) -> Any:
+        while isinstance(node, dict) and "$ref" in node:
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            node = {**defs[node["$ref"].rsplit("/", 1)[-1]], **rest}
+        return node
+
+    def walk(before: Any, after: Any) -> None:
+        before = resolve(before)
+        if not isinstance(before, dict):
+            return
+        assert isinstance(after, dict) and "$ref" not in after
+        for name, prop in before.get("properties", {}).items():
+            pairs.append((prop, after["properties"][name]))
+            walk(prop, after["properties"][name])
+        if "items" in before:
+            walk(before["items"], after["items"])
+        for key in ("anyOf", "oneOf", "allOf"):
+            for b, a in zip(before.get(key, []), after.get(key, []), strict=False):
+                walk(b, a)
+        if isinstance(before.get("additionalProperties"), dict):
+            walk(before["additionalProperties"], after["additionalProperties"])
+
+    walk(original, served)
+    return pairs
+
+
+def test_served_output_schemas_accept_exactly_what_the_sdk_schemas_accept(server: Any) -> None:
+    """Served output schemas have their ``$ref``s inlined and pydantic's anyOf of bare types written as
+    type lists; every property of every tool's output schema, at every depth, must accept and refuse the
+    same values as the schema the SDK generated (with its ``$defs``)."""
     tools = server._tool_manager.list_tools()  # pyright: ignore[reportPrivateUsage]
     compared = 0
     for tool in tools:
@@ -214,15 +247,37 @@ def test_compacted_output_schemas_accept_exactly_what_the_sdk_schemas_accept(ser
             continue
         original = FuncMetadata(arg_model=meta.arg_model, output_model=meta.output_model).output_schema
         assert original is not None
-        assert meta.output_schema == compact_schema(original)
-        nodes: list[tuple[dict[str, Any], dict[str, Any]]] = [(original, meta.output_schema)]
-        nodes += [(original["$defs"][k], meta.output_schema["$defs"][k]) for k in original.get("$defs", {})]
-        for before, after in nodes:
-            for name, prop in before.get("properties", {}).items():
-                defs = {"$defs": original.get("$defs", {})}
-                old = Draft202012Validator({**defs, **prop})
-                new = Draft202012Validator({**defs, **after["properties"][name]})
-                for probe in _PROBES:
-                    assert old.is_valid(probe) == new.is_valid(probe), (tool.name, name, probe)
-                compared += 1
-    assert compared > 100
+        assert meta.output_schema == compact_schema(inline_refs(original))
+        assert "$ref" not in json.dumps(meta.output_schema), tool.name
+        defs = {"$defs": original.get("$defs", {})}
+        for before, after in _property_pairs(original, meta.output_schema):
+            old = Draft202012Validator({**defs, **before})
+            new = Draft202012Validator(after)
+            for probe in _PROBES:
+                assert old.is_valid(probe) == new.is_valid(probe), (tool.name, before, probe)
+            compared += 1
+    assert compared > 300
+
+
+def test_inlining_keeps_a_recursive_schema_and_merges_only_annotations() -> None:
+    """A model that refers to itself keeps its ``$ref``s (inlining would never end); a ``$ref`` whose
+    siblings would overwrite a validating keyword of the definition is kept apart under ``allOf``."""
+    recursive = {
+        "$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}},
+        "$ref": "#/$defs/N",
+    }
+    assert inline_refs(recursive) == recursive
+    schema = {
+        "$defs": {"E": {"enum": ["a", "b"], "description": "model doc"}},
+        "properties": {
+            "plain": {"$ref": "#/$defs/E"},
+            "described": {"$ref": "#/$defs/E", "description": "field doc"},
+            "narrowed": {"$ref": "#/$defs/E", "enum": ["a"]},
+        },
+    }
+    out = inline_refs(schema)
+    assert "$defs" not in out
+    assert out["properties"]["plain"] == {"enum": ["a", "b"], "description": "model doc"}
+    assert out["properties"]["described"] == {"enum": ["a", "b"], "description": "field doc"}
+    narrowed = Draft202012Validator(out["properties"]["narrowed"])
+    assert narrowed.is_valid("a") and not narrowed.is_valid("b")

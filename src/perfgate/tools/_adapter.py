@@ -99,6 +99,55 @@ def compact_schema(schema: Any) -> Any:
     return node
 
 
+_ANNOTATIONS = frozenset(
+    {"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly"}
+)
+_DEF_PREFIX = "#/$defs/"
+
+
+def inline_refs(schema: Any) -> Any:
+    """``schema`` with every ``$ref`` to one of its ``$defs`` replaced by the definition itself, and no
+    ``$defs`` left; unchanged when a definition refers to itself (a recursive model).
+
+    The same values validate. A client that checks every result against the output schema resolves each
+    ``$ref`` it meets through its reference registry, once per list item: for a result with a list of
+    models that lookup costs about as much as validating the items themselves. Output models refer to
+    most definitions once, so the schema barely grows.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    root = cast("dict[str, Any]", schema)
+    if not isinstance(root.get("$defs"), dict):
+        return root
+    defs = cast("dict[str, Any]", root["$defs"])
+
+    class _Recursive(Exception):
+        pass
+
+    def expand(node: Any, within: frozenset[str]) -> Any:
+        if isinstance(node, list):
+            return [expand(v, within) for v in cast("list[Any]", node)]
+        if not isinstance(node, dict):
+            return node
+        items = cast("dict[str, Any]", node)
+        ref = items.get("$ref")
+        if isinstance(ref, str) and ref.startswith(_DEF_PREFIX) and ref[len(_DEF_PREFIX) :] in defs:
+            name = ref[len(_DEF_PREFIX) :]
+            if name in within:
+                raise _Recursive
+            target = cast("dict[str, Any]", expand(defs[name], within | {name}))
+            rest = {k: expand(v, within) for k, v in items.items() if k != "$ref"}
+            if set(rest) & set(target) <= _ANNOTATIONS:  # siblings that only annotate: the field's win
+                return {**target, **rest}
+            return {"allOf": [target], **rest}
+        return {k: expand(v, within) for k, v in items.items() if not (node is root and k == "$defs")}
+
+    try:
+        return expand(root, frozenset())
+    except _Recursive:
+        return root
+
+
 class PerfgateTool(Tool):
     """A registered tool whose failures all reach the agent as sentences.
 
@@ -116,7 +165,9 @@ class PerfgateTool(Tool):
         meta = tool.fn_metadata
         tool.fn_metadata = _Metadata(
             arg_model=meta.arg_model,
-            output_schema=compact_schema(meta.output_schema) if meta.output_schema is not None else None,
+            output_schema=(
+                compact_schema(inline_refs(meta.output_schema)) if meta.output_schema is not None else None
+            ),
             output_model=meta.output_model,
             wrap_output=meta.wrap_output,
         )
