@@ -15,7 +15,7 @@ import ctypes.util
 from functools import cache
 from typing import Any
 
-__all__ = ["TRIM_EVERY_BYTES", "TRIM_ROWS", "release_free_memory", "release_for"]
+__all__ = ["TRIM_EVERY_BYTES", "TRIM_ROWS", "release_for", "release_free_memory"]
 
 TRIM_EVERY_BYTES = 48 << 20
 """Decoded JSON between two trims while a trace is read."""
