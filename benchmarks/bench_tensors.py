@@ -256,6 +256,18 @@ def worker_numpy_floor(ref: Path, cand: Path) -> dict[str, Any]:
     return _figures(seconds, cpu, baseline, nbytes)
 
 
+def _write_tiny(path: Path, dtype: str) -> None:
+    """A safetensors file of one 1000-element tensor of ones."""
+    data = (
+        (np.ones(1000, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        if dtype == "BF16"
+        else np.ones(1000, dtype=np.float32).tobytes()
+    )
+    header = json.dumps({"w": {"dtype": dtype, "shape": [1000], "data_offsets": [0, len(data)]}}).encode()
+    header += b" " * (-(8 + len(header)) % 8)
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data)
+
+
 def _mcp_call(ref: Path, cand: Path, warm: bool) -> dict[str, Any]:
     """The tool call over MCP stdio, from a fresh server (cold) or one that already answered a call."""
     import anyio
@@ -270,19 +282,26 @@ def _mcp_call(ref: Path, cand: Path, warm: bool) -> dict[str, Any]:
     small = workspace / "warmup"
 
     async def go() -> dict[str, Any]:
-        if warm:
+        if warm:  # the warm-up pair has the measured files' dtype, as a server that compared such files
             small.mkdir(exist_ok=True)
-            from safetensors.numpy import save_file
-
+            dtype = "BF16" if ref.is_dir() else "F32"
             for side in ("a", "b"):
-                save_file({"w": np.ones(1000, dtype=np.float32)}, str(small / f"{side}.safetensors"))
+                _write_tiny(small / f"{side}.safetensors", dtype)
         start = time.perf_counter()
         async with Client(perfgate_server(workspace), mode="legacy") as client:
             if warm:
-                await client.call_tool(
+                # A valid call (atol and rtol are required): one the server refuses at validation would
+                # leave the comparison's imports to the timed call.
+                warmup = await client.call_tool(
                     "compare_tensors",
-                    {"reference": "warmup/a.safetensors", "candidate": "warmup/b.safetensors"},
+                    {
+                        "reference": "warmup/a.safetensors",
+                        "candidate": "warmup/b.safetensors",
+                        "atol": 0,
+                        "rtol": 0,
+                    },
                 )
+                assert not warmup.is_error, warmup
                 start = time.perf_counter()
             result = await client.call_tool("compare_tensors", args)
             seconds = time.perf_counter() - start

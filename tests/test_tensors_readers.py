@@ -7,6 +7,8 @@ import itertools
 import json
 import pickle
 import struct
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -510,3 +512,28 @@ def test_digests_taken_in_the_comparisons_pass_are_of_the_whole_file(
             data = job.path.read_bytes()
             expected = {"blake3": blake3.blake3(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest()}
             assert job.run(None) == (expected, len(data))
+
+
+def test_float32_files_compare_without_importing_ml_dtypes_and_bf16_files_import_it(tmp_path: Path) -> None:
+    # ml_dtypes costs a second or more of CPU on its first import: only files naming a type numpy lacks
+    # (bfloat16, float8) may pull it in.
+    import ml_dtypes
+
+    save_file({"w": np.arange(6, dtype=np.float32)}, str(tmp_path / "a.safetensors"))
+    save_file(
+        {"w": np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16)}, str(tmp_path / "b.safetensors")
+    )
+    code = (
+        "import sys; from pathlib import Path; from perfgate.tensors import CompareOptions, compare_sources, "
+        "open_tensor_source as o; a = o(Path(sys.argv[1])); "
+        "print(compare_sources(a, o(Path(sys.argv[1])), CompareOptions(atol=0, rtol=0)).status, 'ml_dtypes' in sys.modules); "
+        "b = o(Path(sys.argv[2])); print(b.entries['w'].dtype, 'ml_dtypes' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.split() == ["match", "False", "bfloat16", "True"]

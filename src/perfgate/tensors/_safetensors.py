@@ -23,7 +23,7 @@ import numpy as np
 from perfgate.digests import Algorithm
 from perfgate.tensors._errors import TensorInputError
 from perfgate.tensors._mapped import ChunkedFile, ChunkStream
-from perfgate.tensors.dtypes import SAFETENSORS_DTYPES, UNSUPPORTED_SAFETENSORS_DTYPES
+from perfgate.tensors.dtypes import UNSUPPORTED_SAFETENSORS_DTYPES, safetensors_dtype
 from perfgate.tensors.entry import TensorEntry
 
 __all__ = ["DEFAULT_MAX_HEADER_BYTES", "SafetensorsFile", "parse_header"]
@@ -76,7 +76,7 @@ def _slot(key: str, raw: Any) -> _Slot:
             f"tensor {key!r}: dtype {dtype_name} packs several elements per byte and is not supported; "
             "dump it upcast (e.g. to bfloat16) for the comparison"
         )
-    dtype = SAFETENSORS_DTYPES.get(dtype_name)
+    dtype = safetensors_dtype(dtype_name)
     if dtype is None:
         raise TensorInputError(f"tensor {key!r}: unknown dtype {dtype_name!r}")
     shape = _int_list(entry.get("shape"))

@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -46,6 +46,8 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 Ints = npt.NDArray[np.signedinteger[Any]]
 """An integer column: int64 for raw ids read from the trace, int32 for interned ids, int8 for codes."""
+_T = TypeVar("_T")
+_K = TypeVar("_K", bound=Hashable)
 
 DEVICE_CATEGORIES = frozenset(
     {"kernel", "Kernel", "gpu_memcpy", "Memcpy", "gpu_memset", "Memset", "cuda_sync", "mtia_ccp_events"}
@@ -160,7 +162,7 @@ def _directions(args: list[EventArgs]) -> Ints:
     return np.fromiter(map(codes.__getitem__, raw), np.int8, len(raw))
 
 
-def _gather(items: list[Event], rows: list[int]) -> list[Event]:
+def _gather(items: list[_T], rows: list[int]) -> list[_T]:
     if not rows:
         return []
     if len(rows) == 1:
@@ -184,10 +186,9 @@ _GET_FLOPS = attrgetter("flops")
 _SEQ = b'"Sequence number"'
 
 
-def _has_key(raws: list[msgspec.Raw], key: bytes) -> Ints:
-    """1 for each raw args object that contains ``key``, else 0: one joined buffer, searched in C."""
+def _has_key(raws: list[msgspec.Raw], key: bytes, joined: bytes) -> Ints:
+    """1 for each raw args object that contains ``key``, else 0: ``joined`` (the raws joined), searched in C."""
     n = len(raws)
-    joined = b"".join(raws)
     if key not in joined:
         return np.zeros(n, np.int8)
     ends = np.cumsum(np.fromiter(map(len, raws), np.int64, n))
@@ -197,22 +198,69 @@ def _has_key(raws: list[msgspec.Raw], key: bytes) -> Ints:
     return out
 
 
-class _Interner(dict[str, int]):
-    """Maps strings to dense ids in first-seen order."""
+class _Interner(dict[_K, int]):
+    """Maps keys (names, categories, thread ids) to dense ids in first-seen order."""
 
-    def __missing__(self, key: str) -> int:
+    def __missing__(self, key: _K) -> int:
         value = len(self)
         self[key] = value
         return value
 
 
-class _TidInterner(dict[int | str | None, int]):
-    """Maps thread ids (ints or labels) to dense ids."""
+def _local_ids(values: Iterable[_K], n: int) -> tuple[list[_K], Ints]:
+    """(the distinct values in first-seen order, each value's index into them): one pass, in C."""
+    local = _Interner[_K]()
+    ids = np.fromiter(map(local.__getitem__, values), np.int32, n)
+    return list(local), ids
 
-    def __missing__(self, key: int | str | None) -> int:
-        value = len(self)
-        self[key] = value
-        return value
+
+def _intern_in_order(found: tuple[list[_K], Ints], parts: list[I64], interner: _Interner[_K]) -> Ints:
+    """Global ids of a batch's rows, interning new keys in the order the tables store the rows.
+
+    ``found`` is (distinct keys, each row's index into them) (`_local_ids`); ``parts`` are the row
+    numbers of each table, in table order. Keys are interned as if the rows of ``parts`` were read one
+    after another, so ids do not depend on how the rows were gathered. Rows outside ``parts`` get -1.
+    """
+    keys, local = found
+    seq = local[np.concatenate(parts)]
+    first = np.full(len(keys), seq.size, np.int64)
+    np.minimum.at(first, seq, np.arange(seq.size))
+    present = np.flatnonzero(first < seq.size)
+    table = np.full(len(keys), -1, np.int32)
+    for key in int_list(present[np.argsort(first[present])]):
+        table[key] = interner[keys[key]]
+    return table[local]
+
+
+@dataclass
+class _Batch:
+    """The complete, timed events of one batch, read field by field (see `TableBuilder.add`)."""
+
+    events: list[Event]
+    ts: npt.NDArray[np.generic]
+    """As read: int64 when every ts is an integer, float64 or object otherwise."""
+    dur: npt.NDArray[np.generic]
+    cat_keys: list[str] = field(init=False)
+    cat_local: Ints = field(init=False)
+    name_ids: Ints = field(init=False)
+    cat_ids: Ints = field(init=False)
+    tid_ids: Ints = field(init=False)
+    _args: list[msgspec.Raw] | None = None
+
+    def __post_init__(self) -> None:
+        self.cat_keys, self.cat_local = _local_ids(map(_GET_CAT, self.events), len(self.events))
+
+    def names(self) -> tuple[list[str], Ints]:
+        return _local_ids(map(_GET_NAME, self.events), len(self.events))
+
+    def tids(self) -> tuple[list[int | str | None], Ints]:
+        return _local_ids(map(_GET_TID, self.events), len(self.events))
+
+    def args(self, rows: I64) -> list[msgspec.Raw]:
+        """The raw args of the given rows."""
+        if self._args is None:
+            self._args = list(map(_GET_ARGS, self.events))
+        return _gather(self._args, int_list(rows))
 
 
 @dataclass
@@ -350,10 +398,10 @@ class EventTable:
 class TableBuilder:
     """Accumulates batches of events into an `EventTable`."""
 
-    _names: _Interner = field(default_factory=_Interner)
+    _names: _Interner[str] = field(default_factory=_Interner[str])
     _shape_ids: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
-    _cats: _Interner = field(default_factory=_Interner)
-    _tids: _TidInterner = field(default_factory=_TidInterner)
+    _cats: _Interner[str] = field(default_factory=_Interner[str])
+    _tids: _Interner[int | str | None] = field(default_factory=_Interner[int | str | None])
     _route: dict[str, int] = field(default_factory=dict[str, int])
     _parts: dict[str, list[Columns]] = field(default_factory=lambda: {"device": [], "host": [], "cpu": []})
     _skipped_counts: Counter[str] = field(default_factory=Counter[str])
@@ -380,65 +428,101 @@ class TableBuilder:
         return route
 
     def add(self, events: list[Event]) -> None:
-        """Route one batch of events into the tables."""
+        """Route one batch of events into the tables.
+
+        Each field of an event is read once, into a list or array over the batch's complete events;
+        the tables take their rows from those by index. Reading the event objects, scattered in memory,
+        is what costs: the columns of a group are gathered in numpy, not by walking its events again.
+        """
         self._events += len(events)
-        complete = [e for e in events if e.ph == "X"]
-        self._complete += len(complete)
-        timed = complete
-        # The membership tests run in C; the filtering pass is needed only for odd events.
-        if None in map(_GET_TS, complete) or None in map(_GET_DUR, complete):
-            timed = [e for e in complete if e.ts is not None and e.dur is not None]
-        self._dropped += len(complete) - len(timed)
+        timed = [e for e in events if e.ph == "X"]
+        self._complete += len(timed)
         if not timed:
             return
-        cats = list(map(_GET_CAT, timed))
-        routes = {c: self._route_of(c) for c in set(cats)}
-        codes = np.array(list(map(routes.__getitem__, cats)), np.int8)
-        groups: dict[int, list[Event]] = {}
-        for code in (_DEVICE, _HOST, _CPU, _SKIP):
-            groups[code] = _gather(timed, int_list(np.flatnonzero(codes == code)))
-        if groups[_SKIP]:
-            self._skipped_counts.update(map(_GET_CAT, groups[_SKIP]))
-        if "cuda_sync" in routes:
-            # Event/context syncs have no stream: they are host waits, not stream activity.
-            device = groups[_DEVICE]
-            syncs = [i for i, e in enumerate(device) if e.cat == "cuda_sync"]
-            sync_args = decode_args([device[i].args for i in syncs])
-            stray = {i for i, a in zip(syncs, sync_args, strict=True) if _to_int(a.stream) < 0}
-            if stray:
-                groups[_DEVICE] = [e for i, e in enumerate(device) if i not in stray]
-                groups[_HOST].extend(device[i] for i in sorted(stray))
-        unknown = _gather(timed, int_list(np.flatnonzero(codes == _UNKNOWN)))
-        for e, a in zip(unknown, decode_args(list(map(_GET_ARGS, unknown))), strict=True):
-            corr = _to_int(a.correlation)
-            if corr >= 0 and _to_int(a.stream) >= 0:
-                groups[_DEVICE].append(e)
-            elif corr >= 0:
-                groups[_HOST].append(e)
-            else:
-                groups[_CPU].append(e)
-        if groups[_DEVICE]:
-            self._parts["device"].append(self._device_columns(groups[_DEVICE]))
-        if groups[_HOST]:
-            self._parts["host"].append(self._host_columns(groups[_HOST]))
-        if groups[_CPU]:
-            self._parts["cpu"].append(self._cpu_columns(groups[_CPU]))
+        ts_values = list(map(_GET_TS, timed))
+        ts = np.array(ts_values)
+        dur = np.array(list(map(_GET_DUR, timed)))
+        if ts.dtype == object or dur.dtype == object:
+            # Some event lacks ts or dur (or holds an integer beyond int64): drop the untimed ones.
+            complete = len(timed)
+            timed = [e for e in timed if e.ts is not None and e.dur is not None]
+            self._dropped += complete - len(timed)
+            if not timed:
+                return
+            ts_values = list(map(_GET_TS, timed))
+            ts = np.array(ts_values)
+            dur = np.array(list(map(_GET_DUR, timed)), np.float64)
+        batch = _Batch(timed, ts, dur)
+        rows = self._route_rows(batch)
+        if rows[_SKIP].size:
+            skipped = np.bincount(batch.cat_local[rows[_SKIP]], minlength=len(batch.cat_keys))
+            self._skipped_counts.update({batch.cat_keys[c]: int(skipped[c]) for c in np.flatnonzero(skipped)})
+        kept = [rows[_DEVICE], rows[_HOST], rows[_CPU]]
+        if not self._float_ts and ts.dtype != np.int64:
+            # HTA rounds a trace whose kept events write some ts as a float (or beyond int64).
+            self._float_ts = any(
+                type(ts_values[i]) is not int or not -(2**63) <= ts_values[i] < 2**63
+                for part in kept
+                for i in int_list(part)
+            )
+        batch.name_ids = _intern_in_order(batch.names(), kept, self._names)
+        batch.cat_ids = _intern_in_order((batch.cat_keys, batch.cat_local), kept, self._cats)
+        batch.tid_ids = _intern_in_order(batch.tids(), kept[1:], self._tids)
+        if rows[_DEVICE].size:
+            self._parts["device"].append(self._device_columns(batch, rows[_DEVICE]))
+        if rows[_HOST].size:
+            self._parts["host"].append(self._host_columns(batch, rows[_HOST]))
+        if rows[_CPU].size:
+            self._parts["cpu"].append(self._cpu_columns(batch, rows[_CPU]))
 
-    def _common(self, events: list[Event]) -> dict[str, npt.NDArray[np.generic]]:
-        n = len(events)
-        ts = np.array(list(map(_GET_TS, events)))
-        if ts.dtype != np.int64:
-            self._float_ts = True
+    def _route_rows(self, batch: _Batch) -> dict[int, I64]:
+        """The batch's rows of each table (and of the skipped events), in the order they are stored.
+
+        Rows of known categories come first in each table, in file order; device syncs without a stream
+        are host waits and follow the host calls; events of unknown categories, routed by their args
+        (stream and correlation), follow last.
+        """
+        keys = batch.cat_keys
+        routes = np.array([self._route_of(c) for c in keys], np.int8)
+        codes = routes[batch.cat_local]
+        rows = {code: np.flatnonzero(codes == code) for code in (_DEVICE, _HOST, _CPU, _SKIP)}
+        extra: dict[int, list[I64]] = {_DEVICE: [], _HOST: [], _CPU: []}
+        if "cuda_sync" in keys:
+            # Event/context syncs have no stream: they are host waits, not stream activity.
+            device = rows[_DEVICE]
+            syncs = device[batch.cat_local[device] == keys.index("cuda_sync")]
+            sync_args = decode_args(batch.args(syncs))
+            stray = np.array([_to_int(a.stream) < 0 for a in sync_args], bool)
+            if stray.any():
+                rows[_DEVICE] = np.setdiff1d(device, syncs[stray], assume_unique=True)
+                extra[_HOST].append(syncs[stray])
+        unknown = np.flatnonzero(codes == _UNKNOWN)
+        if unknown.size:
+            routed: list[int] = []
+            for a in decode_args(batch.args(unknown)):
+                corr = _to_int(a.correlation)
+                routed.append(
+                    _DEVICE if corr >= 0 and _to_int(a.stream) >= 0 else _HOST if corr >= 0 else _CPU
+                )
+            to = np.array(routed, np.int8)
+            for code in extra:
+                extra[code].append(unknown[to == code])
+        for code, more in extra.items():
+            if more:
+                rows[code] = np.concatenate([rows[code], *more])
+        return rows
+
+    def _common(self, batch: _Batch, rows: I64) -> dict[str, npt.NDArray[np.generic]]:
         return {
-            "ts": ts.astype(np.float64),
-            "dur": np.array(list(map(_GET_DUR, events)), np.float64),
-            "name": np.fromiter(map(self._names.__getitem__, map(_GET_NAME, events)), np.int32, n),
-            "cat": np.fromiter(map(self._cats.__getitem__, map(_GET_CAT, events)), np.int32, n),
+            "ts": batch.ts[rows].astype(np.float64),
+            "dur": batch.dur[rows].astype(np.float64),
+            "name": batch.name_ids[rows],
+            "cat": batch.cat_ids[rows],
         }
 
-    def _device_columns(self, events: list[Event]) -> Columns:
-        data = self._common(events)
-        args = decode_args(list(map(_GET_ARGS, events)))
+    def _device_columns(self, batch: _Batch, rows: I64) -> Columns:
+        data = self._common(batch, rows)
+        args = decode_args(batch.args(rows))
         data["stream"] = _ints(list(map(_GET_STREAM, args)))
         data["corr"] = _ints(list(map(_GET_CORR, args)))
         data["device"] = _ints(list(map(_GET_DEVICE, args)))
@@ -446,43 +530,37 @@ class TableBuilder:
         data["direction"] = _directions(args)
         return Columns(data)
 
-    def _host_columns(self, events: list[Event]) -> Columns:
-        data = self._common(events)
-        args = decode_args(list(map(_GET_ARGS, events)))
+    def _host_columns(self, batch: _Batch, rows: I64) -> Columns:
+        data = self._common(batch, rows)
+        args = decode_args(batch.args(rows))
         data["corr"] = _ints(list(map(_GET_CORR, args)))
         nbytes = _floats(list(map(_GET_BYTES, args)))
         size = _floats(list(map(_GET_SIZE, args)))
-        data["tid"] = np.fromiter(map(self._tids.__getitem__, map(_GET_TID, events)), np.int32, len(events))
+        data["tid"] = batch.tid_ids[rows]
         return Columns(data, {"nbytes": SparseColumn.of(np.where(np.isnan(nbytes), size, nbytes), math.nan)})
 
-    def _cpu_columns(self, events: list[Event]) -> Columns:
-        data = self._common(events)
-        n = len(events)
-        data["tid"] = np.fromiter(map(self._tids.__getitem__, map(_GET_TID, events)), np.int32, n)
-        raws = list(map(_GET_ARGS, events))
+    def _cpu_columns(self, batch: _Batch, rows: I64) -> Columns:
+        data = self._common(batch, rows)
+        data["tid"] = batch.tid_ids[rows]
+        raws = batch.args(rows)
+        joined = b"".join(raws)
         # torch numbers the ops it records while grad mode is on; a substring test per raw args object
         # (in C) tells grad-mode ops from no-grad ones without decoding every CPU op's args.
-        data["grad"] = _has_key(raws, _SEQ)
+        data["grad"] = _has_key(raws, _SEQ, joined)
         # Profiler-attributed FLOPs are rare: decode CPU-op args only when some carry them.
         sparse: dict[str, SparseColumn] = {}
-        if b'"flops"' in b"".join(raws):
+        if b'"flops"' in joined:
             sparse["flops"] = SparseColumn.of(_floats(list(map(_GET_FLOPS, decode_args(raws)))), math.nan)
         else:
             sparse["flops"] = SparseColumn(np.empty(0, np.int64), np.empty(0, np.float64), math.nan)
-        self._shape_columns(events, raws, cast("Ints", data["name"]), sparse)
+        self._shape_columns(raws, cast("Ints", data["name"]), sparse)
         return Columns(data, sparse)
 
-    def _shape_columns(
-        self,
-        events: list[Event],
-        raws: list[msgspec.Raw],
-        ids: Ints,
-        sparse: dict[str, SparseColumn],
-    ) -> None:
+    def _shape_columns(self, raws: list[msgspec.Raw], ids: Ints, sparse: dict[str, SparseColumn]) -> None:
         """FLOPs/bytes of the GEMM, attention and copy ops with recorded shapes (see `shapes`)."""
         from perfgate.traces.shapes import SHAPE_OPS, shapes_work
 
-        n = len(events)
+        n = len(raws)
         flops, nbytes = np.full(n, np.nan), np.full(n, np.nan)
         prec = np.full(n, -1, np.int8)
         names = self._names

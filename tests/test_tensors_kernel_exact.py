@@ -1,0 +1,232 @@
+"""The chunk kernel's shortcuts give exactly what a plain float64 computation gives.
+
+The kernel decides closeness without the per-element test when the largest error is within the smallest
+allowance, widens bfloat16 by moving its bits, skips the byte comparison of chunks whose first words
+differ, and silences floating-point warnings once per chunk. Each case here is checked field by field,
+bit for bit, against a direct float64 evaluation of the documented rules (widen with numpy/ml_dtypes,
+``|b - a| <= atol + rtol * |a|``, torch.isclose's non-finite rules): boundaries hit exactly, subnormals,
+signed zeros, the largest finite values, NaN and infinities.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from perfgate.tensors._kernel import ChunkStats, KernelParams, Scratch, chunk_stats
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F32_TINY = float(np.finfo(np.float32).smallest_subnormal)
+F32_MAX = float(np.finfo(np.float32).max)
+F64_TINY = float(np.finfo(np.float64).smallest_subnormal)
+F64_MAX = float(np.finfo(np.float64).max)
+
+
+def expected(ref: np.ndarray, cand: np.ndarray, offset: int, p: KernelParams) -> ChunkStats:
+    """The rules evaluated directly in float64, one array expression each (chunks of at most 8192
+    elements, so one dot product per sum as in the kernel)."""
+    a, b = ref.astype(np.float64), cand.astype(np.float64)
+    n = a.shape[0]
+    with np.errstate(all="ignore"):
+        d = np.abs(b - a)
+        absa = np.abs(a)
+        ok = (ref == cand) if p.mode == "exact" else d <= absa * p.rtol + p.atol
+        both = np.isfinite(a) & np.isfinite(b)
+        if p.mode == "tolerance":
+            ok &= np.isfinite(d)
+            ok |= a == b
+        if p.equal_nan:
+            ok |= np.isnan(a) & np.isnan(b)
+        if not p.allow_nonfinite:
+            ok &= both
+        dz = np.where(both, d, 0.0)
+        az = np.where(both, absa, 0.0)
+        rel = np.where(az == 0, 0.0, dz / np.where(az == 0, 1.0, az))
+        pairs = int(np.count_nonzero(both))
+        bad = ~ok & both
+        x, y = np.where(both, a, 0.0), np.where(both, b, 0.0)
+        i = int(np.argmax(dz))
+        return ChunkStats(
+            elements=n,
+            mismatched=n - int(np.count_nonzero(ok)),
+            finite_pairs=pairs,
+            sum_abs=float(np.sum(dz)),
+            max_abs=float(dz[i]) if pairs else -1.0,
+            max_abs_at=offset + i,
+            max_rel=float(np.max(rel)) if pairs else -1.0,
+            max_abs_mismatched=float(np.max(dz[bad])) if bad.any() else -1.0,
+            max_rel_mismatched=float(np.max(rel[bad])) if bad.any() else -1.0,
+            aa=float(np.dot(x, x)),
+            bb=float(np.dot(y, y)),
+            ab=float(np.dot(x, y)),
+            nonfinite_reference=n - int(np.count_nonzero(np.isfinite(a))),
+            nonfinite_candidate=n - int(np.count_nonzero(np.isfinite(b))),
+        )
+
+
+def same(x: float, y: float) -> bool:
+    return (math.isnan(x) and math.isnan(y)) or (x == y and math.copysign(1, x) == math.copysign(1, y))
+
+
+def check(ref: np.ndarray, cand: np.ndarray, p: KernelParams, offset: int = 3) -> ChunkStats:
+    got = chunk_stats(ref, cand, offset, p, Scratch(8192))
+    want = expected(ref, cand, offset, p)
+    diff = {
+        f.name: (getattr(got, f.name), getattr(want, f.name))
+        for f in dataclasses.fields(ChunkStats)
+        if not same(float(getattr(got, f.name)), float(getattr(want, f.name)))
+    }
+    assert not diff, diff
+    return got
+
+
+def params(
+    atol: float, rtol: float, *, allow_nonfinite: bool = False, equal_nan: bool = False
+) -> KernelParams:
+    return KernelParams("tolerance", False, atol, rtol, equal_nan, allow_nonfinite)
+
+
+def close_pair(dtype: Any, n: int = 4096, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(n).astype(np.float32)
+    b = a + rng.standard_normal(n).astype(np.float32) * np.float32(1e-3)
+    return a.astype(dtype), b.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16, np.float64])
+def test_the_tolerance_boundary_is_exact_on_both_sides_of_the_shortcut(dtype: Any) -> None:
+    a, b = close_pair(dtype)
+    d = np.abs(b.astype(np.float64) - a.astype(np.float64))
+    worst = float(d.max())
+    below = float(np.nextafter(worst, 0.0))
+    # atol exactly at the largest error: every element close (the shortcut decides it).
+    assert check(a, b, params(worst, 0.0)).mismatched == 0
+    # One step below: the worst element (and any tied with it) fails, found by the per-element test.
+    assert check(a, b, params(below, 0.0)).mismatched == int(np.count_nonzero(d == worst))
+    # Relative tolerances at an element's own boundary: fl(|a| * rtol) == |b - a| for that element.
+    nz = np.flatnonzero((a.astype(np.float64) != 0) & (d > 0))
+    for k in nz[:: max(1, nz.size // 8)]:
+        ak = abs(float(a[k].astype(np.float64)))
+        rtol = float(d[k]) / ak
+        for r in (rtol, float(np.nextafter(rtol, 0.0)), float(np.nextafter(rtol, 1.0))):
+            check(a, b, params(0.0, r))
+            check(a, b, params(F64_TINY, r))
+    # The largest relative error at and around rtol, and around the margin the ratio shortcut keeps.
+    nonzero = a.astype(np.float64) != 0
+    q = float(np.max(d[nonzero] / np.abs(a.astype(np.float64))[nonzero]))
+    for r in (q, q / (1 - 2.0**-49), q / (1 - 2.0**-50), q * (1 + 2.0**-52)):
+        for step in (0.0, 1.0, np.inf):
+            rr = float(np.nextafter(r, step)) if step != 1.0 else r
+            check(a, b, params(0.0, rr))
+            check(a[nonzero], b[nonzero], params(0.0, rr))
+    # The smallest |a| sets the shortcut's allowance: put the worst error on the element with the largest
+    # |a| so that only the per-element test can pass it.
+    j, big = int(np.argmin(np.abs(a.astype(np.float64)))), int(np.argmax(np.abs(a.astype(np.float64))))
+    a2, b2 = a.copy(), b.copy()
+    a2[j] = 0.0
+    b2[j] = 0.0
+    check(a2, b2, params(0.0, float(d.max()) / abs(float(a2[big].astype(np.float64)))))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float64])
+def test_subnormals_signed_zeros_and_the_largest_finite_values(dtype: Any) -> None:
+    info_tiny = F64_TINY if dtype is np.float64 else F32_TINY
+    info_max = F64_MAX if dtype is np.float64 else F32_MAX
+    if dtype is BF16:
+        info_tiny = float(np.finfo(BF16).smallest_subnormal)
+        info_max = float(np.finfo(BF16).max)
+    special = [0.0, -0.0, info_tiny, -info_tiny, 2 * info_tiny, info_max, -info_max, 1.0, -1.0]
+    rng = np.random.default_rng(1)
+    for trial in range(40):
+        ref = rng.choice(special, 256).astype(dtype)
+        cand = rng.choice(special, 256).astype(dtype)
+        if trial % 2:
+            cand[::2] = ref[::2]  # many equal pairs, including -0.0 against 0.0
+        for atol, rtol in [
+            (0.0, 0.0),
+            (info_tiny, 0.0),
+            (0.0, 1e-300),
+            (F64_TINY, F64_TINY),
+            (1.0, 0.5),
+            (0.0, 2.0),
+        ]:
+            check(ref, cand, params(atol, rtol))
+    # No zero reference, errors within rtol, but |a| * rtol underflows: the ratio shortcut must not decide.
+    ref = np.array([info_tiny, 2 * info_tiny, 1.0, -info_tiny], dtype=dtype)
+    cand = np.array([2 * info_tiny, 3 * info_tiny, 1.0, -2 * info_tiny], dtype=dtype)
+    for rtol in (1.0, 2.0, 1e-300, 0.5):
+        check(ref, cand, params(0.0, rtol))
+    # A zero reference allows atol alone, however small every ratio is elsewhere.
+    check(np.array([0.0, 1.0], dtype=dtype), np.array([info_tiny, 1.0], dtype=dtype), params(0.0, 0.5))
+    zeros = np.array([0.0, -0.0, 0.0], dtype=dtype)
+    assert check(zeros, -zeros, params(0.0, 0.0)).mismatched == 0
+    # Differences past the type's range: float32's overflow to infinity in float32 but not in float64.
+    big = np.array([info_max, -info_max, info_max], dtype=dtype)
+    check(big, -big, params(0.0, 0.0))
+    check(big, -big, params(F64_MAX, 0.0))
+
+
+@pytest.mark.parametrize("allow_nonfinite", [False, True])
+@pytest.mark.parametrize("equal_nan", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float64])
+def test_nan_and_infinities_follow_the_rules(dtype: Any, allow_nonfinite: bool, equal_nan: bool) -> None:
+    a, b = close_pair(dtype, 512, seed=2)
+    rng = np.random.default_rng(3)
+    for value in (np.nan, np.inf, -np.inf):
+        for side in (a, b):
+            side[rng.integers(0, 512, 8)] = value
+    a[:4] = b[:4] = np.inf
+    a[4:8] = b[4:8] = np.nan
+    p = params(1e-2, 1e-2, allow_nonfinite=allow_nonfinite, equal_nan=equal_nan)
+    check(a, b, p)
+    check(a, a.copy(), p)  # same bytes, with NaN: never the identical-chunk shortcut
+
+
+@pytest.mark.parametrize(
+    ("ref_dtype", "cand_dtype"),
+    [(np.float32, BF16), (BF16, np.float32), (np.float16, np.float32), (BF16, np.float64)],
+)
+def test_mixed_dtypes(ref_dtype: Any, cand_dtype: Any) -> None:
+    a, b = close_pair(np.float32, 2048, seed=4)
+    ref, cand = a.astype(ref_dtype), b.astype(cand_dtype)
+    for atol, rtol in [(0.0, 0.0), (1e-3, 1e-2), (1e-2, 1.6e-2), (0.0, 1e-1)]:
+        check(ref, cand, params(atol, rtol))
+
+
+def test_identical_chunks_and_chunks_whose_first_words_agree() -> None:
+    a, _ = close_pair(np.float32, 4096, seed=5)
+    check(a, a.copy(), params(0.0, 0.0))
+    b = a.copy()
+    b[-1] = np.nextafter(b[-1], np.float32(np.inf))  # differs only past the words compared first
+    assert check(a, b, params(0.0, 0.0)).mismatched == 1
+    bf = a.astype(BF16)
+    check(bf, bf.copy(), params(0.0, 0.0))
+
+
+def test_integers_compare_exactly() -> None:
+    a = np.arange(-300, 300, dtype=np.int64) * 7_000_000_000_000
+    b = a.copy()
+    b[5] += 1  # differs by one where float64 cannot tell the two apart
+    got = check(a, b, KernelParams("exact", False, 0.0, 0.0, False))
+    assert got.mismatched == 1
+
+
+def test_every_bfloat16_bit_pattern_widens_to_the_value_ml_dtypes_gives() -> None:
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    values = bits.view(BF16)
+    with np.errstate(invalid="ignore"):
+        want = values.astype(np.float64)
+    scratch = Scratch(1 << 16)
+    from perfgate.tensors._kernel import _widen  # pyright: ignore[reportPrivateUsage]
+
+    out = np.empty(1 << 16)
+    with np.errstate(invalid="ignore"):  # signalling NaNs; chunk_stats silences this for every chunk
+        _widen(values, out, scratch)
+    assert np.array_equal(np.isnan(out), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert np.array_equal(out[finite].view(np.uint64), want[finite].view(np.uint64))  # signed zeros too
