@@ -116,6 +116,14 @@ def test_the_tolerance_boundary_is_exact_on_both_sides_of_the_shortcut(dtype: An
         for r in (rtol, float(np.nextafter(rtol, 0.0)), float(np.nextafter(rtol, 1.0))):
             check(a, b, params(0.0, r))
             check(a, b, params(F64_TINY, r))
+    # The largest relative error at and around rtol, and around the margin the ratio shortcut keeps.
+    nonzero = a.astype(np.float64) != 0
+    q = float(np.max(d[nonzero] / np.abs(a.astype(np.float64))[nonzero]))
+    for r in (q, q / (1 - 2.0**-49), q / (1 - 2.0**-50), q * (1 + 2.0**-52)):
+        for step in (0.0, 1.0, np.inf):
+            rr = float(np.nextafter(r, step)) if step != 1.0 else r
+            check(a, b, params(0.0, rr))
+            check(a[nonzero], b[nonzero], params(0.0, rr))
     # The smallest |a| sets the shortcut's allowance: put the worst error on the element with the largest
     # |a| so that only the per-element test can pass it.
     j, big = int(np.argmin(np.abs(a.astype(np.float64)))), int(np.argmax(np.abs(a.astype(np.float64))))
@@ -148,6 +156,13 @@ def test_subnormals_signed_zeros_and_the_largest_finite_values(dtype: Any) -> No
             (0.0, 2.0),
         ]:
             check(ref, cand, params(atol, rtol))
+    # No zero reference, errors within rtol, but |a| * rtol underflows: the ratio shortcut must not decide.
+    ref = np.array([info_tiny, 2 * info_tiny, 1.0, -info_tiny], dtype=dtype)
+    cand = np.array([2 * info_tiny, 3 * info_tiny, 1.0, -2 * info_tiny], dtype=dtype)
+    for rtol in (1.0, 2.0, 1e-300, 0.5):
+        check(ref, cand, params(0.0, rtol))
+    # A zero reference allows atol alone, however small every ratio is elsewhere.
+    check(np.array([0.0, 1.0], dtype=dtype), np.array([info_tiny, 1.0], dtype=dtype), params(0.0, 0.5))
     zeros = np.array([0.0, -0.0, 0.0], dtype=dtype)
     assert check(zeros, -zeros, params(0.0, 0.0)).mismatched == 0
     # Differences past the type's range: float32's overflow to infinity in float32 but not in float64.

@@ -53,6 +53,7 @@ class Scratch:
         self.absa = np.empty(chunk_elements, dtype=np.float64)
         self.t = np.empty(chunk_elements, dtype=np.float64)
         self.ok = np.empty(chunk_elements, dtype=np.bool_)
+        self.allowance = np.empty(chunk_elements, dtype=np.float64)
         self.bits = np.empty(chunk_elements, dtype=np.uint32)
 
     def wide(self, complex_values: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -175,18 +176,48 @@ def _general(
         _closeness(reference, candidate, d, absa, t, ok, params)
         return _nonfinite(n, offset, a, b, d, absa, t, ok, params)
     worst = int(np.argmax(d))
-    if params.mode == "tolerance" and float(d[worst]) <= float(np.min(absa)) * params.rtol + params.atol:
-        # Every element is close, decided exactly without the per-element test: the allowance
-        # fl(fl(|a| * rtol) + atol) never decreases as |a| grows (rounding is monotone), so the smallest |a|
-        # has the smallest allowance, and the largest error is within it. (Python floats round as float64.)
-        all_close = True
+    dots = _dots(a, b, params.complex_values)
+    max_rel = _relative(d, absa, t)
+    if params.mode == "tolerance" and _all_close(float(d[worst]), absa, max_rel, params):
+        close = None
     else:
-        _closeness(reference, candidate, d, absa, t, ok, params)
-        all_close = False
-    aa, bb, ab = _dots(a, b, params.complex_values)
-    return _finish(
-        n, offset, d, absa, t, None if all_close else ok, None, sum_abs, n, (aa, bb, ab), (0, 0), worst
-    )
+        _closeness(reference, candidate, d, absa, scratch.allowance[:n], ok, params)
+        close = ok
+    return _finish(n, offset, d, absa, t, close, None, sum_abs, n, dots, (0, 0), worst, max_rel)
+
+
+_RATIO_MARGIN = 1 - 2.0**-49
+"""Largest relative error, as a fraction of rtol, that `_all_close` accepts without the per-element test."""
+
+
+def _all_close(worst: float, absa: np.ndarray, max_rel: float, params: KernelParams) -> bool:
+    """Whether every element of a finite chunk is close, decided exactly from the chunk's extremes; False
+    when they cannot tell (the per-element test then decides). ``worst`` is the largest |b - a|,
+    ``max_rel`` the largest fl(|b - a| / |a|).
+
+    1. The allowance fl(fl(|a| * rtol) + atol) never decreases as |a| grows (rounding is monotone), so the
+       smallest |a| has the smallest allowance: the largest error within it means every error is.
+    2. With no zero reference, fl(|b - a| / |a|) <= rtol * (1 - 2^-50) means the exact ratio is at most rtol
+       (the quotient errs by at most 2^-53 relative, or 2^-1075 when subnormal, which rtol >= 2^-900
+       absorbs): |b - a| <= |a| * rtol exactly, so fl(|a| * rtol) >= |b - a| (rounding is monotone and
+       |b - a| is a float64), and adding atol >= 0 cannot lower it.
+
+    Python floats are IEEE float64 and round as numpy does."""
+    smallest = float(np.min(absa))
+    if worst <= smallest * params.rtol + params.atol:
+        return True
+    return smallest > 0 and params.rtol >= 2.0**-900 and max_rel <= params.rtol * _RATIO_MARGIN
+
+
+def _relative(d: np.ndarray, absa: np.ndarray, t: np.ndarray) -> float:
+    """``t``: |b - a| / |a|, 0 where the reference is 0 (those errors are in the absolute figures); returns
+    the largest."""
+    np.divide(d, absa, out=t)
+    max_rel = float(np.max(t))
+    if not math.isfinite(max_rel):  # a zero reference (x/0 or 0/0): leave those elements out
+        t[absa == 0] = 0.0
+        max_rel = float(np.max(t))
+    return max_rel
 
 
 def _closeness(
@@ -286,7 +317,19 @@ def _nonfinite(
     dots = _dots(np.where(both, a, 0), np.where(both, b, 0), params.complex_values)
     nonfinite = (n - int(np.count_nonzero(finite_a)), n - int(np.count_nonzero(finite_b)))
     return _finish(
-        n, offset, d, absa, t, ok, both, float(np.sum(d)), int(np.count_nonzero(both)), dots, nonfinite, None
+        n,
+        offset,
+        d,
+        absa,
+        t,
+        ok,
+        both,
+        float(np.sum(d)),
+        int(np.count_nonzero(both)),
+        dots,
+        nonfinite,
+        None,
+        None,
     )
 
 
@@ -303,16 +346,15 @@ def _finish(
     dots: tuple[float, float, float],
     nonfinite: tuple[int, int],
     worst: int | None,
+    max_rel: float | None,
 ) -> ChunkStats:
     """Maxima and mismatch figures of a chunk whose non-finite pairs (marked by ``both``) are zeroed in ``d``;
-    ``ok`` None: every element agrees; ``worst``: ``argmax(d)`` when already known."""
+    ``ok`` None: every element agrees; ``worst``: ``argmax(d)`` when already known; ``max_rel``: when
+    known, with the relative errors in ``t`` (see `_relative`)."""
     matched = n if ok is None else int(np.count_nonzero(ok))
     i = int(np.argmax(d)) if worst is None else worst
-    np.divide(d, absa, out=t)
-    max_rel = float(np.max(t))
-    if not math.isfinite(max_rel):  # a zero reference (x/0 or 0/0): leave those elements out
-        t[absa == 0] = 0.0
-        max_rel = float(np.max(t))
+    if max_rel is None:
+        max_rel = _relative(d, absa, t)
     max_abs_mm = max_rel_mm = -1.0
     if ok is not None and matched < n:
         bad = ~ok
