@@ -539,7 +539,7 @@ def bench_synthetic(target_gb: float, keep: bool, existing: Path | None = None) 
         print(f"{'analysis wall time':24} {seconds:8.1f} s  ({size / 1e6 / seconds:.0f} MB/s of JSON; "
               f"CPU {cpu:.1f} s, load average {os.getloadavg()[0]:.1f})")  # fmt: skip
         print(
-            f"{'peak RSS (child)':24} {rss / 2**20:8.0f} MiB  (goal < 1024 MiB; {rss / size:.2f} x file size)"
+            f"{'peak RSS (child)':24} {rss / 2**20:8.0f} MiB  ({rss / size:.3f} x the file size; goal <= 0.30 x)"
         )
         print(f"{'events / steps':24} {int(out[2]):,} / {out[5]}")
     finally:
