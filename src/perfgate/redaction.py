@@ -120,6 +120,9 @@ class Scrubber:
         # A scrubber's secrets are fixed once built, so a string scrubs the same way every time; records
         # repeat short strings thousands of times (keys' parts, dtypes, statuses): each is scrubbed once.
         self._seen: dict[str, tuple[str, int]] = {}
+        self.keys_changed = False
+        """Whether `tree` met a mapping key that is not exactly a ``str`` (JSON turns it into one, so its
+        sorted place in canonical JSON can move once it is read back)."""
 
     @classmethod
     def for_values(cls, env: Mapping[str, Any] | None = None, argv: Sequence[Any] | None = None) -> Scrubber:
@@ -217,6 +220,8 @@ class Scrubber:
         return out
 
     def env(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        if any(type(k) is not str for k in env):
+            self.keys_changed = True
         return {k: (REDACTED if is_secret_name(k) and v else self.tree(v)) for k, v in env.items()}
 
     def tree(self, value: Any, key: str | None = None) -> Any:
@@ -235,7 +240,11 @@ class Scrubber:
             text, tree = self.text, self.tree
             out: dict[Any, Any] = {}
             for k, v in items.items():
-                name = k if type(k) is str or isinstance(k, str) else None
+                if type(k) is str:
+                    name = k
+                else:
+                    self.keys_changed = True
+                    name = k if isinstance(k, str) else None
                 out[text(k) if name is not None else k] = (
                     text(v) if type(v) is str else v if type(v) in _LEAVES else tree(v, name)
                 )
