@@ -92,6 +92,9 @@ BEGIN SELECT RAISE(ABORT, 'the evidence ledger is append-only'); END;
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: the form that is hashed."""
     return _CANONICAL.encode(value)
@@ -568,10 +571,10 @@ class Ledger:
             "mac": key.mac(_ANCHOR_MAC, self._anchor_message(seq, hash_)),
             "replaced": replaced,
         }
-        text = json.dumps(anchor, separators=(",", ":")).encode()
+        text = _COMPACT.encode(anchor).encode()
         while len(text) >= _ANCHOR_SLOT and anchor["replaced"]:  # keep the newest replacements
             anchor["replaced"] = anchor["replaced"][1:]
-            text = json.dumps(anchor, separators=(",", ":")).encode()
+            text = _COMPACT.encode(anchor).encode()
         target = 1 - best if best is not None else 0
         raw = text.ljust(_ANCHOR_SLOT - 1) + b"\n"
         os.pwrite(out, raw, target * _ANCHOR_SLOT)
