@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, EvidenceState, Ledger, canonical_json
 from perfgate.redaction import Scrubber
@@ -109,6 +109,51 @@ def test_the_stored_body_is_exactly_the_records_canonical_dump(workspace: Path) 
     assert [a.name for a in stored.artifacts] == ["log.txt"]
 
 
+class _Key(str):
+    """A str subclass as a mapping key: JSON writes it as a plain string."""
+
+
+def _sortable_keys(d: dict[Any, Any]) -> bool:
+    """Keys canonical JSON can sort (it refuses a mix of numbers and strings) that stay distinct as text."""
+    kinds = {isinstance(k, str) for k in d}
+    return len(kinds) <= 1 and len({str(k) for k in d}) == len(d)
+
+
+_KEYS = st.one_of(st.text(max_size=4), st.integers(-20, 20), st.builds(_Key, st.text(max_size=4)))
+_TREES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=6),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=4).filter(_sortable_keys)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60)
+@given(inputs=st.dictionaries(st.text(max_size=4), _TREES, max_size=4), result=_TREES)
+def test_the_body_and_digest_are_the_canonical_dump_of_what_json_holds(
+    tmp_path_factory: pytest.TempPathFactory, inputs: dict[Any, Any], result: Any
+) -> None:
+    """The inputs and result are encoded once and spliced into the body; the splice must equal the
+    canonical dump of the record as read back, also when keys were numbers or str subclasses (JSON makes
+    them strings, which sort otherwise: ``10`` before ``9``)."""
+    from perfgate.evidence import digest_inputs
+
+    ledger = Ledger(tmp_path_factory.mktemp("ws"))
+    record = _append(ledger, inputs=inputs, result={"r": result, "n": {10: "x", 9: "y"}})
+    with sqlite3.connect(ledger.db_path) as conn:
+        (body,) = conn.execute("SELECT body FROM evidence WHERE id = ?", (record.id,)).fetchone()
+    assert body == canonical_json(record.model_dump(mode="json", exclude={"hash"}))
+    assert record.input_digest == digest_inputs(record.inputs)
+    assert EvidenceRecord.model_validate_json(body).inputs == record.inputs
+
+
 def test_a_string_found_clean_is_scrubbed_again_under_other_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     """Clean strings are remembered per secret set: a value clean for one scrubber is still a secret for
     a scrubber that knows it (from a request's argv, or from an environment changed since)."""
@@ -141,6 +186,58 @@ async def test_one_redaction_pass_scrubs_both_the_record_and_the_answer(workspac
     record = ledger.get(ev.id)
     assert record is not None and record.result["note"] == out.note
     assert record.inputs["env"] == {"HF_TOKEN": "<redacted>"}
+
+
+@pytest.mark.parametrize(
+    "carrier",
+    [
+        {"inputs": {"job": {"env": {"WANDB_API_KEY": "k3y-value-9f8e7d"}}}},
+        {"inputs": {"runs": [{"argv": ["python", "t.py", "--api-key", "k3y-value-9f8e7d"]}]}},
+        {"command": ["python", "t.py", "--token=k3y-value-9f8e7d"]},
+    ],
+    ids=["nested env", "argv in a list", "command"],
+)
+def test_a_secret_an_env_or_argv_reveals_is_scrubbed_everywhere(
+    workspace: Path, carrier: dict[str, Any]
+) -> None:
+    """The plain scrubber's pass is kept only for records without env mappings or argv lists; one that
+    carries them (at any depth, or as the command) is scrubbed again by a scrubber that knows their
+    values, so the value goes wherever else it appears too."""
+    draft: dict[str, Any] = {"result": {"log": "started with k3y-value-9f8e7d", "n": [1, "k3y-value-9f8e7d"]}}
+    record = _append(Ledger(workspace), **{**draft, **carrier})
+    stored = json.dumps(record.model_dump(mode="json"))
+    assert "k3y-value-9f8e7d" not in stored and "<redacted>" in stored
+    assert record.result["log"] == "started with <redacted>"
+
+
+class _Aliased(BaseModel):
+    evidence_id: str
+    state: EvidenceState
+    wire_name: int = Field(serialization_alias="wireName")
+
+
+@pytest.mark.anyio
+async def test_the_answer_shows_what_was_stored_and_names_fields_as_before(workspace: Path) -> None:
+    """The answer reuses the dump its record stored (one dump instead of three) only for that very
+    output; with an alias the structured result keeps the wire name and the text the field's name."""
+    from types import SimpleNamespace
+
+    from perfgate.tools._adapter import _answer  # pyright: ignore[reportPrivateUsage]
+
+    spec: Any = SimpleNamespace(name="t", brief=None)
+    rt = ToolRuntime(config=ServerConfig.create(workspace), ledger=Ledger(workspace), tool="t")
+    ev = rt.evidence()
+    out = await rt.commit(ev, _Out(evidence_id=ev.id, state=EvidenceState.EXECUTED, note="n"))
+    answer = _answer(spec, out, rt)
+    record = rt.ledger.get(ev.id)
+    assert record is not None and answer.structured_content == record.result == out.model_dump(mode="json")
+    other = _Out(evidence_id=ev.id, state=EvidenceState.EXECUTED, note="another")  # not the committed one
+    assert _answer(spec, other, rt).structured_content == other.model_dump(mode="json")
+    aliased = _Aliased(evidence_id="ev-1", state=EvidenceState.EXECUTED, wire_name=3)
+    answer = _answer(spec, aliased, rt)
+    assert answer.structured_content == {"evidence_id": "ev-1", "state": "executed", "wireName": 3}
+    text = answer.content[0].text  # pyright: ignore[reportAttributeAccessIssue]
+    assert '"wire_name":3' in text and "wireName" not in text
 
 
 @pytest.mark.anyio

@@ -192,3 +192,47 @@ def test_raw_args_stay_valid_after_the_reader_moves_on(tmp_path: Path) -> None:
     assert corr == [
         e["args"]["correlation"] for e in doc["traceEvents"] if "correlation" in e.get("args", {})
     ]
+
+
+def _complete_fields(stream: TraceStream) -> tuple[list[tuple[Any, ...]], int]:
+    events: list[tuple[Any, ...]] = []
+    seen = 0
+    for count, batch in stream.complete_batches():
+        seen += count
+        events += [(e.cat, e.name, e.ts, e.dur, e.tid, bytes(e.args)) for e in batch]
+    return events, seen
+
+
+@pytest.mark.parametrize("chunk_bytes", [7, 300, 4 << 20])
+def test_complete_batches_build_only_complete_events_and_count_the_rest(
+    tmp_path: Path, chunk_bytes: int
+) -> None:
+    # Complete events among metadata, flows and instants; a phase outside the format and an event
+    # without one (their batch is read leniently); odd field types converted or skipped as by `batches`.
+    doc = {
+        "traceEvents": [
+            {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "main"}},
+            {"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "tid": 7, "args": {"stream": 7}},
+            {"ph": "s", "id": 1, "ts": 1, "cat": "ac2g", "name": "f"},
+            {"ph": "X", "cat": "cpu_op", "name": "op", "ts": 1.5, "dur": 3, "tid": "t"},
+            {"ph": "i", "name": "instant", "ts": 4, "s": "t"},
+            {"ph": "Q", "name": "not a phase", "ts": 5},
+            {"name": "no phase", "ts": 6, "dur": 1},
+            {"ph": "X", "cat": "kernel", "name": "late", "ts": "10", "dur": "2.5", "args": {}},
+            {"ph": "X", "cat": "kernel", "name": ["not", "a", "name"], "ts": 1, "dur": 1},
+        ]
+    }
+    path = write(tmp_path / "t.json", json.dumps(doc))
+    every = [e for batch in TraceStream(path, chunk_bytes=chunk_bytes).batches() for e in batch]
+    lenient = TraceStream(path, chunk_bytes=chunk_bytes)
+    got, seen = _complete_fields(lenient)
+    assert got == [(e.cat, e.name, e.ts, e.dur, e.tid, bytes(e.args)) for e in every if e.ph == "X"]
+    assert seen == len(every) == 8
+    assert lenient.lenient_skipped == 1
+    # A well-formed trace: the same complete events as `batches`, read by the typed decoder.
+    for fixture in (MUSA, ROCM):
+        plain = [e for b in TraceStream(fixture, chunk_bytes=chunk_bytes).batches() for e in b]
+        typed = TraceStream(fixture, chunk_bytes=chunk_bytes)
+        got, seen = _complete_fields(typed)
+        assert got == [(e.cat, e.name, e.ts, e.dur, e.tid, bytes(e.args)) for e in plain if e.ph == "X"]
+        assert seen == len(plain) and typed.lenient_skipped == 0

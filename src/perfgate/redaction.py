@@ -120,6 +120,12 @@ class Scrubber:
         # A scrubber's secrets are fixed once built, so a string scrubs the same way every time; records
         # repeat short strings thousands of times (keys' parts, dtypes, statuses): each is scrubbed once.
         self._seen: dict[str, tuple[str, int]] = {}
+        self.structured = False
+        """Whether `tree` met an env mapping or an argv list (under their keys): their secrets are then to be
+        scrubbed everywhere, by a scrubber built for them (`for_tree`)."""
+        self.keys_changed = False
+        """Whether `tree` met a mapping key that is not exactly a ``str`` (JSON turns it into one, so its
+        sorted place in canonical JSON can move once it is read back)."""
 
     @classmethod
     def for_values(cls, env: Mapping[str, Any] | None = None, argv: Sequence[Any] | None = None) -> Scrubber:
@@ -217,6 +223,8 @@ class Scrubber:
         return out
 
     def env(self, env: Mapping[str, Any]) -> dict[str, Any]:
+        if any(type(k) is not str for k in env):
+            self.keys_changed = True
         return {k: (REDACTED if is_secret_name(k) and v else self.tree(v)) for k, v in env.items()}
 
     def tree(self, value: Any, key: str | None = None) -> Any:
@@ -230,20 +238,28 @@ class Scrubber:
             return self.text(value)
         if kind is dict or isinstance(value, Mapping):
             items = cast("Mapping[Any, Any]", value)
-            if key in _ENV_KEYS and all(isinstance(k, str) for k in items):
-                return self.env(cast("Mapping[str, Any]", items))
+            if key in _ENV_KEYS:
+                self.structured = True
+                if all(isinstance(k, str) for k in items):
+                    return self.env(cast("Mapping[str, Any]", items))
             text, tree = self.text, self.tree
             out: dict[Any, Any] = {}
             for k, v in items.items():
-                name = k if type(k) is str or isinstance(k, str) else None
+                if type(k) is str:
+                    name = k
+                else:
+                    self.keys_changed = True
+                    name = k if isinstance(k, str) else None
                 out[text(k) if name is not None else k] = (
                     text(v) if type(v) is str else v if type(v) in _LEAVES else tree(v, name)
                 )
             return out
         if isinstance(value, (list, tuple)):
             seq = cast("Sequence[Any]", value)
-            if key in _ARGV_KEYS and all(isinstance(v, str) for v in seq):
-                return self.argv(cast("Sequence[str]", seq))
+            if key in _ARGV_KEYS:
+                self.structured = True
+                if all(isinstance(v, str) for v in seq):
+                    return self.argv(cast("Sequence[str]", seq))
             return [self.tree(v) for v in seq]
         return value
 

@@ -92,6 +92,9 @@ BEGIN SELECT RAISE(ABORT, 'the evidence ledger is append-only'); END;
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: the form that is hashed."""
     return _CANONICAL.encode(value)
@@ -189,6 +192,28 @@ def _body(record: EvidenceRecord) -> dict[str, Any]:
     return body
 
 
+_BODY_ORDER = tuple(sorted(_BODY_FIELDS))
+
+
+def _body_text(record: EvidenceRecord, encoded: dict[str, str]) -> str:
+    """``canonical_json(_body(record))``, with the fields in ``encoded`` taken as their canonical JSON
+    already written (a record's inputs and result: most of its bytes, encoded once instead of again)."""
+    values = _body(record)
+    parts: list[str] = []
+    run: dict[str, Any] = {}
+    for name in _BODY_ORDER:  # canonical JSON sorts keys: runs of the others, each spliced one in order
+        if name in encoded:
+            if run:
+                parts.append(_CANONICAL.encode(run)[1:-1])
+                run = {}
+            parts.append(f'"{name}":{encoded[name]}')
+        else:
+            run[name] = values[name]
+    if run:
+        parts.append(_CANONICAL.encode(run)[1:-1])
+    return "{" + ",".join(parts) + "}"
+
+
 class VerifyReport(BaseModel):
     """Outcome of `Ledger.verify`: ``ok`` is false when anything was edited, forged, lost or rolled back."""
 
@@ -214,20 +239,24 @@ _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _FileId = tuple[int, ...]
 
 
-def _file_ids(db_path: Path) -> tuple[_FileId | None, ...]:
-    """What identifies the database, its WAL and its shared-memory index on disk now: device and inode
-    of each, plus size and mtime of the first two (changed in place: restored from a copy)."""
+def _file_paths(db_path: Path) -> tuple[str, str, str]:
+    """The database, its WAL and its shared-memory index, as `_file_ids` reads them."""
+    return (str(db_path), f"{db_path}-wal", f"{db_path}-shm")
+
+
+def _file_ids(paths: tuple[str, str, str]) -> tuple[_FileId | None, ...]:
+    """What identifies the database, its WAL and its shared-memory index (`_file_paths`) on disk now:
+    device and inode of each, plus size and mtime of the first two (changed in place: restored from a
+    copy)."""
     out: list[_FileId | None] = []
-    for suffix in ("", "-wal", "-shm"):
+    for i, path in enumerate(paths):
         try:
-            st = os.stat(f"{db_path}{suffix}")
+            st = os.stat(path)
         except FileNotFoundError:
             out.append(None)
         else:
             out.append(
-                (st.st_dev, st.st_ino)
-                if suffix == "-shm"
-                else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                (st.st_dev, st.st_ino) if i == 2 else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             )
     return tuple(out)
 
@@ -243,6 +272,7 @@ class _Connection:
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
+        self.paths = _file_paths(db_path)
         self.lock = threading.RLock()
         self.conn: sqlite3.Connection | None = None
         self.pid = 0
@@ -283,7 +313,7 @@ class _Connection:
             if self.conn is not None and self.pid != pid:
                 _INHERITED.append(self.conn)
                 self.conn = None
-            elif self.conn is not None and _file_ids(self.db_path) != self.files:
+            elif self.conn is not None and _file_ids(self.paths) != self.files:
                 self.conn.close()
                 self.conn = None
             if self.conn is None:
@@ -292,7 +322,7 @@ class _Connection:
             try:
                 yield self.conn
             finally:
-                self.files = _file_ids(self.db_path)
+                self.files = _file_ids(self.paths)
 
     def close(self) -> None:
         with self.lock:
@@ -541,10 +571,10 @@ class Ledger:
             "mac": key.mac(_ANCHOR_MAC, self._anchor_message(seq, hash_)),
             "replaced": replaced,
         }
-        text = json.dumps(anchor, separators=(",", ":")).encode()
+        text = _COMPACT.encode(anchor).encode()
         while len(text) >= _ANCHOR_SLOT and anchor["replaced"]:  # keep the newest replacements
             anchor["replaced"] = anchor["replaced"][1:]
-            text = json.dumps(anchor, separators=(",", ":")).encode()
+            text = _COMPACT.encode(anchor).encode()
         target = 1 - best if best is not None else 0
         raw = text.ljust(_ANCHOR_SLOT - 1) + b"\n"
         os.pwrite(out, raw, target * _ANCHOR_SLOT)
@@ -598,6 +628,8 @@ class Ledger:
         return path
 
     def _artifacts(self, draft: EvidenceDraft) -> list[Artifact]:
+        if not draft.artifact_names:
+            return []
         folder = self.artifact_root / draft.id
         artifacts: list[Artifact] = []
         for name in sorted(set(draft.artifact_names)):
@@ -630,12 +662,25 @@ class Ledger:
         key = self._key or self.trust.ensure_key()
         self._key = key
         artifacts = self._artifacts(draft)
-        # Nothing secret is ever stored: the one redaction layer, keyed by what this record carries.
-        scrub = Scrubber.for_tree(draft.inputs, draft.result, {"command": draft.command or []})
-        # Through JSON once, both together: what is stored and returned is exactly what JSON holds.
-        inputs, result = json.loads(canonical_json([scrub.tree(draft.inputs), scrub.tree(draft.result)]))
+        # Nothing secret is ever stored: the one redaction layer, keyed by what this record carries. Most
+        # records carry no env mapping or argv list: one pass of the plain scrubber is then what
+        # `Scrubber.for_tree` would give; otherwise the pass is made again by the scrubber built for them.
+        scrub = Scrubber()
+        scrubbed = scrub.tree(draft.inputs), scrub.tree(draft.result)
+        if scrub.structured or draft.command:
+            scrub = Scrubber.for_tree(draft.inputs, draft.result, {"command": draft.command or []})
+            scrubbed = scrub.tree(draft.inputs), scrub.tree(draft.result)
+        # Through JSON once: what is stored and returned is exactly what JSON holds. The canonical texts
+        # are hashed and stored as they are, unless a key was not a plain string (read back as one, it
+        # can sort elsewhere): then they are written again from what JSON holds.
+        inputs_text = canonical_json(scrubbed[0])
+        result_text = canonical_json(scrubbed[1])
+        inputs, result = json.loads(f"[{inputs_text},{result_text}]")
+        if scrub.keys_changed:
+            inputs_text, result_text = canonical_json(inputs), canonical_json(result)
+        input_digest = hashlib.sha256(inputs_text.encode()).hexdigest()
         command = scrub.argv(draft.command) if draft.command is not None else None
-        with self._connect() as conn:
+        with self._shared.use() as conn:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 row = conn.execute("SELECT seq, hash FROM evidence ORDER BY seq DESC LIMIT 1").fetchone()
@@ -647,7 +692,7 @@ class Ledger:
                     state=draft.state,
                     created_at=_utc_now(),
                     started_at=draft.started_at,
-                    input_digest=digest_inputs(inputs),
+                    input_digest=input_digest,
                     inputs=inputs,
                     result=result,
                     profiled=draft.profiled,
@@ -657,7 +702,7 @@ class Ledger:
                     artifacts=artifacts,
                     prev_hash=prev_hash,
                 )
-                body = canonical_json(_body(record))
+                body = _body_text(record, {"inputs": inputs_text, "result": result_text})
                 record.hash = hashlib.sha256((prev_hash + body).encode()).hexdigest()
                 mac = key.mac(_RECORD_MAC, self._record_message(seq, record.hash))
                 try:

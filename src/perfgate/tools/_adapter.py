@@ -8,6 +8,7 @@ one argument), and the call re-validates them through the model so cross-field v
 from __future__ import annotations
 
 import base64
+import functools
 import inspect
 import logging
 from typing import Annotated, Any, cast
@@ -219,15 +220,28 @@ class PerfgateTool(Tool):
 def _answer(spec: AnySpec, out: BaseModel, runtime: ToolRuntime) -> CallToolResult:
     """The structured result; as text, its budgeted brief (`answer_text`); the key plot as an image (or
     a note that plots are off)."""
-    text = answer_text(spec.name, out, spec.brief)
+    aliased = _aliased(type(out))
+    committed = runtime.committed
+    if not aliased and committed is not None and committed[0] is out:
+        structured = committed[1]  # what the ledger stored of this very output: its dump, through JSON
+    else:
+        structured = out.model_dump(mode="json", by_alias=True)
+    # Without aliases the dump by alias is the dump by name: made once for both.
+    text = answer_text(spec.name, out, spec.brief, result=None if aliased else structured)
     content: list[TextContent | ImageContent] = [TextContent(type="text", text=text)]
     if runtime.key_image is not None:
         data = base64.b64encode(runtime.key_image).decode()
         content.append(ImageContent(type="image", data=data, mime_type="image/png"))
     if runtime.plots_off is not None:
         content.append(TextContent(type="text", text=runtime.plots_off))
-    return CallToolResult(
-        content=list(content), structured_content=out.model_dump(mode="json", by_alias=True)
+    return CallToolResult(content=list(content), structured_content=structured)
+
+
+@functools.cache
+def _aliased(model: type[BaseModel]) -> bool:
+    """Whether some field of ``model`` (at any depth) is named otherwise on the wire."""
+    return model.model_json_schema(by_alias=True, mode="serialization") != model.model_json_schema(
+        by_alias=False, mode="serialization"
     )
 
 

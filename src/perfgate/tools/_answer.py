@@ -105,9 +105,13 @@ def _generic_lead(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def answer_text(tool: str, output: BaseModel, brief: Brief | None = None) -> str:
-    """The text content for ``output`` (see the module docstring)."""
-    result = output.model_dump(mode="json")
+def answer_text(
+    tool: str, output: BaseModel, brief: Brief | None = None, *, result: dict[str, Any] | None = None
+) -> str:
+    """The text content for ``output`` (see the module docstring); ``result``, when given, is
+    ``output.model_dump(mode="json")`` already made."""
+    if result is None:
+        result = output.model_dump(mode="json")
     head = f"{tool}: {result.get('state', 'done')}"
     if result.get("evidence_id"):
         head += f", evidence {result['evidence_id']}"

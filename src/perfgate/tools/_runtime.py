@@ -110,6 +110,9 @@ class ToolRuntime:
     commands: CommandRunner | None = None
     key_image: bytes | None = None
     plots_off: str | None = None
+    committed: tuple[BaseModel, dict[str, Any]] | None = None
+    """The output last returned by `commit` and the result its record stored (the output's JSON dump,
+    through JSON), when the two agree: the answer reuses that dump."""
 
     @property
     def workspace(self) -> Path:
@@ -242,7 +245,8 @@ class ToolRuntime:
         """Append the record (state and result taken from ``output``) and return ``output``.
 
         The output must carry ``evidence_id == builder.id`` and a ``state``; the whole output is stored
-        as the record's result so later tools (comparisons, decisions, reports) can read it back.
+        as the record's result so later tools (comparisons, decisions, reports) can read it back. The
+        answer shows what was stored: change nothing in the output after committing it.
         """
         from pydantic import ValidationError
 
@@ -267,9 +271,12 @@ class ToolRuntime:
         # changed the result, the answer is rebuilt from the stored one.
         record = await anyio.to_thread.run_sync(self.ledger.append, draft)
         if record.result != result:
+            self.committed = None
             # A constrained field that cannot hold the marker keeps the answer as is; the record is scrubbed.
             with contextlib.suppress(ValidationError):
                 output = type(output).model_validate(record.result)
+        else:
+            self.committed = (output, record.result)
         return output
 
     async def load(self, evidence_id: str) -> EvidenceRecord:

@@ -7,11 +7,21 @@ building Python dicts for whole events. Numeric fields accept strings as well: s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 
-__all__ = ["EMPTY_ARGS", "Event", "EventArgs", "Header", "Scalar", "decode_args"]
+__all__ = [
+    "ANY_EVENT",
+    "EMPTY_ARGS",
+    "OTHER_EVENT",
+    "Complete",
+    "Event",
+    "EventArgs",
+    "Header",
+    "Scalar",
+    "decode_args",
+]
 
 Scalar = int | float | str | None
 
@@ -44,6 +54,30 @@ class Event(msgspec.Struct, gc=False):
     dur: int | float | None = None
     tid: int | str | None = None
     args: msgspec.Raw = msgspec.Raw(b"")
+
+
+class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    """A complete event (``"ph": "X"``), the only kind the tables keep: `Event`'s fields but ``ph``."""
+
+    cat: str = ""
+    name: str = ""
+    ts: int | float | None = None
+    dur: int | float | None = None
+    tid: int | str | None = None
+    args: msgspec.Raw = msgspec.Raw(b"")
+
+
+_PHASES = "BEiICbneSTpFstfPNODMVvRc()"
+"""The other event phases of the Chrome trace format. An event of each decodes to an empty Struct:
+none of its fields is built (metadata, flow and instant events are most of some traces). A phase not
+listed fails the typed decode, and its batch is read leniently (`perfgate.traces.reader`)."""
+_OTHERS: tuple[type[msgspec.Struct], ...] = tuple(
+    msgspec.defstruct(f"Phase{i}", [], tag_field="ph", tag=ph, gc=False) for i, ph in enumerate(_PHASES)
+)
+ANY_EVENT: Any = Union[(Complete, *_OTHERS)]  # a union of types built at run time
+"""Decodes an event as `Complete` or, for any other listed phase, an empty Struct."""
+OTHER_EVENT = _OTHERS[0]()
+"""Stands for an event that is not complete, where the events are read leniently."""
 
 
 class Header(msgspec.Struct):

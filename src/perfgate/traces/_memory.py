@@ -15,10 +15,13 @@ import ctypes.util
 from functools import cache
 from typing import Any
 
-__all__ = ["TRIM_EVERY_BYTES", "release_free_memory"]
+__all__ = ["TRIM_EVERY_BYTES", "TRIM_ROWS", "release_for", "release_free_memory"]
 
 TRIM_EVERY_BYTES = 48 << 20
 """Decoded JSON between two trims while a trace is read."""
+TRIM_ROWS = 1 << 20
+"""Rows (8 MB per float64 column) from which an analysis returns freed memory between its passes: freed
+temporaries stay resident until trimmed, and the next pass's arrays land on fresh pages beside them."""
 
 
 @cache
@@ -39,3 +42,10 @@ def release_free_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def release_for(rows: int) -> None:
+    """`release_free_memory` when an analysis works on at least `TRIM_ROWS` rows (a no-op below: the
+    few milliseconds a trim costs are not worth it for small traces)."""
+    if rows >= TRIM_ROWS:
+        release_free_memory()

@@ -124,15 +124,15 @@ def load_table(
     builder = TableBuilder()
     events = 0
     trimmed_at = 0
-    for batch in stream.batches():
-        events += len(batch)
+    for seen, batch in stream.complete_batches():
+        events += seen
         if events > options.max_events:
             raise TraceTooLargeError(
                 f"{path}: more than {options.max_events} events (read {events} by byte "
                 f"{stream.decoded_bytes} of the decompressed JSON). Capture a "
                 f"shorter window (fewer profiler steps), or {EVENTS_HOW}"
             )
-        builder.add(batch)
+        builder.add(batch, seen)
         checkpoint()
         if stream.decoded_bytes - trimmed_at >= TRIM_EVERY_BYTES:
             release_free_memory()
@@ -290,12 +290,14 @@ def analyze_table(
     flops = flops_summary(prepared)
     categories = category_stats(prepared)
     kernels = top_kernels(prepared, options.top_k)
+    between()
     ops = top_ops(prepared, options.top_k)
     between()
     launch = launch_stats(prepared, options.short_kernel_us)
     between()
     sync = sync_stats(prepared)
     steps = step_summary(prepared)
+    between()
     self_ops = top_ops(prepared, options.top_k, by="self")
     between()
     host = host_breakdown(prepared)

@@ -7,10 +7,11 @@ from itertools import pairwise
 import numpy as np
 import numpy.typing as npt
 
+from perfgate.traces._memory import release_for
 from perfgate.traces._np import int_list
 from perfgate.traces.models import FlopsSummary, OpStats
 from perfgate.traces.prepare import Prepared
-from perfgate.traces.table import Ints
+from perfgate.traces.table import Columns, Ints
 
 __all__ = [
     "FLOPS_BASIS",
@@ -151,7 +152,9 @@ def cpu_self_times(p: Prepared) -> F64:
     """`self_times` of the prepared CPU ops, computed once per trace."""
     if "cpu_self" not in p.cache:
         cpu = p.cpu
-        p.cache["cpu_self"] = self_times(cpu.f("ts"), cpu.f("dur"), cpu.i("tid"), cpu_parents(p))
+        parent = cpu_parents(p)
+        release_for(len(cpu))  # the parent walk's temporaries
+        p.cache["cpu_self"] = self_times(cpu.f("ts"), cpu.f("dur"), cpu.i("tid"), parent)
     out: F64 = p.cache["cpu_self"]  # pyright: ignore[reportAssignmentType]
     return out
 
@@ -169,8 +172,11 @@ def self_times(ts: F64, dur: F64, tid: Ints, parent: Ints | None = None) -> F64:
     if not has.any():
         return out
     child_time = np.bincount(parent[has], weights=dur[has], minlength=dur.size)
-    positive = dur > 0
-    out[positive] = np.maximum(dur[positive] - child_time[positive], 0.0)
+    del has
+    # max(dur - child time, 0) where dur > 0, computed in place (no masked copies of whole columns).
+    np.subtract(dur, child_time, out=child_time)
+    np.maximum(child_time, 0.0, out=child_time)
+    np.copyto(out, child_time, where=dur > 0)
     return out
 
 
@@ -187,10 +193,11 @@ def top_ops(p: Prepared, k: int, *, by: str = "total") -> list[OpStats]:
     totals = np.bincount(names, weights=dur, minlength=n_names)
     selfs = np.bincount(names, weights=self_us, minlength=n_names)
     counts = np.bincount(names, minlength=n_names)
-    flops = cpu.f("flops")
-    has_flops = ~np.isnan(flops)
-    flop_totals = np.bincount(names, weights=np.where(has_flops, flops, 0.0), minlength=n_names)
-    flop_counts = np.bincount(names, weights=has_flops.astype(np.float64), minlength=n_names)
+    # Only the rows that hold FLOPs: each sum starts at 0.0 and adds the same values in the same order
+    # as a sum over the whole column with 0.0 elsewhere.
+    flop_rows, flop_values = _held(cpu, "flops")
+    flop_totals = np.bincount(names[flop_rows], weights=flop_values, minlength=n_names)
+    flop_counts = np.bincount(names[flop_rows], minlength=n_names)
     ranked = np.where(counts > 0, totals if by == "total" else selfs, -1.0)
     for step_id in int_list(np.flatnonzero(counts > 0)):
         if "ProfilerStep" in p.table.names[step_id]:
@@ -211,6 +218,17 @@ def top_ops(p: Prepared, k: int, *, by: str = "total") -> list[OpStats]:
             )
         )
     return out
+
+
+def _held(cols: Columns, name: str) -> tuple[Ints, F64]:
+    """The rows of a float column that hold a value (not NaN) and those values, in row order."""
+    sparse = cols.sparse.get(name)
+    if sparse is not None and sparse.values.dtype == np.float64 and np.isnan(sparse.fill):
+        held = ~np.isnan(sparse.values)
+        return sparse.rows[held], sparse.values[held]  # pyright: ignore[reportReturnType]
+    column = cols.f(name)
+    rows = np.flatnonzero(~np.isnan(column))
+    return rows, column[rows]
 
 
 def flops_summary(p: Prepared) -> FlopsSummary | None:

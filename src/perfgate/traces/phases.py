@@ -31,9 +31,10 @@ import numpy as np
 import numpy.typing as npt
 
 from perfgate.traces._group import unique_values
+from perfgate.traces._memory import release_for
 from perfgate.traces._np import int_list
 from perfgate.traces.classify import IMPLICIT_SYNC_OPS, host_call_role, is_polling_call
-from perfgate.traces.intervals import clip, difference, merge, merge_merged, union_length
+from perfgate.traces.intervals import clip, difference_merged, merge, merge_merged, union_length
 from perfgate.traces.models import HostBreakdown, HostPhase, PhaseName
 from perfgate.traces.ops import cpu_parents, cpu_self_times
 from perfgate.traces.prepare import Prepared
@@ -116,15 +117,16 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         ph = phase_of_id[i]
         code_of_id[i] = 0 if ph is None else 1 + PHASE_ORDER.index(ph)
     is_aten = aten_of_id[name_ids]
-    named = code_of_id[name_ids]
+    # One phase code per op (0: none, else 1 + PHASE_ORDER index) instead of a mask per phase: each
+    # phase's mask exists only while that phase is worked out.
+    code = code_of_id[name_ids]
+    unnamed_op = code == 0
+    unnamed_op &= is_cpu_op
     grad = cpu.i("grad") == 1
-    ts, end = cpu.f("ts"), cpu.f("end")
-
-    masks: dict[PhaseName, npt.NDArray[np.bool_]] = {ph: named == 1 + k for k, ph in enumerate(PHASE_ORDER)}
-    unnamed_op = (named == 0) & is_cpu_op
-    masks["forward"] = masks["forward"] | (unnamed_op & grad)
-    masks["no_grad"] = unnamed_op & ~grad
-    del named, unnamed_op, grad
+    code[unnamed_op & grad] = _CODE["forward"]
+    unnamed_op &= ~grad
+    code[unnamed_op] = _CODE["no_grad"]
+    del unnamed_op, grad
 
     extra: dict[PhaseName, tuple[F64, F64]] = {}
     if len(host):
@@ -134,19 +136,25 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
             for i in int_list(unique_values(h_names))
             if host_call_role(names[i]) == "sync" and not is_polling_call(names[i])
         ]
-        sync_rows = np.isin(h_names, np.array(sync_ids, np.int64))
-        extra["sync"] = (host.f("ts")[sync_rows], host.f("end")[sync_rows])
+        sync_rows = np.flatnonzero(np.isin(h_names, np.array(sync_ids, np.int64)))
+        h_ts = host.f("ts")[sync_rows]
+        extra["sync"] = (h_ts, h_ts + host.f("dur")[sync_rows])
 
+    # End times are ts + dur, formed a chunk at a time where needed (the same values as the derived
+    # ``end`` column, never the whole column).
+    ts, dur = cpu.f("ts"), cpu.f("dur")
     # An op inside its parent adds nothing to a union that holds the parent: each phase's union is
     # taken over the outermost of its ops only (the same union, far fewer intervals to sort).
     parent = cpu_parents(p)
     safe = np.maximum(parent, 0)
-    inside = parent >= 0
-    inside &= ts >= ts[safe]
-    inside &= end <= end[safe]
+    inside = _inside_parent(ts, dur, parent, safe)
 
     def outermost(mask: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-        return mask & ~(inside & mask[safe])
+        nested = mask[safe]
+        nested &= inside
+        np.logical_not(nested, out=nested)
+        nested &= mask
+        return nested
 
     covered_s, covered_e = np.empty(0, np.float64), np.empty(0, np.float64)
     total = hi - lo
@@ -158,30 +166,31 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         # Each phase's intervals are merged on their own first (a phase of nested ops merges into few
         # intervals), so the whole trace's ops are never copied twice at once. Unions do not depend
         # on the grouping: the merged intervals, and so the sums, are the same.
-        s, e = _union(ts, end, outermost(masks[ph]), lo, hi)
+        release_for(ts.size)  # the previous phase's temporaries
+        mask = code == _CODE[ph]
+        s, e = _union(ts, None, outermost(mask), lo, hi, dur=dur)
         if ph in extra:
             xs, xe = clip(extra[ph][0], extra[ph][1], lo, hi)
             s, e = merge(np.concatenate([s, xs]), np.concatenate([e, xe]))
         if ph == "collectives" and s.size:
             # Communication running while an op computes is hidden; only the rest is waited for.
-            aten = outermost(is_aten & ~masks["collectives"])
-            s, e = difference(s, e, *_union(ts, end, aten, lo, hi))
-            del aten
+            s, e = _uncovered_by_ops(s, e, ts, dur, outermost(is_aten & ~mask), lo, hi)
         before = union_length(covered_s, covered_e)
         covered_s, covered_e = merge_merged(covered_s, covered_e, s, e)
         time_us = union_length(covered_s, covered_e) - before
         accounted += time_us
-        phases.append(_phase(ph, time_us, total, per_step, _top_names(p, masks[ph], self_us)))
+        phases.append(_phase(ph, time_us, total, per_step, _top_names(p, mask, self_us)))
+        del mask, s, e
     phases.append(_phase("other", max(total - accounted, 0.0), total, per_step, []))
 
     in_window = (ts >= lo) & (ts < hi)
     implicit = np.isin(name_ids, np.array(p.table.name_ids(IMPLICIT_SYNC_OPS), np.int64))
     ops = is_cpu_op & in_window
     top_level = ops & ((parent < 0) | ~is_cpu_op[np.maximum(parent, 0)])
-    durations = cpu.f("dur")[top_level]
+    durations = dur[top_level]
     short = durations < short_op_us
     return HostBreakdown(
-        sync_span_us_per_step=_sync_span(p, masks["sync"], ts, end) / per_step,
+        sync_span_us_per_step=_sync_span(p, code == _CODE["sync"], ts, dur) / per_step,
         basis=(
             f"{steps} ProfilerStep(s) of the analysis window"
             if steps
@@ -199,13 +208,35 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     )
 
 
+_CODE: dict[PhaseName, int] = {ph: 1 + k for k, ph in enumerate(PHASE_ORDER)}
+
+
+def _inside_parent(
+    ts: F64, dur: F64, parent: npt.NDArray[np.signedinteger], safe: npt.NDArray[np.signedinteger]
+) -> npt.NDArray[np.bool_]:
+    """Ops that lie within their parent's interval, a `UNION_CHUNK` of rows at a time."""
+    out = parent >= 0
+    for a in range(0, ts.size, UNION_CHUNK):
+        b = a + UNION_CHUNK
+        up = safe[a:b]
+        t, up_t = ts[a:b], ts[up]
+        part = out[a:b]
+        part &= t >= up_t
+        part &= t + dur[a:b] <= up_t + dur[up]
+    return out
+
+
 UNION_CHUNK = 1 << 18
 """Ops whose intervals are clipped and merged together before joining the union of the rest."""
 
 
-def _union(ts: F64, end: F64, mask: npt.NDArray[np.bool_], lo: float, hi: float) -> tuple[F64, F64]:
+def _union(
+    ts: F64, end: F64 | None, mask: npt.NDArray[np.bool_], lo: float, hi: float, dur: F64 | None = None
+) -> tuple[F64, F64]:
     """`merge` of the masked intervals clipped to ``[lo, hi)``, built `UNION_CHUNK` rows at a time.
 
+    ``end`` holds the ends, or is None and ``dur`` the durations (each chunk's ends are then formed as
+    ts + dur, the values of the derived ``end`` column, and the whole column is never held).
     A union is the same however its parts are grouped, and `merge` returns it in one canonical form
     (its boundaries are input values), so the result equals one merge over all rows; only one chunk's
     copies are held at a time.
@@ -214,12 +245,51 @@ def _union(ts: F64, end: F64, mask: npt.NDArray[np.bool_], lo: float, hi: float)
     parts_e: list[F64] = []
     for a in range(0, ts.size, UNION_CHUNK):
         b = a + UNION_CHUNK
-        s, e = merge(*_clipped(ts[a:b], end[a:b], mask[a:b], lo, hi))
+        t = ts[a:b]
+        chunk_end = end[a:b] if end is not None else t + _given(dur)[a:b]
+        s, e = merge(*_clipped(t, chunk_end, mask[a:b], lo, hi))
+        del chunk_end
         parts_s.append(s)
         parts_e.append(e)
     if len(parts_s) == 1:
         return parts_s[0], parts_e[0]
     return merge(np.concatenate(parts_s), np.concatenate(parts_e))
+
+
+def _given(dur: F64 | None) -> F64:
+    assert dur is not None, "_union needs end or dur"
+    return dur
+
+
+def _uncovered_by_ops(
+    a_s: F64, a_e: F64, ts: F64, dur: F64, mask: npt.NDArray[np.bool_], lo: float, hi: float
+) -> tuple[F64, F64]:
+    """`difference` of the merged, non-empty A (inside ``[lo, hi)``) and the union of the masked ops
+    clipped to ``[lo, hi)``, merging only the ops that reach some A interval.
+
+    An op counts when it touches the closed range from one float below an A start to that interval's
+    end. The union of those ops equals the union of all of them on every such range, bounds included,
+    and `difference` decides each piece by its midpoint, which lies in such a range whenever A covers
+    it: the result is the same as with every op, while an A of a few collectives no longer merges
+    every op of the trace.
+    """
+    reach = np.nextafter(a_s, -np.inf)
+    near = np.zeros(ts.size, bool)
+    any_op = False  # whether the union of all the masked ops is empty (then A is returned as is)
+    for a in range(0, ts.size, UNION_CHUNK):
+        b = a + UNION_CHUNK
+        t, m = ts[a:b], mask[a:b]
+        end = t + dur[a:b]
+        any_op = any_op or bool(np.any(m & (end > t) & (end > lo) & (t < hi)))
+        k = np.searchsorted(reach, end, side="right") - 1
+        part = near[a:b]
+        part[:] = m
+        part &= k >= 0
+        part &= t <= a_e[np.maximum(k, 0)]
+        del end, k
+    if not any_op:
+        return a_s, a_e
+    return difference_merged(a_s, a_e, *_union(ts, None, near, lo, hi, dur=dur))
 
 
 def _clipped(ts: F64, end: F64, mask: npt.NDArray[np.bool_], lo: float, hi: float) -> tuple[F64, F64]:
@@ -233,11 +303,12 @@ def _clipped(ts: F64, end: F64, mask: npt.NDArray[np.bool_], lo: float, hi: floa
     return s, e
 
 
-def _sync_span(p: Prepared, sync: npt.NDArray[np.bool_], ts: F64, end: F64) -> float:
+def _sync_span(p: Prepared, sync: npt.NDArray[np.bool_], ts: F64, dur: F64) -> float:
     """Sum over steps of the time from the first to the last sync op of the step (a loop of syncs)."""
     if not sync.any():
         return 0.0
-    s_ts, s_end = ts[sync], end[sync]
+    s_ts = ts[sync]
+    s_end = s_ts + dur[sync]
     inside = p.step_in_window
     if not (p.step_numbers.size and inside.any()):
         return float(s_end.max() - s_ts.min())

@@ -26,7 +26,7 @@ import msgspec
 
 from perfgate._deadline import checkpoint
 from perfgate._safeopen import open_file
-from perfgate.traces._events import Event, Header
+from perfgate.traces._events import ANY_EVENT, OTHER_EVENT, Complete, Event, Header
 from perfgate.traces.errors import TraceFormatError, TraceTooLargeError
 
 __all__ = [
@@ -52,6 +52,8 @@ _BYTE_POS = re.compile(r"\(byte (\d+)\)")
 _WS = b" \t\r\n"
 
 _EVENTS_DECODER = msgspec.json.Decoder(list[Event])
+_COMPLETE_DECODER: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(cast("Any", list)[ANY_EVENT])
+"""Decodes a run as `Complete` events and empty Structs for the rest (see `TraceStream.complete_batches`)."""
 _HEADER_DECODER = msgspec.json.Decoder(Header)
 _ANY_DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
@@ -143,9 +145,23 @@ class TraceStream:
     _base: int = 0
     _eof: bool = False
     _file: _Readable | None = field(default=None, repr=False)
+    _complete_only: bool = field(default=False, repr=False)
 
     def batches(self) -> Iterator[list[Event]]:
         """Yield lists of events in file order; see the class docstring for errors."""
+        yield from self._batches()
+
+    def complete_batches(self) -> Iterator[tuple[int, list[Complete]]]:
+        """Yield (events in the batch, its complete events) in file order, as `batches` reads them.
+
+        Only complete events are built: the others are counted (their fields are neither built nor
+        type-checked, unless their batch is read leniently for an odd field of some event).
+        """
+        self._complete_only = True
+        for items in self._batches():
+            yield len(items), [e for e in items if type(e) is Complete]
+
+    def _batches(self) -> Iterator[list[Any]]:
         self._file, self.compressed = _open(self.path, self.decompressor)
         try:
             yield from self._run()
@@ -186,7 +202,7 @@ class TraceStream:
 
     # -- structure -------------------------------------------------------------------------------
 
-    def _run(self) -> Iterator[list[Event]]:
+    def _run(self) -> Iterator[list[Any]]:
         self._fill(self.read_block)
         buf = self._buf
         start = 3 if buf.startswith(b"\xef\xbb\xbf") else 0
@@ -276,7 +292,7 @@ class TraceStream:
 
     # -- events ----------------------------------------------------------------------------------
 
-    def _events(self, sep: int) -> Generator[list[Event], None, int]:
+    def _events(self, sep: int) -> Generator[list[Any], None, int]:
         """Yield event batches; ``sep`` indexes the ``[`` or ``,`` before the next element.
 
         Returns the buffer index of the ``]`` that closes the array.
@@ -303,7 +319,7 @@ class TraceStream:
                 return 0
             sep = 0
 
-    def _cut(self, sep: int) -> tuple[list[Event], bool, int] | None:
+    def _cut(self, sep: int) -> tuple[list[Any], bool, int] | None:
         """Decode the longest run of whole elements after ``sep`` that the buffer holds.
 
         Returns (events, array_closed, index of the next separator or of ``]``), or None after
@@ -351,7 +367,7 @@ class TraceStream:
             "profiler or the job killed while writing it?). Re-capture it."
         )
 
-    def _decode_run(self, sep: int, close: int) -> list[Event]:
+    def _decode_run(self, sep: int, close: int) -> list[Any]:
         """Decode buffer[sep..close] as a JSON array by overwriting its delimiters in place.
 
         No copy is made: the events' raw ``args`` are views into the buffer, which is why the reader
@@ -365,9 +381,14 @@ class TraceStream:
         region = memoryview(buf)[sep : close + 2]
         try:
             try:
+                if self._complete_only:
+                    return _COMPLETE_DECODER.decode(region)
                 return _EVENTS_DECODER.decode(region)
             except msgspec.ValidationError:
-                return self._decode_lenient(region)
+                events = self._decode_lenient(region)
+                if self._complete_only:
+                    return [_complete(e) if e.ph == "X" else OTHER_EVENT for e in events]
+                return events
         finally:
             buf[sep] = saved_open
             buf[close + 1] = saved_close
@@ -391,3 +412,9 @@ class TraceStream:
                 event.args = msgspec.Raw(_ENCODER.encode(item["args"]))
             events.append(event)
         return events
+
+
+def _complete(event: Event) -> Complete:
+    return Complete(
+        cat=event.cat, name=event.name, ts=event.ts, dur=event.dur, tid=event.tid, args=event.args
+    )

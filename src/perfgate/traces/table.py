@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from perfgate.traces._events import Event, EventArgs, Scalar, decode_args
+from perfgate.traces._events import Complete, EventArgs, Scalar, decode_args
 from perfgate.traces._memory import release_free_memory
 from perfgate.traces._np import int_list
 
@@ -236,7 +236,7 @@ def _intern_in_order(found: tuple[list[_K], Ints], parts: list[I64], interner: _
 class _Batch:
     """The complete, timed events of one batch, read field by field (see `TableBuilder.add`)."""
 
-    events: list[Event]
+    events: list[Complete]
     ts: npt.NDArray[np.generic]
     """As read: int64 when every ts is an integer, float64 or object otherwise."""
     dur: npt.NDArray[np.generic]
@@ -427,15 +427,14 @@ class TableBuilder:
             self._route[cat] = route
         return route
 
-    def add(self, events: list[Event]) -> None:
-        """Route one batch of events into the tables.
+    def add(self, timed: list[Complete], seen: int) -> None:
+        """Route the complete events of one batch (of ``seen`` events in all) into the tables.
 
         Each field of an event is read once, into a list or array over the batch's complete events;
         the tables take their rows from those by index. Reading the event objects, scattered in memory,
         is what costs: the columns of a group are gathered in numpy, not by walking its events again.
         """
-        self._events += len(events)
-        timed = [e for e in events if e.ph == "X"]
+        self._events += seen
         self._complete += len(timed)
         if not timed:
             return
