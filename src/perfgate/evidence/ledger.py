@@ -31,6 +31,8 @@ anchor). HEAD is rewritten in place too, as a fixed-width line. Each append stil
 slots under the anchor's lock, but parses them and checks their MACs only when their bytes differ from
 what this `Ledger` last read or wrote (another writer's slot is always checked afresh). The chain head is
 read inside the write transaction, never cached: a concurrent writer's record cannot be skipped.
+A record's inputs and result, most of its bytes, are encoded to canonical JSON once: the input digest
+hashes that text and the body is spliced from it, byte for byte what encoding the whole record gives.
 """
 
 from __future__ import annotations
