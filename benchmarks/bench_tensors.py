@@ -173,6 +173,9 @@ def _figures(seconds: float, cpu_at_start: float, baseline_kib: int, nbytes: int
 def worker_perfgate(ref: Path, cand: Path) -> dict[str, Any]:
     from perfgate.tensors import CompareOptions, compare_sources, open_tensor_source
 
+    if ref.is_dir():  # bfloat16: imports are outside every contender's time (the peer's torch too)
+        import ml_dtypes  # noqa: F401  # pyright: ignore[reportUnusedImport]
+
     baseline = _rss_kib()
     cpu = _cpu_seconds()
     start = time.perf_counter()

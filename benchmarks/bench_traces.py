@@ -5,6 +5,8 @@ Run with perfgate's interpreter; HTA runs in its own virtual environment (it pin
     python3 -m venv ../venv-hta && ../venv-hta/bin/pip install holistictraceanalysis==0.5.0
     python benchmarks/bench_traces.py                      # shared traces, a rank set, a 1 GB trace
     python benchmarks/bench_traces.py --skip-synthetic --rounds 5
+    python benchmarks/bench_traces.py --skip-shared --ranks 0 --keep-synthetic   # part 3 only
+    python benchmarks/bench_traces.py --skip-shared --ranks 0 --synthetic-file /tmp/perfgate_synthetic_X.json
 
 Part 1, per shared trace (../shared/data/traces/hta or $PERFGATE_SHARED_DIR), in rounds whose order
 rotates (interleaved, so machine load falls on every contender alike):
@@ -23,7 +25,8 @@ tool cold, HTA lib / lib. Agreement of the temporal breakdowns (hta_compatible) 
 Part 2 times a set of ``--ranks`` copies of one rank's trace read one file at a time and in parallel
 worker processes. Part 3 builds a ~1 GB trace in /tmp from a real one (events replicated with shifted
 timestamps, correlation ids and step numbers), analyzes it in a fresh child process and reports that
-process's peak RSS. ``--hta-reference FILE`` writes HTA's temporal numbers per trace (the fixture
+process's peak RSS (VmHWM: interpreter, imports, reading and analysis) and the analysis' CPU time.
+``--hta-reference FILE`` writes HTA's temporal numbers per trace (the fixture
 tests/fixtures/traces/hta_0.5_temporal.json) and exits.
 """
 
@@ -475,50 +478,68 @@ import re, resource, sys, time
 from pathlib import Path
 sys.path.insert(0, {src!r})
 from perfgate.traces import analyze_trace
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 p = analyze_trace(Path({path!r}))
-dt = time.perf_counter() - t0
+dt, cpu = time.perf_counter() - t0, time.process_time() - c0
 # VmHWM is this process's own peak (ru_maxrss can carry the parent's RSS over fork + exec).
 try:
     status = Path("/proc/self/status").read_text()
     rss = int(re.search(r"VmHWM:\\s*(\\d+) kB", status).group(1)) * 1024
 except (OSError, AttributeError):
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(dt, rss, p.event_counts["events"], p.span_us, p.compute_us, len(p.steps.steps) if p.steps else 0)
+print(dt, rss, p.event_counts["events"], p.span_us, p.compute_us, len(p.steps.steps) if p.steps else 0, cpu)
 """
 
 
-def bench_synthetic(target_gb: float, keep: bool) -> None:
-    traces = {p.name: p for p in shared_traces()}
-    source = traces.get("df_index_resolver_df_index_resolver.json.gz") or next(iter(traces.values()), None)
-    if source is None:
-        print("no shared trace to replicate: part 2 skipped")
-        return
-    fd, name = tempfile.mkstemp(prefix="perfgate_synthetic_", suffix=".json", dir="/tmp")
-    os.close(fd)
-    path = Path(name)
+def bench_synthetic(target_gb: float, keep: bool, existing: Path | None = None) -> None:
+    """Part 3 on a trace built here, or on ``existing`` (a file an earlier ``--keep-synthetic`` left)."""
+    if existing is not None:
+        path, keep = existing, True
+        size = path.stat().st_size
+        print(f"\nsynthetic trace: {size / 1e9:.2f} GB at {path} (given)")
+    else:
+        traces = {p.name: p for p in shared_traces()}
+        source = traces.get("df_index_resolver_df_index_resolver.json.gz") or next(
+            iter(traces.values()), None
+        )
+        if source is None:
+            print("no shared trace to replicate: part 3 skipped")
+            return
+        fd, name = tempfile.mkstemp(prefix="perfgate_synthetic_", suffix=".json", dir="/tmp")
+        os.close(fd)
+        path = Path(name)
+        size = 0
     try:
-        t0 = time.perf_counter()
-        # Built in a child process, so this process stays small while the analysis child runs.
-        made = subprocess.run(
-            [sys.executable, __file__, "--make-synthetic", str(source), str(path), str(int(target_gb * 1e9))],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-        events, size = int(made[0]), int(made[1])
-        print(f"\nsynthetic trace: {size / 1e9:.2f} GB, {events:,} events from {source.name} "
-              f"(built in {time.perf_counter() - t0:.0f} s) at {path}")  # fmt: skip
+        if existing is None:
+            t0 = time.perf_counter()
+            # Built in a child process, so this process stays small while the analysis child runs.
+            made = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--make-synthetic",
+                    str(source),
+                    str(path),
+                    str(int(target_gb * 1e9)),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            events, size = int(made[0]), int(made[1])
+            print(f"\nsynthetic trace: {size / 1e9:.2f} GB, {events:,} events from {source.name} "
+                  f"(built in {time.perf_counter() - t0:.0f} s) at {path}")  # fmt: skip
         out = subprocess.run(
             [sys.executable, "-c", _CHILD.format(src=str(REPO / "src"), path=str(path))],
             capture_output=True,
             text=True,
             check=True,
         ).stdout.split()
-        seconds, rss = float(out[0]), int(out[1])
-        print(f"{'analysis wall time':24} {seconds:8.1f} s  ({size / 1e6 / seconds:.0f} MB/s of JSON)")
+        seconds, rss, cpu = float(out[0]), int(out[1]), float(out[6])
+        print(f"{'analysis wall time':24} {seconds:8.1f} s  ({size / 1e6 / seconds:.0f} MB/s of JSON; "
+              f"CPU {cpu:.1f} s, load average {os.getloadavg()[0]:.1f})")  # fmt: skip
         print(
-            f"{'peak RSS (child)':24} {rss / 2**20:8.0f} MiB  (goal < 1024 MiB; {rss / size:.2f} x file size)"
+            f"{'peak RSS (child)':24} {rss / 2**20:8.0f} MiB  ({rss / size:.3f} x the file size; goal <= 0.30 x)"
         )
         print(f"{'events / steps':24} {int(out[2]):,} / {out[5]}")
     finally:
@@ -545,6 +566,9 @@ def main() -> None:
     parser.add_argument("--skip-synthetic", action="store_true")
     parser.add_argument("--synthetic-gb", type=float, default=1.0)
     parser.add_argument("--keep-synthetic", action="store_true", help="leave the synthetic file in /tmp")
+    parser.add_argument(
+        "--synthetic-file", type=Path, help="part 3 on this file (kept) instead of building one"
+    )
     parser.add_argument("--hta-reference", type=Path, help="write HTA's temporal numbers per trace and exit")
     parser.add_argument(
         "--make-synthetic", nargs=3, metavar=("SOURCE", "TARGET", "BYTES"), help=argparse.SUPPRESS
@@ -577,7 +601,7 @@ def main() -> None:
         source = next((p for p in traces if args.ranks_source in p.name), traces[0])
         bench_ranks(source, args.ranks, args.rounds)
     if not args.skip_synthetic:
-        bench_synthetic(args.synthetic_gb, args.keep_synthetic)
+        bench_synthetic(args.synthetic_gb, args.keep_synthetic, args.synthetic_file)
 
 
 if __name__ == "__main__":

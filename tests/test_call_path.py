@@ -188,6 +188,28 @@ async def test_one_redaction_pass_scrubs_both_the_record_and_the_answer(workspac
     assert record.inputs["env"] == {"HF_TOKEN": "<redacted>"}
 
 
+@pytest.mark.parametrize(
+    "carrier",
+    [
+        {"inputs": {"job": {"env": {"WANDB_API_KEY": "k3y-value-9f8e7d"}}}},
+        {"inputs": {"runs": [{"argv": ["python", "t.py", "--api-key", "k3y-value-9f8e7d"]}]}},
+        {"command": ["python", "t.py", "--token=k3y-value-9f8e7d"]},
+    ],
+    ids=["nested env", "argv in a list", "command"],
+)
+def test_a_secret_an_env_or_argv_reveals_is_scrubbed_everywhere(
+    workspace: Path, carrier: dict[str, Any]
+) -> None:
+    """The plain scrubber's pass is kept only for records without env mappings or argv lists; one that
+    carries them (at any depth, or as the command) is scrubbed again by a scrubber that knows their
+    values, so the value goes wherever else it appears too."""
+    draft: dict[str, Any] = {"result": {"log": "started with k3y-value-9f8e7d", "n": [1, "k3y-value-9f8e7d"]}}
+    record = _append(Ledger(workspace), **{**draft, **carrier})
+    stored = json.dumps(record.model_dump(mode="json"))
+    assert "k3y-value-9f8e7d" not in stored and "<redacted>" in stored
+    assert record.result["log"] == "started with <redacted>"
+
+
 class _Aliased(BaseModel):
     evidence_id: str
     state: EvidenceState

@@ -120,6 +120,9 @@ class Scrubber:
         # A scrubber's secrets are fixed once built, so a string scrubs the same way every time; records
         # repeat short strings thousands of times (keys' parts, dtypes, statuses): each is scrubbed once.
         self._seen: dict[str, tuple[str, int]] = {}
+        self.structured = False
+        """Whether `tree` met an env mapping or an argv list (under their keys): their secrets are then to be
+        scrubbed everywhere, by a scrubber built for them (`for_tree`)."""
         self.keys_changed = False
         """Whether `tree` met a mapping key that is not exactly a ``str`` (JSON turns it into one, so its
         sorted place in canonical JSON can move once it is read back)."""
@@ -235,8 +238,10 @@ class Scrubber:
             return self.text(value)
         if kind is dict or isinstance(value, Mapping):
             items = cast("Mapping[Any, Any]", value)
-            if key in _ENV_KEYS and all(isinstance(k, str) for k in items):
-                return self.env(cast("Mapping[str, Any]", items))
+            if key in _ENV_KEYS:
+                self.structured = True
+                if all(isinstance(k, str) for k in items):
+                    return self.env(cast("Mapping[str, Any]", items))
             text, tree = self.text, self.tree
             out: dict[Any, Any] = {}
             for k, v in items.items():
@@ -251,8 +256,10 @@ class Scrubber:
             return out
         if isinstance(value, (list, tuple)):
             seq = cast("Sequence[Any]", value)
-            if key in _ARGV_KEYS and all(isinstance(v, str) for v in seq):
-                return self.argv(cast("Sequence[str]", seq))
+            if key in _ARGV_KEYS:
+                self.structured = True
+                if all(isinstance(v, str) for v in seq):
+                    return self.argv(cast("Sequence[str]", seq))
             return [self.tree(v) for v in seq]
         return value
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import hmac
 import json
@@ -79,13 +80,13 @@ class SigningKey:
 
     secret: bytes
 
-    @property
+    @functools.cached_property
     def key_id(self) -> str:
         return hashlib.sha256(b"perfgate-key-id:" + self.secret).hexdigest()[:16]
 
     def mac(self, purpose: str, message: str) -> str:
         """HMAC (hex) of ``message`` for one ``purpose`` (a MAC for one use never verifies for another)."""
-        return hmac.new(self.secret, f"{purpose}\x00{message}".encode(), hashlib.sha256).hexdigest()
+        return hmac.digest(self.secret, f"{purpose}\x00{message}".encode(), "sha256").hex()
 
     def check(self, purpose: str, message: str, mac: str | None) -> bool:
         return mac is not None and hmac.compare_digest(self.mac(purpose, message), mac)

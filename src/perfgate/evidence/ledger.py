@@ -31,6 +31,8 @@ anchor). HEAD is rewritten in place too, as a fixed-width line. Each append stil
 slots under the anchor's lock, but parses them and checks their MACs only when their bytes differ from
 what this `Ledger` last read or wrote (another writer's slot is always checked afresh). The chain head is
 read inside the write transaction, never cached: a concurrent writer's record cannot be skipped.
+A record's inputs and result, most of its bytes, are encoded to canonical JSON once: the input digest
+hashes that text and the body is spliced from it, byte for byte what encoding the whole record gives.
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ BEGIN SELECT RAISE(ABORT, 'the evidence ledger is append-only'); END;
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def canonical_json(value: Any) -> str:
@@ -568,10 +573,10 @@ class Ledger:
             "mac": key.mac(_ANCHOR_MAC, self._anchor_message(seq, hash_)),
             "replaced": replaced,
         }
-        text = json.dumps(anchor, separators=(",", ":")).encode()
+        text = _COMPACT.encode(anchor).encode()
         while len(text) >= _ANCHOR_SLOT and anchor["replaced"]:  # keep the newest replacements
             anchor["replaced"] = anchor["replaced"][1:]
-            text = json.dumps(anchor, separators=(",", ":")).encode()
+            text = _COMPACT.encode(anchor).encode()
         target = 1 - best if best is not None else 0
         raw = text.ljust(_ANCHOR_SLOT - 1) + b"\n"
         os.pwrite(out, raw, target * _ANCHOR_SLOT)
@@ -659,13 +664,19 @@ class Ledger:
         key = self._key or self.trust.ensure_key()
         self._key = key
         artifacts = self._artifacts(draft)
-        # Nothing secret is ever stored: the one redaction layer, keyed by what this record carries.
-        scrub = Scrubber.for_tree(draft.inputs, draft.result, {"command": draft.command or []})
+        # Nothing secret is ever stored: the one redaction layer, keyed by what this record carries. Most
+        # records carry no env mapping or argv list: one pass of the plain scrubber is then what
+        # `Scrubber.for_tree` would give; otherwise the pass is made again by the scrubber built for them.
+        scrub = Scrubber()
+        scrubbed = scrub.tree(draft.inputs), scrub.tree(draft.result)
+        if scrub.structured or draft.command:
+            scrub = Scrubber.for_tree(draft.inputs, draft.result, {"command": draft.command or []})
+            scrubbed = scrub.tree(draft.inputs), scrub.tree(draft.result)
         # Through JSON once: what is stored and returned is exactly what JSON holds. The canonical texts
         # are hashed and stored as they are, unless a key was not a plain string (read back as one, it
         # can sort elsewhere): then they are written again from what JSON holds.
-        inputs_text = canonical_json(scrub.tree(draft.inputs))
-        result_text = canonical_json(scrub.tree(draft.result))
+        inputs_text = canonical_json(scrubbed[0])
+        result_text = canonical_json(scrubbed[1])
         inputs, result = json.loads(f"[{inputs_text},{result_text}]")
         if scrub.keys_changed:
             inputs_text, result_text = canonical_json(inputs), canonical_json(result)

@@ -44,18 +44,21 @@ def _queue_depth(
     # At equal times, completions go first so a back-to-back launch does not look like depth 2.
     order = np.lexsort((delta, times))
     clipped = times[order]
-    del times
-    depth = np.cumsum(delta[order], dtype=np.int64)
-    del order, delta
+    # int32 holds any depth of a trace below 2**31 events; the products below are the same float64s.
+    depth = np.cumsum(delta[order], dtype=np.int32 if times.size < 2**31 else np.int64)
+    del order, delta, times
     np.maximum(clipped, span_start, out=clipped)
     np.minimum(clipped, span_end, out=clipped)
     widths = np.empty_like(clipped)
     np.subtract(clipped[1:], clipped[:-1], out=widths[:-1])
     widths[-1] = span_end - clipped[-1]
+    first = float(clipped[0] - span_start)
+    del clipped
     total = span_end - span_start
     # Before the first event nothing is outstanding.
-    zero = float(widths[depth == 0].sum()) + float(clipped[0] - span_start)
-    return int(depth.max()), float((depth * widths).sum()) / total, zero / total
+    zero = float(widths[depth == 0].sum()) + first
+    np.multiply(widths, depth, out=widths)  # depth-weighted widths, in place
+    return int(depth.max()), float(widths.sum()) / total, zero / total
 
 
 def launch_stats(p: Prepared, short_kernel_us: float) -> LaunchStats:

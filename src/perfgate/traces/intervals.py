@@ -62,11 +62,12 @@ def _sweep(s: F64, e: F64) -> tuple[F64, F64]:
     new = np.empty(s.size, dtype=bool)
     new[0] = True
     np.greater(s[1:], e[:-1], out=new[1:])
-    first = np.flatnonzero(new)
-    last = np.empty_like(first)
-    last[:-1] = first[1:] - 1
-    last[-1] = s.size - 1
-    return s[first], e[last]
+    starts = s[new]
+    # Each merged interval ends at the running end just before the next one begins (masks, not index
+    # arrays: a byte per interval instead of sixteen).
+    new[:-1] = new[1:]
+    new[-1] = True
+    return starts, e[new]
 
 
 def union_length(start: F64, end: F64) -> float:

@@ -179,6 +179,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         covered_s, covered_e = merge_merged(covered_s, covered_e, s, e)
         time_us = union_length(covered_s, covered_e) - before
         accounted += time_us
+        release_for(ts.size)  # the union's sort
         phases.append(_phase(ph, time_us, total, per_step, _top_names(p, mask, self_us)))
         del mask, s, e
     phases.append(_phase("other", max(total - accounted, 0.0), total, per_step, []))

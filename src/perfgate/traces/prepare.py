@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from perfgate.traces._group import TABLE_LIMIT, unique_inverse
+from perfgate.traces._memory import release_for
 from perfgate.traces.classify import CATEGORIES, Category, category_kind, classify_device
 from perfgate.traces.models import AnalysisWindow, TimeBasis
 from perfgate.traces.table import DIR_D2D, DIR_D2H, DIR_H2D, DIR_OTHER, Columns, EventTable, Ints
@@ -236,6 +237,8 @@ def prepare(
     category, kind = _classify(table, device)
     device.data["category"] = category
     device.data["kind"] = kind
+    if release:
+        release_for(len(host) + len(cpu))  # the raw columns, freed while the windowed ones were copied
     launch = _launch_rows(device, host)
     device.data["launch"] = launch
     # ROCm records copy sizes on the host call (``size``), not on the device copy.
