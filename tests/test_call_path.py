@@ -231,6 +231,8 @@ async def test_the_answer_shows_what_was_stored_and_names_fields_as_before(works
     answer = _answer(spec, out, rt)
     record = rt.ledger.get(ev.id)
     assert record is not None and answer.structured_content == record.result == out.model_dump(mode="json")
+    # The model's field order, not the stored (sorted) one.
+    assert list(answer.structured_content) == list(out.model_dump(mode="json"))
     other = _Out(evidence_id=ev.id, state=EvidenceState.EXECUTED, note="another")  # not the committed one
     assert _answer(spec, other, rt).structured_content == other.model_dump(mode="json")
     aliased = _Aliased(evidence_id="ev-1", state=EvidenceState.EXECUTED, wire_name=3)

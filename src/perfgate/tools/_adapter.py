@@ -223,7 +223,10 @@ def _answer(spec: AnySpec, out: BaseModel, runtime: ToolRuntime) -> CallToolResu
     aliased = _aliased(type(out))
     committed = runtime.committed
     if not aliased and committed is not None and committed[0] is out:
-        structured = committed[1]  # what the ledger stored of this very output: its dump, through JSON
+        # What the ledger stored of this very output: its dump, through JSON. Stored keys are sorted; the
+        # answer lists the top-level fields in the model's order, as a dump would (the lead fields first).
+        stored = committed[1]
+        structured = {**{name: stored[name] for name in type(out).model_fields if name in stored}, **stored}
     else:
         structured = out.model_dump(mode="json", by_alias=True)
     # Without aliases the dump by alias is the dump by name: made once for both.
