@@ -39,32 +39,30 @@ class EventArgs(msgspec.Struct, gc=False):
     flops: Scalar = None
 
 
-class Event(msgspec.Struct, gc=False):
-    """One trace event. ``ts`` and ``dur`` are microseconds (Chrome trace convention).
+class _Fields(msgspec.Struct, gc=False):
+    """The fields read from a trace event. ``ts`` and ``dur`` are microseconds (Chrome trace convention).
 
     ``args`` stays raw JSON: most events' args are never read (CPU ops, metadata), and building a
     Struct for each costs a quarter of the decode time. The args of the events that need them are
     decoded later, in one call per batch (see `decode_args`).
     """
 
+    cat: str = ""
+    name: str = ""
+    ts: int | float | None = None
+    dur: int | float | None = None
+    tid: int | str | None = None
+    args: msgspec.Raw = msgspec.Raw(b"")
+
+
+class Event(_Fields):
+    """One trace event of any phase."""
+
     ph: str = ""
-    cat: str = ""
-    name: str = ""
-    ts: int | float | None = None
-    dur: int | float | None = None
-    tid: int | str | None = None
-    args: msgspec.Raw = msgspec.Raw(b"")
 
 
-class Complete(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+class Complete(_Fields, tag_field="ph", tag="X"):
     """A complete event (``"ph": "X"``), the only kind the tables keep: `Event`'s fields but ``ph``."""
-
-    cat: str = ""
-    name: str = ""
-    ts: int | float | None = None
-    dur: int | float | None = None
-    tid: int | str | None = None
-    args: msgspec.Raw = msgspec.Raw(b"")
 
 
 _PHASES = "BEiICbneSTpFstfPNODMVvRc()"
