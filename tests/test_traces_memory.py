@@ -200,11 +200,12 @@ def test_a_phase_union_built_in_chunks_equals_one_merge(monkeypatch: pytest.Monk
     rng = np.random.default_rng(5)
     for _ in range(50):
         s, e = _random_intervals(rng, 500, 2000)
+        dur = e - s
         mask = rng.random(500) < 0.7
         lo, hi = 100.0, 1800.0
-        whole = merge(*clip(s[mask], e[mask], lo, hi))
+        whole = merge(*clip(s[mask], (s + dur)[mask], lo, hi))
         monkeypatch.setattr(phases, "UNION_CHUNK", int(rng.integers(1, 64)))
-        chunked = phases._union(s, e, mask, lo, hi)  # pyright: ignore[reportPrivateUsage]
+        chunked = phases._union(s, dur, mask, lo, hi)  # pyright: ignore[reportPrivateUsage]
         assert chunked[0].tolist() == whole[0].tolist() and chunked[1].tolist() == whole[1].tolist()
 
 
@@ -260,7 +261,7 @@ def test_the_collectives_difference_merges_only_the_ops_that_reach_them_and_stay
             a_s, a_e = merge(a_s, a_e)
         ts, dur = _ops_near(rng, a_s, int(rng.integers(1, 120)))
         mask = rng.random(ts.size) < 0.7
-        all_ops = phases._union(ts, ts + dur, mask, lo, hi)  # pyright: ignore[reportPrivateUsage]
+        all_ops = phases._union(ts, dur, mask, lo, hi)  # pyright: ignore[reportPrivateUsage]
         want = difference(a_s, a_e, *all_ops)
         got = phases._uncovered_by_ops(a_s, a_e, ts, dur, mask, lo, hi)  # pyright: ignore[reportPrivateUsage]
         assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()

@@ -168,7 +168,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         # on the grouping: the merged intervals, and so the sums, are the same.
         release_for(ts.size)  # the previous phase's temporaries
         mask = code == _CODE[ph]
-        s, e = _union(ts, None, outermost(mask), lo, hi, dur=dur)
+        s, e = _union(ts, dur, outermost(mask), lo, hi)
         if ph in extra:
             xs, xe = clip(extra[ph][0], extra[ph][1], lo, hi)
             s, e = merge(np.concatenate([s, xs]), np.concatenate([e, xe]))
@@ -231,13 +231,11 @@ UNION_CHUNK = 1 << 18
 """Ops whose intervals are clipped and merged together before joining the union of the rest."""
 
 
-def _union(
-    ts: F64, end: F64 | None, mask: npt.NDArray[np.bool_], lo: float, hi: float, dur: F64 | None = None
-) -> tuple[F64, F64]:
+def _union(ts: F64, dur: F64, mask: npt.NDArray[np.bool_], lo: float, hi: float) -> tuple[F64, F64]:
     """`merge` of the masked intervals clipped to ``[lo, hi)``, built `UNION_CHUNK` rows at a time.
 
-    ``end`` holds the ends, or is None and ``dur`` the durations (each chunk's ends are then formed as
-    ts + dur, the values of the derived ``end`` column, and the whole column is never held).
+    Each chunk's ends are formed as ts + dur, the values of the derived ``end`` column: the whole column
+    is never held.
     A union is the same however its parts are grouped, and `merge` returns it in one canonical form
     (its boundaries are input values), so the result equals one merge over all rows; only one chunk's
     copies are held at a time.
@@ -247,7 +245,7 @@ def _union(
     for a in range(0, ts.size, UNION_CHUNK):
         b = a + UNION_CHUNK
         t = ts[a:b]
-        chunk_end = end[a:b] if end is not None else t + _given(dur)[a:b]
+        chunk_end = t + dur[a:b]
         s, e = merge(*_clipped(t, chunk_end, mask[a:b], lo, hi))
         del chunk_end
         parts_s.append(s)
@@ -255,11 +253,6 @@ def _union(
     if len(parts_s) == 1:
         return parts_s[0], parts_e[0]
     return merge(np.concatenate(parts_s), np.concatenate(parts_e))
-
-
-def _given(dur: F64 | None) -> F64:
-    assert dur is not None, "_union needs end or dur"
-    return dur
 
 
 def _uncovered_by_ops(
@@ -290,7 +283,7 @@ def _uncovered_by_ops(
         del end, k
     if not any_op:
         return a_s, a_e
-    return difference_merged(a_s, a_e, *_union(ts, None, near, lo, hi, dur=dur))
+    return difference_merged(a_s, a_e, *_union(ts, dur, near, lo, hi))
 
 
 def _clipped(ts: F64, end: F64, mask: npt.NDArray[np.bool_], lo: float, hi: float) -> tuple[F64, F64]:
