@@ -10,8 +10,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,6 +153,52 @@ def test_concurrent_processes_lose_no_record(workspace: Path) -> None:
     ledger = Ledger(workspace)
     assert sorted(r.id for r in ledger.records()) == sorted(acknowledged)
     assert ledger.verify().ok
+
+
+def test_opening_a_new_ledger_waits_out_another_connections_write_lock(workspace: Path) -> None:
+    # A process that opens a fresh ledger while another holds its write lock (as when several start at
+    # once and one is already creating the schema) must wait, not fail: SQLite refuses the switch to WAL
+    # at once, without its busy handler.
+    db_path = workspace / ".perfgate" / "ledger.db"
+    db_path.parent.mkdir(parents=True)
+    other = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE unrelated (x)")
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    release.start()
+    try:
+        ledger = Ledger(workspace)
+        assert ledger.db_path == db_path
+        _append(ledger)
+        assert len(ledger.records()) == 1
+    finally:
+        release.join()
+        other.close()
+
+
+def _opener(workspace: str, barrier: Any, queue: mp.Queue) -> None:  # type: ignore[type-arg]
+    barrier.wait()
+    try:
+        Ledger(Path(workspace))
+        queue.put("ok")
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which names it
+        queue.put(repr(exc))
+
+
+def test_processes_opening_a_new_ledger_at_once_all_succeed(tmp_path: Path) -> None:
+    ctx = mp.get_context("fork")
+    for trial in range(8):
+        workspace = tmp_path / f"ws{trial}"
+        workspace.mkdir()
+        barrier = ctx.Barrier(4)
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_opener, args=(str(workspace), barrier, queue)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        outcomes = [queue.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join(timeout=120)
+        assert outcomes == ["ok"] * 4, outcomes
 
 
 _KILLED_WRITER = """

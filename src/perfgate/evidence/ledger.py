@@ -45,6 +45,7 @@ import secrets
 import sqlite3
 import stat
 import threading
+import time
 import weakref
 from collections.abc import Callable, Generator
 from datetime import datetime, timezone
@@ -268,6 +269,17 @@ def _slot_seq(slot: dict[str, Any]) -> int:
     return seq if isinstance(seq, int) else -1
 
 
+_BUSY_TIMEOUT_S = 60.0
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    """SQLITE_BUSY (5) or SQLITE_LOCKED (6), extended codes included (the code is there from Python 3.11)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (5, 6)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
 class _Connection:
     """The one SQLite connection a process holds on one ledger database, shared by its `Ledger`s and
     threads under ``lock`` (SQLite shares its lock and WAL-index state per file and process anyway)."""
@@ -282,10 +294,26 @@ class _Connection:
         self.ledger_id = ""
 
     def _open(self) -> sqlite3.Connection:
-        """A fresh connection, with the schema in place and ``ledger_id`` read (or created)."""
-        conn = sqlite3.connect(self.db_path, timeout=60.0, isolation_level=None, check_same_thread=False)
+        """A fresh connection, with the schema in place and ``ledger_id`` read (or created).
+
+        Processes that open a new ledger at the same moment race to switch it to WAL. SQLite answers the
+        losers' ``journal_mode`` change with SQLITE_BUSY at once, without calling the busy handler, so the
+        whole opening is retried (briefly, with jitter) for as long as the busy timeout would have waited."""
+        deadline = time.monotonic() + _BUSY_TIMEOUT_S
+        while True:
+            try:
+                return self._open_once()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.005 + secrets.randbelow(20) / 1000)
+
+    def _open_once(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.db_path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
         try:
-            conn.execute("PRAGMA busy_timeout=60000")
+            conn.execute(f"PRAGMA busy_timeout={int(_BUSY_TIMEOUT_S * 1000)}")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
