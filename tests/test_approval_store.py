@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -196,3 +198,25 @@ def test_limits_bind_every_path_and_a_broken_policy_disables_commands(
     with pytest.raises(ToolError, match="commands are disabled"):
         broken.preapproved(req(tmp_path), "run_x")
     assert decisions(ledger) == []
+
+
+def test_opening_a_new_store_waits_out_another_connections_write_lock(tmp_path: Path) -> None:
+    # The server and `perfgate approve` may create the store at the same moment; the one that finds the
+    # other holding the lock waits (SQLite refuses the switch to WAL at once, without its busy handler).
+    from perfgate.trust import TrustRoot
+
+    trust = TrustRoot.locate()
+    folder = trust.workspace_dir(tmp_path)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    other = sqlite3.connect(folder / "approvals.db", isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE unrelated (x)")
+    other.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, lambda: other.execute("COMMIT"))
+    release.start()
+    try:
+        store = ApprovalStore.open(tmp_path)
+        _, created = store.open_pending(req(tmp_path), "run_x", ttl_s=100)
+        assert created
+    finally:
+        release.join()
+        other.close()

@@ -45,7 +45,6 @@ import secrets
 import sqlite3
 import stat
 import threading
-import time
 import weakref
 from collections.abc import Callable, Generator
 from datetime import datetime, timezone
@@ -54,6 +53,7 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from perfgate._sqlite import retry_while_busy
 from perfgate.evidence.states import EvidenceState
 from perfgate.trust import SigningKey, TrustRoot, TrustRootError
 
@@ -272,14 +272,6 @@ def _slot_seq(slot: dict[str, Any]) -> int:
 _BUSY_TIMEOUT_S = 60.0
 
 
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    """SQLITE_BUSY (5) or SQLITE_LOCKED (6), extended codes included (the code is there from Python 3.11)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        return code & 0xFF in (5, 6)
-    return "locked" in str(exc) or "busy" in str(exc)
-
-
 class _Connection:
     """The one SQLite connection a process holds on one ledger database, shared by its `Ledger`s and
     threads under ``lock`` (SQLite shares its lock and WAL-index state per file and process anyway)."""
@@ -294,19 +286,8 @@ class _Connection:
         self.ledger_id = ""
 
     def _open(self) -> sqlite3.Connection:
-        """A fresh connection, with the schema in place and ``ledger_id`` read (or created).
-
-        Processes that open a new ledger at the same moment race to switch it to WAL. SQLite answers the
-        losers' ``journal_mode`` change with SQLITE_BUSY at once, without calling the busy handler, so the
-        whole opening is retried (briefly, with jitter) for as long as the busy timeout would have waited."""
-        deadline = time.monotonic() + _BUSY_TIMEOUT_S
-        while True:
-            try:
-                return self._open_once()
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() >= deadline:
-                    raise
-            time.sleep(0.005 + secrets.randbelow(20) / 1000)
+        """A fresh connection, with the schema in place and ``ledger_id`` read (or created)."""
+        return retry_while_busy(self._open_once, _BUSY_TIMEOUT_S)
 
     def _open_once(self) -> sqlite3.Connection:
         conn = sqlite3.connect(

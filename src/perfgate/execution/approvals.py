@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from perfgate._sqlite import retry_while_busy
 from perfgate.execution.request import CommandRequest
 from perfgate.trust import SigningKey, TrustRoot
 
@@ -111,13 +112,16 @@ class ApprovalStore:
         self.clock = clock
         self.rejected: list[str] = []
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        retry_while_busy(self._create, 30.0)
+        self.db_path.chmod(0o600)
+
+    def _create(self) -> None:
         with self._connect() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
             if "mac" not in columns:
                 conn.execute("ALTER TABLE approvals ADD COLUMN mac TEXT")
-        self.db_path.chmod(0o600)
 
     @classmethod
     def open(
