@@ -32,6 +32,7 @@ from perfgate.traces.errors import TraceFormatError, TraceTooLargeError
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_MAX_VALUE_BYTES",
+    "DEFAULT_READ_BLOCK",
     "Decompressor",
     "TraceStream",
     "isal_available",
@@ -41,7 +42,8 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 """Bytes of JSON decoded per batch: large enough to amortize calls, small enough to stay cache- and RAM-friendly."""
 DEFAULT_MAX_VALUE_BYTES = 64 << 20
 """Largest single event (or header) accepted; real Kineto events are far below 1 MiB."""
-_READ_BLOCK = 1 << 20
+DEFAULT_READ_BLOCK = 1 << 20
+"""Decompressed bytes read from the file at a time (the buffer grows by these)."""
 _MAX_ATTEMPTS = 8
 
 Decompressor = Literal["auto", "isal", "zlib"]
@@ -54,6 +56,8 @@ _WS = b" \t\r\n"
 _EVENTS_DECODER = msgspec.json.Decoder(list[Event])
 _COMPLETE_DECODER: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(cast("Any", list)[ANY_EVENT])
 """Decodes a run as `Complete` events and empty Structs for the rest (see `TraceStream.complete_batches`)."""
+_SKIP_DECODER = msgspec.json.Decoder(msgspec.Raw)
+"""Validates a run of events as JSON without building them (the runs before ``TraceStream.skip_before``)."""
 _HEADER_DECODER = msgspec.json.Decoder(Header)
 _ANY_DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
@@ -126,6 +130,14 @@ class TraceStream:
     the events), `decoded_bytes` the JSON size and `lenient_skipped` the events dropped because a
     field had an unusable type.
 
+    A stream can read one part of the events array (`perfgate.traces.pool` reads the two halves of a
+    large trace in two processes): batches that start before ``skip_before`` (an offset in the
+    decompressed JSON) are validated but neither decoded nor yielded, and with ``stop_at`` the stream
+    ends before the first batch that starts at or after it (``stopped`` is then True, and neither the
+    rest of the file nor the keys after the array are read). Batches are cut at the same places
+    whatever part is read, so the parts of two streams with ``stop_at == skip_before`` are together
+    exactly the batches of one stream over the whole file.
+
     Raises (from `batches`):
         TraceFormatError: bad gzip data, invalid or truncated JSON, no ``traceEvents`` array.
         TraceTooLargeError: one event (or the header) is larger than ``max_value_bytes``.
@@ -136,11 +148,14 @@ class TraceStream:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     decompressor: Decompressor = "auto"
-    read_block: int = _READ_BLOCK
+    read_block: int = DEFAULT_READ_BLOCK
     header: Header = field(default_factory=Header)
     decoded_bytes: int = 0
     lenient_skipped: int = 0
     compressed: bool = False
+    skip_before: int = 0
+    stop_at: int | None = None
+    stopped: bool = False
     _buf: bytearray = field(default_factory=bytearray, repr=False)
     _base: int = 0
     _eof: bool = False
@@ -223,7 +238,8 @@ class TraceStream:
                 "expected a Kineto/Chrome trace (.json or .json.gz)"
             )
         end = yield from self._events(sep)
-        self._tail(end, top_is_array)
+        if not self.stopped:
+            self._tail(end, top_is_array)
 
     def _find_events_array(self, start: int) -> int:
         """Decode the keys before ``traceEvents`` and return the index of its ``[``."""
@@ -295,9 +311,13 @@ class TraceStream:
     def _events(self, sep: int) -> Generator[list[Any], None, int]:
         """Yield event batches; ``sep`` indexes the ``[`` or ``,`` before the next element.
 
-        Returns the buffer index of the ``]`` that closes the array.
+        Returns the buffer index of the ``]`` that closes the array (0 when it was seen already, or
+        when the stream stopped at ``stop_at``).
         """
         while True:
+            if self.stop_at is not None and self._base + sep >= self.stop_at:
+                self.stopped = True
+                return 0
             self._fill(sep + self.chunk_bytes)
             buf = self._buf
             probe = sep + 1
@@ -309,11 +329,12 @@ class TraceStream:
             if cut is None:
                 continue
             events, close, next_sep = cut
+            skipped = self._base + sep < self.skip_before
             # Move the unread rest into a fresh buffer instead of deleting the consumed head: the
             # events' raw args still point into the old one, which must never be resized.
             self._buf = self._buf[next_sep:]
             self._base += next_sep
-            if events:
+            if events and not skipped:
                 yield events
             if close:
                 return 0
@@ -339,7 +360,7 @@ class TraceStream:
                 continue
             attempts += 1
             try:
-                events = self._decode_run(sep, idx)
+                events = self._decode_run(sep, idx, skip=self._base + sep < self.skip_before)
             except msgspec.DecodeError as exc:
                 last_error = str(exc)
                 continue
@@ -367,11 +388,12 @@ class TraceStream:
             "profiler or the job killed while writing it?). Re-capture it."
         )
 
-    def _decode_run(self, sep: int, close: int) -> list[Any]:
+    def _decode_run(self, sep: int, close: int, skip: bool = False) -> list[Any]:
         """Decode buffer[sep..close] as a JSON array by overwriting its delimiters in place.
 
         No copy is made: the events' raw ``args`` are views into the buffer, which is why the reader
-        replaces the buffer after a cut rather than resizing it.
+        replaces the buffer after a cut rather than resizing it. With ``skip`` the run is only
+        validated (it decodes exactly when the typed decode would) and no event is returned.
         """
         buf = self._buf
         # A cut candidate is always followed by "," or "]", so close + 1 is inside the buffer.
@@ -380,6 +402,9 @@ class TraceStream:
         buf[close + 1] = ord("]")
         region = memoryview(buf)[sep : close + 2]
         try:
+            if skip:
+                _SKIP_DECODER.decode(region)
+                return []
             try:
                 if self._complete_only:
                     return _COMPLETE_DECODER.decode(region)

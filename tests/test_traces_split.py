@@ -1,0 +1,133 @@
+"""One large trace read in two halves on two cores: exactly the table and the analysis of one reader,
+and only when a core is idle."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perfgate.traces import AnalysisOptions, TraceError, analyze_trace, pool
+from perfgate.traces.analyze import load_table
+from perfgate.traces.table import Columns
+
+FIXTURES = Path(__file__).parent / "fixtures" / "traces"
+PLANTED = FIXTURES / "planted"
+SMALL_BATCHES = AnalysisOptions(chunk_bytes=1 << 12, read_block_bytes=1 << 12)
+"""Batches of a few events: the halves meet inside a fixture, after many batches on each side."""
+
+
+def _same_columns(a: Columns, b: Columns) -> None:
+    assert a.data.keys() == b.data.keys() and a.sparse.keys() == b.sparse.keys()
+    for key in a.data:
+        assert a.data[key].dtype == b.data[key].dtype and np.array_equal(
+            a.data[key], b.data[key], equal_nan=True
+        )
+    for key in a.sparse:
+        x, y = a.sparse[key], b.sparse[key]
+        assert np.array_equal(x.rows, y.rows) and np.array_equal(x.values, y.values, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "name", ["planted/slow_rank_rank1.json.gz", "planted/eval_in_step_rank0.json.gz", "musa_s4000_rank1.json"]
+)
+def test_two_halves_build_the_table_and_the_analysis_of_one_reader(name: str) -> None:
+    path = FIXTURES / name
+    options = (
+        SMALL_BATCHES
+        if path.stat().st_size > 10_000
+        else AnalysisOptions(chunk_bytes=256, read_block_bytes=256)
+    )
+    read = pool.load_split(path, options)
+    assert read is not None
+    split, stream, used = read
+    assert used  # the worker's half was read and joined, not thrown away
+    one, header, one_stream = load_table(path, options)
+    for table in ("device", "host", "cpu"):
+        _same_columns(getattr(split, table), getattr(one, table))
+    assert split.names == one.names and split.cats == one.cats and split.name_index == one.name_index
+    assert list(split.category_counts.items()) == list(one.category_counts.items())
+    assert (split.event_count, split.complete_count, split.float_timestamps, split.dropped_without_time) == (
+        one.event_count,
+        one.complete_count,
+        one.float_timestamps,
+        one.dropped_without_time,
+    )
+    assert stream.header == header and stream.decoded_bytes == one_stream.decoded_bytes
+    assert pool.analyze_split(path, options).model_dump() == analyze_trace(path, options).model_dump()
+
+
+def test_a_large_shared_trace_reads_the_same_in_two_halves(hta_traces: Path) -> None:
+    path = hta_traces / "ns_resolution_trace_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+    if not path.exists():
+        pytest.skip("the shared ns_resolution trace is not present")
+    read = pool.load_split(path, AnalysisOptions())
+    assert read is not None and read[2]
+    assert pool.analyze_split(path, AnalysisOptions()).model_dump() == analyze_trace(path).model_dump()
+
+
+def test_an_error_in_the_second_half_reads_as_from_one_reader(tmp_path: Path) -> None:
+    text = gzip.decompress((PLANTED / "slow_rank_rank1.json.gz").read_bytes())
+    at = text.index(b'"ph"', len(text) * 3 // 4)
+    bad = tmp_path / "rank1.json"
+    bad.write_bytes(text[:at] + b"!!" + text[at:])  # invalid JSON well after the middle
+    with pytest.raises(TraceError) as one:
+        analyze_trace(bad, SMALL_BATCHES)
+    with pytest.raises(TraceError) as split:
+        pool.analyze_split(bad, SMALL_BATCHES)
+    assert str(split.value) == str(one.value)
+
+
+def test_too_many_events_is_told_as_one_reader_tells_it() -> None:
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    options = AnalysisOptions(
+        chunk_bytes=1 << 12,
+        read_block_bytes=1 << 12,
+        max_events=analyze_trace(path).event_counts["events"] - 1,
+    )
+    with pytest.raises(TraceError) as one:
+        analyze_trace(path, options)
+    with pytest.raises(TraceError) as split:
+        pool.analyze_split(path, options)
+    assert str(split.value) == str(one.value)
+
+
+def test_a_second_core_is_used_only_when_idle_now() -> None:
+    assert pool.idle_core(2, "0.40 0.50 0.60 1/300 999")
+    assert not pool.idle_core(1, "0.00 0.00 0.00 1/300 999")  # one core: nothing to split onto
+    assert not pool.idle_core(2, "0.40 0.50 0.60 2/300 999")  # another thread runs now
+    assert not pool.idle_core(2, "1.60 0.50 0.60 1/300 999")  # busy over the last minute
+    assert not pool.idle_core(2, "garbled")
+
+
+def test_one_large_trace_is_split_only_on_an_idle_machine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "rank0.json"
+    path.write_bytes((PLANTED / "slow_rank_rank1.json.gz").read_bytes())
+
+    def large(_: Path) -> int:
+        return pool.SPLIT_MIN_BYTES
+
+    monkeypatch.setattr(pool, "_json_bytes", large)
+    monkeypatch.setattr(pool._forkserver_started, "is_set", lambda: True)  # pyright: ignore[reportPrivateUsage]
+    calls: list[Path] = []
+    real = pool.analyze_split
+
+    def spy(p: Path, *args: object, **kwargs: object) -> object:
+        calls.append(p)
+        return real(p, *args, **kwargs)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(pool, "analyze_split", spy)
+    monkeypatch.setattr(pool, "idle_core", lambda: False)
+    busy = pool.analyze_many([path])
+    assert calls == []
+    monkeypatch.setattr(pool, "idle_core", lambda: True)
+    idle = pool.analyze_many([path])
+    assert calls == [path]
+    assert idle[0].model_dump() == busy[0].model_dump()
+    # Several files are never split: they use the cores one file each.
+    pool.analyze_many([path, path], workers=1)
+    assert calls == [path]
