@@ -130,12 +130,11 @@ def _dots(a: np.ndarray, b: np.ndarray, complex_values: bool) -> tuple[float, fl
 
 def _widen(values: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
     """``out[:] = values`` as float64 (complex128): exact for every input type. bfloat16 is the top half of
-    a float32 with the same bits: shifting its bits into place is exact and three times faster than the
-    element-wise conversion loop of ml_dtypes."""
+    a float32 with the same bits: shifting its bits into place (widened to 32 bits inside the shift's own
+    loop) is exact and four times faster than the element-wise conversion loop of ml_dtypes."""
     if values.dtype.itemsize == 2 and str(values.dtype) == "bfloat16" and not np.iscomplexobj(out):
         bits: Any = scratch.bits[: values.shape[0]]
-        np.copyto(bits, cast("Any", values).view(np.uint16))
-        np.left_shift(bits, 16, out=bits)
+        np.left_shift(cast("Any", values).view(np.uint16), 16, out=bits, dtype=np.uint32)
         np.copyto(out, bits.view(np.float32))
     else:
         np.copyto(out, values, casting="unsafe")
