@@ -131,3 +131,34 @@ def test_one_large_trace_is_split_only_on_an_idle_machine(
     # Several files are never split: they use the cores one file each.
     pool.analyze_many([path, path], workers=1)
     assert calls == [path]
+
+
+def test_a_worker_that_began_elsewhere_is_not_used(tmp_path: Path) -> None:
+    # Names holding "}, {" (which the worker's guessed cuts take for the end of an event) followed by a
+    # long tail: at some meeting points the worker begins inside a string, at others its guesses met
+    # the true cuts again. Either way the table is one reader's.
+    import json
+
+    events: list[dict[str, object]] = []
+    for i in range(300):
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}}}, {{" + "y" * 300, "ts": i * 10,
+                       "dur": 5, "tid": 1, "pid": 1})  # fmt: skip
+        events.append({"ph": "X", "cat": "kernel", "name": f"k{i % 5}", "ts": i * 10 + 1, "dur": 3, "tid": 7,
+                       "pid": 0, "args": {"stream": 7, "correlation": i, "device": 0}})  # fmt: skip
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}, separators=(", ", ": ")))
+    options = AnalysisOptions(chunk_bytes=1 << 10, read_block_bytes=1 << 10)
+    one, _, _ = load_table(path, options)
+    outcomes: set[str] = set()
+    for at in (0.15, 0.3, 0.5, 0.55):
+        read = pool.load_split(path, options, at=at)
+        if read is None:
+            outcomes.add("read again in one piece")
+            continue
+        assert read[2]
+        outcomes.add("joined")
+        for table in ("device", "host", "cpu"):
+            _same_columns(getattr(read[0], table), getattr(one, table))
+        assert read[0].names == one.names
+    assert outcomes == {"joined", "read again in one piece"}
+    assert pool.analyze_split(path, options).model_dump() == analyze_trace(path, options).model_dump()

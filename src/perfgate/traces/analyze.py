@@ -123,19 +123,20 @@ def load_table(
         OSError: the file cannot be read.
         DeadlineExceeded: the parsing deadline passed (see `perfgate._deadline`).
     """
-    builder, stream = load_part(path, options)
+    stream = part_stream(path, options)
+    builder = load_part(stream, options)
     table = builder.build()
     if stream.decoded_bytes >= TRIM_EVERY_BYTES:
         release_free_memory()
     return table, stream.header, stream
 
 
-def load_part(
+def part_stream(
     path: Path, options: AnalysisOptions, skip_before: int = 0, stop_at: int | None = None
-) -> tuple[TableBuilder, TraceStream]:
-    """The events of one trace file (or of the part between ``skip_before`` and ``stop_at``, see
-    `TraceStream`) in a `TableBuilder`, not yet built; raises as `load_table`."""
-    stream = TraceStream(
+) -> TraceStream:
+    """A `TraceStream` of ``path`` with the options' sizes, reading the part between ``skip_before`` and
+    ``stop_at`` (see `TraceStream`; the whole file by default)."""
+    return TraceStream(
         path,
         chunk_bytes=options.chunk_bytes,
         max_value_bytes=options.max_event_bytes,
@@ -144,6 +145,11 @@ def load_part(
         skip_before=skip_before,
         stop_at=stop_at,
     )
+
+
+def load_part(stream: TraceStream, options: AnalysisOptions) -> TableBuilder:
+    """The events ``stream`` reads, in a `TableBuilder` not yet built; raises as `load_table`."""
+    path = stream.path
     builder = TableBuilder()
     events = 0
     trimmed_at = 0
@@ -160,7 +166,7 @@ def load_part(
         if stream.decoded_bytes - trimmed_at >= TRIM_EVERY_BYTES:
             release_free_memory()
             trimmed_at = stream.decoded_bytes
-    return builder, stream
+    return builder
 
 
 def _rank(header: Header, path: Path) -> tuple[int, RankSource, int | None]:

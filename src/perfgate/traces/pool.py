@@ -11,9 +11,11 @@ memory. Small sets (where starting workers costs more than it saves) are read in
 A single large trace is read in two halves on two cores (`analyze_split`) when a core is idle now
 (`idle_core`): a worker decodes the events after the middle of the JSON while this process decodes the
 ones before, and the two tables are joined into exactly the table one reader builds
-(`TableBuilder.extend`). The worker still decompresses and validates the first part (to cut its batches
-where one reader would), so the split costs about a third more CPU in all for a shorter wall time; on a
-busy machine the trace is read in one process. This needs the forkserver already running, so the first
+(`TableBuilder.extend`). The worker decompresses the part before its own and guesses, without decoding,
+where one reader would cut its batches; this process checks that the worker began exactly where its own
+part ended and otherwise reads the file again in one piece, so the answer is always one reader's. The
+split costs ~7% more CPU in all (that decompression) and the start of a worker process, for a shorter
+wall time; on a busy machine the trace is read in one process. This needs the forkserver already running, so the first
 such call in a process reads alone and starts it in the background.
 """
 
@@ -41,7 +43,7 @@ from perfgate._deadline import checkpoint, deadline
 from perfgate._safeopen import open_file
 from perfgate.traces._events import Header
 from perfgate.traces._memory import TRIM_EVERY_BYTES, release_free_memory
-from perfgate.traces.analyze import AnalysisOptions, analyze_table, analyze_trace, load_part
+from perfgate.traces.analyze import AnalysisOptions, analyze_table, analyze_trace, load_part, part_stream
 from perfgate.traces.errors import TraceError, TraceTooLargeError
 from perfgate.traces.models import RankProfile
 from perfgate.traces.reader import TraceStream
@@ -49,6 +51,7 @@ from perfgate.traces.table import EventTable, TableBuilder
 
 __all__ = [
     "PARALLEL_MIN_BYTES",
+    "SPLIT_AT",
     "SPLIT_MAX_BYTES",
     "SPLIT_MIN_BYTES",
     "Deadline",
@@ -74,8 +77,9 @@ of decoding, against ~0.03 s to start a worker from a running forkserver."""
 SPLIT_MAX_BYTES = 256 << 20
 """Larger single traces are read in this process alone: the halves' tables are joined in this process,
 so its peak memory would not shrink, and the worker's would add to it."""
-_SPLIT_AT = 0.55
-"""Where the halves meet, as a fraction of the JSON: the worker also validates the part before it."""
+SPLIT_AT = 0.45
+"""Where the parts meet, as a fraction of the JSON: before the middle, as the worker also decompresses the
+part before its own and the first part of a trace tends to hold more of the work."""
 _WORKER_BASE_BYTES = 120 << 20
 """A worker's interpreter with numpy and msgspec loaded."""
 
@@ -204,13 +208,29 @@ def _decompressed_bytes(path: Path) -> int:
         return int.from_bytes(fh.read(4), "little")
 
 
+@dataclass
+class _Later:
+    """What a worker read of the part of a file after ``skip_before``: where its part began
+    (`TraceStream.meet`), then its events, or the error that stopped it."""
+
+    meet: tuple[int, int, bool] | None
+    builder: TableBuilder | None = None
+    header: Header | None = None
+    decoded_bytes: int = 0
+    lenient_skipped: int = 0
+    error: TraceError | None = None
+
+
 def _load_later(
     path: Path, options: AnalysisOptions, skip_before: int, limit: Deadline | None, label: str
-) -> tuple[TableBuilder, Header, int, int]:
-    """In a worker: the batches of ``path`` from ``skip_before`` on (builder, header, JSON bytes,
-    leniently skipped events)."""
-    builder, stream = _under_limit(limit, label, False, lambda: load_part(path, options, skip_before))
-    return builder, stream.header, stream.decoded_bytes, stream.lenient_skipped
+) -> _Later:
+    """In a worker: the batches of ``path`` from ``skip_before`` on."""
+    stream = part_stream(path, options, skip_before)
+    try:
+        builder = _under_limit(limit, label, False, lambda: load_part(stream, options))
+    except TraceError as exc:
+        return _Later(stream.meet, error=exc)
+    return _Later(stream.meet, builder, stream.header, stream.decoded_bytes, stream.lenient_skipped)
 
 
 _forkserver_started = threading.Event()
@@ -286,8 +306,8 @@ def analyze_split(
     label: str = "",
     cancellable: bool = False,
 ) -> RankProfile:
-    """`analyze_trace` of one file read in two halves: this process decodes the events before the
-    middle of the JSON, a worker process those after it; the result is the same.
+    """`analyze_trace` of one file read in two parts: this process decodes the events before `SPLIT_AT`
+    of the JSON, a worker process those after it; the result is the same.
 
     Raises as `analyze_trace` (the first failure in file order: this process's part is read first).
     """
@@ -307,12 +327,15 @@ def load_split(
     limit: Deadline | None = None,
     label: str = "",
     cancellable: bool = False,
+    at: float = SPLIT_AT,
 ) -> tuple[EventTable, TraceStream, bool] | None:
-    """`load_table` of one file read in two halves (see `analyze_split`): (the table, the stream, whether
-    the worker's half was used: False when this process read every batch itself). None when the file
-    must be read in one piece for an exact answer (more than ``options.max_events`` events)."""
+    """`load_table` of one file read in two parts (see `analyze_split`) that meet near ``at`` (a fraction
+    of the JSON): (the table, the stream, whether the worker's part was used: False when this process
+    read every batch itself). None when the file must be read in one piece for an exact answer: the
+    worker began elsewhere than where this process stopped (see `TraceStream`), or more than
+    ``options.max_events`` events."""
     label = label or f"reading trace {path}"
-    cut = int(_decompressed_bytes(path) * _SPLIT_AT)
+    cut = int(_decompressed_bytes(path) * at)
     ctx = _context()
     stop = _stop_event(ctx)
     pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker, initargs=(stop,))
@@ -320,7 +343,8 @@ def load_split(
     try:
         with _main_not_inherited():
             later = pool.submit(_load_later, path, options, cut, limit, label)
-        builder, stream = _under_limit(limit, label, cancellable, lambda: load_part(path, options, 0, cut))
+        stream = part_stream(path, options, 0, cut)
+        builder = _under_limit(limit, label, cancellable, lambda: load_part(stream, options))
         used = stream.stopped
         if used:
             _wait(later, limit, label, cancellable)
@@ -331,16 +355,19 @@ def load_split(
                     f"{path}: the worker reading its second half died (killed for memory?); capture a "
                     "shorter window"
                 ) from exc
-            except TraceTooLargeError:
-                part = None  # read again in one piece, for the message that names where
-            if part is None or builder.event_count + part[0].event_count > options.max_events:
-                finished = True
-                return None
-            rest, header, decoded, lenient = part
-            builder.extend(rest)
-            stream.header, stream.decoded_bytes = header, decoded
-            stream.lenient_skipped += lenient
             finished = True
+            if part.meet != stream.meet or isinstance(part.error, TraceTooLargeError):
+                # The worker began elsewhere than where this part ended (a guessed cut was wrong), or
+                # counted events of its part only: read again in one piece, for the exact answer.
+                return None
+            if part.error is not None:
+                raise part.error  # where one reader fails too: it reads the same batches from there
+            assert part.builder is not None and part.header is not None
+            if builder.event_count + part.builder.event_count > options.max_events:
+                return None
+            builder.extend(part.builder)
+            stream.header, stream.decoded_bytes = part.header, part.decoded_bytes
+            stream.lenient_skipped += part.lenient_skipped
     finally:
         # This process read every batch (a short file), or failed: the worker stops at its next block
         # (waited for: it is one process, and it must not outlive the stop event it was given).

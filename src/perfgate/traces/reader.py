@@ -50,14 +50,13 @@ Decompressor = Literal["auto", "isal", "zlib"]
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _AFTER_CLOSE = re.compile(rb"\s*([,\]])")
+_NEXT_OBJECT = re.compile(rb"\}\s*(,)\s*\{")
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
 _WS = b" \t\r\n"
 
 _EVENTS_DECODER = msgspec.json.Decoder(list[Event])
 _COMPLETE_DECODER: msgspec.json.Decoder[list[Any]] = msgspec.json.Decoder(cast("Any", list)[ANY_EVENT])
 """Decodes a run as `Complete` events and empty Structs for the rest (see `TraceStream.complete_batches`)."""
-_SKIP_DECODER = msgspec.json.Decoder(msgspec.Raw)
-"""Validates a run of events as JSON without building them (the runs before ``TraceStream.skip_before``)."""
 _HEADER_DECODER = msgspec.json.Decoder(Header)
 _ANY_DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
@@ -131,12 +130,16 @@ class TraceStream:
     field had an unusable type.
 
     A stream can read one part of the events array (`perfgate.traces.pool` reads the two halves of a
-    large trace in two processes): batches that start before ``skip_before`` (an offset in the
-    decompressed JSON) are validated but neither decoded nor yielded, and with ``stop_at`` the stream
+    large trace in two processes). With ``stop_at`` (an offset in the decompressed JSON) the stream
     ends before the first batch that starts at or after it (``stopped`` is then True, and neither the
-    rest of the file nor the keys after the array are read). Batches are cut at the same places
-    whatever part is read, so the parts of two streams with ``stop_at == skip_before`` are together
-    exactly the batches of one stream over the whole file.
+    rest of the file nor the keys after the array are read). With ``skip_before`` the batches that
+    start before it are neither decoded nor validated: each is cut where one reader would most likely
+    cut it (the last ``}`` followed by ``,`` and ``{``), without decoding. ``meet`` records the state
+    where each part begins or ends: (offset of the first batch, offset of the buffer's end, whether the
+    file was read to its end). When the two streams' ``meet`` are equal, the skipping stream's guesses
+    led it exactly where the whole reading stands at that batch, so the batches it reads from there
+    are the ones a single stream reads; when they differ (a guess fell inside a string or a nested
+    value), its part must not be used.
 
     Raises (from `batches`):
         TraceFormatError: bad gzip data, invalid or truncated JSON, no ``traceEvents`` array.
@@ -156,6 +159,7 @@ class TraceStream:
     skip_before: int = 0
     stop_at: int | None = None
     stopped: bool = False
+    meet: tuple[int, int, bool] | None = None
     _buf: bytearray = field(default_factory=bytearray, repr=False)
     _base: int = 0
     _eof: bool = False
@@ -315,9 +319,13 @@ class TraceStream:
         when the stream stopped at ``stop_at``).
         """
         while True:
-            if self.stop_at is not None and self._base + sep >= self.stop_at:
+            at = self._base + sep
+            if self.stop_at is not None and at >= self.stop_at:
+                self.meet = (at, self._base + len(self._buf), self._eof)
                 self.stopped = True
                 return 0
+            if self.skip_before and self.meet is None and at >= self.skip_before:
+                self.meet = (at, self._base + len(self._buf), self._eof)
             self._fill(sep + self.chunk_bytes)
             buf = self._buf
             probe = sep + 1
@@ -329,12 +337,11 @@ class TraceStream:
             if cut is None:
                 continue
             events, close, next_sep = cut
-            skipped = self._base + sep < self.skip_before
             # Move the unread rest into a fresh buffer instead of deleting the consumed head: the
             # events' raw args still point into the old one, which must never be resized.
             self._buf = self._buf[next_sep:]
             self._base += next_sep
-            if events and not skipped:
+            if events:
                 yield events
             if close:
                 return 0
@@ -346,6 +353,8 @@ class TraceStream:
         Returns (events, array_closed, index of the next separator or of ``]``), or None after
         reading more input when no cut was possible yet.
         """
+        if self._base + sep < self.skip_before:
+            return self._guess_cut(sep)
         buf = self._buf
         hi = len(buf)
         attempts = 0
@@ -360,7 +369,7 @@ class TraceStream:
                 continue
             attempts += 1
             try:
-                events = self._decode_run(sep, idx, skip=self._base + sep < self.skip_before)
+                events = self._decode_run(sep, idx)
             except msgspec.DecodeError as exc:
                 last_error = str(exc)
                 continue
@@ -378,6 +387,24 @@ class TraceStream:
         self._fill(len(buf) + max(self.chunk_bytes, pending))
         return None
 
+    def _guess_cut(self, sep: int) -> tuple[list[Any], bool, int] | None:
+        """Where `_cut` most likely cuts, without decoding: after the last ``}`` followed by ``,`` and
+        ``{`` (see the class docstring); None after reading more input when the buffer holds none."""
+        buf = self._buf
+        hi = len(buf)
+        while (idx := buf.rfind(b"}", sep + 1, hi)) >= 0:
+            match = _NEXT_OBJECT.match(buf, idx)
+            if match is not None:
+                return [], False, match.start(1)
+            hi = idx
+        pending = len(buf) - sep
+        if self._eof or pending > self.max_value_bytes:
+            raise TraceFormatError(
+                f"{self._where(sep)}: no place to start reading a part of the events array"
+            )
+        self._fill(len(buf) + max(self.chunk_bytes, pending))
+        return None
+
     def _fail_at_eof(self, sep: int, last_error: str | None) -> NoReturn:
         if last_error is not None and "truncated" not in last_error:
             pos = _BYTE_POS.search(last_error)
@@ -388,12 +415,11 @@ class TraceStream:
             "profiler or the job killed while writing it?). Re-capture it."
         )
 
-    def _decode_run(self, sep: int, close: int, skip: bool = False) -> list[Any]:
+    def _decode_run(self, sep: int, close: int) -> list[Any]:
         """Decode buffer[sep..close] as a JSON array by overwriting its delimiters in place.
 
         No copy is made: the events' raw ``args`` are views into the buffer, which is why the reader
-        replaces the buffer after a cut rather than resizing it. With ``skip`` the run is only
-        validated (it decodes exactly when the typed decode would) and no event is returned.
+        replaces the buffer after a cut rather than resizing it.
         """
         buf = self._buf
         # A cut candidate is always followed by "," or "]", so close + 1 is inside the buffer.
@@ -402,9 +428,6 @@ class TraceStream:
         buf[close + 1] = ord("]")
         region = memoryview(buf)[sep : close + 2]
         try:
-            if skip:
-                _SKIP_DECODER.decode(region)
-                return []
             try:
                 if self._complete_only:
                     return _COMPLETE_DECODER.decode(region)
