@@ -98,7 +98,8 @@ def test_a_second_core_is_used_only_when_idle_now() -> None:
     assert pool.idle_core(2, "0.40 0.50 0.60 1/300 999")
     assert not pool.idle_core(1, "0.00 0.00 0.00 1/300 999")  # one core: nothing to split onto
     assert not pool.idle_core(2, "0.40 0.50 0.60 2/300 999")  # another thread runs now
-    assert not pool.idle_core(2, "1.60 0.50 0.60 1/300 999")  # busy over the last minute
+    assert pool.idle_core(2, "1.60 0.50 0.60 1/300 999")  # this process's own earlier calls
+    assert not pool.idle_core(2, "2.10 0.50 0.60 1/300 999")  # kept busy over the last minute
     assert not pool.idle_core(2, "garbled")
 
 

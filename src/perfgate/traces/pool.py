@@ -255,9 +255,10 @@ def _cpu_quota() -> float | None:
 def idle_core(cpus: float | None = None, loadavg: str | None = None) -> bool:
     """Whether a second core is free now: at least two usable cores (affinity and cgroup quota), fewer
     threads runnable right now than cores (this one included) and a one-minute load average below the
-    cores less one half (``loadavg``: the text of ``/proc/loadavg``, read when not given). A second
-    process only shortens the wall time on a core that would otherwise idle; on a busy machine it
-    competes for the same cores and costs more CPU in all."""
+    cores (``loadavg``: the text of ``/proc/loadavg``, read when not given). A second process only
+    shortens the wall time on a core that would otherwise idle; on a busy machine it competes for the
+    same cores and costs more CPU in all. The load average (which lags) only guards against a moment
+    that happens to look idle on a machine kept busy."""
     if cpus is None:
         cpus = float(usable_cpus())
         quota = _cpu_quota()
@@ -272,7 +273,7 @@ def idle_core(cpus: float | None = None, loadavg: str | None = None) -> bool:
         load1, running = float(fields[0]), int(fields[3].split("/")[0])
     except (OSError, ValueError, IndexError):
         return False
-    return running < cpus and load1 < cpus - 0.5
+    return running < cpus and load1 < cpus
 
 
 def _split_pays(path: Path) -> bool:

@@ -50,7 +50,8 @@ Decompressor = Literal["auto", "isal", "zlib"]
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _AFTER_CLOSE = re.compile(rb"\s*([,\]])")
-_NEXT_OBJECT = re.compile(rb"\}\s*(,)\s*\{")
+_NEXT_OBJECT = re.compile(rb"\}\s*(,)\s*(?:\{|\Z)")
+_ENDS_EVENT = re.compile(rb"\s*(?:(\])|(,)\s*(?:\{|\Z))")
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
 _WS = b" \t\r\n"
 
@@ -355,6 +356,9 @@ class TraceStream:
         """
         if self._base + sep < self.skip_before:
             return self._guess_cut(sep)
+        likely = self._likely_cut(sep)
+        if likely is not None:
+            return likely
         buf = self._buf
         hi = len(buf)
         attempts = 0
@@ -387,9 +391,32 @@ class TraceStream:
         self._fill(len(buf) + max(self.chunk_bytes, pending))
         return None
 
+    def _likely_cut(self, sep: int) -> tuple[list[Any], bool, int] | None:
+        """`_cut` tried first on the candidates that can end an event of a trace: a ``}`` followed by
+        ``]``, or by ``,`` and then ``{`` or the end of the buffer. A ``}`` inside a string or a nested
+        value (``"{lambda()#1}, at::..."``, ``{"a": {...}, "b": ...}``) is not tried: its decode would
+        run through the whole run before failing. None when no such candidate decodes (`_cut` then
+        tries every candidate, as an array of other values needs)."""
+        buf = self._buf
+        hi = len(buf)
+        attempts = 0
+        while attempts < _MAX_ATTEMPTS and (idx := buf.rfind(b"}", sep + 1, hi)) >= 0:
+            hi = idx
+            after = _ENDS_EVENT.match(buf, idx + 1)
+            if after is None:
+                continue
+            attempts += 1
+            try:
+                events = self._decode_run(sep, idx)
+            except msgspec.DecodeError:
+                continue
+            closed = after.group(1) is not None
+            return events, closed, after.start(1 if closed else 2)
+        return None
+
     def _guess_cut(self, sep: int) -> tuple[list[Any], bool, int] | None:
         """Where `_cut` most likely cuts, without decoding: after the last ``}`` followed by ``,`` and
-        ``{`` (see the class docstring); None after reading more input when the buffer holds none."""
+        ``{`` or the end of the buffer (see `_likely_cut` and the class docstring); None after reading more input when the buffer holds none."""
         buf = self._buf
         hi = len(buf)
         while (idx := buf.rfind(b"}", sep + 1, hi)) >= 0:
