@@ -9,6 +9,7 @@ import time
 from multiprocessing.context import BaseContext
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import pytest
 from perfgate._deadline import DeadlineExceeded
 from perfgate.traces import AnalysisOptions, TraceError, analyze_trace, pool
 from perfgate.traces.analyze import load_table
+from perfgate.traces.reader import TraceStream
 from perfgate.traces.table import Columns
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
@@ -189,3 +191,21 @@ def test_the_deadline_holds_in_both_parts_and_the_worker_is_told_to_stop(
         == analyze_trace(path, SMALL_BATCHES).model_dump()
     )
     assert not events[-1].is_set()
+
+
+def test_a_worker_that_read_another_file_is_not_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Same bytes, another file (as when the path is replaced between the two opens): the parts would
+    # meet, but the answer must be about one file.
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    copy = tmp_path / path.name
+    copy.write_bytes(path.read_bytes())
+    real = pool.part_stream
+
+    def on_copy(_: Path, *args: Any) -> TraceStream:
+        return real(copy, *args)
+
+    monkeypatch.setattr(pool, "part_stream", on_copy)  # this process reads the copy, the worker the file
+    assert pool.load_split(path, SMALL_BATCHES) is None
+    monkeypatch.setattr(pool, "part_stream", real)
+    read = pool.load_split(path, SMALL_BATCHES)
+    assert read is not None and read[2] and read[1].identity
