@@ -164,9 +164,21 @@ def _children_cpu() -> float:
 
 
 def _proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a live process has used, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system) a live process and its descendants have used, from /proc: its own,
+    its reaped children's, and the same for each live child (a worker server's exited workers are in its
+    reaped children), so a call's work in worker processes counts too."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # exited meanwhile
+        return 0.0
+    total = sum(int(fields[i]) for i in (11, 12, 13, 14)) / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        total += sum(_proc_cpu(int(c)) for c in children)
+    return total
 
 
 def _child_pids() -> set[int]:
@@ -191,7 +203,7 @@ async def tool_cold(params: Any, paths: Sequence[Path]) -> tuple[float, float]:
 
 
 async def tool_warm(client: Any, server_pid: int | None, paths: Sequence[Path]) -> tuple[float, float]:
-    """One analyze_trace call on a running server: (wall s, CPU s the server spent; NaN if unknown)."""
+    """One analyze_trace call on a running server: (wall s, CPU s the server and its worker processes spent; NaN if unknown)."""
     cpu0 = _proc_cpu(server_pid) if server_pid else float("nan")
     start = time.perf_counter()
     _check(await client.call_tool("analyze_trace", {"trace_paths": [str(p) for p in paths]}))

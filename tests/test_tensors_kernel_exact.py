@@ -230,3 +230,54 @@ def test_every_bfloat16_bit_pattern_widens_to_the_value_ml_dtypes_gives() -> Non
     assert np.array_equal(np.isnan(out), np.isnan(want))
     finite = ~np.isnan(want)
     assert np.array_equal(out[finite].view(np.uint64), want[finite].view(np.uint64))  # signed zeros too
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16, np.float32])
+def test_a_chunk_whose_few_failing_ratios_are_tested_alone_is_exact(
+    dtype: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rounded data whose near-zero (and subnormal) references have large relative errors: the extremes
+    cannot settle the chunk, so only the elements whose own ratio exceeds rtol are tested, never the whole
+    chunk (the full per-element test is made to fail here). Every figure stays exact, with atol at, just
+    below and just above the errors of those elements, and with true mismatches among them."""
+    from perfgate.tensors import _kernel
+
+    def no_full_test(*args: object) -> None:
+        raise AssertionError("the whole chunk was given the per-element test")
+
+    rng = np.random.default_rng(7)
+    n = 4096
+    a = rng.standard_normal(n).astype(np.float32)
+    b = a + np.clip(rng.standard_normal(n), -4, 4).astype(np.float32) * np.float32(1e-3)
+    tiny = float(np.finfo(dtype).smallest_subnormal)
+    near = rng.choice(n, 40, replace=False)
+    a[near[:20]] = rng.uniform(1e-4, 1e-3, 20).astype(np.float32) * rng.choice([-1, 1], 20)
+    a[near[20:30]] = np.float32(tiny) * rng.integers(1, 4, 10)
+    a[near[30:]] = -np.float32(tiny)
+    b[near] = a[near] + rng.uniform(-2e-3, 2e-3, 40).astype(np.float32)
+    ref, cand = a.astype(dtype), b.astype(dtype)
+    wa, wb = ref.astype(np.float64), cand.astype(np.float64)
+    assert np.all(wa != 0)
+    d = np.abs(wb - wa)
+    rtol = 1.6e-2 if dtype is not np.float32 else 5e-2
+    ratio_fails = np.abs(d / np.abs(wa)) > rtol
+    assert 10 <= np.count_nonzero(ratio_fails) <= n // 16
+    worst_near = float(d[ratio_fails].max())
+    monkeypatch.setattr(_kernel, "_closeness", no_full_test)
+    for atol in (
+        worst_near,
+        float(np.nextafter(worst_near, 0.0)),
+        float(np.nextafter(worst_near, 1.0)),
+        1e-3,
+        0.0,
+    ):
+        got = check(ref, cand, params(atol, rtol))
+        assert got.elements == n
+    # The boundary is exact: at atol == the largest such error nothing fails, one step below something does.
+    assert (
+        check(ref, cand, params(worst_near + float(np.abs(wa[ratio_fails]).max()) * rtol, rtol)).mismatched
+        == 0
+    )
+    assert (
+        check(ref, cand, params(float(np.nextafter(float(d[ratio_fails].min()), 0.0)), rtol)).mismatched > 0
+    )

@@ -537,3 +537,56 @@ def test_float32_files_compare_without_importing_ml_dtypes_and_bf16_files_import
         timeout=120,
     )
     assert out.stdout.split() == ["match", "False", "bfloat16", "True"]
+
+
+def test_a_hash_slower_than_the_comparison_still_digests_the_bytes_compared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks are hashed on a pool thread while the reader goes on: a chunk's array must not be refilled
+    before its hash is done, and a full queue holds the reader back. A hasher that sleeps on every update
+    (so the comparison runs far ahead of it) must still give the digest of the whole file, for every
+    number of comparing threads, and hold no more than the queue's worth of chunks."""
+    import time
+
+    import blake3
+
+    from perfgate import digests
+    from perfgate.tensors import _mapped
+
+    sizes: list[int] = []
+
+    class Slow:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def update(self, data: Any, /) -> object:
+            time.sleep(0.0005)
+            sizes.append(len(memoryview(data).cast("B")))
+            return self._inner.update(data)
+
+        def hexdigest(self) -> str:
+            return self._inner.hexdigest()
+
+    real = digests.new_hasher
+    monkeypatch.setattr(_mapped, "new_hasher", lambda a, threads=False: Slow(real(a, threads=threads)))
+    monkeypatch.setattr(_mapped, "_MAX_QUEUED", 2)
+    monkeypatch.setattr(_mapped, "_PUMP_TURN", 3)  # pumps hand the pool's threads over every 3 chunks
+    rng = np.random.default_rng(5)
+    values = {k: rng.standard_normal(6000).astype(np.float32) for k in ("a", "b")}
+    dump_tensors(tmp_path / "ref.safetensors", values)
+    dump_tensors(tmp_path / "cand.safetensors", {k: v.copy() for k, v in values.items()})
+    for workers in (1, 3):
+        sizes.clear()
+        with (
+            open_tensor_source(tmp_path / "ref.safetensors") as r,
+            open_tensor_source(tmp_path / "cand.safetensors") as c,
+        ):
+            for source in (r, c):
+                source.start_digests(["blake3"])
+            options = CompareOptions(atol=0.0, rtol=0.0, chunk_elements=100, workers=workers)
+            assert compare_sources(r, c, options).status == "match"
+            assert sizes.count(400) > 200  # the digests were fed by the comparison's reads, chunk by chunk
+            for source in (r, c):
+                [job] = source.digest_jobs()
+                data = job.path.read_bytes()
+                assert job.run(None) == ({"blake3": blake3.blake3(data).hexdigest()}, len(data))

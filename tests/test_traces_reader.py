@@ -236,3 +236,38 @@ def test_complete_batches_build_only_complete_events_and_count_the_rest(
         got, seen = _complete_fields(typed)
         assert got == [(e.cat, e.name, e.ts, e.dur, e.tid, bytes(e.args)) for e in plain if e.ph == "X"]
         assert seen == len(plain) and typed.lenient_skipped == 0
+
+
+def test_a_brace_and_comma_inside_a_name_costs_no_failed_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # C++ kernel names hold "}, " ("...{lambda(float)#1}, at::detail::Array<...>"): a cut there leaves the
+    # run unbalanced, and its decode runs through the whole run before failing.
+    name = "void k<at::native::f(at::TensorIteratorBase&)::{lambda(float)#1}, at::detail::Array<char*, 2> >"
+    events = [{"ph": "X", "cat": "kernel", "name": name, "ts": i, "dur": 1, "tid": 7} for i in range(400)]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}, separators=(", ", ": ")))
+    failed: list[int] = []
+    real = TraceStream._decode_run  # pyright: ignore[reportPrivateUsage]
+
+    def counting(self: TraceStream, sep: int, close: int) -> list[Any]:
+        try:
+            return real(self, sep, close)
+        except Exception:
+            failed.append(close)
+            raise
+
+    monkeypatch.setattr(TraceStream, "_decode_run", counting)
+    for block in (1000, 1100, 1234, 1500):
+        stream = TraceStream(path, chunk_bytes=block, read_block=block)
+        assert sum(len(b) for b in stream.batches()) == 400
+    assert failed == []
+
+
+def test_an_array_of_other_values_is_still_cut_between_them(tmp_path: Path) -> None:
+    # "}, 5": not the end of an event as traces write them, but a top-level element all the same.
+    body = ", ".join(f'{{"ph": "X", "name": "a", "ts": {i}, "dur": 1}}, {i}' for i in range(300))
+    path = tmp_path / "t.json"
+    path.write_text('{"traceEvents": [' + body + ', {"ph": "X", "name": "b", "ts": 0, "dur": 1}]}')
+    stream = TraceStream(path, chunk_bytes=512, read_block=512)
+    assert sum(len(b) for b in stream.batches()) == 301 and stream.lenient_skipped == 300

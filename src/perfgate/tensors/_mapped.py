@@ -17,6 +17,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, cast
 
@@ -37,7 +38,13 @@ all CPUs (BLAKE3 splits large updates); chunks the comparison reads are small an
 
 
 class _Running:
-    """Digests of one file's bytes taken in file order: ``position`` is the first byte not hashed yet."""
+    """Digests of one file's bytes taken in file order: ``position`` is the first byte not hashed yet.
+
+    Chunks the comparison reads are queued (`ChunkedFile.observed`) and hashed on a pool thread, in order,
+    while the reading thread goes on: the comparison and the hashing use different cores, and the bytes
+    hashed are the very arrays compared (a chunk's array is reused only once `done` covers it). At most
+    `_MAX_QUEUED` chunks wait, so a hash slower than the comparison holds the reader back instead of
+    holding memory."""
 
     def __init__(self, algorithms: tuple[Algorithm, ...]) -> None:
         self.lock = threading.Lock()
@@ -45,6 +52,13 @@ class _Running:
         self.position = 0
         self.streaming = True
         self._hashers: list[Hasher] | None = None
+        self.cond = threading.Condition()
+        self.queue: deque[tuple[np.ndarray, int]] = deque()
+        self.queued = 0
+        """Chunks ever queued; a chunk's sequence number is this count just after it was queued."""
+        self.done = 0
+        """Chunks the hash is finished with (hashed, or dropped once streaming stopped)."""
+        self.pumping = False
 
     def update(self, raw: np.ndarray, size_bytes: int, *, bulk: bool = False) -> None:
         """Hash ``raw`` (the bytes at ``position``); the caller holds the lock."""
@@ -60,6 +74,39 @@ class _Running:
         if self._hashers is None:  # an empty file
             self._hashers = [new_hasher(a) for a in self.algorithms]
         return {a: h.hexdigest() for a, h in zip(self.algorithms, self._hashers, strict=True)}
+
+    def drop_queue(self) -> None:
+        """Count every queued chunk as done without hashing it (the hash stopped streaming, or has nothing
+        left): `ChunkedFile.digest` reads from ``position`` itself. The caller holds ``cond``."""
+        self.done += len(self.queue)
+        self.queue.clear()
+        self.pumping = False
+        self.cond.notify_all()
+
+    def wait_idle(self) -> None:
+        """Until every queued chunk is hashed (or dropped)."""
+        with self.cond:
+            while self.pumping or self.queue:
+                self.cond.wait()
+
+
+_MAX_QUEUED = 8
+"""Chunks read but not hashed yet, per file, before the reader waits for the hash."""
+_PUMP_TURN = 64
+"""Chunks a pool thread hashes for one file before it lets other files' hashing take a turn."""
+_hash_pool: ThreadPoolExecutor | None = None
+_hash_pool_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Threads that hash what the comparisons read, shared by every file (at most one per file at a time)."""
+    global _hash_pool
+    with _hash_pool_lock:
+        if _hash_pool is None:
+            from perfgate.tensors._engine import usable_cpus  # (the engine imports this module)
+
+            _hash_pool = ThreadPoolExecutor(max(2, usable_cpus()), thread_name_prefix="perfgate-hash")
+        return _hash_pool
 
 
 class ChunkedFile:
@@ -121,12 +168,82 @@ class ChunkedFile:
         here); `digest` then hashes only what no chunk covered."""
         self._running = _Running(tuple(algorithms))
 
-    def observed(self, data: np.ndarray, offset: int) -> None:
-        """``data`` (just read at byte ``offset``) feeds the running digest where it continues it."""
+    def observed(self, data: np.ndarray, offset: int) -> int:
+        """``data`` (just read at byte ``offset``) feeds the running digest where it continues it: queued for
+        the hash thread, which reads small gaps before it itself. Returns the sequence number to pass to
+        `hashed` before ``data``'s array may be overwritten (0: not queued, free at once)."""
         running = self._running
         if running is None or not running.streaming:
-            return
+            return 0
         raw: np.ndarray = cast(Any, data).reshape(-1).view(np.uint8)
+        with running.cond:
+            while len(running.queue) >= _MAX_QUEUED and running.streaming:
+                running.cond.wait()
+            if not running.streaming:
+                return 0
+            running.queue.append((raw, offset))
+            running.queued += 1
+            seq = running.queued
+            if not running.pumping:
+                running.pumping = self._submit_pump(running)
+        return seq
+
+    def _submit_pump(self, running: _Running) -> bool:
+        """Start hashing the queue on the pool; False (and the queue dropped: `digest` reads those bytes
+        itself) when the pool takes no more work (the interpreter is exiting). The caller holds the cond."""
+        try:
+            _pool().submit(self._pump, running)
+        except RuntimeError:
+            running.streaming = False
+            running.drop_queue()
+            return False
+        return True
+
+    def wait_hashed(self, seq: int) -> None:
+        """Until the chunk `observed` numbered ``seq`` is hashed (then its array may be overwritten)."""
+        running = self._running
+        if seq == 0 or running is None:
+            return
+        with running.cond:
+            while running.done < seq:
+                running.cond.wait()
+
+    def _pump(self, running: _Running) -> None:
+        """Hash queued chunks in order until the queue is empty (on a pool thread); after `_PUMP_TURN` chunks
+        it queues itself again, so files being read at once (concurrent calls) share the pool's threads. A
+        chunk it cannot finish (a gap unreadable: the file shrank or was closed) stops the streaming:
+        `digest` then reads from where the hash stopped, and reports the error itself."""
+        settled = False  # the queue is empty and `pumping` cleared, or the next turn is queued on the pool
+        try:
+            for _ in range(_PUMP_TURN):
+                with running.cond:
+                    if not running.queue or not running.streaming:
+                        running.drop_queue()
+                        settled = True
+                        return
+                    raw, offset = running.queue[0]
+                try:
+                    self._hash_chunk(running, raw, offset)
+                except (TensorInputError, ComparisonCancelled, OSError):
+                    running.streaming = False
+                finally:
+                    del raw
+                    with running.cond:
+                        running.queue.popleft()
+                        running.done += 1
+                        running.cond.notify_all()
+            with running.cond:
+                running.pumping = self._submit_pump(running)
+                settled = True
+        except BaseException:
+            running.streaming = False
+            raise
+        finally:
+            if not settled:
+                with running.cond:
+                    running.drop_queue()
+
+    def _hash_chunk(self, running: _Running, raw: np.ndarray, offset: int) -> None:
         end = offset + raw.shape[0]
         with running.lock:
             if end <= running.position:
@@ -153,6 +270,8 @@ class ChunkedFile:
             TensorInputError: the file ends early (it shrank since it was opened).
         """
         running = self._running or _Running((ALGORITHM,))
+        running.wait_idle()
+        running.streaming = False
         buffer = np.empty(min(chunk_bytes, max(self.size_bytes, 1)), dtype=np.uint8)
         while True:
             if on_chunk is not None:
@@ -197,7 +316,8 @@ class ChunkStream(Protocol):
 class FileChunks:
     """A `ChunkStream` over a region of a `ChunkedFile`.
 
-    A chunk's array is reused for a later chunk once the consumer released every element it held (the
+    A chunk's array is reused for a later chunk once the consumer released every element it held and the
+    running digest, if any, has hashed it (the
     `ChunkStream` contract): fresh multi-megabyte arrays cost page faults on every chunk, twice the CPU
     of the comparison itself.
     """
@@ -215,20 +335,22 @@ class FileChunks:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         itemsize = self._dtype.itemsize
-        held: deque[tuple[int, np.ndarray]] = deque()  # (end element, array) of chunks handed out
+        # (end element, hash sequence number, array) of chunks handed out
+        held: deque[tuple[int, int, np.ndarray]] = deque()
         for start in range(0, self._count, self._chunk):
             n = min(self._chunk, self._count - start)
             out: np.ndarray | None = None
             if held and held[0][0] <= self._released:
-                _, spare = held.popleft()
+                _, seq, spare = held.popleft()
+                self._file.wait_hashed(seq)  # a hash behind the comparison holds the reader back
                 out = spare if spare.shape[0] == n else None
             elif len(held) >= self._MAX_HELD:
                 held.popleft()
             if out is None:
                 out = np.empty(n, dtype=self._dtype)
             self._file.read_into(out, self._offset + start * itemsize)
-            self._file.observed(out, self._offset + start * itemsize)
-            held.append((start + n, out))
+            seq = self._file.observed(out, self._offset + start * itemsize)
+            held.append((start + n, seq, out))
             yield out
 
     def release(self, elements_done: int) -> None:

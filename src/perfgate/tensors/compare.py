@@ -38,9 +38,11 @@ __all__ = [
     "compare_sources",
 ]
 
-DEFAULT_CHUNK_ELEMENTS = 1 << 16
-"""Elements per chunk: small enough that a chunk's float64 buffers stay in cache, large enough that the
-per-chunk Python overhead is negligible."""
+DEFAULT_CHUNK_ELEMENTS = 1 << 17
+"""Elements per chunk: small enough that every thread's float64 buffers stay in the shared cache (a few MiB
+each), large enough that the per-chunk Python work (which holds the interpreter lock, so the threads take
+turns at it) is a small part: 2^17 costs the same CPU per element as 2^16 in the kernel and a quarter less
+in the reading thread."""
 
 TensorStatus = Literal["match", "value_mismatch", "shape_mismatch", "dtype_mismatch"]
 OverallStatus = Literal["match", "mismatch", "incomparable"]

@@ -32,7 +32,13 @@ from perfgate.traces.models import (
 from perfgate.traces.ops import flops_summary, top_ops
 from perfgate.traces.phases import host_breakdown
 from perfgate.traces.prepare import Prepared, prepare
-from perfgate.traces.reader import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_VALUE_BYTES, Decompressor, TraceStream
+from perfgate.traces.reader import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_VALUE_BYTES,
+    DEFAULT_READ_BLOCK,
+    Decompressor,
+    TraceStream,
+)
 from perfgate.traces.sequences import frequent_sequences
 from perfgate.traces.steps import rank_skew, step_summary
 from perfgate.traces.table import (
@@ -69,6 +75,7 @@ class AnalysisOptions:
     ProfilerStep in the window. ``short_kernel_us``: kernels shorter than this are "short".
     ``max_event_bytes`` caps the size of one JSON event (larger ones are reported as errors);
     ``max_events`` the number of events read from one file (checked batch by batch while reading).
+    ``chunk_bytes`` and ``read_block_bytes`` size the batches (see `TraceStream`).
     """
 
     top_k: int = 10
@@ -79,6 +86,7 @@ class AnalysisOptions:
     max_event_bytes: int = DEFAULT_MAX_VALUE_BYTES
     max_events: int = DEFAULT_MAX_TRACE_EVENTS
     decompressor: Decompressor = "auto"
+    read_block_bytes: int = DEFAULT_READ_BLOCK
 
 
 def discover_trace_files(paths: Iterable[Path]) -> list[Path]:
@@ -115,12 +123,33 @@ def load_table(
         OSError: the file cannot be read.
         DeadlineExceeded: the parsing deadline passed (see `perfgate._deadline`).
     """
-    stream = TraceStream(
+    stream = part_stream(path, options)
+    builder = load_part(stream, options)
+    table = builder.build()
+    if stream.decoded_bytes >= TRIM_EVERY_BYTES:
+        release_free_memory()
+    return table, stream.header, stream
+
+
+def part_stream(
+    path: Path, options: AnalysisOptions, skip_before: int = 0, stop_at: int | None = None
+) -> TraceStream:
+    """A `TraceStream` of ``path`` with the options' sizes, reading the part between ``skip_before`` and
+    ``stop_at`` (see `TraceStream`; the whole file by default)."""
+    return TraceStream(
         path,
         chunk_bytes=options.chunk_bytes,
         max_value_bytes=options.max_event_bytes,
         decompressor=options.decompressor,
+        read_block=options.read_block_bytes,
+        skip_before=skip_before,
+        stop_at=stop_at,
     )
+
+
+def load_part(stream: TraceStream, options: AnalysisOptions) -> TableBuilder:
+    """The events ``stream`` reads, in a `TableBuilder` not yet built; raises as `load_table`."""
+    path = stream.path
     builder = TableBuilder()
     events = 0
     trimmed_at = 0
@@ -137,10 +166,7 @@ def load_table(
         if stream.decoded_bytes - trimmed_at >= TRIM_EVERY_BYTES:
             release_free_memory()
             trimmed_at = stream.decoded_bytes
-    table = builder.build()
-    if trimmed_at:
-        release_free_memory()
-    return table, stream.header, stream
+    return builder
 
 
 def _rank(header: Header, path: Path) -> tuple[int, RankSource, int | None]:

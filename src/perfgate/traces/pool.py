@@ -7,14 +7,27 @@ huge traces runs fewer at a time instead of exhausting memory. Workers come from
 has already imported the trace modules (a fork, not a fresh interpreter, per worker; no fork of a
 multi-threaded server), and the pool is closed after the call, so an idle server holds no worker's
 memory. Small sets (where starting workers costs more than it saves) are read in this process.
+
+A single large trace is read in two parts on two cores (`analyze_split`) when a core is idle now
+(`idle_core`): a worker decodes the events after `SPLIT_AT` of the JSON while this process decodes the
+ones before, and the two tables are joined into exactly the table one reader builds
+(`TableBuilder.extend`). The worker decompresses the part before its own and guesses, without decoding,
+where one reader would cut its batches; this process checks that the worker began exactly where its own
+part ended, in the same file, and otherwise reads the file again in one piece, so the answer is always
+one reader's. The split costs ~7% more CPU in all (that decompression) and the start of a worker
+process, for a shorter wall time; on a busy machine the trace is read in one process. This needs the
+forkserver already running, so the first such call in a process reads alone and starts it in the
+background.
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
+import threading
 import types
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -25,17 +38,29 @@ from functools import cache
 from multiprocessing.context import BaseContext
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import TypeVar
 
 from perfgate._deadline import checkpoint, deadline
-from perfgate.traces.analyze import AnalysisOptions, analyze_trace
-from perfgate.traces.errors import TraceError
+from perfgate._safeopen import open_file
+from perfgate.traces._events import Header
+from perfgate.traces._memory import TRIM_EVERY_BYTES, release_free_memory
+from perfgate.traces.analyze import AnalysisOptions, analyze_table, analyze_trace, load_part, part_stream
+from perfgate.traces.errors import TraceError, TraceTooLargeError
 from perfgate.traces.models import RankProfile
+from perfgate.traces.reader import TraceStream
+from perfgate.traces.table import EventTable, TableBuilder
 
 __all__ = [
     "PARALLEL_MIN_BYTES",
+    "SPLIT_AT",
+    "SPLIT_MAX_BYTES",
+    "SPLIT_MIN_BYTES",
     "Deadline",
     "analyze_many",
+    "analyze_split",
     "estimated_peak_bytes",
+    "idle_core",
+    "load_split",
     "usable_cpus",
     "worker_count",
 ]
@@ -47,11 +72,22 @@ PEAK_PER_JSON_BYTE = 0.6
 """Peak resident memory of one analysis per byte of decompressed JSON (measured: ~0.55 at 1 GB)."""
 GZIP_RATIO = 12
 """Assumed decompressed/compressed size of a ``.json.gz`` trace (Kineto JSON compresses 8-15x)."""
+SPLIT_MIN_BYTES = 12 << 20
+"""A single trace with at least this much JSON (estimated) is read in two halves on two cores: ~0.1 s
+of decoding, against ~0.03 s to start a worker from a running forkserver."""
+SPLIT_MAX_BYTES = 256 << 20
+"""Larger single traces are read in this process alone: the halves' tables are joined in this process,
+so its peak memory would not shrink, and the worker's would add to it."""
+SPLIT_AT = 0.45
+"""Where the parts meet, as a fraction of the JSON: before the middle, as the worker also decompresses the
+part before its own and the first part of a trace tends to hold more of the work."""
 _WORKER_BASE_BYTES = 120 << 20
 """A worker's interpreter with numpy and msgspec loaded."""
 
 _GRACE_S = 5.0
 Progress = Callable[[int, int, str], None]
+
+_T = TypeVar("_T")
 
 _worker_stop: Event | None = None
 """In a worker process: set by the caller when it gives up on the call (a failed file, the deadline, a
@@ -145,17 +181,214 @@ def _stop_event(ctx: BaseContext) -> Event:
     return ctx.Event()
 
 
-def _analyze_one(
-    path: Path, options: AnalysisOptions, limit: Deadline | None, label: str, cancellable: bool = False
-) -> RankProfile:
+def _under_limit(limit: Deadline | None, label: str, cancellable: bool, fn: Callable[[], _T]) -> _T:
+    """``fn()`` under the call's deadline; in a worker, also stopped when the caller gives up."""
     stop = _worker_stop
     if limit is None and stop is None:
-        return analyze_trace(path, options)
+        return fn()
     seconds, ends_at = (math.inf, math.inf) if limit is None else (limit.seconds, limit.ends_at)
     stopped = None if stop is None else stop.is_set
     with deadline(seconds, label, ends_at=ends_at, cancellable=cancellable, stopped=stopped):
         checkpoint()
-        return analyze_trace(path, options)
+        return fn()
+
+
+def _analyze_one(
+    path: Path, options: AnalysisOptions, limit: Deadline | None, label: str, cancellable: bool = False
+) -> RankProfile:
+    return _under_limit(limit, label, cancellable, lambda: analyze_trace(path, options))
+
+
+def _decompressed_bytes(path: Path) -> int:
+    """Size of the JSON: the file's, or a gzip file's recorded size (modulo 4 GiB; a wrong figure only
+    moves where `analyze_split` cuts)."""
+    with open_file(path) as fh:
+        if fh.peek(2)[:2] != b"\x1f\x8b":
+            return path.stat().st_size
+        fh.seek(-4, os.SEEK_END)
+        return int.from_bytes(fh.read(4), "little")
+
+
+@dataclass
+class _Later:
+    """What a worker read of the part of a file after ``skip_before``: where its part began
+    (`TraceStream.meet`), then its events, or the error that stopped it."""
+
+    meet: tuple[int, int, bool] | None
+    identity: tuple[int, ...]
+    builder: TableBuilder | None = None
+    header: Header | None = None
+    decoded_bytes: int = 0
+    lenient_skipped: int = 0
+    error: TraceError | None = None
+
+
+def _load_later(
+    path: Path, options: AnalysisOptions, skip_before: int, limit: Deadline | None, label: str
+) -> _Later:
+    """In a worker: the batches of ``path`` from ``skip_before`` on."""
+    stream = part_stream(path, options, skip_before)
+    try:
+        builder = _under_limit(limit, label, False, lambda: load_part(stream, options))
+    except TraceError as exc:
+        return _Later(stream.meet, stream.identity, error=exc)
+    return _Later(
+        stream.meet, stream.identity, builder, stream.header, stream.decoded_bytes, stream.lenient_skipped
+    )
+
+
+_forkserver_started = threading.Event()
+
+
+def _start_forkserver() -> None:
+    _context()
+    if sys.platform.startswith("linux"):
+        multiprocessing.forkserver.ensure_running()
+    _forkserver_started.set()
+
+
+def _cpu_quota() -> float | None:
+    """CPUs the cgroup (v2) of this process may use, None when unlimited or unknown."""
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text(encoding="ascii").split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
+def idle_core(cpus: float | None = None, loadavg: str | None = None) -> bool:
+    """Whether a second core is free now: at least two usable cores (affinity and cgroup quota), fewer
+    threads runnable right now than cores (this one included) and a one-minute load average below the
+    cores (``loadavg``: the text of ``/proc/loadavg``, read when not given). A second process only
+    shortens the wall time on a core that would otherwise idle; on a busy machine it competes for the
+    same cores and costs more CPU in all. The load average (which lags) only guards against a moment
+    that happens to look idle on a machine kept busy."""
+    if cpus is None:
+        cpus = float(usable_cpus())
+        quota = _cpu_quota()
+        if quota is not None:
+            cpus = min(cpus, quota)
+    if cpus < 2:
+        return False
+    try:
+        if loadavg is None:
+            loadavg = Path("/proc/loadavg").read_text(encoding="ascii")
+        fields = loadavg.split()
+        load1, running = float(fields[0]), int(fields[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return False
+    return running < cpus and load1 < cpus
+
+
+def _split_pays(path: Path) -> bool:
+    """Whether `analyze_split` should read ``path`` (see the module); starts the forkserver if not yet."""
+    if not SPLIT_MIN_BYTES <= _json_bytes(path) <= SPLIT_MAX_BYTES or not idle_core():
+        return False
+    available = _available_memory()
+    if available is not None and available * 0.75 < 2 * estimated_peak_bytes(path):
+        return False
+    if not _forkserver_started.is_set():
+        threading.Thread(target=_start_forkserver, name="perfgate-forkserver", daemon=True).start()
+        return False
+    return True
+
+
+def _wait(future: Future[_T], limit: Deadline | None, label: str, cancellable: bool) -> None:
+    """Wait for a worker that enforces the deadline itself; this process waits a little longer, in case
+    it is stuck between two checkpoints."""
+    if limit is None:
+        wait([future])
+        return
+    with deadline(limit.seconds, label, ends_at=limit.ends_at + _GRACE_S, cancellable=cancellable):
+        while not wait([future], timeout=0.25)[0]:
+            checkpoint()  # the deadline, or the tool call was cancelled
+
+
+def analyze_split(
+    path: Path,
+    options: AnalysisOptions,
+    limit: Deadline | None = None,
+    label: str = "",
+    cancellable: bool = False,
+) -> RankProfile:
+    """`analyze_trace` of one file read in two parts: this process decodes the events before `SPLIT_AT`
+    of the JSON, a worker process those after it; the result is the same.
+
+    Raises as `analyze_trace` (the first failure in file order: this process's part is read first).
+    """
+    label = label or f"reading trace {path}"
+    read = load_split(path, options, limit, label, cancellable)
+    if read is None:
+        return _analyze_one(path, options, limit, label, cancellable)
+    table, stream, _ = read
+    return _under_limit(
+        limit, label, cancellable, lambda: analyze_table(table, stream.header, stream, path, options)
+    )
+
+
+def load_split(
+    path: Path,
+    options: AnalysisOptions,
+    limit: Deadline | None = None,
+    label: str = "",
+    cancellable: bool = False,
+    at: float = SPLIT_AT,
+) -> tuple[EventTable, TraceStream, bool] | None:
+    """`load_table` of one file read in two parts (see `analyze_split`) that meet near ``at`` (a fraction
+    of the JSON): (the table, the stream, whether the worker's part was used: False when this process
+    read every batch itself). None when the file must be read in one piece for an exact answer: the
+    worker began elsewhere than where this process stopped (see `TraceStream`), or more than
+    ``options.max_events`` events."""
+    label = label or f"reading trace {path}"
+    cut = int(_decompressed_bytes(path) * at)
+    ctx = _context()
+    stop = _stop_event(ctx)
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker, initargs=(stop,))
+    finished = False
+    try:
+        with _main_not_inherited():
+            later = pool.submit(_load_later, path, options, cut, limit, label)
+        stream = part_stream(path, options, 0, cut)
+        builder = _under_limit(limit, label, cancellable, lambda: load_part(stream, options))
+        used = stream.stopped
+        if used:
+            _wait(later, limit, label, cancellable)
+            try:
+                part = later.result()
+            except BrokenProcessPool as exc:
+                raise TraceError(
+                    f"{path}: the worker reading its second half died (killed for memory?); capture a "
+                    "shorter window"
+                ) from exc
+            finished = True
+            if (
+                part.meet != stream.meet
+                or part.identity != stream.identity
+                or isinstance(part.error, TraceTooLargeError)
+            ):
+                # The worker began elsewhere than where this part ended (a guessed cut was wrong), opened
+                # another file (the path was replaced meanwhile), or counted the events of its part
+                # only: read again in one piece, for the exact answer about one file.
+                return None
+            if part.error is not None:
+                raise part.error  # where one reader fails too: it reads the same batches from there
+            assert part.builder is not None and part.header is not None
+            if builder.event_count + part.builder.event_count > options.max_events:
+                return None
+            builder.extend(part.builder)
+            stream.header, stream.decoded_bytes = part.header, part.decoded_bytes
+            stream.lenient_skipped += part.lenient_skipped
+    finally:
+        # This process read every batch (a short file), or failed: the worker stops at its next block
+        # (waited for: it is one process, and it must not outlive the stop event it was given).
+        if not finished:
+            stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+    table = builder.build()
+    del builder
+    if stream.decoded_bytes >= TRIM_EVERY_BYTES:
+        release_free_memory()
+    return table, stream, used
 
 
 def analyze_many(
@@ -186,6 +419,7 @@ def analyze_many(
     options = AnalysisOptions() if options is None else options
     labels = list(labels) if labels is not None else [f"reading trace {p}" for p in paths]
     total = len(paths)
+    split = workers is None and total == 1
     if workers is None:
         workers = worker_count(paths)
         if sum(_json_bytes(p) for p in paths) < PARALLEL_MIN_BYTES:
@@ -195,7 +429,10 @@ def analyze_many(
         for i, path in enumerate(paths):
             if progress is not None:
                 progress(i, total, f"analyzing {path.name}")
-            out.append(_analyze_one(path, options, limit, labels[i], cancellable=cancellable))
+            if split and _split_pays(path):
+                out.append(analyze_split(path, options, limit, labels[i], cancellable=cancellable))
+            else:
+                out.append(_analyze_one(path, options, limit, labels[i], cancellable=cancellable))
         return out
     if limit is None:
         return _in_pool(paths, options, progress, workers, None, labels)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import re
 import zlib
 from collections.abc import Generator, Iterator
@@ -32,6 +33,7 @@ from perfgate.traces.errors import TraceFormatError, TraceTooLargeError
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "DEFAULT_MAX_VALUE_BYTES",
+    "DEFAULT_READ_BLOCK",
     "Decompressor",
     "TraceStream",
     "isal_available",
@@ -41,13 +43,16 @@ DEFAULT_CHUNK_BYTES = 4 << 20
 """Bytes of JSON decoded per batch: large enough to amortize calls, small enough to stay cache- and RAM-friendly."""
 DEFAULT_MAX_VALUE_BYTES = 64 << 20
 """Largest single event (or header) accepted; real Kineto events are far below 1 MiB."""
-_READ_BLOCK = 1 << 20
+DEFAULT_READ_BLOCK = 1 << 20
+"""Decompressed bytes read from the file at a time (the buffer grows by these)."""
 _MAX_ATTEMPTS = 8
 
 Decompressor = Literal["auto", "isal", "zlib"]
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _AFTER_CLOSE = re.compile(rb"\s*([,\]])")
+_NEXT_OBJECT = re.compile(rb"\}\s*(,)\s*(?:\{|\Z)")
+_ENDS_EVENT = re.compile(rb"\s*(?:(\])|(,)\s*(?:\{|\Z))")
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
 _WS = b" \t\r\n"
 
@@ -99,20 +104,22 @@ class _Owned:
         self._raw.close()
 
 
-def _open(path: Path, decompressor: Decompressor) -> tuple[_Readable, bool]:
+def _open(path: Path, decompressor: Decompressor) -> tuple[_Readable, bool, tuple[int, ...]]:
     # Opened once, following no symbolic link (`perfgate._safeopen`): what is read is what was confined.
     raw = open_file(path)
     try:
+        st = os.fstat(raw.fileno())
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         magic = raw.peek(2)[:2]
         if magic != b"\x1f\x8b":
-            return raw, False
+            return raw, False, identity
         if decompressor != "zlib" and isal_available():
             from isal import igzip
 
-            return _Owned(igzip.IGzipFile(fileobj=raw, mode="rb"), raw), True
+            return _Owned(igzip.IGzipFile(fileobj=raw, mode="rb"), raw), True, identity
         if decompressor == "isal":
             raise TraceFormatError("decompressor='isal' was requested but python-isal is not installed")
-        return _Owned(gzip.GzipFile(fileobj=raw, mode="rb"), raw), True
+        return _Owned(gzip.GzipFile(fileobj=raw, mode="rb"), raw), True, identity
     except BaseException:
         raw.close()
         raise
@@ -126,6 +133,18 @@ class TraceStream:
     the events), `decoded_bytes` the JSON size and `lenient_skipped` the events dropped because a
     field had an unusable type.
 
+    A stream can read one part of the events array (`perfgate.traces.pool` reads the two halves of a
+    large trace in two processes). With ``stop_at`` (an offset in the decompressed JSON) the stream
+    ends before the first batch that starts at or after it (``stopped`` is then True, and neither the
+    rest of the file nor the keys after the array are read). With ``skip_before`` the batches that
+    start before it are neither decoded nor validated: each is cut where one reader would most likely
+    cut it (the last ``}`` followed by ``,`` and ``{``), without decoding. ``meet`` records the state
+    where each part begins or ends: (offset of the first batch, offset of the buffer's end, whether the
+    file was read to its end). When the two streams' ``meet`` are equal, the skipping stream's guesses
+    led it exactly where the whole reading stands at that batch, so the batches it reads from there
+    are the ones a single stream reads; when they differ (a guess fell inside a string or a nested
+    value), its part must not be used.
+
     Raises (from `batches`):
         TraceFormatError: bad gzip data, invalid or truncated JSON, no ``traceEvents`` array.
         TraceTooLargeError: one event (or the header) is larger than ``max_value_bytes``.
@@ -136,11 +155,17 @@ class TraceStream:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES
     decompressor: Decompressor = "auto"
-    read_block: int = _READ_BLOCK
+    read_block: int = DEFAULT_READ_BLOCK
     header: Header = field(default_factory=Header)
     decoded_bytes: int = 0
     lenient_skipped: int = 0
     compressed: bool = False
+    skip_before: int = 0
+    stop_at: int | None = None
+    stopped: bool = False
+    meet: tuple[int, int, bool] | None = None
+    identity: tuple[int, ...] = ()
+    """The file read: (device, inode, size, modification time in ns) when it was opened."""
     _buf: bytearray = field(default_factory=bytearray, repr=False)
     _base: int = 0
     _eof: bool = False
@@ -162,7 +187,7 @@ class TraceStream:
             yield len(items), [e for e in items if type(e) is Complete]
 
     def _batches(self) -> Iterator[list[Any]]:
-        self._file, self.compressed = _open(self.path, self.decompressor)
+        self._file, self.compressed, self.identity = _open(self.path, self.decompressor)
         try:
             yield from self._run()
         except _gzip_errors() as exc:
@@ -223,7 +248,8 @@ class TraceStream:
                 "expected a Kineto/Chrome trace (.json or .json.gz)"
             )
         end = yield from self._events(sep)
-        self._tail(end, top_is_array)
+        if not self.stopped:
+            self._tail(end, top_is_array)
 
     def _find_events_array(self, start: int) -> int:
         """Decode the keys before ``traceEvents`` and return the index of its ``[``."""
@@ -295,9 +321,17 @@ class TraceStream:
     def _events(self, sep: int) -> Generator[list[Any], None, int]:
         """Yield event batches; ``sep`` indexes the ``[`` or ``,`` before the next element.
 
-        Returns the buffer index of the ``]`` that closes the array.
+        Returns the buffer index of the ``]`` that closes the array (0 when it was seen already, or
+        when the stream stopped at ``stop_at``).
         """
         while True:
+            at = self._base + sep
+            if self.stop_at is not None and at >= self.stop_at:
+                self.meet = (at, self._base + len(self._buf), self._eof)
+                self.stopped = True
+                return 0
+            if self.skip_before and self.meet is None and at >= self.skip_before:
+                self.meet = (at, self._base + len(self._buf), self._eof)
             self._fill(sep + self.chunk_bytes)
             buf = self._buf
             probe = sep + 1
@@ -325,6 +359,11 @@ class TraceStream:
         Returns (events, array_closed, index of the next separator or of ``]``), or None after
         reading more input when no cut was possible yet.
         """
+        if self._base + sep < self.skip_before:
+            return self._guess_cut(sep)
+        likely = self._likely_cut(sep)
+        if likely is not None:
+            return likely
         buf = self._buf
         hi = len(buf)
         attempts = 0
@@ -353,6 +392,47 @@ class TraceStream:
             raise TraceTooLargeError(
                 f"{self._where(sep)}: no complete event within {self.max_value_bytes} bytes; a single event "
                 "is larger than the limit (raise max_event_bytes if it is genuine) or the file is corrupt"
+            )
+        self._fill(len(buf) + max(self.chunk_bytes, pending))
+        return None
+
+    def _likely_cut(self, sep: int) -> tuple[list[Any], bool, int] | None:
+        """`_cut` tried first on the candidates that can end an event of a trace: a ``}`` followed by
+        ``]``, or by ``,`` and then ``{`` or the end of the buffer. A ``}`` inside a string or a nested
+        value (``"{lambda()#1}, at::..."``, ``{"a": {...}, "b": ...}``) is not tried: its decode would
+        run through the whole run before failing. None when no such candidate decodes (`_cut` then
+        tries every candidate, as an array of other values needs)."""
+        buf = self._buf
+        hi = len(buf)
+        attempts = 0
+        while attempts < _MAX_ATTEMPTS and (idx := buf.rfind(b"}", sep + 1, hi)) >= 0:
+            hi = idx
+            after = _ENDS_EVENT.match(buf, idx + 1)
+            if after is None:
+                continue
+            attempts += 1
+            try:
+                events = self._decode_run(sep, idx)
+            except msgspec.DecodeError:
+                continue
+            closed = after.group(1) is not None
+            return events, closed, after.start(1 if closed else 2)
+        return None
+
+    def _guess_cut(self, sep: int) -> tuple[list[Any], bool, int] | None:
+        """Where `_cut` most likely cuts, without decoding: after the last ``}`` followed by ``,`` and
+        ``{`` or the end of the buffer (see `_likely_cut` and the class docstring); None after reading more input when the buffer holds none."""
+        buf = self._buf
+        hi = len(buf)
+        while (idx := buf.rfind(b"}", sep + 1, hi)) >= 0:
+            match = _NEXT_OBJECT.match(buf, idx)
+            if match is not None:
+                return [], False, match.start(1)
+            hi = idx
+        pending = len(buf) - sep
+        if self._eof or pending > self.max_value_bytes:
+            raise TraceFormatError(
+                f"{self._where(sep)}: no place to start reading a part of the events array"
             )
         self._fill(len(buf) + max(self.chunk_bytes, pending))
         return None

@@ -232,6 +232,11 @@ def _intern_in_order(found: tuple[list[_K], Ints], parts: list[I64], interner: _
     return table[local]
 
 
+def _renumber(later: _Interner[_K], into: _Interner[_K]) -> Ints:
+    """Ids in ``into`` of the keys of ``later`` (indexed by ``later``'s ids), interning new ones in order."""
+    return np.fromiter(map(into.__getitem__, later), np.int32, len(later))
+
+
 @dataclass
 class _Batch:
     """The complete, timed events of one batch, read field by field (see `TableBuilder.add`)."""
@@ -577,6 +582,35 @@ class TableBuilder:
         sparse["shape_flops"] = SparseColumn.of(flops, math.nan)
         sparse["shape_bytes"] = SparseColumn.of(nbytes, math.nan)
         sparse["shape_prec"] = SparseColumn.of(prec, -1)
+
+    @property
+    def event_count(self) -> int:
+        """Events added so far (of every kind)."""
+        return self._events
+
+    def extend(self, later: TableBuilder) -> None:
+        """Append the events of ``later``, a builder that read the batches after this one's (another
+        process's part of the same file): the result is what one builder reading every batch holds.
+
+        Ids are first-seen, so ``later``'s names, categories and threads that this builder has not seen
+        are interned after its own, in ``later``'s order, and its id columns are renumbered.
+        """
+        remap = {
+            "name": _renumber(later._names, self._names),
+            "cat": _renumber(later._cats, self._cats),
+            "tid": _renumber(later._tids, self._tids),
+        }
+        for key, parts in later._parts.items():
+            for part in parts:
+                for col, table in remap.items():
+                    if col in part.data:
+                        part.data[col] = table[cast("Ints", part.data[col])]
+            self._parts[key].extend(parts)
+        self._skipped_counts.update(later._skipped_counts)
+        self._events += later._events
+        self._complete += later._complete
+        self._float_ts = self._float_ts or later._float_ts
+        self._dropped += later._dropped
 
     def _category_counts(self, tables: dict[str, Columns]) -> Counter[str]:
         counts = Counter[str](self._skipped_counts)

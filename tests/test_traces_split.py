@@ -1,0 +1,211 @@
+"""One large trace read in two halves on two cores: exactly the table and the analysis of one reader,
+and only when a core is idle."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from multiprocessing.context import BaseContext
+from multiprocessing.synchronize import Event
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from perfgate._deadline import DeadlineExceeded
+from perfgate.traces import AnalysisOptions, TraceError, analyze_trace, pool
+from perfgate.traces.analyze import load_table
+from perfgate.traces.reader import TraceStream
+from perfgate.traces.table import Columns
+
+FIXTURES = Path(__file__).parent / "fixtures" / "traces"
+PLANTED = FIXTURES / "planted"
+SMALL_BATCHES = AnalysisOptions(chunk_bytes=1 << 12, read_block_bytes=1 << 12)
+"""Batches of a few events: the halves meet inside a fixture, after many batches on each side."""
+
+
+def _same_columns(a: Columns, b: Columns) -> None:
+    assert a.data.keys() == b.data.keys() and a.sparse.keys() == b.sparse.keys()
+    for key in a.data:
+        assert a.data[key].dtype == b.data[key].dtype and np.array_equal(
+            a.data[key], b.data[key], equal_nan=True
+        )
+    for key in a.sparse:
+        x, y = a.sparse[key], b.sparse[key]
+        assert np.array_equal(x.rows, y.rows) and np.array_equal(x.values, y.values, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "name", ["planted/slow_rank_rank1.json.gz", "planted/eval_in_step_rank0.json.gz", "musa_s4000_rank1.json"]
+)
+def test_two_halves_build_the_table_and_the_analysis_of_one_reader(name: str) -> None:
+    path = FIXTURES / name
+    options = (
+        SMALL_BATCHES
+        if path.stat().st_size > 10_000
+        else AnalysisOptions(chunk_bytes=256, read_block_bytes=256)
+    )
+    read = pool.load_split(path, options)
+    assert read is not None
+    split, stream, used = read
+    assert used  # the worker's half was read and joined, not thrown away
+    one, header, one_stream = load_table(path, options)
+    for table in ("device", "host", "cpu"):
+        _same_columns(getattr(split, table), getattr(one, table))
+    assert split.names == one.names and split.cats == one.cats and split.name_index == one.name_index
+    assert list(split.category_counts.items()) == list(one.category_counts.items())
+    assert (split.event_count, split.complete_count, split.float_timestamps, split.dropped_without_time) == (
+        one.event_count,
+        one.complete_count,
+        one.float_timestamps,
+        one.dropped_without_time,
+    )
+    assert stream.header == header and stream.decoded_bytes == one_stream.decoded_bytes
+    assert pool.analyze_split(path, options).model_dump() == analyze_trace(path, options).model_dump()
+
+
+def test_a_large_shared_trace_reads_the_same_in_two_halves(hta_traces: Path) -> None:
+    path = hta_traces / "ns_resolution_trace_rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+    if not path.exists():
+        pytest.skip("the shared ns_resolution trace is not present")
+    read = pool.load_split(path, AnalysisOptions())
+    assert read is not None and read[2]
+    assert pool.analyze_split(path, AnalysisOptions()).model_dump() == analyze_trace(path).model_dump()
+
+
+def test_an_error_in_the_second_half_reads_as_from_one_reader(tmp_path: Path) -> None:
+    text = gzip.decompress((PLANTED / "slow_rank_rank1.json.gz").read_bytes())
+    at = text.index(b'"ph"', len(text) * 3 // 4)
+    bad = tmp_path / "rank1.json"
+    bad.write_bytes(text[:at] + b"!!" + text[at:])  # invalid JSON well after the middle
+    with pytest.raises(TraceError) as one:
+        analyze_trace(bad, SMALL_BATCHES)
+    with pytest.raises(TraceError) as split:
+        pool.analyze_split(bad, SMALL_BATCHES)
+    assert str(split.value) == str(one.value)
+
+
+def test_too_many_events_is_told_as_one_reader_tells_it() -> None:
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    options = AnalysisOptions(
+        chunk_bytes=1 << 12,
+        read_block_bytes=1 << 12,
+        max_events=analyze_trace(path).event_counts["events"] - 1,
+    )
+    with pytest.raises(TraceError) as one:
+        analyze_trace(path, options)
+    with pytest.raises(TraceError) as split:
+        pool.analyze_split(path, options)
+    assert str(split.value) == str(one.value)
+
+
+def test_a_second_core_is_used_only_when_idle_now() -> None:
+    assert pool.idle_core(2, "0.40 0.50 0.60 1/300 999")
+    assert not pool.idle_core(1, "0.00 0.00 0.00 1/300 999")  # one core: nothing to split onto
+    assert not pool.idle_core(2, "0.40 0.50 0.60 2/300 999")  # another thread runs now
+    assert pool.idle_core(2, "1.60 0.50 0.60 1/300 999")  # this process's own earlier calls
+    assert not pool.idle_core(2, "2.10 0.50 0.60 1/300 999")  # kept busy over the last minute
+    assert not pool.idle_core(2, "garbled")
+
+
+def test_one_large_trace_is_split_only_on_an_idle_machine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "rank0.json"
+    path.write_bytes((PLANTED / "slow_rank_rank1.json.gz").read_bytes())
+
+    def large(_: Path) -> int:
+        return pool.SPLIT_MIN_BYTES
+
+    monkeypatch.setattr(pool, "_json_bytes", large)
+    monkeypatch.setattr(pool._forkserver_started, "is_set", lambda: True)  # pyright: ignore[reportPrivateUsage]
+    calls: list[Path] = []
+    real = pool.analyze_split
+
+    def spy(p: Path, *args: object, **kwargs: object) -> object:
+        calls.append(p)
+        return real(p, *args, **kwargs)  # pyright: ignore[reportArgumentType]
+
+    monkeypatch.setattr(pool, "analyze_split", spy)
+    monkeypatch.setattr(pool, "idle_core", lambda: False)
+    busy = pool.analyze_many([path])
+    assert calls == []
+    monkeypatch.setattr(pool, "idle_core", lambda: True)
+    idle = pool.analyze_many([path])
+    assert calls == [path]
+    assert idle[0].model_dump() == busy[0].model_dump()
+    # Several files are never split: they use the cores one file each.
+    pool.analyze_many([path, path], workers=1)
+    assert calls == [path]
+
+
+def test_a_worker_that_began_elsewhere_is_not_used(tmp_path: Path) -> None:
+    # Names holding "}, {" (which the worker's guessed cuts take for the end of an event) followed by a
+    # long tail: at some meeting points the worker begins inside a string, at others its guesses met
+    # the true cuts again. Either way the table is one reader's.
+    events: list[dict[str, object]] = []
+    for i in range(300):
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}}}, {{" + "y" * 300, "ts": i * 10,
+                       "dur": 5, "tid": 1, "pid": 1})  # fmt: skip
+        events.append({"ph": "X", "cat": "kernel", "name": f"k{i % 5}", "ts": i * 10 + 1, "dur": 3, "tid": 7,
+                       "pid": 0, "args": {"stream": 7, "correlation": i, "device": 0}})  # fmt: skip
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}, separators=(", ", ": ")))
+    options = AnalysisOptions(chunk_bytes=1 << 10, read_block_bytes=1 << 10)
+    one, _, _ = load_table(path, options)
+    outcomes: set[str] = set()
+    for at in (0.15, 0.3, 0.5, 0.55):
+        read = pool.load_split(path, options, at=at)
+        if read is None:
+            outcomes.add("read again in one piece")
+            continue
+        assert read[2]
+        outcomes.add("joined")
+        for table in ("device", "host", "cpu"):
+            _same_columns(getattr(read[0], table), getattr(one, table))
+        assert read[0].names == one.names
+    assert outcomes == {"joined", "read again in one piece"}
+    assert pool.analyze_split(path, options).model_dump() == analyze_trace(path, options).model_dump()
+
+
+def test_the_deadline_holds_in_both_parts_and_the_worker_is_told_to_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[Event] = []
+
+    def recorded(ctx: BaseContext) -> Event:
+        events.append(ctx.Event())
+        return events[-1]
+
+    monkeypatch.setattr(pool, "_stop_event", recorded)
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    past = pool.Deadline(seconds=5.0, ends_at=time.monotonic() - 1.0)
+    with pytest.raises(DeadlineExceeded, match=r"reading trace rank1 ran past the 5 s"):
+        pool.analyze_split(path, SMALL_BATCHES, past, "reading trace rank1")
+    assert events[-1].is_set()  # the worker stops at its next block (and was waited for)
+    later = pool.Deadline(seconds=600.0, ends_at=time.monotonic() + 600.0)
+    assert (
+        pool.analyze_split(path, SMALL_BATCHES, later).model_dump()
+        == analyze_trace(path, SMALL_BATCHES).model_dump()
+    )
+    assert not events[-1].is_set()
+
+
+def test_a_worker_that_read_another_file_is_not_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Same bytes, another file (as when the path is replaced between the two opens): the parts would
+    # meet, but the answer must be about one file.
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    copy = tmp_path / path.name
+    copy.write_bytes(path.read_bytes())
+    real = pool.part_stream
+
+    def on_copy(_: Path, *args: Any) -> TraceStream:
+        return real(copy, *args)
+
+    monkeypatch.setattr(pool, "part_stream", on_copy)  # this process reads the copy, the worker the file
+    assert pool.load_split(path, SMALL_BATCHES) is None
+    monkeypatch.setattr(pool, "part_stream", real)
+    read = pool.load_split(path, SMALL_BATCHES)
+    assert read is not None and read[2] and read[1].identity
