@@ -4,13 +4,20 @@ and only when a core is idle."""
 from __future__ import annotations
 
 import gzip
+import json
+import time
+from multiprocessing.context import BaseContext
+from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from perfgate._deadline import DeadlineExceeded
 from perfgate.traces import AnalysisOptions, TraceError, analyze_trace, pool
 from perfgate.traces.analyze import load_table
+from perfgate.traces.reader import TraceStream
 from perfgate.traces.table import Columns
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
@@ -138,8 +145,6 @@ def test_a_worker_that_began_elsewhere_is_not_used(tmp_path: Path) -> None:
     # Names holding "}, {" (which the worker's guessed cuts take for the end of an event) followed by a
     # long tail: at some meeting points the worker begins inside a string, at others its guesses met
     # the true cuts again. Either way the table is one reader's.
-    import json
-
     events: list[dict[str, object]] = []
     for i in range(300):
         events.append({"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}}}, {{" + "y" * 300, "ts": i * 10,
@@ -163,3 +168,44 @@ def test_a_worker_that_began_elsewhere_is_not_used(tmp_path: Path) -> None:
         assert read[0].names == one.names
     assert outcomes == {"joined", "read again in one piece"}
     assert pool.analyze_split(path, options).model_dump() == analyze_trace(path, options).model_dump()
+
+
+def test_the_deadline_holds_in_both_parts_and_the_worker_is_told_to_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[Event] = []
+
+    def recorded(ctx: BaseContext) -> Event:
+        events.append(ctx.Event())
+        return events[-1]
+
+    monkeypatch.setattr(pool, "_stop_event", recorded)
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    past = pool.Deadline(seconds=5.0, ends_at=time.monotonic() - 1.0)
+    with pytest.raises(DeadlineExceeded, match=r"reading trace rank1 ran past the 5 s"):
+        pool.analyze_split(path, SMALL_BATCHES, past, "reading trace rank1")
+    assert events[-1].is_set()  # the worker stops at its next block (and was waited for)
+    later = pool.Deadline(seconds=600.0, ends_at=time.monotonic() + 600.0)
+    assert (
+        pool.analyze_split(path, SMALL_BATCHES, later).model_dump()
+        == analyze_trace(path, SMALL_BATCHES).model_dump()
+    )
+    assert not events[-1].is_set()
+
+
+def test_a_worker_that_read_another_file_is_not_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # Same bytes, another file (as when the path is replaced between the two opens): the parts would
+    # meet, but the answer must be about one file.
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    copy = tmp_path / path.name
+    copy.write_bytes(path.read_bytes())
+    real = pool.part_stream
+
+    def on_copy(_: Path, *args: Any) -> TraceStream:
+        return real(copy, *args)
+
+    monkeypatch.setattr(pool, "part_stream", on_copy)  # this process reads the copy, the worker the file
+    assert pool.load_split(path, SMALL_BATCHES) is None
+    monkeypatch.setattr(pool, "part_stream", real)
+    read = pool.load_split(path, SMALL_BATCHES)
+    assert read is not None and read[2] and read[1].identity

@@ -8,15 +8,16 @@ has already imported the trace modules (a fork, not a fresh interpreter, per wor
 multi-threaded server), and the pool is closed after the call, so an idle server holds no worker's
 memory. Small sets (where starting workers costs more than it saves) are read in this process.
 
-A single large trace is read in two halves on two cores (`analyze_split`) when a core is idle now
-(`idle_core`): a worker decodes the events after the middle of the JSON while this process decodes the
+A single large trace is read in two parts on two cores (`analyze_split`) when a core is idle now
+(`idle_core`): a worker decodes the events after `SPLIT_AT` of the JSON while this process decodes the
 ones before, and the two tables are joined into exactly the table one reader builds
 (`TableBuilder.extend`). The worker decompresses the part before its own and guesses, without decoding,
 where one reader would cut its batches; this process checks that the worker began exactly where its own
-part ended and otherwise reads the file again in one piece, so the answer is always one reader's. The
-split costs ~7% more CPU in all (that decompression) and the start of a worker process, for a shorter
-wall time; on a busy machine the trace is read in one process. This needs the forkserver already running, so the first
-such call in a process reads alone and starts it in the background.
+part ended, in the same file, and otherwise reads the file again in one piece, so the answer is always
+one reader's. The split costs ~7% more CPU in all (that decompression) and the start of a worker
+process, for a shorter wall time; on a busy machine the trace is read in one process. This needs the
+forkserver already running, so the first such call in a process reads alone and starts it in the
+background.
 """
 
 from __future__ import annotations
@@ -214,6 +215,7 @@ class _Later:
     (`TraceStream.meet`), then its events, or the error that stopped it."""
 
     meet: tuple[int, int, bool] | None
+    identity: tuple[int, ...]
     builder: TableBuilder | None = None
     header: Header | None = None
     decoded_bytes: int = 0
@@ -229,8 +231,10 @@ def _load_later(
     try:
         builder = _under_limit(limit, label, False, lambda: load_part(stream, options))
     except TraceError as exc:
-        return _Later(stream.meet, error=exc)
-    return _Later(stream.meet, builder, stream.header, stream.decoded_bytes, stream.lenient_skipped)
+        return _Later(stream.meet, stream.identity, error=exc)
+    return _Later(
+        stream.meet, stream.identity, builder, stream.header, stream.decoded_bytes, stream.lenient_skipped
+    )
 
 
 _forkserver_started = threading.Event()
@@ -357,9 +361,14 @@ def load_split(
                     "shorter window"
                 ) from exc
             finished = True
-            if part.meet != stream.meet or isinstance(part.error, TraceTooLargeError):
-                # The worker began elsewhere than where this part ended (a guessed cut was wrong), or
-                # counted events of its part only: read again in one piece, for the exact answer.
+            if (
+                part.meet != stream.meet
+                or part.identity != stream.identity
+                or isinstance(part.error, TraceTooLargeError)
+            ):
+                # The worker began elsewhere than where this part ended (a guessed cut was wrong), opened
+                # another file (the path was replaced meanwhile), or counted the events of its part
+                # only: read again in one piece, for the exact answer about one file.
                 return None
             if part.error is not None:
                 raise part.error  # where one reader fails too: it reads the same batches from there

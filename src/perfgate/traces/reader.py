@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import re
 import zlib
 from collections.abc import Generator, Iterator
@@ -103,20 +104,22 @@ class _Owned:
         self._raw.close()
 
 
-def _open(path: Path, decompressor: Decompressor) -> tuple[_Readable, bool]:
+def _open(path: Path, decompressor: Decompressor) -> tuple[_Readable, bool, tuple[int, ...]]:
     # Opened once, following no symbolic link (`perfgate._safeopen`): what is read is what was confined.
     raw = open_file(path)
     try:
+        st = os.fstat(raw.fileno())
+        identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         magic = raw.peek(2)[:2]
         if magic != b"\x1f\x8b":
-            return raw, False
+            return raw, False, identity
         if decompressor != "zlib" and isal_available():
             from isal import igzip
 
-            return _Owned(igzip.IGzipFile(fileobj=raw, mode="rb"), raw), True
+            return _Owned(igzip.IGzipFile(fileobj=raw, mode="rb"), raw), True, identity
         if decompressor == "isal":
             raise TraceFormatError("decompressor='isal' was requested but python-isal is not installed")
-        return _Owned(gzip.GzipFile(fileobj=raw, mode="rb"), raw), True
+        return _Owned(gzip.GzipFile(fileobj=raw, mode="rb"), raw), True, identity
     except BaseException:
         raw.close()
         raise
@@ -161,6 +164,8 @@ class TraceStream:
     stop_at: int | None = None
     stopped: bool = False
     meet: tuple[int, int, bool] | None = None
+    identity: tuple[int, ...] = ()
+    """The file read: (device, inode, size, modification time in ns) when it was opened."""
     _buf: bytearray = field(default_factory=bytearray, repr=False)
     _base: int = 0
     _eof: bool = False
@@ -182,7 +187,7 @@ class TraceStream:
             yield len(items), [e for e in items if type(e) is Complete]
 
     def _batches(self) -> Iterator[list[Any]]:
-        self._file, self.compressed = _open(self.path, self.decompressor)
+        self._file, self.compressed, self.identity = _open(self.path, self.decompressor)
         try:
             yield from self._run()
         except _gzip_errors() as exc:
