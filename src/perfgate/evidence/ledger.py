@@ -691,6 +691,11 @@ class Ledger:
 
     # ------------------------------------------------------------------ writing
     @staticmethod
+    def timestamp() -> str:
+        """The current UTC time as records hold it (ISO 8601 with microseconds and ``+00:00``)."""
+        return _utc_now()
+
+    @staticmethod
     def new_id(prefix: str = "ev") -> str:
         """A fresh evidence id: a UTC timestamp for humans plus randomness for uniqueness."""
         return f"{prefix}-{_utc_second()[1]}-{secrets.token_hex(4)}"

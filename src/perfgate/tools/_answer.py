@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -51,6 +51,13 @@ def _round(x: float) -> float | int:
 
 
 def _shorten(value: Any, max_list: int | None, max_str: int | None) -> Any:
+    kind: type = type(cast("object", value))
+    if kind is str:  # the most common values first, by exact type (subclasses take the general path)
+        return value if max_str is None or len(value) <= max_str else value[: max(max_str - 3, 0)] + "..."
+    if kind is float:
+        return _round(value)
+    if kind is int or kind is bool:
+        return value
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():  # pyright: ignore[reportUnknownVariableType]

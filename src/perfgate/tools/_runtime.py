@@ -10,7 +10,6 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -229,7 +228,7 @@ class ToolRuntime:
             id=evidence_id,
             tool=self.tool,
             dir=self.ledger.artifact_dir(evidence_id, create=False),
-            started_at=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+            started_at=Ledger.timestamp(),
         )
 
     async def commit(
