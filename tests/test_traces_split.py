@@ -209,3 +209,18 @@ def test_a_worker_that_read_another_file_is_not_used(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(pool, "part_stream", real)
     read = pool.load_split(path, SMALL_BATCHES)
     assert read is not None and read[2] and read[1].identity
+
+
+def test_the_running_threads_are_the_fewest_of_a_few_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    samples = iter(["0.50 0.40 0.30 2/300 9", "0.50 0.40 0.30 1/300 9", "0.50 0.40 0.30 3/300 9"])
+
+    class FakePath:
+        def __init__(self, name: str) -> None:
+            assert name == "/proc/loadavg"
+
+        def read_text(self, encoding: str) -> str:
+            return next(samples)
+
+    monkeypatch.setattr(pool, "Path", FakePath)
+    # One of this process's threads was still runnable at the first sample: the core is idle all the same.
+    assert pool._read_loadavg() == "0.50 0.40 0.30 1/300 9"  # pyright: ignore[reportPrivateUsage]
