@@ -281,3 +281,24 @@ def test_a_chunk_whose_few_failing_ratios_are_tested_alone_is_exact(
     assert (
         check(ref, cand, params(float(np.nextafter(float(d[ratio_fails].min()), 0.0)), rtol)).mismatched > 0
     )
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float64])
+def test_dot_products_of_a_long_chunk_are_the_in_order_sum_of_its_slices_dot_products(dtype: Any) -> None:
+    """Past 8192 elements the kernel sums, in order, the BLAS dot products of consecutive 8192-element
+    slices (computed as rows in one call): bit for bit the sum of ``np.dot`` of each slice, with the tail."""
+    rng = np.random.default_rng(9)
+    n = 3 * 8192 + 123
+    a = (rng.standard_normal(n) * 10.0 ** rng.integers(-20, 20, n)).astype(np.float32)
+    b = a + rng.standard_normal(n).astype(np.float32)
+    ref, cand = a.astype(dtype), b.astype(dtype)
+    x, y = ref.astype(np.float64), cand.astype(np.float64)
+    want = [0.0, 0.0, 0.0]
+    for start in range(0, n, 8192):
+        sx, sy = x[start : start + 8192], y[start : start + 8192]
+        for i, (u, v) in enumerate(((sx, sx), (sy, sy), (sx, sy))):
+            want[i] += float(np.dot(u, v))
+    for c in (cand, ref.copy()):  # the general path, and the identical-bytes one
+        got = chunk_stats(ref, c, 0, params(1.0, 0.0), Scratch(n))
+        expected_dots = want if c is cand else [want[0], want[0], want[0]]
+        assert [got.aa, got.bb, got.ab] == expected_dots

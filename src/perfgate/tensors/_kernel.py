@@ -111,22 +111,39 @@ class TensorStats:
 _SERIAL_DOT_ELEMENTS = 8192
 
 
+def _dot_sum(x: np.ndarray, y: np.ndarray, complex_values: bool) -> float:
+    """Re(x^H y) as the sum, in order, of the dot products of consecutive `_SERIAL_DOT_ELEMENTS` slices.
+
+    Real data: one ``np.vecdot`` over the whole slices viewed as rows (numpy computes each row with the BLAS
+    dot product, the very call ``np.dot`` makes for that slice: the same bits, in one call instead of one
+    per slice; tests/test_tensors_kernel_exact.py checks this), then the tail with ``np.dot``."""
+    n = x.shape[0]
+    total = 0.0
+    if complex_values:
+        for start in range(0, n, _SERIAL_DOT_ELEMENTS):
+            sx, sy = x[start : start + _SERIAL_DOT_ELEMENTS], y[start : start + _SERIAL_DOT_ELEMENTS]
+            total += complex(np.vdot(sx, sy)).real
+        return total
+    whole = n - n % _SERIAL_DOT_ELEMENTS
+    if whole:
+        shape = (whole // _SERIAL_DOT_ELEMENTS, _SERIAL_DOT_ELEMENTS)
+        xs: np.ndarray = cast("Any", x)[:whole].reshape(shape)
+        ys: np.ndarray = cast("Any", y)[:whole].reshape(shape)
+        for value in cast("list[float]", np.vecdot(xs, ys).tolist()):
+            total += value
+    if whole < n:
+        total += float(np.dot(x[whole:], y[whole:]))
+    return total
+
+
 def _dots(a: np.ndarray, b: np.ndarray, complex_values: bool) -> tuple[float, float, float]:
     """(a.a, b.b, Re a.b) with the first operand conjugated; non-finite when the chunk holds NaN/Inf.
     Callers hold an errstate that silences overflow and invalid operations."""
-    aa = bb = ab = 0.0
-    for start in range(0, a.shape[0], _SERIAL_DOT_ELEMENTS):
-        x = a[start : start + _SERIAL_DOT_ELEMENTS]
-        y = b[start : start + _SERIAL_DOT_ELEMENTS]
-        if complex_values:
-            aa += complex(np.vdot(x, x)).real
-            bb += complex(np.vdot(y, y)).real
-            ab += complex(np.vdot(x, y)).real
-        else:
-            aa += float(np.dot(x, x))
-            bb += float(np.dot(y, y))
-            ab += float(np.dot(x, y))
-    return aa, bb, ab
+    return (
+        _dot_sum(a, a, complex_values),
+        _dot_sum(b, b, complex_values),
+        _dot_sum(a, b, complex_values),
+    )
 
 
 def _widen(values: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
@@ -180,10 +197,9 @@ def _general(
     worst = int(np.argmax(d))
     dots = _dots(a, b, params.complex_values)
     max_rel = _relative(d, absa, t)
-    smallest = float(np.min(absa)) if params.mode == "tolerance" else 0.0
-    if params.mode == "tolerance" and _all_close(float(d[worst]), smallest, max_rel, params):
+    if params.mode == "tolerance" and _all_close(float(d[worst]), absa, max_rel, params):
         close = None
-    elif params.mode == "tolerance" and _suspects_decide(d, absa, t, ok, smallest, params):
+    elif params.mode == "tolerance" and _suspects_decide(d, absa, t, ok, params):
         close = ok
     else:
         _closeness(reference, candidate, d, absa, scratch.allowance[:n], ok, params)
@@ -195,10 +211,10 @@ _RATIO_MARGIN = 1 - 2.0**-49
 """Largest relative error, as a fraction of rtol, that `_all_close` accepts without the per-element test."""
 
 
-def _all_close(worst: float, smallest: float, max_rel: float, params: KernelParams) -> bool:
+def _all_close(worst: float, absa: np.ndarray, max_rel: float, params: KernelParams) -> bool:
     """Whether every element of a finite chunk is close, decided exactly from the chunk's extremes; False
     when they cannot tell (the per-element test then decides). ``worst`` is the largest |b - a|,
-    ``max_rel`` the largest fl(|b - a| / |a|), ``smallest`` the smallest |a|.
+    ``max_rel`` the largest fl(|b - a| / |a|).
 
     1. The allowance fl(fl(|a| * rtol) + atol) never decreases as |a| grows (rounding is monotone), so the
        smallest |a| has the smallest allowance: the largest error within it means every error is.
@@ -208,6 +224,9 @@ def _all_close(worst: float, smallest: float, max_rel: float, params: KernelPara
        |b - a| is a float64), and adding atol >= 0 cannot lower it.
 
     Python floats are IEEE float64 and round as numpy does."""
+    if worst <= params.atol:
+        return True  # every allowance is at least atol (fl(|a| * rtol) >= 0): the smallest |a| is not needed
+    smallest = float(np.min(absa))
     if worst <= smallest * params.rtol + params.atol:
         return True
     return smallest > 0 and params.rtol >= 2.0**-900 and max_rel <= params.rtol * _RATIO_MARGIN
@@ -219,7 +238,7 @@ cheaper than gathering them)."""
 
 
 def _suspects_decide(
-    d: np.ndarray, absa: np.ndarray, t: np.ndarray, ok: np.ndarray, smallest: float, params: KernelParams
+    d: np.ndarray, absa: np.ndarray, t: np.ndarray, ok: np.ndarray, params: KernelParams
 ) -> bool:
     """``ok`` for a finite chunk whose extremes could not settle it (`_all_close`), testing only the
     elements whose own ratio does not prove them close; False (``ok`` clobbered) when that cannot be used:
@@ -230,7 +249,7 @@ def _suspects_decide(
     rounding step is a large share of them, and true mismatches) are gathered and given the per-element
     test itself, with the same float64 operations in the same order as `_closeness`: ``ok`` is exactly
     what it gives."""
-    if not (smallest > 0 and params.rtol >= 2.0**-900):
+    if not (params.rtol >= 2.0**-900 and float(np.min(absa)) > 0):
         return False
     np.greater(t, params.rtol * _RATIO_MARGIN, out=ok)
     suspects = np.flatnonzero(ok)
@@ -298,10 +317,7 @@ def _identical(
     n = reference.shape[0]
     a = scratch.wide(params.complex_values)[0][:n]
     _widen(reference, a, scratch)
-    aa = 0.0
-    for start in range(0, n, _SERIAL_DOT_ELEMENTS):  # as `_dots`, one product instead of three
-        x = a[start : start + _SERIAL_DOT_ELEMENTS]
-        aa += complex(np.vdot(x, x)).real if params.complex_values else float(np.dot(x, x))
+    aa = _dot_sum(a, a, params.complex_values)  # as `_dots`, one product instead of three
     if not math.isfinite(aa):  # a NaN or infinity (or a square past float64): the general path
         return None
     return ChunkStats(
