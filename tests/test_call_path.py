@@ -380,3 +380,91 @@ def test_inlining_keeps_a_recursive_schema_and_merges_only_annotations() -> None
     assert out["properties"]["described"] == {"enum": ["a", "b"], "description": "field doc"}
     narrowed = Draft202012Validator(out["properties"]["narrowed"])
     assert narrowed.is_valid("a") and not narrowed.is_valid("b")
+
+
+def test_plain_scrubbers_share_their_secrets_but_count_their_own_redactions() -> None:
+    first, second = Scrubber(), Scrubber()
+    assert first.text(f"token {SECRET}") == "token <redacted>"
+    assert (first.redactions, second.redactions) == (1, 0)
+    assert second.text(f"a {SECRET} b {SECRET}") == "a <redacted> b <redacted>"
+    assert (first.redactions, second.redactions) == (1, 2)
+
+
+def test_the_clean_string_sets_are_emptied_when_full_and_scrubbers_keep_working(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The remembered clean strings stay bounded in all: full, every set is emptied, and a scrubber made
+    before starts its set again (never adding to one no longer counted or kept)."""
+    from perfgate import redaction
+
+    monkeypatch.setattr(redaction, "_CLEAN_MAX_ENTRIES", 5)
+    monkeypatch.setattr(redaction, "_CLEAN", {})
+    monkeypatch.setattr(redaction, "_clean_entries", 0)
+    early = Scrubber()
+    for i in range(12):
+        assert early.text(f"clean text {i}") == f"clean text {i}"
+        assert sum(len(v) for v in redaction._CLEAN.values()) <= 5
+    assert redaction._CLEAN[early._clean_key] is early._clean  # pyright: ignore[reportPrivateUsage]
+    assert "clean text 11" in redaction._CLEAN[early._clean_key]  # pyright: ignore[reportPrivateUsage]
+    assert early.text(f"x {SECRET}") == "x <redacted>"
+    assert Scrubber(secrets=["clean text 11"]).text("clean text 11") == "<redacted>"
+
+
+def test_a_draft_changed_to_a_wrong_type_is_refused_before_anything_is_stored(workspace: Path) -> None:
+    """The body is written from the draft's values and read back as a record (strictly) before it is
+    stored: a value of another type (set after the draft was validated) never reaches the ledger as a
+    body that reads back as something else."""
+    ledger = Ledger(workspace)
+    first = _append(ledger, result={"n": 1})
+    for field, value in (("profiled", 1), ("exit_code", "2"), ("started_at", 5)):
+        draft = EvidenceDraft(id=Ledger.new_id(), tool="t", state=EvidenceState.EXECUTED)
+        setattr(draft, field, value)
+        with pytest.raises(ValueError, match="not a valid record"):
+            ledger.append(draft)
+        assert ledger.get(draft.id) is None
+    second = _append(ledger, result={"n": 2})
+    assert (second.seq, second.prev_hash) == (first.seq + 1, first.hash)
+    assert [r.id for r in ledger.records()] == [first.id, second.id]
+    assert ledger.verify().ok
+
+
+def test_a_mac_is_the_hmac_of_its_purpose_and_message() -> None:
+    """MACs start from a copy of the keyed HMAC: each must equal a fresh HMAC (nothing carried over)."""
+    import hmac
+
+    from perfgate.trust import SigningKey
+
+    key = SigningKey(bytes(range(32)))
+    for purpose, message in [("a", "m"), ("a", "m"), ("b", "m"), ("a", "é" * 100), ("a", "")]:
+        expected = hmac.digest(key.secret, f"{purpose}\x00{message}".encode(), "sha256").hex()
+        assert key.mac(purpose, message) == expected
+        assert key.check(purpose, message, expected)
+    assert not key.check("b", "m", key.mac("a", "m"))
+
+
+def test_timestamps_follow_the_clock_across_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The formatted second is reused within a second only."""
+    import time
+
+    from perfgate.evidence import ledger as ledger_module
+
+    clock = iter([1_700_000_000_123_456_789, 1_700_000_000_999_999_000, 1_700_000_001_000_001_000])
+    monkeypatch.setattr(time, "time_ns", lambda: next(clock))
+    assert ledger_module._utc_now() == "2023-11-14T22:13:20.123456+00:00"  # pyright: ignore[reportPrivateUsage]
+    assert ledger_module._utc_now() == "2023-11-14T22:13:20.999999+00:00"  # pyright: ignore[reportPrivateUsage]
+    assert Ledger.new_id().startswith("ev-20231114T221321-")
+
+
+def test_the_connection_outlives_its_own_writes_but_not_a_replaced_index(workspace: Path) -> None:
+    """After its own appends (the WAL grows, a checkpoint may rewrite the database) the connection is
+    kept; an index file removed underneath it (another process believed itself the last user) reopens it."""
+    ledger = Ledger(workspace)
+    _append(ledger)
+    conn = ledger._shared.conn  # pyright: ignore[reportPrivateUsage]
+    for i in range(5):
+        _append(ledger, result={"i": i})
+    assert ledger._shared.conn is conn  # pyright: ignore[reportPrivateUsage]
+    ledger.db_path.with_name(ledger.db_path.name + "-shm").unlink()
+    later = _append(ledger, result={"i": "later"})
+    assert ledger._shared.conn is not conn  # pyright: ignore[reportPrivateUsage]
+    assert Ledger(workspace).get(later.id) is not None

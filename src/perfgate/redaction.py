@@ -87,13 +87,17 @@ def _server_secrets() -> frozenset[str]:
         return found
 
 
-# Strings found free of secrets, per secret set: (the scrubber's secret pattern, text). Scrubbing is a
+# Strings found free of secrets, per secret set: the scrubber's secret pattern -> texts. Scrubbing is a
 # pure function of the two, so a string once found clean is clean again; the text kept is always clean
-# (the key holds the secret pattern, in memory only), short strings only, and the set is emptied when
-# full. Keys, enum values and the
-# fixed sentences of tool results recur in every record.
-_CLEAN: dict[tuple[str | None, str], None] = {}
+# (the key is the secret pattern, in memory only), short strings only, and the sets are emptied when
+# they hold `_CLEAN_MAX_ENTRIES` texts in all. Keys, enum values and the fixed sentences of tool results
+# recur in every record.
+_CLEAN: dict[str | None, set[str]] = {}
 _CLEAN_MAX_ENTRIES = 8192
+_clean_entries = 0
+
+# The redactor of the plain scrubber (no env, no further secrets), built once per set of server secrets.
+_plain: tuple[frozenset[str], Redactor] | None = None
 
 _MEMO_CHARS = 512
 _MEMO_ENTRIES = 65536
@@ -110,13 +114,22 @@ class Scrubber:
     """
 
     def __init__(self, env: Mapping[str, str] | None = None, secrets: Iterable[str] = ()) -> None:
-        extra = dict(env or {})
-        for i, value in enumerate(secrets):
-            extra[f"PERFGATE_REDACT_SECRET_{i}"] = value
-        self._redactor = Redactor(extra, values=_server_secrets())
+        global _plain
+        if env is None and secrets == ():  # the plain scrubber (most records): its redactor is reused
+            values = _server_secrets()
+            plain = _plain
+            if plain is None or plain[0] is not values:
+                plain = _plain = (values, Redactor({}, values=values))
+            self._redactor = plain[1].fresh()
+        else:
+            extra = dict(env or {})
+            for i, value in enumerate(secrets):
+                extra[f"PERFGATE_REDACT_SECRET_{i}"] = value
+            self._redactor = Redactor(extra, values=_server_secrets())
         # Which strings this scrubber leaves alone depends only on its secret values (the patterns are
         # fixed): the key under which `_CLEAN` remembers them.
         self._clean_key = self._redactor.secrets_pattern
+        self._clean = _CLEAN.setdefault(self._clean_key, set())
         # A scrubber's secrets are fixed once built, so a string scrubs the same way every time; records
         # repeat short strings thousands of times (keys' parts, dtypes, statuses): each is scrubbed once.
         self._seen: dict[str, tuple[str, int]] = {}
@@ -168,24 +181,31 @@ class Scrubber:
         return self._redactor.redactions
 
     def text(self, text: str) -> str:
+        if text in self._clean:  # found clean before under these secrets
+            return text
         seen = self._seen.get(text)
         if seen is not None:
             self._redactor.redactions += seen[1]  # counted as if scrubbed again
             return seen[0]
-        known = (self._clean_key, text) if len(text) <= _MEMO_CHARS else None
-        if known is not None and known in _CLEAN:
-            return text
         before = self._redactor.redactions
         scrubbed = self._text(text)
-        if known is not None:
+        if len(text) <= _MEMO_CHARS:
             count = self._redactor.redactions - before
             if len(self._seen) < _MEMO_ENTRIES:
                 self._seen[text] = (scrubbed, count)
             if not count and scrubbed == text:
-                if len(_CLEAN) >= _CLEAN_MAX_ENTRIES:
-                    _CLEAN.clear()
-                _CLEAN[known] = None
+                self._remember_clean(text)
         return scrubbed
+
+    def _remember_clean(self, text: str) -> None:
+        global _clean_entries
+        if _clean_entries >= _CLEAN_MAX_ENTRIES:
+            _CLEAN.clear()
+            _clean_entries = 0
+        if _CLEAN.get(self._clean_key) is not self._clean:  # emptied since: start this key's set again
+            self._clean = _CLEAN.setdefault(self._clean_key, set())
+        self._clean.add(text)
+        _clean_entries += 1
 
     def _text(self, text: str) -> str:
         text = self._redactor.secrets(text)
@@ -242,16 +262,17 @@ class Scrubber:
                 self.structured = True
                 if all(isinstance(k, str) for k in items):
                     return self.env(cast("Mapping[str, Any]", items))
-            text, tree = self.text, self.tree
+            text, tree, clean = self.text, self.tree, self._clean
             out: dict[Any, Any] = {}
-            for k, v in items.items():
+            for k, v in items.items():  # strings found clean before are kept without a call
                 if type(k) is str:
                     name = k
                 else:
                     self.keys_changed = True
                     name = k if isinstance(k, str) else None
-                out[text(k) if name is not None else k] = (
-                    text(v) if type(v) is str else v if type(v) in _LEAVES else tree(v, name)
+                kind: type = type(cast("object", v))
+                out[(k if k in clean else text(k)) if name is not None else k] = (
+                    (v if v in clean else text(v)) if kind is str else v if kind in _LEAVES else tree(v, name)
                 )
             return out
         if isinstance(value, (list, tuple)):

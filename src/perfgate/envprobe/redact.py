@@ -193,6 +193,14 @@ class Redactor:
         self._hostnames = sorted({h for h in hostnames if len(h) >= 3}, key=len, reverse=True)
         self.redactions = 0
 
+    def fresh(self) -> Redactor:
+        """A redactor with the same secrets, homes and host names, its count at zero (its lists are
+        shared: they are replaced, never changed in place)."""
+        other = object.__new__(Redactor)
+        other.__dict__.update(self.__dict__)
+        other.redactions = 0
+        return other
+
     @property
     def secrets_pattern(self) -> str | None:
         """The pattern matching this redactor's secret values (None: it holds none)."""

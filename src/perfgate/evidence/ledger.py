@@ -32,7 +32,9 @@ slots under the anchor's lock, but parses them and checks their MACs only when t
 what this `Ledger` last read or wrote (another writer's slot is always checked afresh). The chain head is
 read inside the write transaction, never cached: a concurrent writer's record cannot be skipped.
 A record's inputs and result, most of its bytes, are encoded to canonical JSON once: the input digest
-hashes that text and the body is spliced from it, byte for byte what encoding the whole record gives.
+hashes that text and the body is spliced from it, byte for byte what encoding the whole record gives;
+the body is then read back strictly as a record before it is stored, so a body no reader could parse is
+never committed, and the record returned is exactly what every later read gives.
 """
 
 from __future__ import annotations
@@ -45,13 +47,14 @@ import secrets
 import sqlite3
 import stat
 import threading
+import time
 import weakref
 from collections.abc import Callable, Generator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfgate._sqlite import retry_while_busy
 from perfgate.evidence.states import EvidenceState
@@ -96,6 +99,29 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
+_encode_str = cast("Callable[[str], str]", json.encoder.encode_basestring)  # type: ignore[attr-defined]
+"""A string as canonical JSON writes it (``ensure_ascii=False``: the encoder's own function)."""
+
+
+def _no_default(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_CANONICAL_TREE: Callable[[Any, int], list[str]] | None = (
+    _make_encoder(None, _no_default, _encode_str, None, ":", ",", True, False, False)
+    if _make_encoder
+    else None
+)
+"""The canonical encoder's C core, made once, without the circular-reference check: for the trees
+`Redactor` just built (new containers all, so no cycle), where `canonical_json` makes it per call."""
+
+
+def _canonical_tree(value: Any) -> str:
+    """``canonical_json`` of a tree of new containers (the scrubber's output)."""
+    if _CANONICAL_TREE is None or isinstance(value, str):
+        return canonical_json(value)
+    return "".join(_CANONICAL_TREE(value, 0))
 
 
 def canonical_json(value: Any) -> str:
@@ -131,8 +157,26 @@ def sha256_file(path: Path) -> str:
     return file_digest(path)[0]
 
 
+# The current UTC second as ISO 8601 and as an id's stamp, written once per second (formatting a datetime
+# costs more than the rest of a timestamp).
+_second: tuple[int, str, str] = (-1, "", "")
+
+
+def _utc_second() -> tuple[str, str, int]:
+    """The current UTC time: ``YYYY-MM-DDTHH:MM:SS``, ``YYYYmmddTHHMMSS`` and the microseconds."""
+    global _second
+    second, micro = divmod(time.time_ns() // 1000, 1_000_000)
+    known = _second
+    if known[0] != second:
+        moment = datetime.fromtimestamp(second, timezone.utc)
+        known = _second = (second, moment.strftime("%Y-%m-%dT%H:%M:%S"), moment.strftime("%Y%m%dT%H%M%S"))
+    return known[1], known[2], micro
+
+
 def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    """``datetime.now(timezone.utc).isoformat(timespec="microseconds")``."""
+    iso, _, micro = _utc_second()
+    return f"{iso}.{micro:06d}+00:00"
 
 
 class Artifact(BaseModel):
@@ -186,35 +230,52 @@ class EvidenceRecord(BaseModel):
 _BODY_FIELDS = tuple(name for name in EvidenceRecord.model_fields if name != "hash")
 
 
-def _body(record: EvidenceRecord) -> dict[str, Any]:
-    """What is hashed of a validated record: ``record.model_dump(mode="json", exclude={"hash"})``, read
-    off its attributes (its inputs and result are plain JSON values already; dumping walked them again)."""
-    body = {name: getattr(record, name) for name in _BODY_FIELDS}
-    body["state"] = record.state.value
-    body["artifacts"] = [a.model_dump(mode="json") for a in record.artifacts]
-    return body
+def _json_value(value: Any) -> str:
+    """``canonical_json(value)``, without the encoder's set-up for the scalars a record's fields hold."""
+    kind: type = type(cast("object", value))
+    if kind is str:
+        return _encode_str(value)
+    if value is None:
+        return "null"
+    if kind is int:
+        return int.__repr__(value)
+    if kind is bool:
+        return "true" if value else "false"
+    return canonical_json(value)
 
 
-_BODY_ORDER = tuple(sorted(_BODY_FIELDS))
+def _body_text(
+    *,
+    seq: int,
+    draft: EvidenceDraft,
+    created_at: str,
+    input_digest: str,
+    inputs_text: str,
+    result_text: str,
+    command: list[str] | None,
+    artifacts: list[Artifact],
+    prev_hash: str,
+) -> str:
+    """The canonical JSON of the record these values make (``canonical_json`` of its dump without
+    ``hash``), written field by field in sorted order: the inputs and result as the canonical texts
+    already written (most of a record's bytes, encoded once), the other fields' values as canonical
+    JSON writes them. The caller validates the text as a record before it is stored."""
+    j = _json_value
+    return (
+        f'{{"artifacts":{canonical_json([a.model_dump(mode="json") for a in artifacts]) if artifacts else "[]"}'
+        f',"command":{j(command)},"created_at":{j(created_at)},"environment_id":{j(draft.environment_id)}'
+        f',"exit_code":{j(draft.exit_code)},"id":{j(draft.id)},"input_digest":{j(input_digest)}'
+        f',"inputs":{inputs_text},"prev_hash":{j(prev_hash)},"profiled":{j(draft.profiled)}'
+        f',"result":{result_text},"seq":{j(seq)},"started_at":{j(draft.started_at)}'
+        f',"state":{j(EvidenceState(draft.state).value)},"tool":{j(draft.tool)}}}'
+    )
 
 
-def _body_text(record: EvidenceRecord, encoded: dict[str, str]) -> str:
-    """``canonical_json(_body(record))``, with the fields in ``encoded`` taken as their canonical JSON
-    already written (a record's inputs and result: most of its bytes, encoded once instead of again)."""
-    values = _body(record)
-    parts: list[str] = []
-    run: dict[str, Any] = {}
-    for name in _BODY_ORDER:  # canonical JSON sorts keys: runs of the others, each spliced one in order
-        if name in encoded:
-            if run:
-                parts.append(_CANONICAL.encode(run)[1:-1])
-                run = {}
-            parts.append(f'"{name}":{encoded[name]}')
-        else:
-            run[name] = values[name]
-    if run:
-        parts.append(_CANONICAL.encode(run)[1:-1])
-    return "{" + ",".join(parts) + "}"
+# `_body_text` writes these fields, in this order: a field added to the record must be added there.
+assert tuple(sorted(_BODY_FIELDS)) == (
+    "artifacts", "command", "created_at", "environment_id", "exit_code", "id", "input_digest", "inputs",
+    "prev_hash", "profiled", "result", "seq", "started_at", "state", "tool",
+)  # fmt: skip
 
 
 class VerifyReport(BaseModel):
@@ -247,7 +308,7 @@ def _file_paths(db_path: Path) -> tuple[str, str, str]:
     return (str(db_path), f"{db_path}-wal", f"{db_path}-shm")
 
 
-def _file_ids(paths: tuple[str, str, str]) -> tuple[_FileId | None, ...]:
+def _file_ids(paths: tuple[str, ...]) -> tuple[_FileId | None, ...]:
     """What identifies the database, its WAL and its shared-memory index (`_file_paths`) on disk now:
     device and inode of each, plus size and mtime of the first two (changed in place: restored from a
     copy)."""
@@ -321,19 +382,25 @@ class _Connection:
         lose records or read a stale index."""
         with self.lock:
             pid = os.getpid()
+            now: tuple[_FileId | None, ...] | None = None
             if self.conn is not None and self.pid != pid:
                 _INHERITED.append(self.conn)
                 self.conn = None
-            elif self.conn is not None and _file_ids(self.paths) != self.files:
-                self.conn.close()
-                self.conn = None
+            elif self.conn is not None:
+                now = _file_ids(self.paths)
+                if now != self.files:
+                    self.conn.close()
+                    self.conn = None
+                    now = None
             if self.conn is None:
                 self.conn = self._open()
                 self.pid = pid
             try:
                 yield self.conn
             finally:
-                self.files = _file_ids(self.paths)
+                # What this connection's own use changed: the database and the WAL, never which index
+                # file is there (only the opening, or another process, creates or replaces that one).
+                self.files = _file_ids(self.paths) if now is None else (*_file_ids(self.paths[:2]), now[2])
 
     def close(self) -> None:
         with self.lock:
@@ -626,7 +693,7 @@ class Ledger:
     @staticmethod
     def new_id(prefix: str = "ev") -> str:
         """A fresh evidence id: a UTC timestamp for humans plus randomness for uniqueness."""
-        return f"{prefix}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
+        return f"{prefix}-{_utc_second()[1]}-{secrets.token_hex(4)}"
 
     def artifact_dir(self, evidence_id: str, *, create: bool = True) -> Path:
         """The folder where a record's artifacts are written before the record is appended (created
@@ -681,13 +748,13 @@ class Ledger:
         if scrub.structured or draft.command:
             scrub = Scrubber.for_tree(draft.inputs, draft.result, {"command": draft.command or []})
             scrubbed = scrub.tree(draft.inputs), scrub.tree(draft.result)
-        # Through JSON once: what is stored and returned is exactly what JSON holds. The canonical texts
-        # are hashed and stored as they are, unless a key was not a plain string (read back as one, it
-        # can sort elsewhere): then they are written again from what JSON holds.
-        inputs_text = canonical_json(scrubbed[0])
-        result_text = canonical_json(scrubbed[1])
-        inputs, result = json.loads(f"[{inputs_text},{result_text}]")
+        # Encoded once: the canonical texts are hashed and stored as they are, unless a key was not a plain
+        # string (read back as one, it can sort elsewhere): then they are written again from what JSON
+        # holds. The record returned is the stored body read back (what every later read gives).
+        inputs_text = _canonical_tree(scrubbed[0])
+        result_text = _canonical_tree(scrubbed[1])
         if scrub.keys_changed:
+            inputs, result = json.loads(f"[{inputs_text},{result_text}]")
             inputs_text, result_text = canonical_json(inputs), canonical_json(result)
         input_digest = hashlib.sha256(inputs_text.encode()).hexdigest()
         command = scrub.argv(draft.command) if draft.command is not None else None
@@ -696,24 +763,21 @@ class Ledger:
             try:
                 row = conn.execute("SELECT seq, hash FROM evidence ORDER BY seq DESC LIMIT 1").fetchone()
                 seq, prev_hash = (row[0] + 1, row[1]) if row else (1, GENESIS_HASH)
-                record = EvidenceRecord(
+                body = _body_text(
                     seq=seq,
-                    id=draft.id,
-                    tool=draft.tool,
-                    state=draft.state,
+                    draft=draft,
                     created_at=_utc_now(),
-                    started_at=draft.started_at,
                     input_digest=input_digest,
-                    inputs=inputs,
-                    result=result,
-                    profiled=draft.profiled,
+                    inputs_text=inputs_text,
+                    result_text=result_text,
                     command=command,
-                    exit_code=draft.exit_code,
-                    environment_id=draft.environment_id,
                     artifacts=artifacts,
                     prev_hash=prev_hash,
                 )
-                body = _body_text(record, {"inputs": inputs_text, "result": result_text})
+                try:  # what readers parse; strict: each value is stored as the type the record holds
+                    record = EvidenceRecord.model_validate_json(body, strict=True)
+                except ValidationError as exc:
+                    raise ValueError(f"evidence {draft.id!r} is not a valid record: {exc}") from exc
                 record.hash = hashlib.sha256((prev_hash + body).encode()).hexdigest()
                 mac = key.mac(_RECORD_MAC, self._record_message(seq, record.hash))
                 try:
