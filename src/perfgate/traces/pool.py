@@ -364,7 +364,7 @@ def load_split(
     ctx = _context()
     stop = _stop_event(ctx)
     pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker, initargs=(stop,))
-    finished = False
+    finished = used = False
     try:
         with _main_not_inherited():
             later = pool.submit(_load_later, path, options, cut, limit, label)
@@ -403,7 +403,8 @@ def load_split(
         # (waited for: it is one process, and it must not outlive the stop event it was given).
         if not finished:
             stop.set()
-        pool.shutdown(wait=True, cancel_futures=True)
+        # With the worker's part in hand its process exits on its own: not waited for.
+        pool.shutdown(wait=not (finished and used), cancel_futures=True)
     table = builder.build()
     del builder
     if stream.decoded_bytes >= TRIM_EVERY_BYTES:
