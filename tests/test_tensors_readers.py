@@ -590,3 +590,49 @@ def test_a_hash_slower_than_the_comparison_still_digests_the_bytes_compared(
                 [job] = source.digest_jobs()
                 data = job.path.read_bytes()
                 assert job.run(None) == ({"blake3": blake3.blake3(data).hexdigest()}, len(data))
+
+
+def test_concurrent_comparisons_share_one_hashing_thread_without_stalling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two comparisons at once (two calls to the server) feed four running digests; with a single hashing
+    thread and room for one queued chunk per file, every digest still completes and is of the whole file
+    (a file's hashing gives the thread up every few chunks, and never waits on a reader)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import blake3
+
+    from perfgate.tensors import _mapped
+
+    monkeypatch.setattr(_mapped, "_MAX_QUEUED", 1)
+    monkeypatch.setattr(_mapped, "_PUMP_TURN", 2)
+    one = ThreadPoolExecutor(1, thread_name_prefix="perfgate-hash-test")
+    monkeypatch.setattr(_mapped, "_hash_pool", one)
+    rng = np.random.default_rng(6)
+    for pair in ("p", "q"):
+        values = {"w": rng.standard_normal(20_000).astype(np.float32)}
+        dump_tensors(tmp_path / f"{pair}-ref.safetensors", values)
+        dump_tensors(tmp_path / f"{pair}-cand.safetensors", values)
+    results: dict[str, list[bool]] = {}
+
+    def run(pair: str) -> None:
+        paths = [tmp_path / f"{pair}-ref.safetensors", tmp_path / f"{pair}-cand.safetensors"]
+        with open_tensor_source(paths[0]) as r, open_tensor_source(paths[1]) as c:
+            for source in (r, c):
+                source.start_digests(["blake3"])
+            options = CompareOptions(atol=0.0, rtol=0.0, chunk_elements=300, workers=2)
+            ok = [compare_sources(r, c, options).status == "match"]
+            for source in (r, c):
+                [job] = source.digest_jobs()
+                data = job.path.read_bytes()
+                ok.append(job.run(None) == ({"blake3": blake3.blake3(data).hexdigest()}, len(data)))
+        results[pair] = ok
+
+    threads = [threading.Thread(target=run, args=(pair,), daemon=True) for pair in ("p", "q")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    one.shutdown(wait=False)
+    assert results == {"p": [True, True, True], "q": [True, True, True]}

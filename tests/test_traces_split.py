@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import time
 from multiprocessing.context import BaseContext
 from multiprocessing.synchronize import Event
@@ -13,8 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from mcp import Client
 
 from perfgate._deadline import DeadlineExceeded
+from perfgate.server import build_server
+from perfgate.tools._runtime import ServerConfig
 from perfgate.traces import AnalysisOptions, TraceError, analyze_trace, pool
 from perfgate.traces.analyze import load_table
 from perfgate.traces.reader import TraceStream
@@ -209,3 +213,49 @@ def test_a_worker_that_read_another_file_is_not_used(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(pool, "part_stream", real)
     read = pool.load_split(path, SMALL_BATCHES)
     assert read is not None and read[2] and read[1].identity
+
+
+def test_the_running_threads_are_the_fewest_of_a_few_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    samples = iter(["0.50 0.40 0.30 2/300 9", "0.50 0.40 0.30 1/300 9", "0.50 0.40 0.30 3/300 9"])
+
+    class FakePath:
+        def __init__(self, name: str) -> None:
+            assert name == "/proc/loadavg"
+
+        def read_text(self, encoding: str) -> str:
+            return next(samples)
+
+    monkeypatch.setattr(pool, "Path", FakePath)
+    # One of this process's threads was still runnable at the first sample: the core is idle all the same.
+    assert pool._read_loadavg() == "0.50 0.40 0.30 1/300 9"  # pyright: ignore[reportPrivateUsage]
+
+
+@pytest.mark.anyio
+async def test_the_tool_call_takes_the_split_path_on_an_idle_machine(
+    monkeypatch: pytest.MonkeyPatch, workspace: Path
+) -> None:
+    shutil.copy(PLANTED / "slow_rank_rank1.json.gz", workspace / "rank1.json.gz")
+
+    def large(_: Path) -> int:
+        return pool.SPLIT_MIN_BYTES
+
+    monkeypatch.setattr(pool, "_json_bytes", large)
+    monkeypatch.setattr(pool._forkserver_started, "is_set", lambda: True)  # pyright: ignore[reportPrivateUsage]
+    calls: list[bool] = []
+    real = pool.analyze_split
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(bool(kwargs.get("cancellable")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pool, "analyze_split", spy)
+    answers: list[Any] = []
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        for idle in (True, False):
+            monkeypatch.setattr(pool, "idle_core", lambda idle=idle: idle)
+            result = await client.call_tool("analyze_trace", {"trace_paths": ["rank1.json.gz"]})
+            assert not result.is_error
+            assert result.structured_content is not None
+            answers.append(result.structured_content["ranks"])
+    assert calls == [True]  # read off the event loop, cancellable, under the call's deadline
+    assert answers[0] == answers[1]

@@ -171,7 +171,8 @@ class ChunkedFile:
     def observed(self, data: np.ndarray, offset: int) -> int:
         """``data`` (just read at byte ``offset``) feeds the running digest where it continues it: queued for
         the hash thread, which reads small gaps before it itself. Returns the sequence number to pass to
-        `hashed` before ``data``'s array may be overwritten (0: not queued, free at once)."""
+        `wait_hashed` before ``data``'s array is overwritten (0: not queued, free at once). Waits while
+        `_MAX_QUEUED` chunks of this file are queued."""
         running = self._running
         if running is None or not running.streaming:
             return 0

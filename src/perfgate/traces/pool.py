@@ -28,6 +28,7 @@ import multiprocessing.forkserver
 import os
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -256,13 +257,33 @@ def _cpu_quota() -> float | None:
         return None
 
 
+_LOAD_SAMPLES = 3
+_LOAD_SAMPLE_GAP_S = 0.001
+
+
+def _read_loadavg() -> str:
+    """``/proc/loadavg`` sampled `_LOAD_SAMPLES` times a millisecond apart: the sample that shows the
+    fewest runnable threads (a thread of this process that has just answered a progress message may
+    still count as runnable at one instant; a busy machine shows its load in every sample)."""
+    texts: list[str] = []
+    for k in range(_LOAD_SAMPLES):
+        if k:
+            time.sleep(_LOAD_SAMPLE_GAP_S)
+        texts.append(Path("/proc/loadavg").read_text(encoding="ascii"))
+    return min(texts, key=_running)
+
+
+def _running(loadavg: str) -> int:
+    return int(loadavg.split()[3].split("/")[0])
+
+
 def idle_core(cpus: float | None = None, loadavg: str | None = None) -> bool:
     """Whether a second core is free now: at least two usable cores (affinity and cgroup quota), fewer
     threads runnable right now than cores (this one included) and a one-minute load average below the
-    cores (``loadavg``: the text of ``/proc/loadavg``, read when not given). A second process only
-    shortens the wall time on a core that would otherwise idle; on a busy machine it competes for the
-    same cores and costs more CPU in all. The load average (which lags) only guards against a moment
-    that happens to look idle on a machine kept busy."""
+    cores (``loadavg``: the text of ``/proc/loadavg``, sampled when not given, see `_read_loadavg`). A
+    second process only shortens the wall time on a core that would otherwise idle; on a busy machine it
+    competes for the same cores and costs more CPU in all. The load average (which lags) only guards
+    against a moment that happens to look idle on a machine kept busy."""
     if cpus is None:
         cpus = float(usable_cpus())
         quota = _cpu_quota()
@@ -272,9 +293,8 @@ def idle_core(cpus: float | None = None, loadavg: str | None = None) -> bool:
         return False
     try:
         if loadavg is None:
-            loadavg = Path("/proc/loadavg").read_text(encoding="ascii")
-        fields = loadavg.split()
-        load1, running = float(fields[0]), int(fields[3].split("/")[0])
+            loadavg = _read_loadavg()
+        load1, running = float(loadavg.split()[0]), _running(loadavg)
     except (OSError, ValueError, IndexError):
         return False
     return running < cpus and load1 < cpus
@@ -344,7 +364,7 @@ def load_split(
     ctx = _context()
     stop = _stop_event(ctx)
     pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx, initializer=_init_worker, initargs=(stop,))
-    finished = False
+    finished = used = False
     try:
         with _main_not_inherited():
             later = pool.submit(_load_later, path, options, cut, limit, label)
@@ -383,7 +403,8 @@ def load_split(
         # (waited for: it is one process, and it must not outlive the stop event it was given).
         if not finished:
             stop.set()
-        pool.shutdown(wait=True, cancel_futures=True)
+        # With the worker's part in hand its process exits on its own: not waited for.
+        pool.shutdown(wait=not (finished and used), cancel_futures=True)
     table = builder.build()
     del builder
     if stream.decoded_bytes >= TRIM_EVERY_BYTES:

@@ -8,7 +8,9 @@ Cutting works without a character-level scanner in Python: a candidate cut is a 
 ``,`` or ``]``; the run up to it is decoded as a JSON array. A candidate inside a string or a nested
 value leaves the run unbalanced, so the decode fails and an earlier candidate is tried. A run that
 decodes is therefore a sequence of whole top-level elements, and memory stays bounded by the block
-size plus the largest single event.
+size plus the largest single event. Candidates where an event ends as traces write them (``}`` then
+``]``, or ``,`` then ``{``) are tried first: a failed decode runs through the whole run, and C++ kernel
+names hold ``}, `` often.
 """
 
 from __future__ import annotations
