@@ -468,3 +468,29 @@ def test_the_connection_outlives_its_own_writes_but_not_a_replaced_index(workspa
     later = _append(ledger, result={"i": "later"})
     assert ledger._shared.conn is not conn  # pyright: ignore[reportPrivateUsage]
     assert Ledger(workspace).get(later.id) is not None
+
+
+@pytest.mark.parametrize(
+    "replaced",
+    [
+        [],
+        [{"ledger_id": "a" * 32, "seq": 3}],
+        [{"ledger_id": None, "seq": None}, {"ledger_id": "b", "seq": 1}],
+    ],
+)
+def test_the_anchor_text_is_the_compact_json_of_the_anchor(replaced: list[dict[str, Any]]) -> None:
+    """Anchor slots are written field by field; the text must stay what encoding the anchor gives (also for
+    a workspace path that is not ASCII, and with databases replaced before)."""
+    from perfgate.evidence import ledger as ledger_module
+
+    anchor = {
+        "ledger_id": "0123456789abcdef" * 2,
+        "workspace": '/home/ünï "q"/ws\\x',
+        "seq": 12345678901,
+        "hash": "f" * 64,
+        "key_id": "0" * 16,
+        "mac": "e" * 64,
+        "replaced": replaced,
+    }
+    expected = json.dumps(anchor, separators=(",", ":")).encode()
+    assert ledger_module._anchor_text(anchor) == expected  # pyright: ignore[reportPrivateUsage]

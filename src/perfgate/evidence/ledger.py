@@ -325,6 +325,21 @@ def _file_ids(paths: tuple[str, ...]) -> tuple[_FileId | None, ...]:
     return tuple(out)
 
 
+_encode_ascii = cast("Callable[[str], str]", json.encoder.encode_basestring_ascii)  # type: ignore[attr-defined]
+
+
+def _anchor_text(anchor: dict[str, Any]) -> bytes:
+    """``_COMPACT.encode(anchor).encode()`` for an anchor as `Ledger._advance_anchor` makes it (its ids,
+    hash and MAC strings, its sequence an int): written field by field, the replaced list encoded."""
+    replaced = anchor["replaced"]
+    return (
+        f'{{"ledger_id":{_encode_ascii(anchor["ledger_id"])},"workspace":{_encode_ascii(anchor["workspace"])}'
+        f',"seq":{int.__repr__(anchor["seq"])},"hash":{_encode_ascii(anchor["hash"])}'
+        f',"key_id":{_encode_ascii(anchor["key_id"])},"mac":{_encode_ascii(anchor["mac"])}'
+        f',"replaced":{_COMPACT.encode(replaced) if replaced else "[]"}}}'
+    ).encode()
+
+
 def _slot_seq(slot: dict[str, Any]) -> int:
     seq = slot.get("seq")
     return seq if isinstance(seq, int) else -1
@@ -649,10 +664,10 @@ class Ledger:
             "mac": key.mac(_ANCHOR_MAC, self._anchor_message(seq, hash_)),
             "replaced": replaced,
         }
-        text = _COMPACT.encode(anchor).encode()
+        text = _anchor_text(anchor)
         while len(text) >= _ANCHOR_SLOT and anchor["replaced"]:  # keep the newest replacements
             anchor["replaced"] = anchor["replaced"][1:]
-            text = _COMPACT.encode(anchor).encode()
+            text = _anchor_text(anchor)
         target = 1 - best if best is not None else 0
         raw = text.ljust(_ANCHOR_SLOT - 1) + b"\n"
         os.pwrite(out, raw, target * _ANCHOR_SLOT)
