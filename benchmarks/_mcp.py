@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -19,7 +20,22 @@ from typing import Any
 
 from mcp import Client, StdioServerParameters
 
-__all__ = ["call_cold", "call_timed", "fmt", "perfgate_server", "summary", "warm_client"]
+__all__ = ["call_cold", "call_timed", "fmt", "perfgate_server", "summary", "trust_env", "warm_client"]
+
+
+_scratch: tempfile.TemporaryDirectory[str] | None = None
+
+
+def trust_env() -> dict[str, str]:
+    """``PERFGATE_STATE_DIR`` and ``PERFGATE_CONFIG_DIR`` for the servers and runtimes a benchmark starts:
+    the caller's when set, else a scratch directory removed when the benchmark ends, so the throwaway
+    workspaces' keys, anchors and approvals do not pile up in the user's own trust root."""
+    global _scratch
+    if os.environ.get("PERFGATE_STATE_DIR"):
+        return {k: v for k, v in os.environ.items() if k in ("PERFGATE_STATE_DIR", "PERFGATE_CONFIG_DIR")}
+    if _scratch is None:
+        _scratch = tempfile.TemporaryDirectory(prefix="perfgate-bench-trust-")
+    return {"PERFGATE_STATE_DIR": f"{_scratch.name}/state", "PERFGATE_CONFIG_DIR": f"{_scratch.name}/config"}
 
 
 def perfgate_server(workspace: Path) -> StdioServerParameters:
@@ -27,7 +43,7 @@ def perfgate_server(workspace: Path) -> StdioServerParameters:
 
     The server imports the perfgate this process imported (the client passes a server only a few
     environment variables, so without ``PYTHONPATH`` it would run whichever perfgate is installed,
-    not the checkout being measured).
+    not the checkout being measured), with the benchmark's trust root (`trust_env`).
     """
     import perfgate
 
@@ -36,7 +52,7 @@ def perfgate_server(workspace: Path) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
         args=["-m", "perfgate", "serve", "--workspace", str(workspace)],
-        env={"PYTHONPATH": path},
+        env={"PYTHONPATH": path, **trust_env()},
     )
 
 

@@ -190,12 +190,19 @@ def worker_perfgate(ref: Path, cand: Path) -> dict[str, Any]:
 def worker_perfgate_tool(ref: Path, cand: Path) -> dict[str, Any]:
     import anyio
 
+    from _mcp import trust_env
     from perfgate.evidence import Ledger
     from perfgate.tools._runtime import ServerConfig, ToolRuntime
     from perfgate.tools.compare_tensors import CompareTensorsInput, run
+    from perfgate.trust import TrustRoot
 
     workspace = ref.parent
-    rt = ToolRuntime(config=ServerConfig.create(workspace), ledger=Ledger(workspace), tool="compare_tensors")
+    trust = TrustRoot.locate(env=trust_env())
+    rt = ToolRuntime(
+        config=ServerConfig.create(workspace, trust=trust),
+        ledger=Ledger(workspace, trust),
+        tool="compare_tensors",
+    )
     atol, rtol = tolerances(ref)
     inp = CompareTensorsInput(reference=ref.name, candidate=cand.name, atol=atol, rtol=rtol)
     baseline = _rss_kib()

@@ -144,7 +144,9 @@ def write_hta_reference(python: str, out: Path) -> None:
 def _server_params(read_root: Path, workspace: Path) -> Any:
     from mcp import StdioServerParameters
 
-    env = {k: v for k, v in os.environ.items() if k.startswith("PERFGATE_")}
+    from _mcp import trust_env
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("PERFGATE_")} | trust_env()
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     return StdioServerParameters(
         command=sys.executable,
