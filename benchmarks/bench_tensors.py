@@ -190,11 +190,15 @@ def worker_perfgate(ref: Path, cand: Path) -> dict[str, Any]:
 def worker_perfgate_tool(ref: Path, cand: Path) -> dict[str, Any]:
     import anyio
 
+    import perfgate.tensors  # noqa: F401  # pyright: ignore[reportUnusedImport]
     from _mcp import trust_env
     from perfgate.evidence import Ledger
     from perfgate.tools._runtime import ServerConfig, ToolRuntime
     from perfgate.tools.compare_tensors import CompareTensorsInput, run
     from perfgate.trust import TrustRoot
+
+    if ref.is_dir():  # bfloat16: as for the library, imports are outside the time
+        import ml_dtypes  # noqa: F401  # pyright: ignore[reportUnusedImport]
 
     workspace = ref.parent
     trust = TrustRoot.locate(env=trust_env())
