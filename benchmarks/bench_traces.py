@@ -49,6 +49,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+if str(REPO / "benchmarks") not in sys.path:  # `_mcp`, when this file is loaded as a module (the tests)
+    sys.path.insert(0, str(REPO / "benchmarks"))
 
 from perfgate.traces import AnalysisOptions, analyze_trace, classify_device  # noqa: E402
 
