@@ -79,16 +79,20 @@ def test_a_large_shared_trace_reads_the_same_in_two_halves(hta_traces: Path) -> 
     assert pool.analyze_split(path, AnalysisOptions()).model_dump() == analyze_trace(path).model_dump()
 
 
+def _fails_as_one_reader(path: Path, options: AnalysisOptions) -> None:
+    with pytest.raises(TraceError) as one:
+        analyze_trace(path, options)
+    with pytest.raises(TraceError) as split:
+        pool.analyze_split(path, options)
+    assert str(split.value) == str(one.value)
+
+
 def test_an_error_in_the_second_half_reads_as_from_one_reader(tmp_path: Path) -> None:
     text = gzip.decompress((PLANTED / "slow_rank_rank1.json.gz").read_bytes())
     at = text.index(b'"ph"', len(text) * 3 // 4)
     bad = tmp_path / "rank1.json"
     bad.write_bytes(text[:at] + b"!!" + text[at:])  # invalid JSON well after the middle
-    with pytest.raises(TraceError) as one:
-        analyze_trace(bad, SMALL_BATCHES)
-    with pytest.raises(TraceError) as split:
-        pool.analyze_split(bad, SMALL_BATCHES)
-    assert str(split.value) == str(one.value)
+    _fails_as_one_reader(bad, SMALL_BATCHES)
 
 
 def test_too_many_events_is_told_as_one_reader_tells_it() -> None:
@@ -98,11 +102,7 @@ def test_too_many_events_is_told_as_one_reader_tells_it() -> None:
         read_block_bytes=1 << 12,
         max_events=analyze_trace(path).event_counts["events"] - 1,
     )
-    with pytest.raises(TraceError) as one:
-        analyze_trace(path, options)
-    with pytest.raises(TraceError) as split:
-        pool.analyze_split(path, options)
-    assert str(split.value) == str(one.value)
+    _fails_as_one_reader(path, options)
 
 
 def test_a_second_core_is_used_only_when_idle_now() -> None:

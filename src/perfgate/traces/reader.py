@@ -53,8 +53,9 @@ Decompressor = Literal["auto", "isal", "zlib"]
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _AFTER_CLOSE = re.compile(rb"\s*([,\]])")
-_NEXT_OBJECT = re.compile(rb"\}\s*(,)\s*(?:\{|\Z)")
-_ENDS_EVENT = re.compile(rb"\s*(?:(\])|(,)\s*(?:\{|\Z))")
+# After a ``}``: the separator that can end an event as traces write them (``]``, or ``,`` before ``{`` or
+# the buffer's end), in group 1 like `_AFTER_CLOSE`.
+_ENDS_EVENT = re.compile(rb"\s*(\]|,(?=\s*(?:\{|\Z)))")
 _BYTE_POS = re.compile(r"\(byte (\d+)\)")
 _WS = b" \t\r\n"
 
@@ -363,28 +364,15 @@ class TraceStream:
         """
         if self._base + sep < self.skip_before:
             return self._guess_cut(sep)
-        likely = self._likely_cut(sep)
-        if likely is not None:
-            return likely
+        # Candidates where an event can end first: a failed decode runs through the whole run, and C++
+        # kernel names hold ``}, `` often. Then every candidate, as an array of other values needs.
+        found, _ = self._decode_at(sep, _ENDS_EVENT)
+        if found is not None:
+            return found
+        found, last_error = self._decode_at(sep, _AFTER_CLOSE)
+        if found is not None:
+            return found
         buf = self._buf
-        hi = len(buf)
-        attempts = 0
-        last_error: str | None = None
-        while attempts < _MAX_ATTEMPTS:
-            idx = buf.rfind(b"}", sep + 1, hi)
-            if idx < 0:
-                break
-            hi = idx
-            after = _AFTER_CLOSE.match(buf, idx + 1)
-            if after is None:
-                continue
-            attempts += 1
-            try:
-                events = self._decode_run(sep, idx)
-            except msgspec.DecodeError as exc:
-                last_error = str(exc)
-                continue
-            return events, after.group(1) == b"]", after.start(1)
         pending = len(buf) - sep
         if self._eof:
             self._fail_at_eof(sep, last_error)
@@ -398,38 +386,41 @@ class TraceStream:
         self._fill(len(buf) + max(self.chunk_bytes, pending))
         return None
 
-    def _likely_cut(self, sep: int) -> tuple[list[Any], bool, int] | None:
-        """`_cut` tried first on the candidates that can end an event of a trace: a ``}`` followed by
-        ``]``, or by ``,`` and then ``{`` or the end of the buffer. A ``}`` inside a string or a nested
-        value (``"{lambda()#1}, at::..."``, ``{"a": {...}, "b": ...}``) is not tried: its decode would
-        run through the whole run before failing. None when no such candidate decodes (`_cut` then
-        tries every candidate, as an array of other values needs)."""
+    def _decode_at(
+        self, sep: int, follows: re.Pattern[bytes]
+    ) -> tuple[tuple[list[Any], bool, int] | None, str | None]:
+        """The run after ``sep`` decoded up to the last ``}`` that ``follows`` matches after (group 1: the
+        separator there), trying up to `_MAX_ATTEMPTS` such ``}`` from the buffer's end: ((events, whether
+        the array closed, index of the separator) or None when none decodes, the last decode error). A
+        ``}`` inside a string or a nested value leaves the run unbalanced, so its decode fails."""
         buf = self._buf
         hi = len(buf)
         attempts = 0
+        last_error: str | None = None
         while attempts < _MAX_ATTEMPTS and (idx := buf.rfind(b"}", sep + 1, hi)) >= 0:
             hi = idx
-            after = _ENDS_EVENT.match(buf, idx + 1)
+            after = follows.match(buf, idx + 1)
             if after is None:
                 continue
             attempts += 1
             try:
                 events = self._decode_run(sep, idx)
-            except msgspec.DecodeError:
+            except msgspec.DecodeError as exc:
+                last_error = str(exc)
                 continue
-            closed = after.group(1) is not None
-            return events, closed, after.start(1 if closed else 2)
-        return None
+            return (events, after.group(1) == b"]", after.start(1)), last_error
+        return None, last_error
 
     def _guess_cut(self, sep: int) -> tuple[list[Any], bool, int] | None:
         """Where `_cut` most likely cuts, without decoding: after the last ``}`` followed by ``,`` and
-        ``{`` or the end of the buffer (see `_likely_cut` and the class docstring); None after reading more input when the buffer holds none."""
+        ``{`` or the end of the buffer (`_ENDS_EVENT`; see the class docstring); None after reading more
+        input when the buffer holds none."""
         buf = self._buf
         hi = len(buf)
         while (idx := buf.rfind(b"}", sep + 1, hi)) >= 0:
-            match = _NEXT_OBJECT.match(buf, idx)
-            if match is not None:
-                return [], False, match.start(1)
+            after = _ENDS_EVENT.match(buf, idx + 1)
+            if after is not None and after.group(1) == b",":
+                return [], False, after.start(1)
             hi = idx
         pending = len(buf) - sep
         if self._eof or pending > self.max_value_bytes:
