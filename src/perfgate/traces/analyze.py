@@ -14,7 +14,7 @@ import numpy as np
 from perfgate._deadline import DEFAULT_MAX_TRACE_EVENTS, EVENTS_HOW, checkpoint
 from perfgate.traces._events import Header
 from perfgate.traces._group import unique_counts, unique_values
-from perfgate.traces._memory import TRIM_EVERY_BYTES, release_free_memory
+from perfgate.traces._memory import TRIM_EVERY_BYTES, TRIM_ROWS, release_free_memory
 from perfgate.traces._np import int_list
 from perfgate.traces.diagnose import diagnose
 from perfgate.traces.errors import TraceError, TraceTooLargeError
@@ -302,11 +302,12 @@ def analyze_table(
         release_free_memory()  # the raw columns just freed
     checkpoint()
     counts["device_in_window"] = len(prepared.device)
-    large = counts["decompressed_bytes"] >= TRIM_EVERY_BYTES
+    large = max(len(prepared.cpu), len(prepared.device), len(prepared.host)) >= TRIM_ROWS
 
     def between() -> None:
-        # Between the analyses of a large trace, hand their freed temporaries back to the system, so
-        # the next one's arrays do not land beside them.
+        # Between the analyses of a trace with a million rows in a table, hand their freed temporaries
+        # back to the system, so the next one's arrays do not land beside them. Below that the trims
+        # (~3 ms each, and the pages the next analysis faults in again) cost more than they return.
         checkpoint()
         if large:
             release_free_memory()
