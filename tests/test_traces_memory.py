@@ -294,12 +294,12 @@ def test_the_collectives_difference_does_not_merge_every_op_of_the_trace(
 
 
 @pytest.mark.parametrize("rows_for_trims", [1, 1 << 20])
-def test_analyses_return_freed_memory_between_them_only_for_a_million_row_table(
+def test_analyses_return_freed_memory_only_for_a_million_row_table(
     monkeypatch: pytest.MonkeyPatch, rows_for_trims: int
 ) -> None:
-    # Every trace counts as large by its bytes here; the analyses trim between them only when a table
-    # of the trace holds `TRIM_ROWS` rows (the MUSA fixture holds a few hundred): each trim costs
-    # milliseconds and faults the next analysis's pages in again.
+    # Every trace counts as large by its bytes here; the analysis trims (after cutting the window and
+    # between the analyses) only when the tables of the trace hold `TRIM_ROWS` rows (the MUSA fixture
+    # holds a few hundred): each trim costs milliseconds and faults the next analysis's pages in again.
     from perfgate.traces import analyze
 
     trims: list[int] = []
@@ -309,7 +309,4 @@ def test_analyses_return_freed_memory_between_them_only_for_a_million_row_table(
     table, header, stream = load_table(MUSA)
     monkeypatch.setattr(analyze, "release_free_memory", lambda: trims.append(1) or True)
     assert analyze.analyze_table(table, header, stream, MUSA, AnalysisOptions()) == expected
-    if rows_for_trims == 1:
-        assert len(trims) > 5  # after the raw columns are freed, and between the analyses
-    else:
-        assert len(trims) == 1  # after the raw columns are freed only
+    assert len(trims) > 5 if rows_for_trims == 1 else not trims

@@ -295,19 +295,20 @@ def analyze_table(
         "cpu_ops": len(table.cpu),
         "decompressed_bytes": stream.decoded_bytes,
     }
+    # A trace whose tables hold a million rows hands freed memory back to the system once its raw columns
+    # are cut to the window, and between the analyses, so their arrays do not land beside the freed
+    # ones. Below that the trims (~3 ms each, and the pages the next analysis faults in again) cost more
+    # than they return.
+    large = counts["device"] + counts["host_calls"] + counts["cpu_ops"] >= TRIM_ROWS
     prepared = prepare(
         table, time_basis=options.time_basis, include_last_step=options.include_last_step, release=True
     )
-    if counts["decompressed_bytes"] >= TRIM_EVERY_BYTES:
+    if large:
         release_free_memory()  # the raw columns just freed
     checkpoint()
     counts["device_in_window"] = len(prepared.device)
-    large = max(len(prepared.cpu), len(prepared.device), len(prepared.host)) >= TRIM_ROWS
 
     def between() -> None:
-        # Between the analyses of a trace with a million rows in a table, hand their freed temporaries
-        # back to the system, so the next one's arrays do not land beside them. Below that the trims
-        # (~3 ms each, and the pages the next analysis faults in again) cost more than they return.
         checkpoint()
         if large:
             release_free_memory()
