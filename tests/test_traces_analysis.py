@@ -16,6 +16,7 @@ from perfgate.traces import (
     analyze_trace,
     analyze_traces,
     classify_device,
+    ops,
 )
 from perfgate.traces.intervals import intersection_length, merge, union_length
 from perfgate.traces.ops import self_times
@@ -344,6 +345,72 @@ def _self_times_by_stack(ts: np.ndarray, dur: np.ndarray, tid: np.ndarray) -> np
             out[stack[-1]] -= dur[i]
         stack.append(i)
     return np.maximum(out, 0)
+
+
+def _parents_by_walk(ts: np.ndarray, dur: np.ndarray, tid: np.ndarray) -> list[int]:
+    """`parent_rows` by its definition, one event at a time: the starts and ends of each thread in
+    time order (ends first at equal times, the longer start first), an event opened at depth d has as
+    parent the latest event opened at depth d - 1 (overlapping, not nested, events included)."""
+    marks: list[tuple[int, float, int, float, int]] = []
+    for i in range(ts.size):
+        if dur[i] > 0:
+            marks.append((int(tid[i]), float(ts[i]), 1, -float(dur[i]), i))
+            marks.append((int(tid[i]), float(ts[i] + dur[i]), 0, 0.0, i))
+    parent = [-1] * ts.size
+    depth = 0
+    last_at: dict[int, int] = {}
+    # A stable sort: equal starts of equal length keep row order (the order of equal ends changes no
+    # depth).
+    for _, _, is_open, _, i in sorted(marks, key=lambda m: m[:4]):
+        if not is_open:
+            depth -= 1
+            continue
+        depth += 1
+        if depth > 1 and depth - 1 in last_at:
+            parent[i] = last_at[depth - 1]
+        last_at[depth] = i
+    return parent
+
+
+@pytest.mark.parametrize("threads_looped", [0, 64])
+def test_the_parent_walk_finds_each_events_parent_as_a_step_by_step_walk(
+    monkeypatch: pytest.MonkeyPatch, threads_looped: int
+) -> None:
+    # Nested, overlapping, duplicated, equal-start and zero-length events; ends that round onto their
+    # start at epoch-microsecond times; rows in walk order and shuffled; one to 70 threads.
+    monkeypatch.setattr(ops, "THREADS_LOOPED", threads_looped)
+    rng = np.random.default_rng(threads_looped)
+    for trial in range(400):
+        n = int(rng.integers(1, 70))
+        ts = rng.integers(0, 20, n).astype(float) * (0.5 if trial % 2 else 1.0)
+        dur = rng.integers(-1, 8, n).astype(float)
+        if trial % 3 == 0:
+            ts += 1.7e15
+            dur *= (1e-3, 0.3, 1.0)[trial % 9 // 3]
+        tid = rng.integers(0, (1, 2, 3, 70)[trial % 4], n)
+        if trial % 5 < 3:
+            order = np.lexsort((-dur, ts, tid))
+            ts, dur, tid = ts[order], dur[order], tid[order]
+        assert ops.parent_rows(ts, dur, tid).tolist() == _parents_by_walk(ts, dur, tid), trial
+
+
+def test_the_parent_walk_sorts_only_events_out_of_walk_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    ts = np.array([0.0, 0.0, 1.0, 5.0, 0.0, 2.0])
+    dur = np.array([10.0, 4.0, 2.0, 1.0, 3.0, 1.0])
+    tid = np.array([1, 1, 1, 1, 2, 2])
+    expected = [-1, 0, 1, 0, -1, 4]
+
+    def no_sort(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("events already in walk order were sorted")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(np, "lexsort", no_sort)
+        assert ops.parent_rows(ts, dur, tid).tolist() == expected
+    shuffled = np.array([5, 3, 0, 2, 4, 1])
+    got = ops.parent_rows(ts[shuffled], dur[shuffled], tid[shuffled])
+    assert got.tolist() == [
+        int(np.flatnonzero(shuffled == expected[r])[0]) if expected[r] >= 0 else -1 for r in shuffled
+    ]
 
 
 def test_vectorized_self_time_matches_a_stack_walk_on_random_call_trees() -> None:

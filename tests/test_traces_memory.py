@@ -291,3 +291,22 @@ def test_the_collectives_difference_does_not_merge_every_op_of_the_trace(
     want = difference(a_s, a_e, ts, ts + dur)
     assert s.tolist() == want[0].tolist() and e.tolist() == want[1].tolist()
     assert peak / n < 4, f"{peak / n:.1f} bytes per op"
+
+
+@pytest.mark.parametrize("rows_for_trims", [1, 1 << 20])
+def test_analyses_return_freed_memory_only_for_a_million_row_table(
+    monkeypatch: pytest.MonkeyPatch, rows_for_trims: int
+) -> None:
+    # Every trace counts as large by its bytes here; the analysis trims (after cutting the window and
+    # between the analyses) only when the tables of the trace hold `TRIM_ROWS` rows (the MUSA fixture
+    # holds a few hundred): each trim costs milliseconds and faults the next analysis's pages in again.
+    from perfgate.traces import analyze
+
+    trims: list[int] = []
+    expected = analyze_trace(MUSA)
+    monkeypatch.setattr(analyze, "TRIM_EVERY_BYTES", 1)
+    monkeypatch.setattr(analyze, "TRIM_ROWS", rows_for_trims)
+    table, header, stream = load_table(MUSA)
+    monkeypatch.setattr(analyze, "release_free_memory", lambda: trims.append(1) or True)
+    assert analyze.analyze_table(table, header, stream, MUSA, AnalysisOptions()) == expected
+    assert len(trims) > 5 if rows_for_trims == 1 else not trims

@@ -14,7 +14,7 @@ import numpy as np
 from perfgate._deadline import DEFAULT_MAX_TRACE_EVENTS, EVENTS_HOW, checkpoint
 from perfgate.traces._events import Header
 from perfgate.traces._group import unique_counts, unique_values
-from perfgate.traces._memory import TRIM_EVERY_BYTES, release_free_memory
+from perfgate.traces._memory import TRIM_EVERY_BYTES, TRIM_ROWS, release_free_memory
 from perfgate.traces._np import int_list
 from perfgate.traces.diagnose import diagnose
 from perfgate.traces.errors import TraceError, TraceTooLargeError
@@ -295,18 +295,20 @@ def analyze_table(
         "cpu_ops": len(table.cpu),
         "decompressed_bytes": stream.decoded_bytes,
     }
+    # A trace whose tables hold a million rows hands freed memory back to the system once its raw columns
+    # are cut to the window, and between the analyses, so their arrays do not land beside the freed
+    # ones. Below that the trims (~3 ms each, and the pages the next analysis faults in again) cost more
+    # than they return.
+    large = counts["device"] + counts["host_calls"] + counts["cpu_ops"] >= TRIM_ROWS
     prepared = prepare(
         table, time_basis=options.time_basis, include_last_step=options.include_last_step, release=True
     )
-    if counts["decompressed_bytes"] >= TRIM_EVERY_BYTES:
+    if large:
         release_free_memory()  # the raw columns just freed
     checkpoint()
     counts["device_in_window"] = len(prepared.device)
-    large = counts["decompressed_bytes"] >= TRIM_EVERY_BYTES
 
     def between() -> None:
-        # Between the analyses of a large trace, hand their freed temporaries back to the system, so
-        # the next one's arrays do not land beside them.
         checkpoint()
         if large:
             release_free_memory()

@@ -41,9 +41,9 @@ def parent_rows(ts: F64, dur: F64, tid: Ints) -> Ints:
     """Row of each event's direct parent on its thread (-1 for top-level and zero-length events).
 
     Events of one thread nest (Chrome trace semantics). The parent of an event is found without a
-    Python loop: walking the starts and ends of one thread in time order, an event opened at depth
-    ``d`` belongs to the latest event opened at depth ``d - 1`` before it. Zero-length events have no
-    children and no parent.
+    Python loop over events: walking the starts and ends of one thread in time order (at equal times
+    ends first, and among starts the longer event first), an event opened at depth ``d`` belongs to the
+    latest event opened at depth ``d - 1`` before it. Zero-length events have no children and no parent.
 
     The walk is cut where a thread has nothing open (every event of the thread that started earlier
     has ended): no event after such a point has a parent before it, so the pieces are walked one at a
@@ -56,19 +56,38 @@ def parent_rows(ts: F64, dur: F64, tid: Ints) -> Ints:
     if rows.size < 2:
         return out
     # Thread, then start, the longer first at equal starts (it is the parent), then row: the order in
-    # which the walk opens events. A stable sort keeps rows in order within ties.
-    longer_first = dur[rows]
-    np.negative(longer_first, out=longer_first)
-    order = np.lexsort((longer_first, ts[rows], tid[rows]))
-    del longer_first
-    rows = rows[order]
-    del order
+    # which the walk opens events. Profilers write each thread's events in that order, so the rows are
+    # sorted only when they are not in it already (a stable sort keeps rows in order within ties).
+    if not _in_walk_order(ts, dur, tid, rows):
+        longer_first = dur[rows]
+        np.negative(longer_first, out=longer_first)
+        order = np.lexsort((longer_first, ts[rows], tid[rows]))
+        del longer_first
+        rows = rows[order]
+        del order
     for lo, hi in _pieces(ts, dur, tid, rows):
         piece = rows[lo:hi]
         parent = _walk(ts[piece], dur[piece], tid[piece])
         has = parent >= 0
         out[piece[has]] = piece[parent[has]]
     return out
+
+
+def _in_walk_order(ts: F64, dur: F64, tid: Ints, rows: Ints) -> bool:
+    """Whether ``rows`` are sorted by thread, then start, then the longer first (equal keys keep their
+    order either way), `PARENT_CHUNK` rows at a time; False where a start or duration is not a number."""
+    for lo in range(0, rows.size - 1, PARENT_CHUNK):
+        part = rows[lo : lo + PARENT_CHUNK + 1]
+        t, s, d = tid[part], ts[part], dur[part]
+        same_thread = t[1:] == t[:-1]
+        if not (t[1:] >= t[:-1]).all():
+            return False
+        same_start = s[1:] == s[:-1]
+        # Within a thread: later starts, or equal starts with no longer event after a shorter one.
+        ok = (s[1:] > s[:-1]) | (same_start & (d[1:] <= d[:-1]))
+        if not (ok | ~same_thread).all():
+            return False
+    return True
 
 
 def _pieces(ts: F64, dur: F64, tid: Ints, rows: Ints) -> list[tuple[int, int]]:
@@ -106,37 +125,74 @@ def _pieces(ts: F64, dur: F64, tid: Ints, rows: Ints) -> list[tuple[int, int]]:
     return out
 
 
+THREADS_LOOPED = 64
+"""Threads of a piece up to which each thread's depths are counted on its own (else all at once)."""
+
+
 def _walk(ts: F64, dur: F64, tid: Ints) -> Ints:
-    """`parent_rows` of events that all have a positive duration, as indexes into the arguments."""
+    """`parent_rows` of events that all have a positive duration, in walk order (see `parent_rows`), as
+    indexes into the arguments.
+
+    The depth at which an event opens is the events the walk opened so far, itself included, less the
+    ends it passed; its parent is the latest event before it opened one level up.
+    """
     m = dur.size
     index = np.int32 if m < 2**31 else np.int64
-    # Opens are rows [0, m) of the concatenation, closes [m, 2m). At equal times closes sort before
-    # opens, and among opens the longer one first (it is the parent).
-    order = np.lexsort(
-        (
-            np.concatenate([-dur, np.zeros(m)]),
-            np.concatenate([np.ones(m, np.int8), np.zeros(m, np.int8)]),
-            np.concatenate([ts, ts + dur]),
-            np.concatenate([tid, tid]),
-        )
-    )
-    opened = order < m
-    depth = np.cumsum(np.where(opened, 1, -1), dtype=np.int32)
-    pos = np.flatnonzero(opened)
-    who = order[pos]
-    level = depth[pos]
-    del order, opened, depth
-    by_level = np.lexsort((pos, level))
-    width = 2 * m + 1
-    keys = level[by_level].astype(np.int64) * width + pos[by_level]
-    j = np.searchsorted(keys, (level.astype(np.int64) - 1) * width + pos) - 1
-    del keys, pos
-    has_parent = (level > 1) & (j >= 0)
-    j_safe = np.where(has_parent, j, 0)
-    has_parent &= level[by_level][j_safe] == level - 1
+    level = np.arange(1, m + 1, dtype=np.int64)
+    level -= _ends_before(ts, dur, tid)
+    lowest, highest = int(level.min()), int(level.max())
+    narrow = level.astype(np.int16) if lowest > -(2**15) and highest < 2**15 else level
+    # Rows by level, in row order within a level (a stable sort; radix for 16-bit levels): the key
+    # level * (m + 1) + row is then ascending, and the latest event one level up opened before row r
+    # is the last key below (level - 1) * (m + 1) + r.
+    by_level = np.argsort(narrow, kind="stable")
+    del narrow
+    lev = level[by_level]
+    del level
+    keys = lev * (m + 1)
+    above = keys - (m + 1)  # where the level above starts
+    keys += by_level
+    j = np.searchsorted(keys, above + by_level)  # ascending needles: one pass
+    j -= 1
+    found = (lev > 1) & (j >= 0)
+    del lev
+    j[~found] = 0
+    found &= keys[j] >= above
+    del keys, above
     parent = np.full(m, -1, index)
-    parent[who[has_parent]] = who[by_level][j_safe[has_parent]]
+    parent[by_level[found]] = by_level[j[found]]
     return parent
+
+
+def _ends_before(ts: F64, dur: F64, tid: Ints) -> I64:
+    """For each event (in walk order), the ends the walk passes before it opens the event: those of the
+    earlier threads, and those of its own thread at or before its start (ends first at equal times)."""
+    m = dur.size
+    ends = ts + dur
+    starts_of_threads = np.flatnonzero(tid[1:] != tid[:-1]) + 1
+    if starts_of_threads.size <= THREADS_LOOPED:
+        # Each thread's starts are ascending: a search of its sorted ends, one pass per thread.
+        out = np.empty(m, np.int64)
+        for lo, hi in pairwise([0, *starts_of_threads.tolist(), m]):
+            thread_ends = np.sort(ends[lo:hi])
+            out[lo:hi] = np.searchsorted(thread_ends, ts[lo:hi], side="right")
+            out[lo:hi] += lo
+        return out
+    # Many threads at once: times replaced by their ranks among all the piece's times (equal times,
+    # equal ranks), offset per thread, so one sorted array of ends serves every thread.
+    every = np.concatenate([ts, ends])
+    every.sort()
+    # Thread k's keys lie in [k * (2m + 1), (k + 1) * (2m + 1)): above every key of the threads before.
+    offset = np.zeros(m, np.int64)
+    np.cumsum(tid[1:] != tid[:-1], out=offset[1:])
+    offset *= 2 * m + 1
+    start_key = np.searchsorted(every, ts)
+    start_key += offset
+    end_key = np.searchsorted(every, ends)
+    end_key += offset
+    del every, ends
+    end_key.sort()
+    return np.searchsorted(end_key, start_key, side="right")
 
 
 def cpu_parents(p: Prepared) -> Ints:
