@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
-from pydantic import BaseModel, Field
+from mcp.types import CallToolResult
+from pydantic import BaseModel, Field, ValidationError
 
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, EvidenceState, Ledger, canonical_json
 from perfgate.redaction import Scrubber
@@ -224,7 +225,7 @@ async def test_the_answer_shows_what_was_stored_and_names_fields_as_before(works
 
     from perfgate.tools._adapter import _answer  # pyright: ignore[reportPrivateUsage]
 
-    spec: Any = SimpleNamespace(name="t", brief=None)
+    spec: Any = SimpleNamespace(name="t", brief=None, output_model=_Out)
     rt = ToolRuntime(config=ServerConfig.create(workspace), ledger=Ledger(workspace), tool="t")
     ev = rt.evidence()
     out = await rt.commit(ev, _Out(evidence_id=ev.id, state=EvidenceState.EXECUTED, note="n"))
@@ -240,6 +241,38 @@ async def test_the_answer_shows_what_was_stored_and_names_fields_as_before(works
     assert answer.structured_content == {"evidence_id": "ev-1", "state": "executed", "wireName": 3}
     text = answer.content[0].text  # pyright: ignore[reportAttributeAccessIssue]
     assert '"wire_name":3' in text and "wireName" not in text
+    assert type(answer) is CallToolResult  # not the spec's model: the SDK validates it as before
+
+
+@pytest.mark.anyio
+async def test_the_sdk_validates_only_what_is_not_a_dump_of_the_output_model(
+    server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK validates a returned result's structured content against the output model; a tool's
+    answer (the dump of an instance of that very model) skips that second pass, any other result
+    (a hand-built one, a wrong shape) is still validated and refused."""
+    from perfgate.tools import compute_mfu
+    from perfgate.tools._adapter import PerfgateTool, make_tool_function
+
+    checked: list[Any] = []
+    real = FuncMetadata._output_adapter  # pyright: ignore[reportPrivateUsage]
+
+    def counting(self: FuncMetadata, model: Any) -> Any:
+        checked.append(model)
+        return real(self, model)
+
+    monkeypatch.setattr(FuncMetadata, "_output_adapter", counting)
+    async with Client(server, mode="auto") as client:
+        result = await client.call_tool("compute_mfu", MFU_ARGS)  # the client validates it (schema)
+    assert not result.is_error and checked == []
+    tool = PerfgateTool.for_function(
+        make_tool_function(compute_mfu.SPEC, None), name="compute_mfu", structured_output=True
+    )
+    checked.clear()  # (building the tool derives its schema through the same adapter)
+    wrong = CallToolResult(content=[], structured_content={"evidence_id": 1})
+    with pytest.raises(ValidationError):
+        tool.fn_metadata.convert_result(wrong)
+    assert [m.__name__ for m in checked] == ["ComputeMfuOutput"]
 
 
 @pytest.mark.anyio
@@ -494,3 +527,18 @@ def test_the_anchor_text_is_the_compact_json_of_the_anchor(replaced: list[dict[s
     }
     expected = json.dumps(anchor, separators=(",", ":")).encode()
     assert ledger_module._anchor_text(anchor) == expected  # pyright: ignore[reportPrivateUsage]
+
+
+@pytest.mark.anyio
+async def test_compute_mfu_states_its_fixed_aggregation_rule_once_in_the_schema(server: Any) -> None:
+    """How buckets aggregate never changes between calls: the output schema says it, once; the answer
+    (structured and text, kept in the agent's context) does not repeat the sentence every call."""
+    async with Client(server, mode="auto") as client:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        result = await client.call_tool("compute_mfu", MFU_ARGS)
+    schema = tools["compute_mfu"].output_schema
+    assert schema is not None
+    assert "sum(flops_per_step * steps) / sum(step_time_s * steps)" in json.dumps(schema["properties"])
+    text = result.content[0].text  # type: ignore[union-attr]
+    assert result.structured_content is not None and "aggregation" not in result.structured_content
+    assert "sum(" not in text and "aggregation" not in text

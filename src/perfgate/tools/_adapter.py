@@ -69,6 +69,14 @@ class _Metadata(FuncMetadata):
             return super().pre_parse_json(data)
         return data.copy()
 
+    def convert_result(self, result: Any) -> Any:
+        """The SDK's conversion, less its second validation of an `_Answer`: the structured content of one
+        is the JSON dump of the tool's own output model instance (or the ledger's stored copy of that
+        dump, equal to it), so validating it against that model again only rebuilds the model."""
+        if type(result) is _Answer and not result.is_error:
+            return result
+        return super().convert_result(result)
+
 
 def compact_schema(schema: Any) -> Any:
     """``schema`` with each ``anyOf`` of bare types (``{"type": "number"}, {"type": "null"}``, pydantic's
@@ -217,6 +225,11 @@ class PerfgateTool(Tool):
             raise
 
 
+class _Answer(CallToolResult):
+    """What `_answer` returns: a `CallToolResult` (same fields, same wire form) whose structured content is
+    the dump of a validated instance of the tool's output model."""
+
+
 def _answer(spec: AnySpec, out: BaseModel, runtime: ToolRuntime) -> CallToolResult:
     """The structured result; as text, its budgeted brief (`answer_text`); the key plot as an image (or
     a note that plots are off)."""
@@ -237,7 +250,9 @@ def _answer(spec: AnySpec, out: BaseModel, runtime: ToolRuntime) -> CallToolResu
         content.append(ImageContent(type="image", data=data, mime_type="image/png"))
     if runtime.plots_off is not None:
         content.append(TextContent(type="text", text=runtime.plots_off))
-    return CallToolResult(content=list(content), structured_content=structured)
+    # Only an instance of the declared model skips the SDK's second validation (`_Metadata.convert_result`).
+    kind = _Answer if isinstance(out, spec.output_model) else CallToolResult
+    return kind(content=list(content), structured_content=structured)
 
 
 @functools.cache

@@ -174,12 +174,12 @@ class ComputeMfuOutput(BaseModel):
     )
     utilization_reason: str | None = Field(description="Why utilization is null, when it is.")
     achieved_tflops: float = Field(
-        description="Total FLOPs / total time over the weighted buckets, per device."
+        description="Per device: sum(flops_per_step * steps) / sum(step_time_s * steps) over all buckets "
+        "(total FLOPs / total time, never a mean of per-bucket ratios); utilization is this over the peak."
     )
     peak_tflops: float
     peak_source: str
     precision: str | None
-    aggregation: str
     total_flops: float
     total_time_s: float
     buckets: list[BucketResult]
@@ -372,7 +372,6 @@ async def run(inp: ComputeMfuInput, rt: ToolRuntime) -> ComputeMfuOutput:
         peak_tflops=peak,
         peak_source=source,
         precision=inp.precision,
-        aggregation="sum(flops_per_step * steps) / sum(step_time_s * steps) over all buckets, divided by the peak",
         total_flops=total_flops,
         total_time_s=total_time,
         buckets=per_bucket,
