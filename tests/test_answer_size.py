@@ -12,6 +12,7 @@ from mcp import Client
 from pydantic import BaseModel
 
 from perfgate.server import build_server
+from perfgate.tools import _answer
 from perfgate.tools._answer import TEXT_BUDGET_CHARS, answer_text, compact_json
 from perfgate.tools._runtime import ServerConfig
 
@@ -31,6 +32,38 @@ class Out(BaseModel):
 def test_a_small_result_is_compact_json_with_rounded_floats_and_no_empty_fields() -> None:
     text, shortened = compact_json({"a": 1.23456789, "b": None, "c": [], "d": [1, 2.0]}, 1000)
     assert not shortened and text == '{"a":1.235,"d":[1,2]}'
+
+
+def _rounds_reference(value: Any, budget: int) -> tuple[str, bool]:
+    """`compact_json` by its definition: each round shortens the whole value with its own limits."""
+    text = ""
+    for k, (max_list, max_str) in enumerate(_answer._ROUNDS):
+        text = json.dumps(
+            _answer._shorten(value, max_list, max_str), separators=(",", ":"), ensure_ascii=False
+        )
+        if len(text) <= budget:
+            return text, k > 0
+    return text[: budget - 3] + "...", True
+
+
+def test_a_shortened_result_rounds_each_float_once_and_reads_as_each_round_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    value: dict[str, Any] = {
+        "rows": [
+            {"name": f"op_{i}" * (i % 7), "us": i / 3, "gone": None, "tags": [], "n": i} for i in range(60)
+        ],
+        "notes": ["x" * 900, "", "short"],
+        "nested": {"empty": {}, "deep": [[1.23456, 2.5], [], [{"a": ""}]] * 9},
+    }
+    for budget in (100, 600, 1500, 3000, 20000):
+        assert compact_json(value, budget) == _rounds_reference(value, budget)
+    rounded: list[float] = []
+    original = _answer._round
+    monkeypatch.setattr(_answer, "_round", lambda x: rounded.append(x) or original(x))
+    text, shortened = compact_json(value, 600)
+    assert shortened and len(text) <= 600
+    assert len(rounded) == 60 + 2 * 9  # every float once, not once per round
 
 
 def test_a_large_result_is_cut_to_the_budget_and_says_how_much_is_left_out() -> None:

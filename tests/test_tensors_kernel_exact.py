@@ -302,3 +302,87 @@ def test_dot_products_of_a_long_chunk_are_the_in_order_sum_of_its_slices_dot_pro
         got = chunk_stats(ref, c, 0, params(1.0, 0.0), Scratch(n))
         expected_dots = want if c is cand else [want[0], want[0], want[0]]
         assert [got.aa, got.bb, got.ab] == expected_dots
+
+
+def _few_changed(dtype: Any, n: int, changed: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A chunk of ``dtype`` and a copy with ``changed`` elements moved (indices returned, ascending)."""
+    rng = np.random.default_rng(seed)
+    ref = rng.standard_normal(n).astype(np.float32).astype(dtype)
+    cand = ref.copy()
+    where = np.sort(rng.choice(n, changed, replace=False))
+    cand[where] = (ref[where].astype(np.float32) * np.float32(1.02) + np.float32(1e-3)).astype(dtype)
+    return ref, cand, where
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16, np.float32, np.dtype(ml_dtypes.float8_e4m3fn)])
+def test_a_chunk_with_few_changed_elements_is_settled_on_those_alone(
+    dtype: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Few elements differ in their bits (a bfloat16 model whose change moved a few roundings): the kernel
+    works on those elements alone (the general path is made to fail here) and every figure is exactly the
+    direct float64 evaluation's: zero and signed-zero references among the changed ones, the largest error
+    tied between two elements (the first one wins), errors at the allowance's boundary, and a chunk with
+    nothing changed."""
+    from perfgate.tensors import _kernel
+
+    def no_general(*args: object) -> None:
+        raise AssertionError("the chunk took the general path")
+
+    n = 8192 - 77
+    ref, cand, where = _few_changed(dtype, n, 300, seed=11)
+    ref[where[:3]] = 0.0
+    ref[where[3]] = -0.0
+    cand[where[4]] = -cand[where[4]]  # a sign flip: a large relative error
+    cand[where[9]] = ref[where[9]]  # listed but unchanged
+    with np.errstate(all="ignore"):
+        wide = np.abs(cand.astype(np.float64) - ref.astype(np.float64))
+    top = int(np.argmax(wide))
+    ref[where[-1]], cand[where[-1]] = ref[top], cand[top]  # a tie for the largest error, after the first
+    monkeypatch.setattr(_kernel, "_general", no_general)
+    worst = float(wide.max())
+    for atol, rtol in [
+        (0.0, 0.0),
+        (1e-3, 1.6e-2),
+        (worst, 0.0),
+        (float(np.nextafter(worst, 0.0)), 0.0),
+        (0.0, 1.0),
+    ]:
+        got = check(ref, cand, params(atol, rtol), offset=5)
+        assert got.elements == n
+    assert check(ref, cand, params(0.0, 0.0), offset=5).max_abs_at == 5 + top
+    check(ref, ref.copy(), params(0.0, 0.0))
+    signed = ref.copy()
+    signed[ref.astype(np.float64) == 0] = -signed[ref.astype(np.float64) == 0]  # only -0.0 against 0.0
+    assert check(ref, signed, params(0.0, 0.0), offset=5).max_abs_at == 5
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float32])
+def test_few_changed_elements_with_nan_or_infinity_or_too_many_changes_take_the_general_path(
+    dtype: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NaN or infinity (even with the same bits on both sides) or more than one changed element in 16
+    leaves the chunk to the general path, and the figures stay exact."""
+    from perfgate.tensors import _kernel
+
+    taken: list[int] = []
+    general = _kernel._general  # pyright: ignore[reportPrivateUsage]
+
+    def counted(*args: Any) -> ChunkStats:
+        taken.append(1)
+        return general(*args)
+
+    monkeypatch.setattr(_kernel, "_general", counted)
+    for value in (np.nan, np.inf):
+        ref, cand, _ = _few_changed(dtype, 4096, 20, seed=12)
+        ref[100] = cand[100] = value
+        for p in (params(1e-3, 1e-2), params(1e-3, 1e-2, allow_nonfinite=True, equal_nan=True)):
+            check(ref, cand, p)
+    assert len(taken) == 4
+    ref, _, _ = _few_changed(dtype, 4096, 0, seed=13)
+    cand = ref.copy()
+    cand[::16] = (ref[::16].astype(np.float32) + np.float32(0.5)).astype(dtype)  # one element in 16
+    check(ref, cand, params(1e-3, 1e-2))
+    assert len(taken) == 4
+    cand[1] = (ref[1].astype(np.float32) + np.float32(0.5)).astype(dtype)  # one more
+    check(ref, cand, params(1e-3, 1e-2))
+    assert len(taken) == 5

@@ -6,7 +6,9 @@ infinities match, any other infinity or NaN mismatches, and NaN matches NaN only
 Values are widened to float64 (complex128 for complex data) before anything is computed, so 16- and
 8-bit inputs are judged exactly rather than in their own rounding (torch computes in the input dtype, so
 it can disagree on elements within an ulp of the boundary). A chunk whose two sides hold the same bytes
-(a bit-exact change) is settled in its own dtype: a byte comparison and one dot product. A chunk whose
+(a bit-exact change) is settled in its own dtype: a byte comparison and one dot product. A float chunk of
+at most 4-byte values in which few elements differ in their bits (a bfloat16 model whose change moved a few
+roundings) gets the per-element work on those elements alone (`_few_differences`). A chunk whose
 extremes prove every element close (`_all_close`) skips the per-element test, and one where only a few
 elements are not proved close by their own ratio tests just those (`_suspects_decide`); either way every figure is
 exactly what the per-element float64 evaluation gives (tests/test_tensors_kernel_exact.py).
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import numpy as np
+
+from perfgate.tensors.dtypes import category
 
 __all__ = ["ChunkStats", "KernelParams", "Scratch", "TensorStats", "Totals", "chunk_stats"]
 
@@ -58,6 +62,8 @@ class Scratch:
         self.ok = np.empty(chunk_elements, dtype=np.bool_)
         self.allowance = np.empty(chunk_elements, dtype=np.float64)
         self.bits = np.empty(chunk_elements, dtype=np.uint32)
+        self.zeros = np.zeros(chunk_elements, dtype=np.float64)
+        """All zeros between calls: `_few_differences` scatters a chunk's few errors into it for the sum."""
 
     def wide(self, complex_values: bool) -> tuple[np.ndarray, np.ndarray]:
         if not complex_values:
@@ -168,9 +174,14 @@ def chunk_stats(
     # NaN/Inf are handled explicitly below; a warning per chunk would only cost time.
     with np.errstate(all="ignore"):
         if reference.dtype == candidate.dtype and n:
-            same = _identical(reference, candidate, offset, params, scratch)
-            if same is not None:
-                return same
+            if _few_differences_apply(reference, params):
+                few = _few_differences(reference, candidate, offset, params, scratch)
+                if few is not None:
+                    return few
+            else:
+                same = _identical(reference, candidate, offset, params, scratch)
+                if same is not None:
+                    return same
         return _general(reference, candidate, offset, params, scratch)
 
 
@@ -304,22 +315,108 @@ def _same_bytes(reference: np.ndarray, candidate: np.ndarray) -> bool:
     return bool(np.array_equal(ref_words, cand_words))
 
 
-def _identical(
+_FEW_SHARE = 16
+"""`_few_differences` takes a chunk in which at most one element in this many differs in its bits."""
+_PROBE = 1024
+"""Leading elements `_few_differences` compares first: more than a `_FEW_SHARE` of them differing (data
+changed everywhere, as most float32 candidates) sends the chunk to the general path at once."""
+_WORDS = {1: np.uint8, 2: np.uint16, 4: np.uint32}
+
+
+def _few_differences_apply(values: np.ndarray, params: KernelParams) -> bool:
+    """Whether `_few_differences` may take chunks of this dtype: real floats of at most 4 bytes (float32,
+    float16, bfloat16, float8), whose squares and differences are finite in float64, in tolerance mode."""
+    if params.mode != "tolerance" or params.complex_values or values.dtype.itemsize not in _WORDS:
+        return False
+    return category(values.dtype) == "float"
+
+
+def _few_differences(
     reference: np.ndarray, candidate: np.ndarray, offset: int, params: KernelParams, scratch: Scratch
 ) -> ChunkStats | None:
-    """The statistics of a chunk whose two sides hold the same bytes (what a bit-exact change dumps),
-    compared in the tensors' own dtype: one byte comparison and one dot product instead of widening both
-    sides. Exactly what the general path computes for such a chunk (every error 0, every element close,
-    cosine from the same sums); None when the bytes differ or a value is not finite (the general path
-    then decides, with its rules for NaN and infinities)."""
-    if not _same_bytes(reference, candidate):
-        return None
+    """The statistics of a finite chunk in which few elements differ in their bits (a bfloat16 model after a
+    change that moves a few roundings; identical chunks too), exactly as the general path gives them, with
+    the per-element work on the differing elements alone; None when more than one element in `_FEW_SHARE`
+    differs or a value is not finite (the general path then decides).
+
+    An element whose two sides hold the same bits has |b - a| = 0 (a finite value minus itself is +0), a
+    relative error of 0 (0 / |a|, or 0 for a zero reference, as `_relative` sets it), and is close (its
+    allowance fl(fl(|a| * rtol) + atol) is >= 0). So the chunk's maxima are those of the differing elements,
+    or 0 at the chunk's first element (``argmax`` of all-zero errors) when no error is positive; its closeness
+    and mismatch figures are those of the differing elements, given the same float64 operations as
+    `_closeness`; its error sum is numpy's sum of the whole error array, taken over an array of zeros holding
+    the differing elements' errors at their places (the same array, so the same bits). The dot products are
+    the BLAS products of the widened chunks, as everywhere: the candidate is widened as a copy of the widened
+    reference with the differing elements replaced (the same values). The squares of these dtypes (at most
+    3.4e38 squared) and their sums over a chunk are finite, so a finite a.a and b.b prove every value finite."""
     n = reference.shape[0]
-    a = scratch.wide(params.complex_values)[0][:n]
-    _widen(reference, a, scratch)
-    aa = _dot_sum(a, a, params.complex_values)  # as `_dots`, one product instead of three
-    if not math.isfinite(aa):  # a NaN or infinity (or a square past float64): the general path
+    word = _WORDS[reference.dtype.itemsize]
+    ref_bits: np.ndarray = cast("Any", reference).view(word)
+    cand_bits: np.ndarray = cast("Any", candidate).view(word)
+    probe = min(n, _PROBE)
+    differ = scratch.ok[:n]
+    np.not_equal(ref_bits[:probe], cand_bits[:probe], out=differ[:probe])
+    if int(np.count_nonzero(differ[:probe])) * _FEW_SHARE > probe:
         return None
+    np.not_equal(ref_bits, cand_bits, out=differ)
+    where = np.flatnonzero(differ)
+    count = where.shape[0]
+    if count * _FEW_SHARE > n:
+        return None
+    a, b = scratch.a[:n], scratch.b[:n]
+    _widen(reference, a, scratch)
+    if count == 0:
+        aa = _dot_sum(a, a, False)
+        if not math.isfinite(aa):
+            return None
+        return _settled(n, offset, aa)
+    np.copyto(b, a)
+    changed = np.empty(count, dtype=np.float64)
+    _widen(candidate[where], changed, scratch)
+    b[where] = changed
+    aa, bb, ab = _dots(a, b, False)
+    if not (math.isfinite(aa) and math.isfinite(bb)):
+        return None
+    before = a[where]
+    d = changed - before
+    np.abs(d, out=d)
+    absa = np.abs(before)
+    allowance = absa * params.rtol
+    allowance += params.atol
+    close = d <= allowance
+    with_ref = absa != 0
+    rel = np.zeros(count, dtype=np.float64)
+    np.divide(d, absa, out=rel, where=with_ref)
+    zeros = scratch.zeros[:n]
+    try:
+        zeros[where] = d
+        sum_abs = float(np.sum(zeros))
+    finally:
+        zeros[where] = 0.0
+    j = int(np.argmax(d))
+    worst = float(d[j])
+    bad = ~close
+    mismatched = int(np.count_nonzero(bad))
+    return ChunkStats(
+        elements=n,
+        mismatched=mismatched,
+        finite_pairs=n,
+        sum_abs=sum_abs,
+        max_abs=worst,
+        max_abs_at=offset + (int(where[j]) if worst > 0 else 0),
+        max_rel=max(0.0, float(np.max(rel))),
+        max_abs_mismatched=float(np.max(d[bad])) if mismatched else -1.0,
+        max_rel_mismatched=float(np.max(rel[bad])) if mismatched else -1.0,
+        aa=aa,
+        bb=bb,
+        ab=ab,
+        nonfinite_reference=0,
+        nonfinite_candidate=0,
+    )
+
+
+def _settled(n: int, offset: int, aa: float) -> ChunkStats:
+    """A finite chunk whose two sides hold the same values: every error 0, every element close."""
     return ChunkStats(
         elements=n,
         mismatched=0,
@@ -336,6 +433,25 @@ def _identical(
         nonfinite_reference=0,
         nonfinite_candidate=0,
     )
+
+
+def _identical(
+    reference: np.ndarray, candidate: np.ndarray, offset: int, params: KernelParams, scratch: Scratch
+) -> ChunkStats | None:
+    """The statistics of a chunk whose two sides hold the same bytes (what a bit-exact change dumps),
+    compared in the tensors' own dtype: one byte comparison and one dot product instead of widening both
+    sides. Exactly what the general path computes for such a chunk (every error 0, every element close,
+    cosine from the same sums); None when the bytes differ or a value is not finite (the general path
+    then decides, with its rules for NaN and infinities)."""
+    if not _same_bytes(reference, candidate):
+        return None
+    n = reference.shape[0]
+    a = scratch.wide(params.complex_values)[0][:n]
+    _widen(reference, a, scratch)
+    aa = _dot_sum(a, a, params.complex_values)  # as `_dots`, one product instead of three
+    if not math.isfinite(aa):  # a NaN or infinity (or a square past float64): the general path
+        return None
+    return _settled(n, offset, aa)
 
 
 def _nonfinite(

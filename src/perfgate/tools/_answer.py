@@ -117,13 +117,38 @@ def _dumps(value: Any) -> str:
     return "".join(_COMPACT(value, 0))
 
 
+def _cut(value: Any, max_list: int | None, max_str: int | None) -> Any:
+    """`_shorten` of a value `_shorten` already made with no limits (floats rounded, empty fields gone):
+    only the lists and strings are cut, the same way."""
+    kind: type = type(cast("object", value))
+    if kind is str or isinstance(value, str):
+        return value if max_str is None or len(value) <= max_str else value[: max(max_str - 3, 0)] + "..."
+    if kind is dict:
+        return {k: _cut(v, max_list, max_str) for k, v in cast("dict[str, Any]", value).items()}
+    if kind is list:
+        items = cast("list[Any]", value)
+        kept = items if max_list is None else items[:max_list]
+        shown = [_cut(v, max_list, max_str) for v in kept]
+        if len(items) > len(kept):
+            shown.append(f"...+{len(items) - len(kept)} more")
+        return shown
+    return value  # numbers, booleans: as rounded
+
+
 def compact_json(value: Any, budget_chars: int) -> tuple[str, bool]:
-    """``value`` as compact JSON within ``budget_chars`` when it can be; whether it was shortened."""
-    text = ""
-    for k, (max_list, max_str) in enumerate(_ROUNDS):
-        text = _dumps(_shorten(value, max_list, max_str))
+    """``value`` as compact JSON within ``budget_chars`` when it can be; whether it was shortened.
+
+    The first round rounds the floats and drops the empty fields of the whole value; the later rounds
+    only cut its lists and strings further (each round's text is that of `_shorten` with its limits).
+    """
+    full = _shorten(value, None, None)
+    text = _dumps(full)
+    if len(text) <= budget_chars:
+        return text, False
+    for max_list, max_str in _ROUNDS[1:]:
+        text = _dumps(_cut(full, max_list, max_str))
         if len(text) <= budget_chars:
-            return text, k > 0
+            return text, True
     return text[: max(budget_chars - 3, 0)] + "...", True
 
 
