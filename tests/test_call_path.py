@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -542,3 +542,55 @@ async def test_compute_mfu_states_its_fixed_aggregation_rule_once_in_the_schema(
     text = result.content[0].text  # type: ignore[union-attr]
     assert result.structured_content is not None and "aggregation" not in result.structured_content
     assert "sum(" not in text and "aggregation" not in text
+
+
+def _reference_shorten(value: Any, max_list: int | None, max_str: int | None) -> Any:
+    """The answer's shortening as first written (plain comparisons, ``x == int(x)``)."""
+    import math
+
+    if isinstance(value, dict):
+        return {
+            str(k): _reference_shorten(v, max_list, max_str)
+            for k, v in cast("dict[Any, Any]", value).items()
+            if not (v is None or v == [] or v == {} or v == "")
+        }
+    if isinstance(value, list):
+        items = cast("list[Any]", value)
+        kept = items if max_list is None else items[:max_list]
+        shown = [_reference_shorten(v, max_list, max_str) for v in kept]
+        return shown + ([f"...+{len(items) - len(kept)} more"] if len(items) > len(kept) else [])
+    if isinstance(value, str):
+        return value if max_str is None or len(value) <= max_str else value[: max(max_str - 3, 0)] + "..."
+    if isinstance(value, float) and not isinstance(value, bool):
+        if not math.isfinite(value) or value == 0:
+            return value
+        if value == int(value) and abs(value) < 1e15:
+            return int(value)
+        return float(f"{value:.4g}")
+    return value
+
+
+_LEAF = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
+_TREES = st.recursive(
+    _LEAF,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=st.dictionaries(st.text(max_size=4), _TREES, max_size=5), rounds=st.sampled_from([None, 3, 0]))
+def test_the_answer_json_is_what_plain_json_dumps_of_the_plain_shortening_gives(
+    tree: dict[str, Any], rounds: int | None
+) -> None:
+    """The answer's shortening dispatches on exact types and its JSON comes from an encoder made once:
+    the text is byte for byte what the plain shortening and ``json.dumps`` write (NaN, infinities,
+    integral floats, non-string keys, empty values dropped, lists cut)."""
+    from perfgate.tools._answer import _dumps, _shorten  # pyright: ignore[reportPrivateUsage]
+
+    expected = json.dumps(
+        _reference_shorten(tree, rounds, rounds and 40), separators=(",", ":"), ensure_ascii=False
+    )
+    assert _dumps(_shorten(tree, rounds, rounds and 40)) == expected

@@ -45,7 +45,7 @@ Brief = Callable[[Any], list[str]]
 def _round(x: float) -> float | int:
     if not math.isfinite(x) or x == 0:
         return x
-    if x == int(x) and abs(x) < 1e15:
+    if x.is_integer() and abs(x) < 1e15:  # (a finite float equals int(x) exactly when it is integral)
         return int(x)
     return float(f"{x:.4g}")
 
@@ -60,10 +60,15 @@ def _shorten(value: Any, max_list: int | None, max_str: int | None) -> Any:
         return value
     if isinstance(value, dict):
         out: dict[str, Any] = {}
-        for k, v in value.items():  # pyright: ignore[reportUnknownVariableType]
-            if v is None or v == [] or v == {} or v == "":
-                continue
-            out[str(k)] = _shorten(v, max_list, max_str)  # pyright: ignore[reportUnknownArgumentType]
+        for k, v in cast("dict[Any, Any]", value).items():
+            name = k if type(k) is str else str(k)
+            leaf: type = type(cast("object", v))
+            if leaf is float:  # numbers are never empty: no comparisons with [], {} and ""
+                out[name] = _round(v)
+            elif leaf is int or leaf is bool:
+                out[name] = v
+            elif not (v is None or v == [] or v == {} or v == ""):
+                out[name] = _shorten(v, max_list, max_str)
         return out
     if isinstance(value, list):
         items: list[Any] = list(value)  # pyright: ignore[reportUnknownArgumentType]
@@ -81,8 +86,35 @@ def _shorten(value: Any, max_list: int | None, max_str: int | None) -> Any:
     return value
 
 
+def _no_default(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_COMPACT: Callable[[Any, int], list[str]] | None = (
+    _make_encoder(
+        None,
+        _no_default,
+        json.encoder.encode_basestring,
+        None,
+        ":",
+        ",",
+        False,
+        False,
+        True,  # pyright: ignore[reportAttributeAccessIssue]
+    )
+    if _make_encoder
+    else None
+)
+"""The C core ``json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=True)`` builds
+on every call, built once, without the circular-reference check: it encodes what `_shorten` returns
+(new containers all, so no cycle)."""
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+    if _COMPACT is None or type(value) is not dict:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=True)
+    return "".join(_COMPACT(value, 0))
 
 
 def _cut(value: Any, max_list: int | None, max_str: int | None) -> Any:
