@@ -434,3 +434,38 @@ def test_identical_tensors_are_settled_in_their_own_dtype_with_the_general_figur
     changed[42] = changed[42] * 2 + 1
     stats = chunk_stats(values, changed, 0, params, Scratch(8192))
     assert stats.mismatched >= 1 and stats.max_abs_at == 42
+
+
+def test_the_reading_thread_computes_the_chunks_no_pool_thread_has_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``workers`` threads the engine runs ``workers - 1`` pool threads and the reading thread: when
+    the chunks in flight fill up it takes back one no pool thread has started and computes it itself,
+    instead of waiting (a slowed pool thread leaves it most of them). The figures are those of one thread."""
+    import threading
+    import time
+
+    from perfgate.tensors import _engine
+
+    ref, cand, atol, rtol = make_case("float32", seed=12, nan=False)
+    alone = only(
+        compare(tmp_path, {"x": ref}, {"x": cand}, atol=atol, rtol=rtol, chunk_elements=64, workers=1)
+    )
+    names: list[str] = []
+    compute = _engine.Engine._compute  # pyright: ignore[reportPrivateUsage]
+
+    def watched(self: Any, *args: Any) -> Any:
+        name = threading.current_thread().name
+        names.append(name)
+        if name.startswith("perfgate-compare"):
+            time.sleep(0.002)
+        return compute(self, *args)
+
+    monkeypatch.setattr(_engine.Engine, "_compute", watched)
+    shared = only(
+        compare(tmp_path, {"x": ref}, {"x": cand}, atol=atol, rtol=rtol, chunk_elements=64, workers=2)
+    )
+    assert shared == alone
+    here = threading.current_thread().name
+    assert set(names) <= {here, "perfgate-compare_0"}  # one pool thread beside the reading one
+    assert names.count(here) > len(names) // 2

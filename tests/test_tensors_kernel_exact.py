@@ -386,3 +386,36 @@ def test_few_changed_elements_with_nan_or_infinity_or_too_many_changes_take_the_
     cand[1] = (ref[1].astype(np.float32) + np.float32(0.5)).astype(dtype)  # one more
     check(ref, cand, params(1e-3, 1e-2))
     assert len(taken) == 5
+
+
+def test_a_sum_of_few_errors_is_taken_alone_only_when_every_partial_sum_is_exact() -> None:
+    """`_exact_sum` answers only when every partial sum of the values is a float64 (then numpy's pairwise
+    sum of the whole error array, zeros included, has the same bits); it declines values whose partial sums
+    could round: far-apart magnitudes, or significands too long for their count."""
+    from perfgate.tensors._kernel import _exact_sum  # pyright: ignore[reportPrivateUsage]
+
+    rng = np.random.default_rng(21)
+    answered = 0
+    for trial in range(300):
+        count = int(rng.integers(1, 400))
+        scale = float(rng.choice([2.0**-100, 2.0**-10, 1.0, 2.0**120]))  # keeps significands
+        if trial % 3 == 0:  # bfloat16 differences: short significands
+            values = np.abs(rng.standard_normal(count).astype(np.float32).astype(BF16).astype(np.float64))
+        elif trial % 3 == 1:  # full float64 significands
+            values = np.abs(rng.standard_normal(count))
+        else:  # magnitudes far apart
+            values = np.abs(rng.standard_normal(count)) * 10.0 ** rng.integers(-30, 30, count)
+        values = values * scale
+        spread = np.zeros(8192)
+        spread[np.sort(rng.choice(8192, count, replace=False))] = values
+        got = _exact_sum(values)
+        if got is not None:
+            answered += 1
+            assert got == float(np.sum(spread)) == math.fsum(values.tolist())
+    assert 50 < answered < 300
+    assert _exact_sum(np.array([2.0**-10, 3 * 2.0**-12, 0.0])) == 2.0**-10 + 3 * 2.0**-12
+    assert _exact_sum(np.array([1.0, 2.0**-60])) is None
+    assert _exact_sum(np.array([1.0 + 2.0**-52, 1.0 + 2.0**-52])) is None  # 2^(1 + 1) > 2^(-52 + 53)
+    assert _exact_sum(np.zeros(3)) == 0.0
+    tiny = float(np.finfo(np.float64).smallest_subnormal)
+    assert _exact_sum(np.array([tiny, 3 * tiny])) == 4 * tiny

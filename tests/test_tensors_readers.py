@@ -569,6 +569,7 @@ def test_a_hash_slower_than_the_comparison_still_digests_the_bytes_compared(
 
     real = digests.new_hasher
     monkeypatch.setattr(_mapped, "new_hasher", lambda a, threads=False: Slow(real(a, threads=threads)))
+    monkeypatch.setattr(_mapped, "_INLINE_CPUS", 0)  # the pool hashes, whatever this machine's CPUs
     monkeypatch.setattr(_mapped, "_MAX_QUEUED", 2)
     monkeypatch.setattr(_mapped, "_PUMP_TURN", 3)  # pumps hand the pool's threads over every 3 chunks
     rng = np.random.default_rng(5)
@@ -605,6 +606,7 @@ def test_concurrent_comparisons_share_one_hashing_thread_without_stalling(
 
     from perfgate.tensors import _mapped
 
+    monkeypatch.setattr(_mapped, "_INLINE_CPUS", 0)  # the pool hashes, whatever this machine's CPUs
     monkeypatch.setattr(_mapped, "_MAX_QUEUED", 1)
     monkeypatch.setattr(_mapped, "_PUMP_TURN", 2)
     one = ThreadPoolExecutor(1, thread_name_prefix="perfgate-hash-test")
@@ -636,3 +638,62 @@ def test_concurrent_comparisons_share_one_hashing_thread_without_stalling(
         t.join(timeout=60)
     one.shutdown(wait=False)
     assert results == {"p": [True, True, True], "q": [True, True, True]}
+
+
+def test_on_two_cpus_the_reading_thread_hashes_each_chunk_it_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With at most `_INLINE_CPUS` CPUs the thread that reads a chunk hashes it at once (no pool thread per
+    file on top of the comparison's threads); the digests are of the whole files, as with the pool."""
+    import threading
+
+    import blake3
+
+    from perfgate import digests
+    from perfgate.tensors import _engine, _mapped
+
+    hashing_threads: set[str] = set()
+    reading_threads: set[str] = set()
+
+    class Watched:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def update(self, data: Any, /) -> object:
+            hashing_threads.add(threading.current_thread().name)
+            return self._inner.update(data)
+
+        def hexdigest(self) -> str:
+            return self._inner.hexdigest()
+
+    def no_pool() -> None:
+        raise AssertionError("a pool thread was asked to hash")
+
+    read_into = _mapped.ChunkedFile.read_into
+
+    def watched_read(self: _mapped.ChunkedFile, out: Any, offset: int) -> None:
+        reading_threads.add(threading.current_thread().name)
+        read_into(self, out, offset)
+
+    real = digests.new_hasher
+    monkeypatch.setattr(_mapped, "new_hasher", lambda a, threads=False: Watched(real(a, threads=threads)))
+    monkeypatch.setattr(_mapped, "_pool", no_pool)
+    monkeypatch.setattr(_mapped.ChunkedFile, "read_into", watched_read)
+    monkeypatch.setattr(_engine, "usable_cpus", lambda: 2)
+    rng = np.random.default_rng(8)
+    values = {k: rng.standard_normal(5000).astype(np.float32) for k in ("a", "b")}
+    dump_tensors(tmp_path / "ref.safetensors", values)
+    dump_tensors(tmp_path / "cand.safetensors", {k: v + 1 for k, v in values.items()})
+    with (
+        open_tensor_source(tmp_path / "ref.safetensors") as r,
+        open_tensor_source(tmp_path / "cand.safetensors") as c,
+    ):
+        for source in (r, c):
+            source.start_digests(["blake3"])
+        options = CompareOptions(atol=0.0, rtol=0.0, chunk_elements=256, workers=2)
+        assert compare_sources(r, c, options).status == "mismatch"
+        assert hashing_threads == reading_threads == {threading.current_thread().name}
+        for source in (r, c):
+            [job] = source.digest_jobs()
+            data = job.path.read_bytes()
+            assert job.run(None) == ({"blake3": blake3.blake3(data).hexdigest()}, len(data))

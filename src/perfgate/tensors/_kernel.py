@@ -344,8 +344,10 @@ def _few_differences(
     allowance fl(fl(|a| * rtol) + atol) is >= 0). So the chunk's maxima are those of the differing elements,
     or 0 at the chunk's first element (``argmax`` of all-zero errors) when no error is positive; its closeness
     and mismatch figures are those of the differing elements, given the same float64 operations as
-    `_closeness`; its error sum is numpy's sum of the whole error array, taken over an array of zeros holding
-    the differing elements' errors at their places (the same array, so the same bits). The dot products are
+    `_closeness`; its error sum is numpy's sum of the whole error array: the differing elements' errors
+    summed alone when every partial sum of them is exact (`_exact_sum`: then every order gives those bits),
+    else numpy's sum over an array of zeros holding them at their places (the same array, so the same bits).
+    The dot products are
     the BLAS products of the widened chunks, as everywhere: the candidate is widened as a copy of the widened
     reference with the differing elements replaced (the same values). The squares of these dtypes (at most
     3.4e38 squared) and their sums over a chunk are finite, so a finite a.a and b.b prove every value finite."""
@@ -372,7 +374,8 @@ def _few_differences(
         return _settled(n, offset, aa)
     np.copyto(b, a)
     changed = np.empty(count, dtype=np.float64)
-    _widen(candidate[where], changed, scratch)
+    # Gathered as bits (fancy indexing of an ml_dtypes array is many times slower), then widened.
+    _widen(cast("Any", cand_bits[where]).view(candidate.dtype), changed, scratch)
     b[where] = changed
     aa, bb, ab = _dots(a, b, False)
     if not (math.isfinite(aa) and math.isfinite(bb)):
@@ -387,12 +390,14 @@ def _few_differences(
     with_ref = absa != 0
     rel = np.zeros(count, dtype=np.float64)
     np.divide(d, absa, out=rel, where=with_ref)
-    zeros = scratch.zeros[:n]
-    try:
-        zeros[where] = d
-        sum_abs = float(np.sum(zeros))
-    finally:
-        zeros[where] = 0.0
+    sum_abs = _exact_sum(d)
+    if sum_abs is None:
+        zeros = scratch.zeros[:n]
+        try:
+            zeros[where] = d
+            sum_abs = float(np.sum(zeros))
+        finally:
+            zeros[where] = 0.0
     j = int(np.argmax(d))
     worst = float(d[j])
     bad = ~close
@@ -413,6 +418,28 @@ def _few_differences(
         nonfinite_reference=0,
         nonfinite_candidate=0,
     )
+
+
+def _exact_sum(d: np.ndarray) -> float | None:
+    """The sum of non-negative float64 values when every partial sum of them is exact (then any order of
+    addition, numpy's pairwise one over the whole chunk included, gives these very bits); None when that is
+    not proved.
+
+    Each value x = M * 2^(e - 53) (``frexp``: M an integer below 2^53) is a multiple of 2^k_x, k_x = e - 53 +
+    (trailing zero bits of M); let k be the least k_x. Every partial sum is then a multiple of 2^k, and at
+    most count * max(x) < 2^(max e + bit length of count): when that is at most 2^(k + 53), every partial sum
+    is a float64 (k >= -1074, the step of float64's subnormals), so every addition is exact."""
+    positive = d[d > 0]
+    if positive.shape[0] == 0:
+        return 0.0
+    mantissa, exponent = np.frexp(positive)
+    integral = np.ldexp(mantissa, 53).astype(np.int64)
+    lowest = integral & -integral
+    trailing = np.frexp(lowest.astype(np.float64))[1] - 1
+    k = int(np.min(exponent - 53 + trailing))
+    if int(np.max(exponent)) + positive.shape[0].bit_length() > k + 53:
+        return None
+    return float(np.sum(positive))
 
 
 def _settled(n: int, offset: int, aa: float) -> ChunkStats:

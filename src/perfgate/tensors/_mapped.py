@@ -40,15 +40,18 @@ all CPUs (BLAKE3 splits large updates); chunks the comparison reads are small an
 class _Running:
     """Digests of one file's bytes taken in file order: ``position`` is the first byte not hashed yet.
 
-    Chunks the comparison reads are queued (`ChunkedFile.observed`) and hashed on a pool thread, in order,
+    Chunks the comparison reads are queued (`ChunkedFile.observed`) and hashed on a pool thread, in order (or
+    hashed at once by the reading thread, ``inline``, on a machine of few CPUs),
     while the reading thread goes on: the comparison and the hashing use different cores, and the bytes
     hashed are the very arrays compared (a chunk's array is reused only once `done` covers it). At most
     `_MAX_QUEUED` chunks wait, so a hash slower than the comparison holds the reader back instead of
     holding memory."""
 
-    def __init__(self, algorithms: tuple[Algorithm, ...]) -> None:
+    def __init__(self, algorithms: tuple[Algorithm, ...], *, inline: bool = False) -> None:
         self.lock = threading.Lock()
         self.algorithms = algorithms
+        self.inline = inline
+        """Hash each chunk on the reading thread as it is read, not on the pool (see `_INLINE_CPUS`)."""
         self.position = 0
         self.streaming = True
         self._hashers: list[Hasher] | None = None
@@ -90,6 +93,11 @@ class _Running:
                 self.cond.wait()
 
 
+_INLINE_CPUS = 2
+"""On at most this many CPUs the reading thread hashes each chunk itself, right after reading it (the bytes
+are still in its cache), while the comparison's other thread computes: a hash thread per file on top of
+them would oversubscribe the cores. On more CPUs a pool thread per file hashes, so that reading is not
+held to one core's hashing speed."""
 _MAX_QUEUED = 8
 """Chunks read but not hashed yet, per file, before the reader waits for the hash."""
 _PUMP_TURN = 64
@@ -166,7 +174,9 @@ class ChunkedFile:
         """Digest the file as the comparison reads it: from now on every chunk `FileChunks` reads is hashed
         in the same pass, while reads go forward through the file (small gaps such as headers are read
         here); `digest` then hashes only what no chunk covered."""
-        self._running = _Running(tuple(algorithms))
+        from perfgate.tensors._engine import usable_cpus  # (the engine imports this module)
+
+        self._running = _Running(tuple(algorithms), inline=usable_cpus() <= _INLINE_CPUS)
 
     def observed(self, data: np.ndarray, offset: int) -> int:
         """``data`` (just read at byte ``offset``) feeds the running digest where it continues it: queued for
@@ -177,6 +187,12 @@ class ChunkedFile:
         if running is None or not running.streaming:
             return 0
         raw: np.ndarray = cast(Any, data).reshape(-1).view(np.uint8)
+        if running.inline:
+            try:
+                self._hash_chunk(running, raw, offset)
+            except (TensorInputError, ComparisonCancelled, OSError):
+                running.streaming = False  # `digest` reads from where the hash stopped, and reports it
+            return 0
         with running.cond:
             while len(running.queue) >= _MAX_QUEUED and running.streaming:
                 running.cond.wait()
