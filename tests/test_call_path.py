@@ -594,3 +594,128 @@ def test_the_answer_json_is_what_plain_json_dumps_of_the_plain_shortening_gives(
         _reference_shorten(tree, rounds, rounds and 40), separators=(",", ":"), ensure_ascii=False
     )
     assert _dumps(_shorten(tree, rounds, rounds and 40)) == expected
+
+
+def _head(ledger: Ledger) -> tuple[int, str]:
+    seq, hash_ = ledger.head_path.read_text().split()
+    return int(seq), hash_
+
+
+def test_head_and_anchor_are_opened_once_not_per_append(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends after the first write HEAD and the anchor through the descriptors kept from it."""
+    import os
+
+    ledger = Ledger(workspace)
+    _append(ledger, result={"i": 0})
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting)
+    for i in range(3):
+        last = _append(ledger, result={"i": i + 1})
+    assert not {str(ledger.head_path), str(ledger.anchor_path)} & set(opened)
+    assert _head(ledger) == (last.seq, last.hash) and _slot_seqs(ledger)[0] is not None
+    anchor = ledger.anchor()
+    assert anchor is not None and anchor["seq"] == last.seq
+
+
+@pytest.mark.parametrize("change", ["replaced", "moved", "truncated", "symlink", "hardlink", "chmod"])
+def test_a_head_file_changed_between_appends_is_written_as_before(
+    workspace: Path, tmp_path: Path, change: str
+) -> None:
+    """HEAD is kept open between appends, but written through that descriptor only while the path still
+    names the same plain file: replaced, moved away, truncated, turned into a link or given a second
+    name, the next append leaves HEAD a plain file holding the newest record, and writes nothing
+    through a link or into the file that was moved, exactly as reopening it every time did."""
+    import os
+
+    ledger = Ledger(workspace)
+    _append(ledger, result={"i": 0})
+    head = ledger.head_path
+    outside = tmp_path / "outside"
+    outside.write_text("not the ledger's\n")
+    if change == "replaced":
+        other = head.with_name("HEAD.new")
+        other.write_text("0 " + "f" * 64 + "\n")
+        os.replace(other, head)
+    elif change == "moved":
+        head.rename(head.with_name("HEAD.old"))
+    elif change == "truncated":
+        os.truncate(head, 0)
+    elif change == "symlink":
+        head.unlink()
+        head.symlink_to(outside)
+    elif change == "hardlink":
+        os.link(head, outside.with_name("second-name"))
+    else:
+        head.chmod(0o600)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.parent != head.parent}
+    last = _append(ledger, result={"i": 1})
+    st = os.lstat(head)
+    assert st.st_nlink == 1 and head.is_file() and not head.is_symlink()
+    assert _head(ledger) == (last.seq, last.hash)
+    assert outside.read_text() == "not the ledger's\n"
+    for path, data in before.items():  # HEAD.old, the second name, the link's target: untouched
+        if path != head and path.exists():
+            assert path.read_bytes() == data, path
+    assert ledger.verify().ok
+
+
+@pytest.mark.parametrize("change", ["replaced-by-older-copy", "moved", "deleted"])
+def test_an_anchor_file_changed_between_appends_is_written_as_before(workspace: Path, change: str) -> None:
+    """The anchor file is kept open between appends too, and used only while its path names the same
+    file: a copy put in its place, a moved or a deleted anchor is read and advanced at the path, as
+    reopening it every time did (the moved file is never written again)."""
+    import os
+
+    ledger = Ledger(workspace)
+    _append(ledger, result={"i": 0})
+    anchor = ledger.anchor_path
+    old = anchor.read_bytes()
+    _append(ledger, result={"i": 1})
+    moved = anchor.with_name("anchor.moved")
+    if change == "replaced-by-older-copy":
+        copy = anchor.with_name("anchor.copy")
+        copy.write_bytes(old)
+        os.replace(copy, anchor)
+    elif change == "moved":
+        anchor.rename(moved)
+    else:
+        anchor.unlink()
+    kept = moved.read_bytes() if moved.exists() else None
+    last = _append(ledger, result={"i": 2})
+    current = ledger.anchor()
+    assert current is not None and current["seq"] == last.seq
+    if kept is not None:
+        assert moved.read_bytes() == kept
+    assert ledger.verify().ok
+
+
+def test_a_forked_child_appends_through_its_own_descriptors(workspace: Path) -> None:
+    """A child forked after appends does not use the HEAD and anchor descriptors it inherited (nor
+    close them under its parent): it opens its own, and both go on appending."""
+    import os
+
+    ledger = Ledger(workspace)
+    _append(ledger, result={"i": 0})
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            record = _append(ledger, result={"i": 1})
+            code = 0 if _head(ledger) == (record.seq, record.hash) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    last = _append(ledger, result={"i": 2})
+    assert last.seq == 3 and _head(ledger) == (3, last.hash)
+    current = ledger.anchor()
+    assert current is not None and current["seq"] == 3
+    assert ledger.verify().ok

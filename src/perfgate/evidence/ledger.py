@@ -27,7 +27,10 @@ WAL commit (one fsync) instead of opening, checkpointing and deleting the WAL ev
 rewritten in place, alternately (the slot being replaced is never the newest): a kill -9 loses
 nothing, since the page cache survives the process, and a power cut can at worst leave the anchor one
 append behind the ledger, which `verify` accepts (it only ever flags a ledger *shorter* than its
-anchor). HEAD is rewritten in place too, as a fixed-width line. Each append still reads both anchor
+anchor). HEAD is rewritten in place too, as a fixed-width line. Both files stay open between appends
+and are written through those descriptors only while their paths still name the very files opened
+(device, inode, type, mode and owner, by one ``lstat``): a file replaced, moved, turned into a link
+or re-permissioned (HEAD also: given a second name) is opened afresh, as on every append before. Each append still reads both anchor
 slots under the anchor's lock, but parses them and checks their MACs only when their bytes differ from
 what this `Ledger` last read or wrote (another writer's slot is always checked afresh). The chain head is
 read inside the write transaction, never cached: a concurrent writer's record cannot be skipped.
@@ -325,6 +328,15 @@ def _file_ids(paths: tuple[str, ...]) -> tuple[_FileId | None, ...]:
     return tuple(out)
 
 
+def _own_plain_file(st: os.stat_result) -> bool:
+    """A regular file with no other name (HEAD is written in place only then, never through a link)."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def _any_file(st: os.stat_result) -> bool:
+    return True
+
+
 _encode_ascii = cast("Callable[[str], str]", json.encoder.encode_basestring_ascii)  # type: ignore[attr-defined]
 
 
@@ -343,6 +355,57 @@ def _anchor_text(anchor: dict[str, Any]) -> bytes:
 def _slot_seq(slot: dict[str, Any]) -> int:
     seq = slot.get("seq")
     return seq if isinstance(seq, int) else -1
+
+
+class _HeldFile:
+    """A file a `Ledger` keeps open between appends (HEAD, the anchor), used only while its path still
+    names that very file.
+
+    Before each use the path is looked at again (``lstat``, one system call instead of open and close):
+    the descriptor is used only when the path's device, inode, type, permissions and owner are those it
+    was opened with, in the process that opened it. Anything else (the file replaced, moved away, turned
+    into a link, re-permissioned; a forked child) closes it (a child just forgets the inherited one) and
+    the caller opens the path afresh, exactly as it did on every append before.
+    """
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.pid = 0
+        self.ident: tuple[int, ...] = ()
+
+    @staticmethod
+    def _ident(st: os.stat_result) -> tuple[int, ...]:
+        return (st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid)
+
+    def get(
+        self, path: Path, pid: int, accept: Callable[[os.stat_result], bool]
+    ) -> tuple[int, os.stat_result] | None:
+        """The held descriptor and the path's ``lstat``, when the path still names the held file and
+        ``accept`` takes it; else None (and nothing held any more)."""
+        fd = self.fd
+        if fd is None:
+            return None
+        if self.pid == pid:
+            try:
+                st = os.lstat(path)
+            except OSError:
+                st = None
+            if st is not None and self._ident(st) == self.ident and accept(st):
+                return fd, st
+            os.close(fd)
+        self.fd = None
+        return None
+
+    def hold(self, fd: int, pid: int) -> None:
+        """Keep ``fd`` (just opened on the path, by this process) for the next use."""
+        self.close(pid)
+        self.ident = self._ident(os.fstat(fd))
+        self.fd, self.pid = fd, pid
+
+    def close(self, pid: int) -> None:
+        if self.fd is not None and self.pid == pid:
+            os.close(self.fd)
+        self.fd = None
 
 
 _BUSY_TIMEOUT_S = 60.0
@@ -465,6 +528,8 @@ class Ledger:
         self._anchor_file: Path | None = None
         self._anchor_lock_fd: int | None = None
         self._anchor_lock_pid = 0
+        self._head_file = _HeldFile()
+        self._anchor_out = _HeldFile()
         # (the two anchor slots' bytes, key, ledger id) -> their parsed values and the one in force
         self._anchor_memo: (
             tuple[tuple[bytes, bytes, bytes, str], list[dict[str, Any] | None], int | None] | None
@@ -488,14 +553,20 @@ class Ledger:
         """Close this process's connection to the database (the next call reopens it)."""
         self._shared.close()
         with self._lock:
-            if self._anchor_lock_fd is not None and self._anchor_lock_pid == os.getpid():
+            pid = os.getpid()
+            if self._anchor_lock_fd is not None and self._anchor_lock_pid == pid:
                 os.close(self._anchor_lock_fd)
             self._anchor_lock_fd = None
+            self._head_file.close(pid)
+            self._anchor_out.close(pid)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
-            if self._anchor_lock_fd is not None and self._anchor_lock_pid == os.getpid():
+            pid = os.getpid()
+            if self._anchor_lock_fd is not None and self._anchor_lock_pid == pid:
                 os.close(self._anchor_lock_fd)
+            self._head_file.close(pid)
+            self._anchor_out.close(pid)
 
     # ------------------------------------------------------------------ keys and anchor
 
@@ -624,16 +695,19 @@ class Ledger:
 
         with self._lock:
             fd = self._anchor_lock()
+            pid = self._anchor_lock_pid
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                try:
-                    out = os.open(self.anchor_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
-                except PermissionError as exc:
-                    raise TrustRootError(f"cannot write {self.anchor_path}: permission denied") from exc
-                try:
-                    self._advance_anchor(out, key, seq, hash_)
-                finally:
-                    os.close(out)
+                held = self._anchor_out.get(self.anchor_path, pid, _any_file)
+                if held is not None:
+                    out = held[0]
+                else:
+                    try:
+                        out = os.open(self.anchor_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o600)
+                    except PermissionError as exc:
+                        raise TrustRootError(f"cannot write {self.anchor_path}: permission denied") from exc
+                    self._anchor_out.hold(out, pid)
+                self._advance_anchor(out, key, seq, hash_)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -821,20 +895,32 @@ class Ledger:
         """HEAD rewritten in place as one fixed-width line; replaced whole when it is not a plain file of
         its own (a link planted there is never written through)."""
         line = f"{seq} {hash_}".ljust(_HEAD_WIDTH - 1).encode() + b"\n"
+        pid = self._shared.pid  # this process (the connection was just used, reopened after a fork)
+        held = self._head_file.get(self.head_path, pid, _own_plain_file)
+        if held is not None:
+            fd, st = held
+            os.pwrite(fd, line, 0)
+            if st.st_size > len(line):
+                os.ftruncate(fd, len(line))
+            return
         try:
             fd = os.open(self.head_path, os.O_WRONLY | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC, 0o644)
         except OSError:
             fd = None
         if fd is not None:
+            kept = False
             try:
                 st = os.fstat(fd)
-                if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                if _own_plain_file(st):
                     os.pwrite(fd, line, 0)
                     if st.st_size > len(line):
                         os.ftruncate(fd, len(line))
+                    self._head_file.hold(fd, pid)
+                    kept = True
                     return
             finally:
-                os.close(fd)
+                if not kept:
+                    os.close(fd)
         tmp = self.head_path.with_name(f"HEAD.{os.getpid()}.{secrets.token_hex(3)}")
         tmp.write_bytes(line)
         os.replace(tmp, self.head_path)
