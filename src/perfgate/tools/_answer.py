@@ -50,14 +50,15 @@ def _round(x: float) -> float | int:
     return float(f"{x:.4g}")
 
 
-def _shorten(value: Any, max_list: int | None, max_str: int | None) -> Any:
+def _plain(value: Any) -> Any:
+    """``value`` as the answer's JSON shows it before any cut: floats rounded (`_round`), keys as strings,
+    empty fields (None, [], {}, "") dropped from dicts; new containers all (`_cut` then cuts lists and
+    strings per round)."""
     kind: type = type(cast("object", value))
-    if kind is str:  # the most common values first, by exact type (subclasses take the general path)
-        return value if max_str is None or len(value) <= max_str else value[: max(max_str - 3, 0)] + "..."
+    if kind is str or kind is int or kind is bool:  # the most common values first, by exact type
+        return value
     if kind is float:
         return _round(value)
-    if kind is int or kind is bool:
-        return value
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in cast("dict[Any, Any]", value).items():
@@ -68,19 +69,10 @@ def _shorten(value: Any, max_list: int | None, max_str: int | None) -> Any:
             elif leaf is int or leaf is bool:
                 out[name] = v
             elif not (v is None or v == [] or v == {} or v == ""):
-                out[name] = _shorten(v, max_list, max_str)
+                out[name] = _plain(v)
         return out
     if isinstance(value, list):
-        items: list[Any] = list(value)  # pyright: ignore[reportUnknownArgumentType]
-        kept = items if max_list is None else items[:max_list]
-        shown = [_shorten(v, max_list, max_str) for v in kept]
-        if len(items) > len(kept):
-            shown.append(f"...+{len(items) - len(kept)} more")
-        return shown
-    if isinstance(value, str):
-        if max_str is not None and len(value) > max_str:
-            return value[: max(max_str - 3, 0)] + "..."
-        return value
+        return [_plain(v) for v in cast("list[Any]", value)]
     if isinstance(value, float):
         return _round(value)
     return value
@@ -107,8 +99,8 @@ _COMPACT: Callable[[Any, int], list[str]] | None = (
     else None
 )
 """The C core ``json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=True)`` builds
-on every call, built once, without the circular-reference check: it encodes what `_shorten` returns
-(new containers all, so no cycle)."""
+on every call, built once, without the circular-reference check: it encodes what `_plain` and `_cut`
+return (new containers all, so no cycle)."""
 
 
 def _dumps(value: Any) -> str:
@@ -118,8 +110,8 @@ def _dumps(value: Any) -> str:
 
 
 def _cut(value: Any, max_list: int | None, max_str: int | None) -> Any:
-    """`_shorten` of a value `_shorten` already made with no limits (floats rounded, empty fields gone):
-    only the lists and strings are cut, the same way."""
+    """A value `_plain` made, with each list cut to ``max_list`` items (and a note of how many more) and each
+    string to ``max_str`` characters."""
     kind: type = type(cast("object", value))
     if kind is str or isinstance(value, str):
         return value if max_str is None or len(value) <= max_str else value[: max(max_str - 3, 0)] + "..."
@@ -135,13 +127,18 @@ def _cut(value: Any, max_list: int | None, max_str: int | None) -> Any:
     return value  # numbers, booleans: as rounded
 
 
+def _shorten(value: Any, max_list: int | None, max_str: int | None) -> Any:
+    """``value`` rounded, emptied (`_plain`) and cut to ``max_list`` items and ``max_str`` characters (`_cut`)."""
+    return _cut(_plain(value), max_list, max_str)
+
+
 def compact_json(value: Any, budget_chars: int) -> tuple[str, bool]:
     """``value`` as compact JSON within ``budget_chars`` when it can be; whether it was shortened.
 
-    The first round rounds the floats and drops the empty fields of the whole value; the later rounds
-    only cut its lists and strings further (each round's text is that of `_shorten` with its limits).
+    The floats are rounded and the empty fields dropped once (`_plain`); the rounds after the first cut
+    its lists and strings ever shorter (`_cut`).
     """
-    full = _shorten(value, None, None)
+    full = _plain(value)
     text = _dumps(full)
     if len(text) <= budget_chars:
         return text, False
