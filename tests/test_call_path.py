@@ -9,6 +9,7 @@ values, one redaction pass missing the answer, or argument errors losing a line.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any, cast
@@ -719,3 +720,55 @@ def test_a_forked_child_appends_through_its_own_descriptors(workspace: Path) -> 
     current = ledger.anchor()
     assert current is not None and current["seq"] == 3
     assert ledger.verify().ok
+
+
+_SLOT_BYTES = st.binary(max_size=40) | st.sampled_from([b" ", b"\n", b"}", b"x"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    old_text=st.binary(max_size=300),
+    new_text=st.binary(min_size=1, max_size=300).filter(lambda b: not b.endswith((b" ", b"\n"))),
+    intrusions=st.lists(st.tuples(st.integers(0, 8191), _SLOT_BYTES), max_size=3),
+    whole=st.booleans(),
+)
+def test_an_anchor_slot_written_in_part_ends_up_holding_exactly_the_new_slot(
+    old_text: bytes, new_text: bytes, intrusions: list[tuple[int, bytes]], whole: bool
+) -> None:
+    """Only the changed head of a slot is written over what the slot held (read under the anchor's lock):
+    whatever that was (another anchor, a torn write, stray bytes in its padding, a shorter file), the slot
+    must then hold the new slot byte for byte."""
+    from perfgate.evidence import ledger as ledger_module
+
+    size = 8192
+    old = bytearray(old_text.ljust(size - 1) + b"\n")
+    for at, chunk in intrusions:
+        old[at : at + len(chunk)] = chunk
+    old_bytes = bytes(old[:size]) if whole else bytes(old[: size // 2])
+    new = new_text.ljust(size - 1) + b"\n"
+    end = ledger_module._changed_end(old_bytes, new, len(new_text))  # pyright: ignore[reportPrivateUsage]
+    assert new[:end] + old_bytes[end:] == new
+
+
+def test_the_remembered_process_id_is_the_childs_after_a_fork(workspace: Path) -> None:
+    """The ledger reads its process id without a system call; a forked child must still see its own (or it
+    would write through the parent's connection and descriptors)."""
+    from perfgate.evidence import ledger as ledger_module
+
+    assert ledger_module._this_pid() == os.getpid()  # pyright: ignore[reportPrivateUsage]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.write(write, str(ledger_module._this_pid()).encode())  # pyright: ignore[reportPrivateUsage]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    try:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert os.read(read, 50).decode() == str(pid)
+    finally:
+        os.close(read)

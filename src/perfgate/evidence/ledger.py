@@ -24,7 +24,8 @@ database file was replaced underneath it), shared by its threads under a lock, s
 WAL commit (one fsync) instead of opening, checkpointing and deleting the WAL every time. The WAL stays
 (SQLite checkpoints it as it grows), so a copy of ``ledger.db`` alone may miss the newest records: copy
 ``ledger.db-wal`` with it, or use ``perfgate ledger export``. The anchor is two fixed-size slots
-rewritten in place, alternately (the slot being replaced is never the newest): a kill -9 loses
+rewritten in place, alternately (the slot being replaced is never the newest; of its bytes, only those up
+to the end of the new text are written when the rest, spaces, is there already): a kill -9 loses
 nothing, since the page cache survives the process, and a power cut can at worst leave the anchor one
 append behind the ledger, which `verify` accepts (it only ever flags a ledger *shorter* than its
 anchor). HEAD is rewritten in place too, as a fixed-width line. Both files stay open between appends
@@ -352,6 +353,14 @@ def _anchor_text(anchor: dict[str, Any]) -> bytes:
     ).encode()
 
 
+def _changed_end(old: bytes, new: bytes, start: int) -> int:
+    """How much of ``new`` (a slot: ``start`` bytes of text, spaces, a newline) must be written over ``old``
+    (what the slot holds now, read under the anchor's lock) for the slot to hold ``new``: the text alone
+    when everything after it is already there (the slot held a text no longer than this one, as when the
+    anchor only moves forward), else all of it."""
+    return start if len(old) == len(new) and old[start:] == new[start:] else len(new)
+
+
 def _slot_seq(slot: dict[str, Any]) -> int:
     seq = slot.get("seq")
     return seq if isinstance(seq, int) else -1
@@ -410,6 +419,22 @@ class _HeldFile:
 
 _BUSY_TIMEOUT_S = 60.0
 
+_pid = os.getpid()
+
+
+def _refresh_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_refresh_pid)
+
+
+def _this_pid() -> int:
+    """``os.getpid()`` without its system call: remembered, and read again in a child of ``os.fork``."""
+    return _pid
+
 
 class _Connection:
     """The one SQLite connection a process holds on one ledger database, shared by its `Ledger`s and
@@ -450,16 +475,12 @@ class _Connection:
             raise
         return conn
 
-    @contextlib.contextmanager
-    def use(self) -> Generator[sqlite3.Connection]:
-        """The connection, under the lock. Reopened after a fork (the inherited one is left alone: closing
-        it would drop the parent's POSIX locks) or when the database, its WAL or its index is no longer
-        the file it had open: the database deleted, replaced or restored from a copy, or the WAL removed
-        by another process that believed itself its last user (closing any other descriptor on
-        ``ledger.db`` in this process drops SQLite's POSIX locks). Going on with the old files would
-        lose records or read a stale index."""
-        with self.lock:
-            pid = os.getpid()
+    def acquire(self) -> tuple[sqlite3.Connection, tuple[_FileId | None, ...] | None]:
+        """Take the lock and the connection: `use` without its context manager (the append's path); give
+        both back with `release` and what this returns second."""
+        self.lock.acquire()
+        try:
+            pid = _this_pid()
             now: tuple[_FileId | None, ...] | None = None
             if self.conn is not None and self.pid != pid:
                 _INHERITED.append(self.conn)
@@ -473,12 +494,33 @@ class _Connection:
             if self.conn is None:
                 self.conn = self._open()
                 self.pid = pid
-            try:
-                yield self.conn
-            finally:
-                # What this connection's own use changed: the database and the WAL, never which index
-                # file is there (only the opening, or another process, creates or replaces that one).
-                self.files = _file_ids(self.paths) if now is None else (*_file_ids(self.paths[:2]), now[2])
+        except BaseException:
+            self.lock.release()
+            raise
+        return self.conn, now
+
+    def release(self, now: tuple[_FileId | None, ...] | None) -> None:
+        """After a use: remember what this connection's own use changed (the database and the WAL, never
+        which index file is there: only the opening, or another process, creates or replaces that one),
+        and let go of the lock."""
+        try:
+            self.files = _file_ids(self.paths) if now is None else (*_file_ids(self.paths[:2]), now[2])
+        finally:
+            self.lock.release()
+
+    @contextlib.contextmanager
+    def use(self) -> Generator[sqlite3.Connection]:
+        """The connection, under the lock. Reopened after a fork (the inherited one is left alone: closing
+        it would drop the parent's POSIX locks) or when the database, its WAL or its index is no longer
+        the file it had open: the database deleted, replaced or restored from a copy, or the WAL removed
+        by another process that believed itself its last user (closing any other descriptor on
+        ``ledger.db`` in this process drops SQLite's POSIX locks). Going on with the old files would
+        lose records or read a stale index."""
+        conn, now = self.acquire()
+        try:
+            yield conn
+        finally:
+            self.release(now)
 
     def close(self) -> None:
         with self.lock:
@@ -678,7 +720,7 @@ class Ledger:
 
     def _anchor_lock(self) -> int:
         """This process's descriptor on the anchor's lock file (an flock serializes processes)."""
-        pid = os.getpid()
+        pid = _this_pid()
         if self._anchor_lock_fd is None or self._anchor_lock_pid != pid:
             folder = self.trust.workspace_dir(self.workspace)
             self._anchor_lock_fd = os.open(folder / "anchor.lock", os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o600)
@@ -744,7 +786,7 @@ class Ledger:
             text = _anchor_text(anchor)
         target = 1 - best if best is not None else 0
         raw = text.ljust(_ANCHOR_SLOT - 1) + b"\n"
-        os.pwrite(out, raw, target * _ANCHOR_SLOT)
+        os.pwrite(out, raw[: _changed_end(raws[target], raw, len(text))], target * _ANCHOR_SLOT)
         # What the slots hold now, as the next append will read them unless another process writes: the
         # one just written, newest and MACed by this key, is in force.
         if best is not None:
@@ -852,7 +894,8 @@ class Ledger:
             inputs_text, result_text = canonical_json(inputs), canonical_json(result)
         input_digest = hashlib.sha256(inputs_text.encode()).hexdigest()
         command = scrub.argv(draft.command) if draft.command is not None else None
-        with self._shared.use() as conn:
+        conn, files = self._shared.acquire()  # `use`, without a context manager's cost
+        try:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 row = conn.execute("SELECT seq, hash FROM evidence ORDER BY seq DESC LIMIT 1").fetchone()
@@ -889,6 +932,8 @@ class Ledger:
             # Still under this process's lock: its threads move HEAD and the anchor forward in order.
             self._write_head(record.seq, record.hash)
             self._write_anchor(key, record.seq, record.hash)
+        finally:
+            self._shared.release(files)
         return record
 
     def _write_head(self, seq: int, hash_: str) -> None:

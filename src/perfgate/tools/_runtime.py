@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from perfgate._deadline import ParseLimits
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, Ledger
+from perfgate.evidence._writer import run_in_ledger_thread
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.service import CommandRunner, UnapprovedCommandError
@@ -268,7 +269,7 @@ class ToolRuntime:
         )
         # One redaction pass, the ledger's, scrubs what is stored (argv flags, env values, URLs); when it
         # changed the result, the answer is rebuilt from the stored one.
-        record = await anyio.to_thread.run_sync(self.ledger.append, draft)
+        record = await run_in_ledger_thread(self.ledger.append, draft)
         if record.result != result:
             self.committed = None
             # A constrained field that cannot hold the marker keeps the answer as is; the record is scrubbed.
