@@ -424,15 +424,19 @@ def _few_differences(
 @functools.cache
 def _digits(dtype: np.dtype[Any]) -> int:
     """Significant bits of a real float dtype's values (the implicit leading bit included)."""
+    info: Any
     try:
-        return int(np.finfo(dtype).nmant) + 1
+        info = np.finfo(dtype)
     except ValueError:  # bfloat16, float8: numpy's finfo does not know them
         import ml_dtypes
 
-        return int(ml_dtypes.finfo(dtype).nmant) + 1
+        info = cast("Any", ml_dtypes.finfo(dtype))
+    return int(info.nmant) + 1
 
 
-def _short_sum(d: np.ndarray, before: np.ndarray, after: np.ndarray, digits: int, worst: float) -> float | None:
+def _short_sum(
+    d: np.ndarray, before: np.ndarray, after: np.ndarray, digits: int, worst: float
+) -> float | None:
     """The sum of ``d`` = |after - before| (float64), where ``before`` and ``after`` are values of a float
     type of ``digits`` significant bits widened exactly and ``worst`` is the largest of ``d``, when every
     partial sum of ``d`` is exact (then any order of addition, numpy's pairwise one over the whole chunk's
