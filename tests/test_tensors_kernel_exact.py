@@ -389,33 +389,51 @@ def test_few_changed_elements_with_nan_or_infinity_or_too_many_changes_take_the_
 
 
 def test_a_sum_of_few_errors_is_taken_alone_only_when_every_partial_sum_is_exact() -> None:
-    """`_exact_sum` answers only when every partial sum of the values is a float64 (then numpy's pairwise
-    sum of the whole error array, zeros included, has the same bits); it declines values whose partial sums
-    could round: far-apart magnitudes, or significands too long for their count."""
-    from perfgate.tensors._kernel import _exact_sum  # pyright: ignore[reportPrivateUsage]
+    """`_short_sum` answers only when every partial sum of the errors is a float64 (then numpy's pairwise
+    sum of the whole error array, zeros included, has the same bits, and so has the exact sum); it declines
+    errors whose partial sums could round: magnitudes far apart, or too many values for their significands.
+    Values of each float type of at most 4 bytes, zeros, signed zeros and subnormals of the type among them."""
+    from perfgate.tensors._kernel import _digits, _short_sum  # pyright: ignore[reportPrivateUsage]
 
     rng = np.random.default_rng(21)
-    answered = 0
-    for trial in range(300):
+    dtypes = [BF16, np.dtype(np.float16), np.dtype(np.float32), np.dtype(ml_dtypes.float8_e4m3fn)]
+    answered = declined = 0
+    for trial in range(400):
+        dtype = dtypes[trial % len(dtypes)]
         count = int(rng.integers(1, 400))
-        scale = float(rng.choice([2.0**-100, 2.0**-10, 1.0, 2.0**120]))  # keeps significands
-        if trial % 3 == 0:  # bfloat16 differences: short significands
-            values = np.abs(rng.standard_normal(count).astype(np.float32).astype(BF16).astype(np.float64))
-        elif trial % 3 == 1:  # full float64 significands
-            values = np.abs(rng.standard_normal(count))
-        else:  # magnitudes far apart
-            values = np.abs(rng.standard_normal(count)) * 10.0 ** rng.integers(-30, 30, count)
-        values = values * scale
-        spread = np.zeros(8192)
-        spread[np.sort(rng.choice(8192, count, replace=False))] = values
-        got = _exact_sum(values)
-        if got is not None:
+        spread = 10.0 ** rng.integers(-1, 6) if trial % 3 else 1.0  # far-apart magnitudes, or not
+        before = rng.standard_normal(count) * spread ** rng.standard_normal(count)
+        after = before * (1 + rng.standard_normal(count) * 0.05)
+        if trial % 5 == 0:  # zeros, signed zeros and the type's subnormals among them
+            tiny = float(ml_dtypes.finfo(dtype).smallest_subnormal)
+            before[:3], after[:3] = [0.0, -0.0, tiny], [tiny * 3, 0.0, -tiny]
+        with np.errstate(all="ignore"):
+            before = before.astype(dtype).astype(np.float64)
+            after = after.astype(dtype).astype(np.float64)
+        finite = np.isfinite(before) & np.isfinite(after)
+        before, after = before[finite], after[finite]
+        d = np.abs(after - before)
+        worst = float(d.max()) if d.shape[0] else 0.0
+        got = _short_sum(d, before, after, _digits(dtype), worst)
+        padded = np.zeros(8192)
+        padded[np.sort(rng.choice(8192, d.shape[0], replace=False))] = d
+        if got is None:
+            declined += 1
+        else:
             answered += 1
-            assert got == float(np.sum(spread)) == math.fsum(values.tolist())
-    assert 50 < answered < 300
-    assert _exact_sum(np.array([2.0**-10, 3 * 2.0**-12, 0.0])) == 2.0**-10 + 3 * 2.0**-12
-    assert _exact_sum(np.array([1.0, 2.0**-60])) is None
-    assert _exact_sum(np.array([1.0 + 2.0**-52, 1.0 + 2.0**-52])) is None  # 2^(1 + 1) > 2^(-52 + 53)
-    assert _exact_sum(np.zeros(3)) == 0.0
-    tiny = float(np.finfo(np.float64).smallest_subnormal)
-    assert _exact_sum(np.array([tiny, 3 * tiny])) == 4 * tiny
+            assert got == float(np.sum(padded)) == math.fsum(d.tolist()), (trial, dtype)
+    assert answered > 100 and declined > 20, (answered, declined)
+    assert [_digits(t) for t in dtypes] == [8, 11, 24, 4]
+    one = np.array([1.0])
+    # 1 + 2^-23 and 2^-23 * 3: multiples of 2^-23 below 2^30, exact
+    assert _short_sum(np.array([2.0**-23, 3 * 2.0**-23]), one, one, 24, 3 * 2.0**-23) == 4 * 2.0**-23
+    # errors of 2^30 with values of exponent -22 and 24 significant bits: 2^-46 steps, 2^(31 + 1) > 2^(-46 + 53)
+    big = np.array([2.0**30, 2.0**30])
+    assert _short_sum(big, np.array([2.0**-23, 1.0]), big, 24, 2.0**30) is None
+    assert _short_sum(np.zeros(3), np.zeros(3), np.zeros(3), 8, 0.0) == 0.0
+    # The rule at its boundary: values of exponent 0 and 24 bits are multiples of 2^-24; two errors below
+    # 2^27 sum below 2^28 < 2^(-24 + 53): answered; an error of 2^27 could make a partial sum of 2^29: declined
+    halves = np.array([0.5, 0.5])
+    below = 2.0**27 - 1
+    assert _short_sum(np.array([below, 1.0]), halves, halves, 24, below) == below + 1.0
+    assert _short_sum(np.array([2.0**27, 1.0]), halves, halves, 24, 2.0**27) is None

@@ -23,6 +23,7 @@ whose reference is exactly 0 (their error is in the absolute figures).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -345,7 +346,7 @@ def _few_differences(
     or 0 at the chunk's first element (``argmax`` of all-zero errors) when no error is positive; its closeness
     and mismatch figures are those of the differing elements, given the same float64 operations as
     `_closeness`; its error sum is numpy's sum of the whole error array: the differing elements' errors
-    summed alone when every partial sum of them is exact (`_exact_sum`: then every order gives those bits),
+    summed alone when every partial sum of them is exact (`_short_sum`: then every order gives those bits),
     else numpy's sum over an array of zeros holding them at their places (the same array, so the same bits).
     The dot products are
     the BLAS products of the widened chunks, as everywhere: the candidate is widened as a copy of the widened
@@ -390,7 +391,9 @@ def _few_differences(
     with_ref = absa != 0
     rel = np.zeros(count, dtype=np.float64)
     np.divide(d, absa, out=rel, where=with_ref)
-    sum_abs = _exact_sum(d)
+    j = int(np.argmax(d))
+    worst = float(d[j])
+    sum_abs = _short_sum(d, before, changed, _digits(reference.dtype), worst)
     if sum_abs is None:
         zeros = scratch.zeros[:n]
         try:
@@ -398,8 +401,6 @@ def _few_differences(
             sum_abs = float(np.sum(zeros))
         finally:
             zeros[where] = 0.0
-    j = int(np.argmax(d))
-    worst = float(d[j])
     bad = ~close
     mismatched = int(np.count_nonzero(bad))
     return ChunkStats(
@@ -420,26 +421,42 @@ def _few_differences(
     )
 
 
-def _exact_sum(d: np.ndarray) -> float | None:
-    """The sum of non-negative float64 values when every partial sum of them is exact (then any order of
-    addition, numpy's pairwise one over the whole chunk included, gives these very bits); None when that is
-    not proved.
+@functools.cache
+def _digits(dtype: np.dtype[Any]) -> int:
+    """Significant bits of a real float dtype's values (the implicit leading bit included)."""
+    info: Any
+    try:
+        info = np.finfo(dtype)
+    except ValueError:  # bfloat16, float8: numpy's finfo does not know them
+        import ml_dtypes
 
-    Each value x = M * 2^(e - 53) (``frexp``: M an integer below 2^53) is a multiple of 2^k_x, k_x = e - 53 +
-    (trailing zero bits of M); let k be the least k_x. Every partial sum is then a multiple of 2^k, and at
-    most count * max(x) < 2^(max e + bit length of count): when that is at most 2^(k + 53), every partial sum
-    is a float64 (k >= -1074, the step of float64's subnormals), so every addition is exact."""
-    positive = d[d > 0]
-    if positive.shape[0] == 0:
+        info = cast("Any", ml_dtypes.finfo(dtype))
+    return int(info.nmant) + 1
+
+
+def _short_sum(
+    d: np.ndarray, before: np.ndarray, after: np.ndarray, digits: int, worst: float
+) -> float | None:
+    """The sum of ``d`` = |after - before| (float64), where ``before`` and ``after`` are values of a float
+    type of ``digits`` significant bits widened exactly and ``worst`` is the largest of ``d``, when every
+    partial sum of ``d`` is exact (then any order of addition, numpy's pairwise one over the whole chunk's
+    errors included, gives these very bits); None when that is not proved.
+
+    A nonzero value x with frexp exponent e (|x| = f * 2^e, 1/2 <= f < 1) and at most ``digits`` significant
+    bits is a multiple of 2^(e - digits); a subnormal of its type too (e is then at most the exponent of
+    the type's least normal value, a multiple of whose step x is); zero is a multiple of anything. So every
+    |after - before| is a multiple of 2^k, k = (the least frexp exponent on either side) - ``digits``: zeros
+    count with exponent 0, which can only lower k, and a lower k still divides. Every partial sum is then a
+    multiple of 2^k and at most count * worst < 2^(frexp exponent of worst + bit length of count); when that
+    is at most 2^(k + 53), every partial sum is a float64 (k is far above -1074: the exponents of these
+    types' values are above -160), so every addition is exact. Five array operations, where proving it from
+    each value's own trailing zero bits took fourteen."""
+    if worst == 0.0:
         return 0.0
-    mantissa, exponent = np.frexp(positive)
-    integral = np.ldexp(mantissa, 53).astype(np.int64)
-    lowest = integral & -integral
-    trailing = np.frexp(lowest.astype(np.float64))[1] - 1
-    k = int(np.min(exponent - 53 + trailing))
-    if int(np.max(exponent)) + positive.shape[0].bit_length() > k + 53:
+    least = min(int(np.min(np.frexp(before)[1])), int(np.min(np.frexp(after)[1])))
+    if math.frexp(worst)[1] + d.shape[0].bit_length() > least - digits + 53:
         return None
-    return float(np.sum(positive))
+    return float(np.sum(d))
 
 
 def _settled(n: int, offset: int, aa: float) -> ChunkStats:
