@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import shutil
 import time
 from multiprocessing.context import BaseContext
@@ -68,6 +69,67 @@ def test_two_halves_build_the_table_and_the_analysis_of_one_reader(name: str) ->
     )
     assert stream.header == header and stream.decoded_bytes == one_stream.decoded_bytes
     assert pool.analyze_split(path, options).model_dump() == analyze_trace(path, options).model_dump()
+
+
+def _same_tables(path: Path, options: AnalysisOptions, read: tuple[Any, TraceStream, bool]) -> None:
+    split, stream, used = read
+    assert used
+    one, header, one_stream = load_table(path, options)
+    for table in ("device", "host", "cpu"):
+        _same_columns(getattr(split, table), getattr(one, table))
+    assert split.names == one.names and split.cats == one.cats and split.name_index == one.name_index
+    assert list(split.category_counts.items()) == list(one.category_counts.items())
+    assert (split.event_count, split.complete_count) == (one.event_count, one.complete_count)
+    assert stream.header == header and stream.decoded_bytes == one_stream.decoded_bytes
+    assert stream.lenient_skipped == one_stream.lenient_skipped
+
+
+def test_three_parts_meeting_anywhere_build_the_table_of_one_reader() -> None:
+    # This process reads up to `at`, the worker from there up to `then`, this process again from `then`
+    # to the end. Where the worker stops is fixed here (in a call it is decided while both read), so
+    # every join is checked whatever the machine's load; near the end the worker's last batch begins
+    # before `then` and it reads to the end itself.
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    rng = random.Random(23)
+    pairs = [(at, rng.uniform(at + 0.05, 0.95)) for at in (rng.uniform(0.02, 0.7) for _ in range(6))]
+    taken = 0
+    for at, then in [*pairs, (0.3, 0.9999), (0.3, 1.0)]:
+        read = pool.load_split(path, SMALL_BATCHES, at=at, then=then)
+        assert read is not None, (at, then)
+        _same_tables(path, SMALL_BATCHES, read)
+        taken += read[1].resume_meet is not None
+    assert taken >= len(pairs)  # this process did read a last part after the worker's, at each pair
+
+
+def test_an_error_in_a_part_this_process_takes_over_reads_as_from_one_reader(tmp_path: Path) -> None:
+    text = gzip.decompress((PLANTED / "slow_rank_rank1.json.gz").read_bytes())
+    at = text.index(b'"ph"', len(text) * 3 // 4)
+    bad = tmp_path / "rank1.json"
+    bad.write_bytes(text[:at] + b"!!" + text[at:])
+    with pytest.raises(TraceError) as one:
+        load_table(bad, SMALL_BATCHES)
+    # After the worker's part: one reader might have failed earlier, in the worker's part; read again.
+    assert pool.load_split(bad, SMALL_BATCHES, at=0.2, then=0.5) is None
+    # In the worker's part, before where this process takes over: the worker's error is one reader's.
+    with pytest.raises(TraceError) as split:
+        pool.load_split(bad, SMALL_BATCHES, at=0.2, then=0.9)
+    assert str(split.value) == str(one.value)
+
+
+def test_the_worker_is_left_about_as_much_as_this_process_takes() -> None:
+    chunk, block, end = 1 << 20, 1 << 20, 100 << 20
+    # Not begun yet, no skipping cost: this process takes half of what is left after the worker's batch.
+    cut = pool.steal_point(30 << 20, -1, end, chunk, block, 0.0)
+    assert cut is not None and abs(cut - (end + (30 << 20) + chunk) // 2) <= 1
+    # Skipping to the cut costs this process: the worker is left more; the join's lag: less.
+    costly = pool.steal_point(30 << 20, -1, end, chunk, block, 0.1)
+    lagging = pool.steal_point(30 << 20, -1, end, chunk, block, 0.0, lag=4 << 20)
+    assert costly is not None and lagging is not None and lagging < cut < costly
+    # Further on, the worker is left less; the batch it reads now is always its own.
+    ahead = pool.steal_point(30 << 20, 60 << 20, end, chunk, block, 0.1)
+    assert ahead is not None and ahead > 60 << 20 and end - ahead >= chunk
+    assert pool.steal_point(30 << 20, 98 << 20, end, chunk, block, 0.1) is None  # under a batch left
+    assert pool.steal_point(30 << 20, 1 << 62, end, chunk, block, 0.1) is None  # the worker is done
 
 
 def test_a_large_shared_trace_reads_the_same_in_two_halves(hta_traces: Path) -> None:
@@ -161,7 +223,7 @@ def test_a_worker_that_began_elsewhere_is_not_used(tmp_path: Path) -> None:
     one, _, _ = load_table(path, options)
     outcomes: set[str] = set()
     for at in (0.15, 0.3, 0.5, 0.55):
-        read = pool.load_split(path, options, at=at)
+        read = pool.load_split(path, options, at=at, then=1.0)
         if read is None:
             outcomes.add("read again in one piece")
             continue

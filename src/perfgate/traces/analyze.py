@@ -36,6 +36,7 @@ from perfgate.traces.reader import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_READ_BLOCK,
+    NEW_PART,
     Decompressor,
     TraceStream,
 )
@@ -149,11 +150,27 @@ def part_stream(
 
 def load_part(stream: TraceStream, options: AnalysisOptions) -> TableBuilder:
     """The events ``stream`` reads, in a `TableBuilder` not yet built; raises as `load_table`."""
+    (builder,) = load_parts(stream, options)
+    return builder
+
+
+def load_parts(
+    stream: TraceStream, options: AnalysisOptions, builders: list[TableBuilder] | None = None
+) -> list[TableBuilder]:
+    """The events ``stream`` reads, a `TableBuilder` per part (a new one after each `NEW_PART`, see
+    `TraceStream`), appended to ``builders`` (which holds the parts read so far when this raises);
+    raises as `load_table` (the events are counted over all the parts)."""
     path = stream.path
     builder = TableBuilder()
+    builders = [] if builders is None else builders
+    builders.append(builder)
     events = 0
     trimmed_at = 0
     for seen, batch in stream.complete_batches():
+        if batch is NEW_PART:
+            builder = TableBuilder()
+            builders.append(builder)
+            continue
         events += seen
         if events > options.max_events:
             raise TraceTooLargeError(
@@ -166,7 +183,7 @@ def load_part(stream: TraceStream, options: AnalysisOptions) -> TableBuilder:
         if stream.decoded_bytes - trimmed_at >= TRIM_EVERY_BYTES:
             release_free_memory()
             trimmed_at = stream.decoded_bytes
-    return builder
+    return builders
 
 
 def _rank(header: Header, path: Path) -> tuple[int, RankSource, int | None]:
