@@ -153,7 +153,7 @@ class Scrubber:
         argv: list[str] = []
 
         def walk(value: Any, key: str | None) -> None:
-            kind: type = type(cast("object", value))
+            kind: type = type(value)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
             if kind is str or kind in _LEAVES:  # most of a record: skip the abstract-class checks below
                 return
             if kind is dict or isinstance(value, Mapping):
@@ -249,7 +249,7 @@ class Scrubber:
 
     def tree(self, value: Any, key: str | None = None) -> Any:
         """A JSON-like tree with secrets removed; lists under argv-like keys are read as argv."""
-        kind: type = type(cast("object", value))
+        kind: type = type(value)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
         if kind is str:
             return self.text(value)
         if kind in _LEAVES:  # numbers, booleans and None: nothing to scrub, no abstract-class checks
@@ -270,7 +270,7 @@ class Scrubber:
                 else:
                     self.keys_changed = True
                     name = k if isinstance(k, str) else None
-                kind: type = type(cast("object", v))
+                kind: type = type(v)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
                 out[(k if k in clean else text(k)) if name is not None else k] = (
                     (v if v in clean else text(v)) if kind is str else v if kind in _LEAVES else tree(v, name)
                 )

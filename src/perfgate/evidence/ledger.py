@@ -236,7 +236,7 @@ _BODY_FIELDS = tuple(name for name in EvidenceRecord.model_fields if name != "ha
 
 def _json_value(value: Any) -> str:
     """``canonical_json(value)``, without the encoder's set-up for the scalars a record's fields hold."""
-    kind: type = type(cast("object", value))
+    kind: type = type(value)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
     if kind is str:
         return _encode_str(value)
     if value is None:

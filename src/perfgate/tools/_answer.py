@@ -54,7 +54,7 @@ def _plain(value: Any) -> Any:
     """``value`` as the answer's JSON shows it before any cut: floats rounded (`_round`), keys as strings,
     empty fields (None, [], {}, "") dropped from dicts; new containers all (`_cut` then cuts lists and
     strings per round)."""
-    kind: type = type(cast("object", value))
+    kind: type = type(value)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
     if kind is str or kind is int or kind is bool:  # the most common values first, by exact type
         return value
     if kind is float:
@@ -63,7 +63,7 @@ def _plain(value: Any) -> Any:
         out: dict[str, Any] = {}
         for k, v in cast("dict[Any, Any]", value).items():
             name = k if type(k) is str else str(k)
-            leaf: type = type(cast("object", v))
+            leaf: type = type(v)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
             if leaf is float:  # numbers are never empty: no comparisons with [], {} and ""
                 out[name] = _round(v)
             elif leaf is int or leaf is bool:
@@ -112,7 +112,7 @@ def _dumps(value: Any) -> str:
 def _cut(value: Any, max_list: int | None, max_str: int | None) -> Any:
     """A value `_plain` made, with each list cut to ``max_list`` items (and a note of how many more) and each
     string to ``max_str`` characters."""
-    kind: type = type(cast("object", value))
+    kind: type = type(value)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
     if kind is str or isinstance(value, str):
         return value if max_str is None or len(value) <= max_str else value[: max(max_str - 3, 0)] + "..."
     if kind is dict:
@@ -162,7 +162,7 @@ def _generic_lead(result: dict[str, Any]) -> list[str]:
         lines.append("; ".join(figures))
     reasons = result.get("reasons")
     if isinstance(reasons, list) and reasons:
-        lines.extend(f"reason: {r}" for r in _shorten(reasons, 3, 300))  # pyright: ignore[reportUnknownArgumentType]
+        lines.extend(f"reason: {r}" for r in _shorten(reasons, 3, 300))  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
     return lines
 
 
