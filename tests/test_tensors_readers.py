@@ -697,3 +697,37 @@ def test_on_two_cpus_the_reading_thread_hashes_each_chunk_it_reads(
             [job] = source.digest_jobs()
             data = job.path.read_bytes()
             assert job.run(None) == ({"blake3": blake3.blake3(data).hexdigest()}, len(data))
+
+
+def test_chunks_are_read_into_arrays_placed_just_before_their_bytes_page_offset(tmp_path: Path) -> None:
+    """Each chunk array (and the digest's buffer) is 64-byte aligned and lies 0-63 bytes before its file
+    bytes' place in a page, whatever that place (data at a page start, 8 or 16 bytes in, at a page end):
+    the kernel copies into such arrays at full speed, where numpy's own large arrays (16 bytes into a fresh
+    mapping) are copied into several times slower. The values read are the file's."""
+    from perfgate.tensors._mapped import (  # pyright: ignore[reportPrivateUsage]
+        ChunkedFile,
+        _empty_for,  # pyright: ignore[reportPrivateUsage]
+    )
+
+    for offset in [0, 8, 16, 24, 808, 4032, 4088, 4095, 8192 + 40]:
+        for dtype in (np.dtype(np.uint8), np.dtype(np.float32), np.dtype(np.float64)):
+            out = _empty_for(1000, dtype, offset)
+            address = out.ctypes.data
+            assert out.shape == (1000,) and out.dtype == dtype and out.flags.aligned and out.flags.writeable
+            assert address % 64 == 0 and (offset - address) % 4096 < 64, (offset, dtype)
+    values = np.arange(3 * 65536 + 100, dtype=np.float32)  # chunks of 64 pages, reused; a shorter last one
+    for start in (4096, 4096 + 8, 4096 + 16, 8192 - 8):
+        path = tmp_path / f"data{start}.bin"
+        path.write_bytes(b"\0" * start + values.tobytes())
+        file = ChunkedFile(path)
+        try:
+            chunks = file.chunks(start, values.dtype, values.shape[0], 65536)
+            got: list[np.ndarray] = []
+            for i, chunk in enumerate(chunks):
+                address = chunk.ctypes.data
+                assert address % 64 == 0 and (start + i * 262_144 - address) % 4096 < 64
+                got.append(chunk.copy())
+                chunks.release(i * 65536 + chunk.shape[0])
+            assert np.array_equal(np.concatenate(got), values)
+        finally:
+            file.close()

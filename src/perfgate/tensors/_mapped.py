@@ -37,6 +37,27 @@ _THREADED_BYTES = 32 << 20
 all CPUs (BLAKE3 splits large updates); chunks the comparison reads are small and hash on one."""
 
 
+_PAGE = 4096
+_LINE = 64
+
+
+def _empty_for(count: int, dtype: np.dtype[Any], offset: int) -> np.ndarray:
+    """An uninitialised array of ``count`` elements of ``dtype`` to read the bytes at file ``offset`` into,
+    placed so that its address is 64-byte aligned and lies 0-63 bytes before the file offset's place in its
+    page (address = offset rounded down to 64, modulo the page size).
+
+    The kernel copies a read from the page cache several times slower when the destination lies a few bytes
+    past the source's place in the page, which is where numpy puts large arrays (16 bytes into a fresh
+    mapping) for data at the start of a page. Measured on this project's AMD EPYC machine, ``preadv`` of 1 GiB
+    from tmpfs in 512 KiB reads: 0.15 s of CPU with the destination 0-63 bytes before the source's page offset,
+    0.47-0.58 s with it 8-24 bytes after."""
+    nbytes = count * dtype.itemsize
+    raw = np.empty(nbytes + _PAGE, dtype=np.uint8)
+    address: int = raw.ctypes.data
+    start = (offset - offset % _LINE - address) % _PAGE
+    return cast(Any, raw[start : start + nbytes]).view(dtype)
+
+
 class _Running:
     """Digests of one file's bytes taken in file order: ``position`` is the first byte not hashed yet.
 
@@ -289,7 +310,7 @@ class ChunkedFile:
         running = self._running or _Running((ALGORITHM,))
         running.wait_idle()
         running.streaming = False
-        buffer = np.empty(min(chunk_bytes, max(self.size_bytes, 1)), dtype=np.uint8)
+        buffer = _empty_for(min(chunk_bytes, max(self.size_bytes, 1)), np.dtype(np.uint8), running.position)
         while True:
             if on_chunk is not None:
                 on_chunk()
@@ -333,6 +354,8 @@ class ChunkStream(Protocol):
 class FileChunks:
     """A `ChunkStream` over a region of a `ChunkedFile`.
 
+    Arrays are placed for fast copies from the page cache (`_empty_for`); one keeps its placement when reused
+    for a later chunk as long as chunks are whole pages (the default chunk size's are).
     A chunk's array is reused for a later chunk once the consumer released every element it held and the
     running digest, if any, has hashed it (the
     `ChunkStream` contract): fresh multi-megabyte arrays cost page faults on every chunk, twice the CPU
@@ -364,7 +387,7 @@ class FileChunks:
             elif len(held) >= self._MAX_HELD:
                 held.popleft()
             if out is None:
-                out = np.empty(n, dtype=self._dtype)
+                out = _empty_for(n, self._dtype, self._offset + start * itemsize)
             self._file.read_into(out, self._offset + start * itemsize)
             seq = self._file.observed(out, self._offset + start * itemsize)
             held.append((start + n, seq, out))
