@@ -772,3 +772,75 @@ def test_the_remembered_process_id_is_the_childs_after_a_fork(workspace: Path) -
         assert os.read(read, 50).decode() == str(pid)
     finally:
         os.close(read)
+
+
+_BAD_VALUES: list[Any] = [
+    None, "x", "[1", "[1, 2]", '{"a": 1}', "null", 1.5, -1, 0, True, [], {}, [{}], [None], [1, "a"],
+    [{"name": 1}], [{"name": "b", "flops_per_step": 1e14}], {"a": 1}, "1e400", 1e308,
+]  # fmt: skip
+
+
+def _two_step_message(tool: Any, spec: Any, arguments: dict[str, Any]) -> str | None:
+    """The argument error as the two validations gave it: the SDK's model of the flat parameters, then
+    the tool's input model on what that one returned (None: both accept the arguments)."""
+    from perfgate.tools._adapter import validation_message
+    from perfgate.tools._failures import argument_message, field_errors
+
+    try:
+        kwargs = FuncMetadata.validate_arguments(tool.fn_metadata, arguments)
+    except ValidationError as exc:
+        return argument_message(spec.name, field_errors(exc, tool.parameters))
+    try:
+        spec.input_model.model_validate(kwargs)
+    except ValidationError as exc:  # refused inside the tool body: the SDK names the tool first
+        return f"Error executing tool {spec.name}: {validation_message(spec.name, exc, spec.input_model)}"
+    return None
+
+
+@pytest.mark.anyio
+async def test_arguments_validated_once_give_the_two_step_messages(workspace: Path) -> None:
+    """Each tool's arguments are validated once, by its input model; every refusal must read exactly as
+    when the SDK's parameter model refused first and the input model after (wrong types, missing fields,
+    values JSON-encoded in strings, bad nested items, cross-field rules), and what both accepted must
+    still be accepted."""
+    from perfgate.server import build_server
+    from perfgate.tools import registered_specs
+
+    server = build_server(ServerConfig.create(workspace))
+    tools = {t.name: t for t in server._tool_manager.list_tools()}  # pyright: ignore[reportPrivateUsage]
+    cases: list[tuple[str, dict[str, Any]]] = [
+        ("compute_mfu", {**MFU_ARGS, "device": None, "precision": None}),
+        ("compute_mfu", {**MFU_ARGS, "peak_tflops": -1}),
+        ("compute_mfu", {**MFU_ARGS, "buckets": [{"name": "b", "flops_per_step": 1e14}]}),
+        ("compute_mfu", {**MFU_ARGS, "buckets": [{**MFU_ARGS["buckets"][0], "flops_id": "ev-1"}]}),
+        ("compute_mfu", {**MFU_ARGS, "buckets": json.dumps(MFU_ARGS["buckets"])}),
+        ("compute_mfu", {**MFU_ARGS, "buckets": [{**MFU_ARGS["buckets"][0], "steps": 0, "extra": 1}]}),
+        ("compute_mfu", {**MFU_ARGS, "precision": "fp4", "flops_kind": "magic"}),
+    ]
+    checked = accepted = 0
+    async with Client(server) as client:
+        for spec in registered_specs(False):
+            if spec.command is not None:  # gated tools still validate in two steps
+                continue
+            tool = tools[spec.name]
+            properties = list(tool.parameters.get("properties", {}))
+            tool_cases = [args for name, args in cases if name == spec.name] + [{}]
+            tool_cases += [{p: v} for p in properties for v in _BAD_VALUES]
+            tool_cases += [dict.fromkeys(properties, v) for v in _BAD_VALUES]
+            for arguments in tool_cases:
+                expected = _two_step_message(tool, spec, arguments)
+                if expected is None:  # still accepted, as the same input
+                    once = tool.fn_metadata.validate_arguments(arguments)
+                    twice = FuncMetadata.validate_arguments(tool.fn_metadata, arguments)
+                    assert list(once.values()) == [spec.input_model.model_validate(twice)]
+                    accepted += 1
+                    continue
+                result = await client.call_tool(spec.name, arguments)
+                assert result.is_error, (spec.name, arguments)
+                assert "\n".join(getattr(c, "text", "") for c in result.content) == expected, (
+                    spec.name,
+                    arguments,
+                )
+                checked += 1
+    assert checked > 500
+    assert accepted >= 2  # the compute_mfu calls above that name a peak rightly

@@ -18,7 +18,7 @@ from mcp.server.mcpserver.exceptions import UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult, ImageContent, TextContent
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
 
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
@@ -55,14 +55,35 @@ def validation_message(tool: str, exc: ValidationError, model: type[BaseModel]) 
 _JSON_SPACE = " \t\n\r"
 
 
+_INPUT = "__perfgate_input__"
+"""The keyword under which `_Metadata.validate_arguments` hands the tool function its validated input."""
+
+
 class _Metadata(FuncMetadata):
-    """The SDK's argument handling, without its cost for plain string arguments.
+    """The SDK's argument handling, without its cost for plain string arguments, and validating once.
 
     The SDK tries every string argument (of a field not typed ``str``) as JSON and keeps what parses to
     an array, an object or null (clients that send ``"[1, 2]"`` for a list); a failed parse costs more
     than validating the whole call. Only a JSON text opening with ``[``, ``{`` or ``n`` can parse to
     one of those, so the SDK's own pass runs only when an argument could.
+
+    With ``input_model`` (a tool without a command gate), arguments the tool's input model accepts are
+    validated by it alone, the one validation whose result the tool uses, instead of by the SDK's model
+    of the flat parameters and then again by the input model (the SDK model's fields are the input
+    model's: same types and constraints). Arguments it refuses take the two steps as before, so every
+    refusal reads as before (tested over each tool's parameters).
     """
+
+    input_model: Annotated[Any, WithJsonSchema(None)] = None
+
+    def validate_arguments(self, arguments_to_validate: dict[str, Any]) -> dict[str, Any]:
+        model = self.input_model
+        if model is not None:
+            try:
+                return {_INPUT: model.model_validate(self.pre_parse_json(arguments_to_validate))}
+            except ValidationError:
+                pass  # refused: the two steps as before, which word the refusal as before
+        return super().validate_arguments(arguments_to_validate)
 
     def pre_parse_json(self, data: dict[str, Any]) -> dict[str, Any]:
         if any(isinstance(v, str) and v.lstrip(_JSON_SPACE)[:1] in ("[", "{", "n") for v in data.values()):
@@ -179,6 +200,7 @@ class PerfgateTool(Tool):
             ),
             output_model=meta.output_model,
             wrap_output=meta.wrap_output,
+            input_model=getattr(fn, _INPUT, None),
         )
         return tool
 
@@ -193,8 +215,8 @@ class PerfgateTool(Tool):
             if key not in known
         ]
         if exc is None and lines:
-            try:
-                self.fn_metadata.validate_arguments(arguments)
+            try:  # the parameters' own model: the unknown fields are reported above, not again
+                FuncMetadata.validate_arguments(self.fn_metadata, arguments)
             except ValidationError as found:
                 exc = found
         if exc is not None:
@@ -309,7 +331,9 @@ def make_tool_function(spec: AnySpec, get_state: Any) -> Any:
             grant = await settle(spec, prepared, kwargs.pop(APPROVAL_PARAM), ctx, state.execution)
             inp = prepared.inp
         else:
-            inp = validate(kwargs)
+            inp = kwargs.pop(_INPUT, None)
+            if inp is None:  # validated by the SDK's parameter model only: the input model's turn
+                inp = validate(kwargs)
 
         async def report(progress: float, total: float | None, message: str | None) -> None:
             await ctx.report_progress(progress, total, message)
@@ -336,4 +360,6 @@ def make_tool_function(spec: AnySpec, get_state: Any) -> Any:
     tool_function.__doc__ = spec.description
     tool_function.__signature__ = inspect.Signature(params, return_annotation=spec.output_model)  # type: ignore[attr-defined]  # the SDK reads the signature
     tool_function.__annotations__ = {p.name: p.annotation for p in params} | {"return": spec.output_model}
+    if spec.command is None:  # validated once, by the input model (`_Metadata`); gated tools keep both
+        setattr(tool_function, _INPUT, spec.input_model)
     return tool_function
