@@ -5,7 +5,8 @@
 - ``warm``: a ``compute_mfu`` call over stdio to a running ``perfgate serve`` (which validates, computes,
   appends its ledger record and answers), interleaved call by call with the ``ratio`` tool of
   ``_minimal_server.py`` (the smallest useful server on the same SDK), ``--calls`` of each; with each
-  server's CPU time per call (read from /proc on Linux: steadier than wall time on a loaded machine).
+  server's CPU time per call (all its threads, in the scheduler's nanoseconds from /proc on Linux:
+  steadier than wall time on a loaded machine).
 - ``cold``: spawn, ``initialize`` and that one call, as an agent's first call of a session, alternating
   the two servers ``--cold`` times.
 
@@ -90,9 +91,20 @@ def _server_pids() -> dict[int, str]:
 
 
 def _cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of a process so far (NaN when it cannot be read)."""
+    """CPU seconds a process has run so far, all its threads (NaN when it cannot be read).
+
+    From the scheduler's nanosecond counts (``/proc/<pid>/task/*/schedstat``) where the kernel gives them,
+    else user + system clock ticks (``/proc/<pid>/stat``: 10 ms steps, coarse for a call of a few ms)."""
     if pid is None:
         return math.nan
+    try:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            total += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        if total > 0:
+            return total / 1e9
+    except (OSError, IndexError, ValueError):
+        pass
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
@@ -172,7 +184,7 @@ def main() -> None:
     print(f"  warm ratio (medians)        {warm_ratio:.2f}x (goal <= 1.5x)")
     print(
         f"  server CPU per warm call    {cpu_ours * 1e3:.2f} ms vs {cpu_peer * 1e3:.2f} ms "
-        f"({cpu_ours / cpu_peer:.2f}x; clock ticks summed over the calls)"
+        f"({cpu_ours / cpu_peer:.2f}x; scheduler CPU time of all server threads, summed over the calls)"
     )
     print(f"  cold compute_mfu            {fmt(results['cold_compute_mfu_s'], 's')}")
     print(f"  cold one-tool server        {fmt(results['cold_minimal_s'], 's')}")

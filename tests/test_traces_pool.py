@@ -113,3 +113,26 @@ def test_the_pool_tells_its_workers_to_stop_on_failure_only(
     monkeypatch.setattr(pool, "_stop_event", already_set)
     with pytest.raises(DeadlineExceeded, match=r"stopped: the call that asked for it has ended"):
         analyze_many([good, good], workers=2)
+
+
+def test_this_process_reads_files_beside_its_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two cores: one worker process and a thread of this process take the files from one queue (this
+    # process would otherwise only wait). The worker's first file is handed over before the thread can
+    # take them all, and the thread takes files while the worker reads: both read some.
+    paths = []
+    for r in range(6):
+        paths.append(tmp_path / f"rank{r}.json.gz")
+        shutil.copy(PLANTED / f"slow_rank_rank{r % 2}.json.gz", paths[-1])
+    here: list[Path] = []
+    real = pool.analyze_trace
+
+    def spy(path: Path, options: AnalysisOptions) -> object:
+        here.append(path)
+        return real(path, options)
+
+    monkeypatch.setattr(pool, "analyze_trace", spy)  # this process only: the workers import their own
+    seen: list[int] = []
+    parallel = analyze_many(paths, workers=2, progress=lambda done, total, _: seen.append(done))
+    assert 1 <= len(here) < len(paths)
+    assert [p.model_dump() for p in parallel] == [real(p, AnalysisOptions()).model_dump() for p in paths]
+    assert seen == [1, 2, 3, 4, 5, 6]

@@ -103,8 +103,8 @@ def resolve_traces(raw_paths: list[str], rt: ToolRuntime) -> list[Path]:
 async def analyze_paths(paths: list[Path], inp: TraceAnalysisFields, rt: ToolRuntime) -> list[RankProfile]:
     """One `RankProfile` per file, paths shown relative to the workspace.
 
-    The reading runs off the event loop, several ranks' files in parallel worker processes
-    (`perfgate.traces.pool`), under the server's parsing deadline (one for all the files of the call);
+    The reading runs off the event loop, several ranks' files in parallel (a thread
+    and worker processes, `perfgate.traces.pool`), under the server's parsing deadline (one for all the files of the call);
     it stops at its next block when the call is cancelled.
 
     Raises:

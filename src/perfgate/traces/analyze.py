@@ -420,8 +420,8 @@ def analyze_traces(
 ) -> TraceSetReport:
     """Analyze several trace files (one per rank) and compare the ranks.
 
-    Large sets are read in parallel worker processes, one file per worker at a time
-    (`perfgate.traces.pool`), so memory holds a few traces' columns at a time plus the small per-rank
+    Large sets are read in parallel (a thread and worker processes), one file per reader at a
+    time (`perfgate.traces.pool`), so memory holds a few traces' columns at a time plus the small per-rank
     results.
 
     Raises:

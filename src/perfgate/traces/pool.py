@@ -1,12 +1,14 @@
-"""Analyze the trace files of several ranks in parallel: one worker process per core, memory bounded.
+"""Analyze the trace files of several ranks in parallel: one reader per core, memory bounded.
 
-Each worker reads and analyzes one file at a time (`analyze_trace`, streamed) and sends back only its
-small `RankProfile`. How many files are in flight at once is the smaller of the usable cores and what
-the available memory holds at the estimated peak of the largest file (`worker_count`), so a set of
-huge traces runs fewer at a time instead of exhausting memory. Workers come from a ``forkserver`` that
-has already imported the trace modules (a fork, not a fresh interpreter, per worker; no fork of a
-multi-threaded server), and the pool is closed after the call, so an idle server holds no worker's
-memory. Small sets (where starting workers costs more than it saves) are read in this process.
+Each reader reads and analyzes one file at a time (`analyze_trace`, streamed); a worker process sends
+back only its small `RankProfile`. How many files are in flight at once is the smaller of the usable
+cores and what the available memory holds at the estimated peak of the largest file (`worker_count`),
+so a set of huge traces runs fewer at a time instead of exhausting memory. One of the readers is a
+thread of this process, which would otherwise only wait: it starts at once, while the worker
+processes are forked (`_in_pool`). Workers come from a ``forkserver`` that has already imported the
+trace modules (a fork, not a fresh interpreter, per worker; no fork of a multi-threaded server), and
+the pool is closed after the call, so an idle server holds no worker's memory. Small sets (where
+starting workers costs more than it saves) are read in this process alone.
 
 A single large trace is read in parts on two cores (`analyze_split`) when a core is idle now
 (`idle_core`): a worker decodes the events after `SPLIT_AT` of the JSON while this process decodes the
@@ -35,6 +37,7 @@ import sys
 import threading
 import time
 import types
+from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -624,25 +627,40 @@ def _in_pool(
     limit: Deadline | None,
     labels: Sequence[str],
 ) -> list[RankProfile]:
+    """`analyze_many` on ``workers`` cores: ``workers - 1`` worker processes and a thread of this process
+    (`_Here`) take the files one at a time from one queue. This process would otherwise only wait; its
+    thread starts at once, while the worker processes are still being forked (or the forkserver still
+    imports the trace modules: ~0.5-1 s the first time), and a file less crosses a pipe."""
     total = len(paths)
     results: dict[int, RankProfile] = {}
     pending: dict[Future[RankProfile], int] = {}
-    queue = list(enumerate(paths))[::-1]
+    queue = deque(enumerate(paths))
     ctx = _context()
     stop = _stop_event(ctx)
+    here = _Here(queue, options, limit, labels, stop)
     pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(stop,)
+        max_workers=max(workers - 1, 1), mp_context=ctx, initializer=_init_worker, initargs=(stop,)
     )
     finished = False
     try:
-        while queue or pending:
+        here.start()
+        while queue or pending or here.busy():
             # At most `workers` files in flight: memory holds that many analyses, never the whole set.
-            while queue and len(pending) < workers:
-                i, path = queue.pop()
+            while len(pending) < workers - 1 and (taken := here.take()) is not None:
+                i, path = taken
                 with _main_not_inherited():
                     pending[pool.submit(_analyze_one, path, options, limit, labels[i])] = i
-            done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            if pending:
+                done, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            else:
+                done = set[Future[RankProfile]]()
+                here.changed.wait(0.25)
+            here.changed.clear()
             checkpoint()  # the deadline, or the tool call was cancelled
+            for i, profile in here.results():
+                results[i] = profile
+                if progress is not None:
+                    progress(len(results), total, f"analyzed {paths[i].name}")
             for future in sorted(done, key=pending.__getitem__):
                 i = pending.pop(future)
                 try:
@@ -656,8 +674,96 @@ def _in_pool(
                     progress(len(results), total, f"analyzed {paths[i].name}")
         finished = True
     finally:
-        # On failure, return at once: queued files are dropped, running workers stop at their next block.
+        # On failure, return at once: queued files are dropped, running workers (and this process's
+        # thread) stop at their next block.
         if not finished:
             stop.set()
+            here.drop()
+        here.join()
         pool.shutdown(wait=finished, cancel_futures=True)
     return [results[i] for i in range(total)]
+
+
+class _Here:
+    """The thread of `_in_pool` that analyzes files in this process: it takes them from the queue it
+    shares with the loop that feeds the worker processes, until the queue is empty or ``stop`` is set
+    (which also stops the file it reads, at its next block). ``changed`` is set at each file it ends;
+    `results` hands over the profiles read since, and raises the failure that stopped the thread."""
+
+    def __init__(
+        self,
+        queue: deque[tuple[int, Path]],
+        options: AnalysisOptions,
+        limit: Deadline | None,
+        labels: Sequence[str],
+        stop: Event,
+    ) -> None:
+        self._queue, self._options, self._limit, self._labels, self._stop = (
+            queue,
+            options,
+            limit,
+            labels,
+            stop,
+        )
+        self._lock = threading.Lock()
+        self._done: list[tuple[int, RankProfile]] = []
+        self._error: BaseException | None = None
+        self._running = True
+        self.changed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="perfgate-trace-here", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        if self._thread.ident is not None:
+            self._thread.join()
+
+    def take(self) -> tuple[int, Path] | None:
+        """The next file of the queue, None when it is empty."""
+        with self._lock:
+            return self._queue.popleft() if self._queue else None
+
+    def drop(self) -> None:
+        with self._lock:
+            self._queue.clear()
+
+    def busy(self) -> bool:
+        """Whether the thread may still hand over a profile or a failure."""
+        with self._lock:
+            return self._running or bool(self._done) or self._error is not None
+
+    def results(self) -> list[tuple[int, RankProfile]]:
+        with self._lock:
+            done, self._done = self._done, []
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+        return done
+
+    def _run(self) -> None:
+        try:
+            self._read()
+        finally:
+            with self._lock:
+                self._running = False
+            self.changed.set()
+
+    def _read(self) -> None:
+        limit = self._limit
+        seconds, ends_at = (math.inf, math.inf) if limit is None else (limit.seconds, limit.ends_at)
+        while not self._stop.is_set() and (taken := self.take()) is not None:
+            i, path = taken
+            try:
+                with deadline(
+                    seconds, self._labels[i], ends_at=ends_at, cancellable=False, stopped=self._stop.is_set
+                ):
+                    checkpoint()
+                    profile = analyze_trace(path, self._options)
+            except BaseException as exc:  # noqa: BLE001  # raised in the caller's thread by `results`
+                with self._lock:
+                    self._error = exc
+                return
+            with self._lock:
+                self._done.append((i, profile))
+            self.changed.set()
