@@ -118,9 +118,9 @@ def test_an_error_in_a_part_this_process_takes_over_reads_as_from_one_reader(tmp
 
 def test_the_worker_is_left_about_as_much_as_this_process_takes() -> None:
     chunk, block, end = 1 << 20, 1 << 20, 100 << 20
-    # Not begun yet, no skipping cost: this process takes half of what is left after the worker's batch.
+    # Not begun yet, no skipping cost: this process takes half of what the worker has left.
     cut = pool.steal_point(30 << 20, -1, end, chunk, block, 0.0)
-    assert cut is not None and abs(cut - (end + (30 << 20) + chunk) // 2) <= 1
+    assert cut is not None and abs(cut - (end + (30 << 20) + chunk // 2) // 2) <= 1
     # Skipping to the cut costs this process: the worker is left more; the join's lag: less.
     costly = pool.steal_point(30 << 20, -1, end, chunk, block, 0.1)
     lagging = pool.steal_point(30 << 20, -1, end, chunk, block, 0.0, lag=4 << 20)
