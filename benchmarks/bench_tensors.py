@@ -13,6 +13,8 @@ that contender's alone), interleaved, ``--repeats`` times, with the files in the
 - ``perfgate_tool``: the tool's ``run`` in process (comparison, BLAKE3 of every input in the same pass,
   evidence record).
 - ``perfgate``: the library, `perfgate.tensors.compare_sources` (streamed, float64 arithmetic).
+- ``perfgate_1thread``: the same on one thread (``workers=1``): the library's gain from its second thread,
+  whose chunks share the interpreter lock with the first (a quiet machine tells whether it pays).
 - ``numpy_floor``: the least any reader can do: ``np.fromfile`` of each tensor and the closeness test
   ``|c - r| <= atol + rtol * |r|`` in the tensors' own precision (float32; bf16 through ml_dtypes), no
   statistics, no hashing.
@@ -170,7 +172,7 @@ def _figures(seconds: float, cpu_at_start: float, baseline_kib: int, nbytes: int
     }
 
 
-def worker_perfgate(ref: Path, cand: Path) -> dict[str, Any]:
+def worker_perfgate(ref: Path, cand: Path, workers: int | None = None) -> dict[str, Any]:
     from perfgate.tensors import CompareOptions, compare_sources, open_tensor_source
 
     if ref.is_dir():  # bfloat16: imports are outside every contender's time (the peer's torch too)
@@ -181,10 +183,14 @@ def worker_perfgate(ref: Path, cand: Path) -> dict[str, Any]:
     start = time.perf_counter()
     atol, rtol = tolerances(ref)
     with open_tensor_source(ref) as r, open_tensor_source(cand) as c:
-        report = compare_sources(r, c, CompareOptions(atol=atol, rtol=rtol))
+        report = compare_sources(r, c, CompareOptions(atol=atol, rtol=rtol, workers=workers))
     seconds = time.perf_counter() - start
     assert report.status == "match", report.summary
     return _figures(seconds, cpu, baseline, report.bytes_read)
+
+
+def worker_perfgate_1thread(ref: Path, cand: Path) -> dict[str, Any]:
+    return worker_perfgate(ref, cand, workers=1)
 
 
 def worker_perfgate_tool(ref: Path, cand: Path) -> dict[str, Any]:
@@ -341,6 +347,7 @@ WORKERS = {
     "mcp_cold": worker_mcp_cold,
     "perfgate_tool": worker_perfgate_tool,
     "perfgate": worker_perfgate,
+    "perfgate_1thread": worker_perfgate_1thread,
     "numpy_floor": worker_numpy_floor,
     "torch": worker_torch,
 }

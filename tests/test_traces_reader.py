@@ -7,7 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from perfgate.traces import TraceFormatError, TraceStream, TraceTooLargeError, isal_available
 from perfgate.traces._events import decode_args
@@ -271,3 +274,28 @@ def test_an_array_of_other_values_is_still_cut_between_them(tmp_path: Path) -> N
     path.write_text('{"traceEvents": [' + body + ', {"ph": "X", "name": "b", "ts": 0, "dur": 1}]}')
     stream = TraceStream(path, chunk_bytes=512, read_block=512)
     assert sum(len(b) for b in stream.batches()) == 301 and stream.lenient_skipped == 300
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.integers(-(2**53), 2**53),  # exact as floats (the column reads ints through float64)
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.sampled_from(["7", "0x0", "-3", "1.5", "", "x"]),
+        ),
+        max_size=12,
+    ),
+    st.booleans(),
+)
+def test_arg_columns_convert_each_value_as_one_by_one(values: list[Any], absent: bool) -> None:
+    from perfgate.traces import table
+
+    if absent:  # an arg no event of the batch has: the shortcut
+        values = [None] * len(values)
+    floats = np.array([table._to_float(v) for v in values], np.float64)  # pyright: ignore[reportPrivateUsage]
+    ints = np.array([table._to_int(v) for v in values], np.int64)  # pyright: ignore[reportPrivateUsage]
+    got_floats = table._floats(values)  # pyright: ignore[reportPrivateUsage]
+    got_ints = table._ints(values)  # pyright: ignore[reportPrivateUsage]
+    assert got_floats.dtype == np.float64 and np.array_equal(got_floats, floats, equal_nan=True)
+    assert got_ints.dtype == np.int64 and np.array_equal(got_ints, ints)

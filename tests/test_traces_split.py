@@ -89,14 +89,19 @@ def test_three_parts_meeting_anywhere_build_the_table_of_one_reader() -> None:
     # to the end. Where the worker stops is fixed here (in a call it is decided while both read), so
     # every join is checked whatever the machine's load; near the end the worker's last batch begins
     # before `then` and it reads to the end itself.
-    path = PLANTED / "slow_rank_rank1.json.gz"
     rng = random.Random(23)
-    pairs = [(at, rng.uniform(at + 0.05, 0.95)) for at in (rng.uniform(0.02, 0.7) for _ in range(6))]
+    pairs = [(at, rng.uniform(at + 0.05, 0.95)) for at in (rng.uniform(0.02, 0.7) for _ in range(8))]
     taken = 0
-    for at, then in [*pairs, (0.3, 0.9999), (0.3, 1.0)]:
-        read = pool.load_split(path, SMALL_BATCHES, at=at, then=then)
-        assert read is not None, (at, then)
-        _same_tables(path, SMALL_BATCHES, read)
+    for k, (at, then) in enumerate([*pairs, (0.3, 0.9999), (0.3, 1.0)]):
+        path = PLANTED / ("slow_rank_rank1.json.gz", "eval_in_step_rank0.json.gz")[k % 2]
+        # Batches and read blocks of several sizes, so the parts meet at other places in the events.
+        options = AnalysisOptions(
+            chunk_bytes=rng.choice([1 << 10, 3000, 1 << 12, 1 << 14]),
+            read_block_bytes=rng.choice([777, 1 << 12, 1 << 13]),
+        )
+        read = pool.load_split(path, options, at=at, then=then)
+        assert read is not None, (at, then, options)
+        _same_tables(path, options, read)
         taken += read[1].resume_meet is not None
     assert taken >= len(pairs)  # this process did read a last part after the worker's, at each pair
 
@@ -118,9 +123,9 @@ def test_an_error_in_a_part_this_process_takes_over_reads_as_from_one_reader(tmp
 
 def test_the_worker_is_left_about_as_much_as_this_process_takes() -> None:
     chunk, block, end = 1 << 20, 1 << 20, 100 << 20
-    # Not begun yet, no skipping cost: this process takes half of what is left after the worker's batch.
+    # Not begun yet, no skipping cost: this process takes half of what the worker has left.
     cut = pool.steal_point(30 << 20, -1, end, chunk, block, 0.0)
-    assert cut is not None and abs(cut - (end + (30 << 20) + chunk) // 2) <= 1
+    assert cut is not None and abs(cut - (end + (30 << 20) + chunk // 2) // 2) <= 1
     # Skipping to the cut costs this process: the worker is left more; the join's lag: less.
     costly = pool.steal_point(30 << 20, -1, end, chunk, block, 0.1)
     lagging = pool.steal_point(30 << 20, -1, end, chunk, block, 0.0, lag=4 << 20)
@@ -234,6 +239,30 @@ def test_a_worker_that_began_elsewhere_is_not_used(tmp_path: Path) -> None:
         assert read[0].names == one.names
     assert outcomes == {"joined", "read again in one piece"}
     assert pool.analyze_split(path, options).model_dump() == analyze_trace(path, options).model_dump()
+
+
+def test_a_last_part_that_began_elsewhere_than_the_worker_stopped_is_not_used(tmp_path: Path) -> None:
+    # As above, for where this process takes over from the worker: its guessed cuts from where its
+    # first part ended to where the worker stops fall inside names at some offsets.
+    events: list[dict[str, object]] = []
+    for i in range(300):
+        events.append({"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}}}, {{" + "y" * 300, "ts": i * 10,
+                       "dur": 5, "tid": 1, "pid": 1})  # fmt: skip
+        events.append({"ph": "X", "cat": "kernel", "name": f"k{i % 5}", "ts": i * 10 + 1, "dur": 3, "tid": 7,
+                       "pid": 0, "args": {"stream": 7, "correlation": i, "device": 0}})  # fmt: skip
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}, separators=(", ", ": ")))
+    options = AnalysisOptions(chunk_bytes=1 << 10, read_block_bytes=1 << 10)
+    assert pool.load_split(path, options, at=0.1, then=1.0) is not None  # the worker began right there
+    outcomes: set[str] = set()
+    for then in (0.3, 0.42, 0.5, 0.55, 0.61, 0.7, 0.78, 0.85):
+        read = pool.load_split(path, options, at=0.1, then=then)
+        if read is None:
+            outcomes.add("read again in one piece")
+            continue
+        _same_tables(path, options, read)
+        outcomes.add("joined")
+    assert outcomes == {"joined", "read again in one piece"}
 
 
 def test_the_deadline_holds_in_both_parts_and_the_worker_is_told_to_stop(

@@ -153,11 +153,18 @@ def _dots(a: np.ndarray, b: np.ndarray, complex_values: bool) -> tuple[float, fl
     )
 
 
+@functools.cache
+def _is_bfloat16(dtype: np.dtype[Any]) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16 (by name: ml_dtypes need not be imported); remembered per
+    dtype, as ``str(dtype)`` runs Python code in numpy on every call."""
+    return str(dtype) == "bfloat16"
+
+
 def _widen(values: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
     """``out[:] = values`` as float64 (complex128): exact for every input type. bfloat16 is the top half of
     a float32 with the same bits: shifting its bits into place (widened to 32 bits inside the shift's own
     loop) is exact and four times faster than the element-wise conversion loop of ml_dtypes."""
-    if values.dtype.itemsize == 2 and str(values.dtype) == "bfloat16" and not np.iscomplexobj(out):
+    if values.dtype.itemsize == 2 and out.dtype.kind != "c" and _is_bfloat16(values.dtype):
         bits: Any = scratch.bits[: values.shape[0]]
         np.left_shift(cast("Any", values).view(np.uint16), 16, out=bits, dtype=np.uint32)
         np.copyto(out, bits.view(np.float32))

@@ -63,7 +63,7 @@ from perfgate.traces.analyze import (
 )
 from perfgate.traces.errors import TraceError, TraceTooLargeError
 from perfgate.traces.models import RankProfile
-from perfgate.traces.reader import TraceStream
+from perfgate.traces.reader import TraceStream, isal_available
 from perfgate.traces.table import EventTable, TableBuilder
 
 __all__ = [
@@ -99,9 +99,10 @@ SPLIT_AT = 0.3
 """Where this process's first part ends, as a fraction of the JSON: well before the middle, so that this
 process almost always gets there before the worker (which starts later and first decompresses the part
 before its own) is done; it then takes the end of what the worker has left (`steal_point`)."""
-SKIP_COST = {True: 0.1, False: 0.02}
+SKIP_COST = {"isal": 0.06, "zlib": 0.15, "plain": 0.02}
 """CPU to skip a byte of JSON (decompress it and find where batches end) per CPU to read it (decode it
-into the table), for gzip and plain files (measured on the shared traces: 0.05-0.16 with gzip)."""
+into the table): gzip files with python-isal (measured on the shared traces: 0.05-0.08) or zlib, and
+plain JSON."""
 _NEVER = 1 << 62
 _WORKER_AT, _HALT_AT = 0, 1
 _WORKER_BASE_BYTES = 120 << 20
@@ -230,6 +231,13 @@ def _worker_halts(at: int) -> bool:
         return False
 
 
+def _skipping(stream: TraceStream, options: AnalysisOptions) -> str:
+    """How an open stream decompresses (a key of `SKIP_COST`), as `TraceStream` chose when it opened."""
+    if not stream.compressed:
+        return "plain"
+    return "isal" if options.decompressor != "zlib" and isal_available() else "zlib"
+
+
 def steal_point(
     at: int, worker_at: int, end: int, chunk: int, block: int, skip_cost: float, lag: int = 0
 ) -> int | None:
@@ -238,14 +246,14 @@ def steal_point(
     ``end`` bytes of JSON read in batches of ``chunk`` bytes (plus up to a ``block``). None when the rest
     is not worth sharing (under one batch for this process).
 
-    The worker is taken to be half a batch into its batch; ``lag``: the bytes this process reads while
+    The worker is taken to be half a chunk into its batch; ``lag``: the bytes this process reads while
     the worker's part travels back and is joined. This process skips from ``at`` to the returned offset
     (``skip_cost`` of the CPU reading costs, per byte) and reads from there to the end, in about the time
     the worker reads up to it and hands its part over: ``s - now + lag = skip_cost * (s - at) + end - s``.
     The worker stops before its first batch at or after the offset, where this process begins again.
     """
     begun = max(worker_at, at)
-    now = begun + (chunk + block) // 2
+    now = begun + chunk // 2
     cut = int((end + now - lag - skip_cost * at) / (2 - skip_cost))
     if cut <= begun or end - cut < chunk:
         return None
@@ -486,7 +494,7 @@ def load_split(
                 end,
                 options.chunk_bytes,
                 options.read_block_bytes,
-                SKIP_COST[stream.compressed],
+                SKIP_COST[_skipping(stream, options)],
                 int(_JOIN_S * reached / max(time.monotonic() - started, 1e-3)),
             )
             if cut_at is not None:

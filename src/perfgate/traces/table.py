@@ -133,6 +133,9 @@ def _to_float(value: Scalar) -> float:
 
 def _floats(values: list[Scalar]) -> F64:
     """Column of numeric args (NaN when absent); numpy converts numbers and None in one C loop."""
+    n = len(values)
+    if n and values[0] is None and values.count(None) == n:  # an arg no event of the batch has
+        return np.full(n, np.nan)
     if str not in set(map(type, values)):
         try:
             return np.array(values, np.float64)
@@ -143,6 +146,9 @@ def _floats(values: list[Scalar]) -> F64:
 
 def _ints(values: list[Scalar]) -> I64:
     """Column of integer args, -1 when absent or not an integer (``"0x0"`` streams, as HTA does)."""
+    n = len(values)
+    if n and values[0] is None and values.count(None) == n:
+        return np.full(n, -1, np.int64)
     if str not in set(map(type, values)):
         as_float = _floats(values)
         # Absent (NaN) or beyond int64 (a corrupt file) both read as -1, never as a wrapped number.
