@@ -549,7 +549,8 @@ def _connection(db_path: Path) -> _Connection:
 class Ledger:
     """The append-only evidence store of one workspace.
 
-    Methods are synchronous and cheap; call them from a worker thread in async code. Every `Ledger` on
+    Methods are synchronous and cheap; call them from a worker thread in async code (tool calls hand their
+    appends to the process's ledger thread: `perfgate.evidence._writer.run_in_ledger_thread`). Every `Ledger` on
     a database shares its process's one connection under a lock, and writers serialize on SQLite's
     lock, so one `Ledger` is safe to share between threads and processes. ``trust`` is where the signing
     key and the anchor live (default: `TrustRoot.locate` from the environment).
