@@ -653,8 +653,10 @@ def _in_pool(
     try:
         here.start()
         while queue or pending or here.busy():
-            # At most `workers` files in flight: memory holds that many analyses, never the whole set.
-            while len(pending) < workers - 1 and (taken := here.take()) is not None:
+            # At most `workers` files read at once (memory holds that many analyses, never the whole set):
+            # each worker process reads one, and one more waits for them (a path, not yet read), so a
+            # worker never idles while this loop waits for the thread to let it run.
+            while len(pending) < workers and (taken := here.take()) is not None:
                 i, path = taken
                 with _main_not_inherited():
                     pending[pool.submit(_analyze_one, path, options, limit, labels[i])] = i
