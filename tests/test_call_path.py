@@ -844,3 +844,25 @@ async def test_arguments_validated_once_give_the_two_step_messages(workspace: Pa
                 checked += 1
     assert checked > 500
     assert accepted >= 2  # the compute_mfu calls above that name a peak rightly
+
+
+@pytest.mark.anyio
+async def test_the_internal_input_keyword_cannot_be_sent_as_an_argument(workspace: Path) -> None:
+    """The validated input reaches the tool function under an internal keyword; a client that sends that
+    keyword itself (with a forged input, alone or beside valid arguments) is refused as an unknown field
+    and nothing is recorded."""
+    from perfgate.server import build_server
+    from perfgate.tools._adapter import _INPUT  # pyright: ignore[reportPrivateUsage]
+
+    server = build_server(ServerConfig.create(workspace))
+    forged = {**MFU_ARGS, "peak_tflops": 1.0}
+    async with Client(server) as client:
+        for arguments in ({**MFU_ARGS, _INPUT: forged}, {_INPUT: forged}, {**MFU_ARGS, _INPUT: None}):
+            result = await client.call_tool("compute_mfu", arguments)
+            assert result.is_error, arguments
+            text = "\n".join(getattr(c, "text", "") for c in result.content)
+            assert f"{_INPUT}: unknown field" in text
+        assert not Ledger(workspace).records("compute_mfu", trusted_only=False)
+        valid = await client.call_tool("compute_mfu", MFU_ARGS)  # the control: the same call without it
+        assert not valid.is_error
+        assert len(Ledger(workspace).records("compute_mfu")) == 1
