@@ -100,6 +100,7 @@ async def test_bad_input_gets_a_clear_error_and_no_record(
 
 
 async def test_parallel_calls_each_get_their_own_record(server: Any, workspace: Path, mode: str) -> None:
+    # Concurrent appends: one through the ledger thread, the others (it is busy) through anyio's pool.
     import anyio
 
     ids: list[str] = []
@@ -120,6 +121,7 @@ async def test_parallel_calls_each_get_their_own_record(server: Any, workspace: 
                 tg.start_soon(one, i)
     ledger = Ledger(workspace)
     assert sorted(r.id for r in ledger.records()) == sorted(ids)
+    assert len(set(ids)) == 12
     assert ledger.verify().ok
 
 

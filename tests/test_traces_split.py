@@ -212,10 +212,10 @@ def test_one_large_trace_is_split_only_on_an_idle_machine(
     assert calls == [path]
 
 
-def test_a_worker_that_began_elsewhere_is_not_used(tmp_path: Path) -> None:
-    # Names holding "}, {" (which the worker's guessed cuts take for the end of an event) followed by a
-    # long tail: at some meeting points the worker begins inside a string, at others its guesses met
-    # the true cuts again. Either way the table is one reader's.
+def _names_like_cuts(tmp_path: Path) -> Path:
+    """A trace whose names hold "}, {" (which a skipping reader's guessed cuts take for the end of an
+    event) followed by a long tail: at some offsets the guesses fall inside a string, at others they meet
+    the true cuts again."""
     events: list[dict[str, object]] = []
     for i in range(300):
         events.append({"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}}}, {{" + "y" * 300, "ts": i * 10,
@@ -224,6 +224,13 @@ def test_a_worker_that_began_elsewhere_is_not_used(tmp_path: Path) -> None:
                        "pid": 0, "args": {"stream": 7, "correlation": i, "device": 0}})  # fmt: skip
     path = tmp_path / "rank0.json"
     path.write_text(json.dumps({"traceEvents": events}, separators=(", ", ": ")))
+    return path
+
+
+def test_a_worker_that_began_elsewhere_is_not_used(tmp_path: Path) -> None:
+    # At some meeting points the worker begins inside a name, at others where one reader cuts; either
+    # way the table is one reader's.
+    path = _names_like_cuts(tmp_path)
     options = AnalysisOptions(chunk_bytes=1 << 10, read_block_bytes=1 << 10)
     one, _, _ = load_table(path, options)
     outcomes: set[str] = set()
@@ -244,14 +251,7 @@ def test_a_worker_that_began_elsewhere_is_not_used(tmp_path: Path) -> None:
 def test_a_last_part_that_began_elsewhere_than_the_worker_stopped_is_not_used(tmp_path: Path) -> None:
     # As above, for where this process takes over from the worker: its guessed cuts from where its
     # first part ended to where the worker stops fall inside names at some offsets.
-    events: list[dict[str, object]] = []
-    for i in range(300):
-        events.append({"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}}}, {{" + "y" * 300, "ts": i * 10,
-                       "dur": 5, "tid": 1, "pid": 1})  # fmt: skip
-        events.append({"ph": "X", "cat": "kernel", "name": f"k{i % 5}", "ts": i * 10 + 1, "dur": 3, "tid": 7,
-                       "pid": 0, "args": {"stream": 7, "correlation": i, "device": 0}})  # fmt: skip
-    path = tmp_path / "rank0.json"
-    path.write_text(json.dumps({"traceEvents": events}, separators=(", ", ": ")))
+    path = _names_like_cuts(tmp_path)
     options = AnalysisOptions(chunk_bytes=1 << 10, read_block_bytes=1 << 10)
     assert pool.load_split(path, options, at=0.1, then=1.0) is not None  # the worker began right there
     outcomes: set[str] = set()
