@@ -143,8 +143,9 @@ class TrustRoot:
 
     def key(self) -> SigningKey | None:
         """The current signing key, or None when there is none (never created, or lost)."""
+        path = self.key_dir / _KEY_FILE
         try:
-            text = (self.key_dir / _KEY_FILE).read_text().strip()
+            text = path.read_text().strip()
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -152,9 +153,15 @@ class TrustRoot:
                 f"cannot read the signing key in {self.key_dir}: {exc.strerror or exc}"
             ) from exc
         try:
-            return SigningKey(bytes.fromhex(text))
-        except ValueError as exc:
-            raise TrustRootError(f"the signing key {self.key_dir / _KEY_FILE} is corrupt") from exc
+            secret = bytes.fromhex(text)
+        except ValueError:
+            secret = b""
+        if len(secret) != KEY_BYTES:  # never sign with a short (or empty) key
+            raise TrustRootError(
+                f"the signing key {path} is corrupt (not {KEY_BYTES} bytes in hex). Records it signed can no "
+                "longer be verified: move the file aside and the next append creates a new key"
+            )
+        return SigningKey(secret)
 
     def retired_key_ids(self) -> set[str]:
         """Ids of keys this trust root once had (so 'signed by a lost key' can be told from 'forged')."""
@@ -167,20 +174,26 @@ class TrustRoot:
     def ensure_key(self) -> SigningKey:
         """The current key, created now when there is none (a first start, or after a key loss).
 
+        The key is written in full to a private temporary file and then linked into place, so a process
+        racing this one sees either no key or the whole key, and exactly one of them creates it.
+
         Raises:
             TrustRootError: the trust root is not writable by this user.
         """
         key = self.key()
         if key is not None:
             return key
+        path = self.key_dir / _KEY_FILE
+        tmp = path.with_name(f".{_KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
         try:
             _private_dir(self.key_dir)
             fresh = SigningKey(secrets.token_bytes(KEY_BYTES))
-            fd = os.open(self.key_dir / _KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(fresh.secret.hex() + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+            os.link(tmp, path)  # fails when another process's key got there first
             with (self.key_dir / "history").open("a") as f:
                 f.write(fresh.key_id + "\n")
         except FileExistsError:
@@ -192,6 +205,9 @@ class TrustRoot:
                 f"cannot create the signing key in {self.key_dir}: {exc.strerror or exc}. The trust root must "
                 "belong to the operator (set PERFGATE_STATE_DIR or --state-dir to a directory you own)"
             ) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         return fresh
 
     # ------------------------------------------------------------------ per-workspace state
