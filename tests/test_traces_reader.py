@@ -280,9 +280,29 @@ def test_an_array_of_other_values_is_still_cut_between_them(tmp_path: Path) -> N
     st.lists(
         st.one_of(
             st.none(),
-            st.integers(-(2**53), 2**53),  # exact as floats (the column reads ints through float64)
+            st.integers(-(2**53), 2**53),
+            # Beyond float64's exact integers, near and beyond int64's ends: exact, or absent and reported.
+            st.integers(2**53 - 2, 2**53 + 2),
+            st.integers(-(2**53) - 2, -(2**53) + 2),
+            st.integers(2**63 - 2, 2**63 + 1),
+            st.integers(-(2**63) - 1, -(2**63) + 2),
+            st.integers(-(2**80), 2**80),
             st.floats(allow_nan=True, allow_infinity=True),
-            st.sampled_from(["7", "0x0", "-3", "1.5", "", "x"]),
+            st.sampled_from(
+                [
+                    "7",
+                    "0x0",
+                    "-3",
+                    "1.5",
+                    "",
+                    "x",
+                    "9007199254740993",
+                    "18446744073709551615",
+                    " 00000000000000000000000000012 ",
+                    "-9223372036854775809",
+                    "1" * 30,
+                ]
+            ),
         ),
         max_size=12,
     ),
@@ -296,6 +316,12 @@ def test_arg_columns_convert_each_value_as_one_by_one(values: list[Any], absent:
     floats = np.array([table._to_float(v) for v in values], np.float64)  # pyright: ignore[reportPrivateUsage]
     ints = np.array([table._to_int(v) for v in values], np.int64)  # pyright: ignore[reportPrivateUsage]
     got_floats = table._floats(values)  # pyright: ignore[reportPrivateUsage]
-    got_ints = table._ints(values)  # pyright: ignore[reportPrivateUsage]
+    unheld: list[Any] = []
+    got_ints = table._ints(values, unheld)  # pyright: ignore[reportPrivateUsage]
     assert got_floats.dtype == np.float64 and np.array_equal(got_floats, floats, equal_nan=True)
     assert got_ints.dtype == np.int64 and np.array_equal(got_ints, ints)
+    # Every int64 is held exactly; what no int64 holds is reported, in row order, never wrapped.
+    for got, value in zip(got_ints.tolist(), values, strict=True):
+        if isinstance(value, int):
+            assert got == (value if -(2**63) <= value < 2**63 else -1)
+    assert unheld == [v for v in values if table.beyond_int64(v)]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TABLE_LIMIT", "unique_counts", "unique_inverse", "unique_values"]
+__all__ = ["TABLE_LIMIT", "pair_keys", "unique_counts", "unique_inverse", "unique_values"]
 
 I64 = npt.NDArray[np.int64]
 
@@ -68,3 +68,20 @@ def unique_counts(key: npt.NDArray[np.integer[Any]]) -> tuple[I64, I64]:
     counts = np.bincount(np.subtract(key, lo, dtype=np.int64), minlength=span)
     present = np.flatnonzero(counts)
     return present + lo, counts[present].astype(np.int64)
+
+
+def pair_keys(major: npt.NDArray[np.integer[Any]], minor: npt.NDArray[np.integer[Any]]) -> I64:
+    """One int64 key per (major, minor) pair (a stream: (device, stream id)): equal exactly when both are,
+    ordered as the pairs are. Never wraps or collides, whatever ids a trace holds: a mixed-radix number
+    over the ids' ranges when it fits, else the pairs' ranks."""
+    if major.size == 0:
+        return np.empty(0, np.int64)
+    lo, hi = int(major.min()), int(major.max())
+    minor_lo, minor_hi = int(minor.min()), int(minor.max())
+    width = minor_hi - minor_lo + 1
+    if (hi - lo + 1) * width <= 1 << 62:
+        high = np.subtract(major, lo, dtype=np.int64) * width
+        key: I64 = high + np.subtract(minor, minor_lo, dtype=np.int64)
+        return key
+    _, ranks = np.unique(np.stack([major, minor], axis=1), axis=0, return_inverse=True)
+    return ranks.astype(np.int64).ravel()

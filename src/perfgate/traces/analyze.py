@@ -242,8 +242,21 @@ def _device_name(header: Header, table: EventTable, backend: Backend) -> str:
     return {"cpu": "CPU", "unknown": "unknown device"}.get(backend, backend.upper())
 
 
+_UNHELD_MEANS = {
+    "correlation": "their kernels and runtime calls are not paired with each other (launch statistics omit them)",
+    "stream": "their stream is unknown (a cuda_sync among them counts as a host wait)",
+    "device": "their device is unknown",
+}
+
+
 def _warnings(table: EventTable, device_events: int, prepared: Prepared, stream: TraceStream) -> list[str]:
     out: list[str] = []
+    # First: a wrong id would pair kernels with the wrong launch; these events are unpaired instead.
+    for arg, (count, first) in table.unheld_ints.items():
+        out.append(
+            f"args.{arg} of {count} events is beyond the 64-bit integer range (e.g. {first}): it cannot "
+            f"be held exactly and is read as absent, so {_UNHELD_MEANS.get(arg, 'those events lack it')}"
+        )
     if device_events == 0:
         out.append(
             "no device activity in this trace (a CPU-only capture, or device activities were not enabled): "

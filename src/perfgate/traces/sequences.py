@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from perfgate.traces._group import pair_keys
 from perfgate.traces._np import int_list
 from perfgate.traces.models import KernelSequence
 from perfgate.traces.prepare import KIND_CODES, Prepared
@@ -26,7 +27,7 @@ def frequent_sequences(p: Prepared, k: int = 5, min_count: int = 2) -> list[Kern
     if len(dev) < 2 or len(p.table.names) >= 1 << _BITS:
         return []
     compute = dev.i("kind") == KIND_CODES["compute"]
-    stream = (dev.i("device") * 1_000_003 + dev.i("stream"))[compute]
+    stream = pair_keys(dev.i("device"), dev.i("stream"))[compute]
     ts, dur, name = dev.f("ts")[compute], dev.f("dur")[compute], dev.i("name")[compute]
     order = np.lexsort((ts, stream))
     stream, dur, name = stream[order], dur[order], name[order]

@@ -7,9 +7,12 @@ per kept event. All times are microseconds as written in the trace.
 
 Columns are as narrow as their values allow: times, durations and byte counts stay float64 (they are
 written with nanosecond fractions and results must not depend on the storage), interned ids are
-int32, flags and small codes int8. Columns that are empty for almost every event (profiler FLOPs, the
-work of shape ops, byte counts of host calls) are stored sparsely: the rows that hold a value and the
-values (`SparseColumn`), expanded only while an analysis reads them.
+int32, flags and small codes int8. Raw ids (correlation, stream, device) are int64, read exactly
+(`_ints`: never through a float, which merges ids above 2**53); one that no int64 holds reads as
+absent and is counted in `EventTable.unheld_ints`, for the analysis to say so. Columns that are empty
+for almost every event (profiler FLOPs, the work of shape ops, byte counts of host calls) are stored
+sparsely: the rows that hold a value and the values (`SparseColumn`), expanded only while an analysis
+reads them.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "Ints",
     "SparseColumn",
     "TableBuilder",
+    "beyond_int64",
 ]
 
 F64 = npt.NDArray[np.float64]
@@ -99,10 +103,21 @@ _DIRECTIONS: dict[str, int] = {
 }
 
 
+_INT64_LO, _INT64_END = -(2**63), 2**63
+_EXACT = 2.0**53
+"""Integers of smaller magnitude are exact as float64: a column of mixed ints and floats is converted
+through float64 and only its values at or beyond this magnitude are read again, exactly, from the args."""
+_DECIMAL = re.compile(r"\s*([+-]?)0*(\d+)\s*", re.ASCII)
+
+
 def _to_int(value: Scalar, default: int = -1) -> int:
-    """An integer arg as HTA reads it: ints and integral strings; anything else is ``default``."""
+    """An integer arg as HTA reads it: ints and integral strings; anything else is ``default``.
+
+    Integers are exact at any magnitude; one outside int64 is ``default`` (`beyond_int64` tells it from
+    a value that is no integer at all).
+    """
     if isinstance(value, int):
-        return value if -(2**63) <= value < 2**63 else default
+        return value if _INT64_LO <= value < _INT64_END else default
     if isinstance(value, float):
         return int(value) if abs(value) < 2.0**63 else default  # also NaN (comparisons are False)
     if isinstance(value, str):
@@ -112,8 +127,22 @@ def _to_int(value: Scalar, default: int = -1) -> int:
             parsed = int(value)
         except ValueError:
             return default
-        return parsed if -(2**63) <= parsed < 2**63 else default
+        return parsed if _INT64_LO <= parsed < _INT64_END else default
     return default
+
+
+def beyond_int64(value: Scalar) -> bool:
+    """Whether an arg is a number no int64 holds: an integer or decimal string outside int64's range, or
+    a float beyond it (or infinite). `_to_int` reads it as absent; the analysis must say so."""
+    if isinstance(value, int):
+        return not _INT64_LO <= value < _INT64_END
+    if isinstance(value, float):
+        return abs(value) >= 2.0**63  # NaN: False
+    if isinstance(value, str):
+        match = _DECIMAL.fullmatch(value)
+        # 20 significant digits are beyond int64 already: a longer string is never converted whole.
+        return match is not None and not _INT64_LO <= int(match[1] + match[2][:20]) < _INT64_END
+    return False
 
 
 def _to_float(value: Scalar) -> float:
@@ -144,17 +173,50 @@ def _floats(values: list[Scalar]) -> F64:
     return np.array([_to_float(v) for v in values], np.float64)
 
 
-def _ints(values: list[Scalar]) -> I64:
-    """Column of integer args, -1 when absent or not an integer (``"0x0"`` streams, as HTA does)."""
+def _ints(values: list[Scalar], unheld: list[Scalar] | None = None) -> I64:
+    """Column of integer args, exact: -1 when absent or not an integer (``"0x0"`` streams, as HTA does).
+
+    A number no int64 holds (`beyond_int64`) is -1 too, and appended to ``unheld`` for the analysis to
+    report: never a wrapped or rounded id.
+    """
     n = len(values)
     if n and values[0] is None and values.count(None) == n:
         return np.full(n, -1, np.int64)
-    if str not in set(map(type, values)):
-        as_float = _floats(values)
-        # Absent (NaN) or beyond int64 (a corrupt file) both read as -1, never as a wrapped number.
-        unusable = np.isnan(as_float) | (np.abs(as_float) >= 2.0**63)
-        return np.where(unusable, -1, as_float).astype(np.int64)
-    return np.array([_to_int(v) for v in values], np.int64)
+    # One C pass finds the values' common type and converts them: int64 when every value is an int
+    # that int64 holds (the usual column), exact.
+    found = np.array(values)
+    if found.dtype == np.int64:
+        return found  # pyright: ignore[reportReturnType]
+    kind = found.dtype.kind
+    if kind == "f" or (kind == "O" and str not in set(map(type, values))):
+        # Floats among the ints, or absent values: through float64, exact below 2**53 (and NaN for
+        # absent); only the rows beyond are read again from the values.
+        try:
+            as_float = found if kind == "f" else np.array(values, np.float64)
+        except OverflowError:  # an int beyond any float
+            return _ints_one_by_one(values, unheld)
+        magnitude = np.abs(as_float)
+        exact = magnitude < _EXACT  # NaN: False
+        if exact.all():
+            return as_float.astype(np.int64)
+        out = np.where(exact, as_float, -1).astype(np.int64)
+        for i in int_list(np.flatnonzero(magnitude >= _EXACT)):
+            value = values[i]
+            out[i] = _to_int(value)
+            if unheld is not None and out[i] == -1 and beyond_int64(value):
+                unheld.append(value)
+        return out
+    # Strings, or ints beyond int64 (numpy found uint64 or Python objects).
+    return _ints_one_by_one(values, unheld)
+
+
+def _ints_one_by_one(values: list[Scalar], unheld: list[Scalar] | None) -> I64:
+    out = np.array([_to_int(v) for v in values], np.int64)
+    if unheld is not None:
+        for i in int_list(np.flatnonzero(out == -1)):
+            if beyond_int64(values[i]):
+                unheld.append(values[i])
+    return out
 
 
 def _directions(args: list[EventArgs]) -> Ints:
@@ -379,7 +441,9 @@ class EventTable:
     corr, tid. ``cpu``: operators and annotations with ts, dur, flops, name, cat, tid, and ``grad``
     (1 when the op carries an autograd ``Sequence number``: it ran with grad mode on).
     ``float_timestamps``: some kept event's ``ts`` is written as a float; HTA then rounds every event
-    of the trace to whole microseconds.
+    of the trace to whole microseconds. ``unheld_ints``: for each integer arg (``correlation``,
+    ``stream``, ``device``) that some events hold beyond int64 (`beyond_int64`): how many, and one such
+    value as written (the first noted); those events read as absent (-1), and the analysis says so.
     """
 
     device: Columns
@@ -393,6 +457,7 @@ class EventTable:
     complete_count: int
     float_timestamps: bool
     dropped_without_time: int
+    unheld_ints: dict[str, tuple[int, str]] = field(default_factory=dict[str, tuple[int, str]])
 
     def release(self) -> None:
         """Drop the event columns (names, categories and counts stay)."""
@@ -420,6 +485,19 @@ class TableBuilder:
     _complete: int = 0
     _float_ts: bool = False
     _dropped: int = 0
+    _unheld: dict[str, tuple[int, str]] = field(default_factory=dict[str, tuple[int, str]])
+
+    def _note_unheld(self, arg: str, values: list[Scalar]) -> None:
+        """Count the values of ``arg`` that no int64 holds (read as absent); keep the first noted, as written."""
+        if values:
+            count, first = self._unheld.get(arg, (0, str(values[0])[:40]))
+            self._unheld[arg] = (count + len(values), first)
+
+    def _int_column(self, args: list[EventArgs], arg: str, get: attrgetter[Scalar]) -> I64:
+        unheld: list[Scalar] = []
+        column = _ints(list(map(get, args)), unheld)
+        self._note_unheld(arg, unheld)
+        return column
 
     def _route_of(self, cat: str) -> int:
         route = self._route.get(cat)
@@ -504,6 +582,8 @@ class TableBuilder:
             sync_args = decode_args(batch.args(syncs))
             stray = np.array([_to_int(a.stream) < 0 for a in sync_args], bool)
             if stray.any():
+                # Host waits keep no stream column: a stream no int64 holds is reported here.
+                self._note_unheld("stream", [a.stream for a in sync_args if beyond_int64(a.stream)])
                 rows[_DEVICE] = np.setdiff1d(device, syncs[stray], assume_unique=True)
                 extra[_HOST].append(syncs[stray])
         unknown = np.flatnonzero(codes == _UNKNOWN)
@@ -511,9 +591,13 @@ class TableBuilder:
             routed: list[int] = []
             for a in decode_args(batch.args(unknown)):
                 corr = _to_int(a.correlation)
-                routed.append(
-                    _DEVICE if corr >= 0 and _to_int(a.stream) >= 0 else _HOST if corr >= 0 else _CPU
-                )
+                stream = _to_int(a.stream)
+                routed.append(_DEVICE if corr >= 0 and stream >= 0 else _HOST if corr >= 0 else _CPU)
+                # Routed as absent, into a table without that column (the device table reports its own).
+                if corr < 0 and beyond_int64(a.correlation):
+                    self._note_unheld("correlation", [a.correlation])
+                if stream < 0 and beyond_int64(a.stream):
+                    self._note_unheld("stream", [a.stream])
             to = np.array(routed, np.int8)
             for code in extra:
                 extra[code].append(unknown[to == code])
@@ -533,9 +617,9 @@ class TableBuilder:
     def _device_columns(self, batch: _Batch, rows: I64) -> Columns:
         data = self._common(batch, rows)
         args = decode_args(batch.args(rows))
-        data["stream"] = _ints(list(map(_GET_STREAM, args)))
-        data["corr"] = _ints(list(map(_GET_CORR, args)))
-        data["device"] = _ints(list(map(_GET_DEVICE, args)))
+        data["stream"] = self._int_column(args, "stream", _GET_STREAM)
+        data["corr"] = self._int_column(args, "correlation", _GET_CORR)
+        data["device"] = self._int_column(args, "device", _GET_DEVICE)
         data["nbytes"] = _floats(list(map(_GET_BYTES, args)))
         data["direction"] = _directions(args)
         return Columns(data)
@@ -543,7 +627,7 @@ class TableBuilder:
     def _host_columns(self, batch: _Batch, rows: I64) -> Columns:
         data = self._common(batch, rows)
         args = decode_args(batch.args(rows))
-        data["corr"] = _ints(list(map(_GET_CORR, args)))
+        data["corr"] = self._int_column(args, "correlation", _GET_CORR)
         nbytes = _floats(list(map(_GET_BYTES, args)))
         size = _floats(list(map(_GET_SIZE, args)))
         data["tid"] = batch.tid_ids[rows]
@@ -617,6 +701,9 @@ class TableBuilder:
         self._complete += later._complete
         self._float_ts = self._float_ts or later._float_ts
         self._dropped += later._dropped
+        for arg, (count, first) in later._unheld.items():
+            before, earlier = self._unheld.get(arg, (0, first))
+            self._unheld[arg] = (before + count, earlier)
 
     def _category_counts(self, tables: dict[str, Columns]) -> Counter[str]:
         counts = Counter[str](self._skipped_counts)
@@ -657,6 +744,7 @@ class TableBuilder:
             complete_count=self._complete,
             float_timestamps=self._float_ts,
             dropped_without_time=self._dropped,
+            unheld_ints=dict(self._unheld),
         )
 
 

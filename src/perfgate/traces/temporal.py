@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perfgate.traces._group import unique_values
+from perfgate.traces._group import pair_keys, unique_values
 from perfgate.traces.intervals import intersection_length, union_length
 from perfgate.traces.prepare import KIND_CODES, Prepared
 
@@ -70,7 +70,7 @@ def temporal_breakdown(p: Prepared) -> Temporal:
     compute = union_length(comp_s, comp_e)
     communication = union_length(comm_s, comm_e)
     overlap = intersection_length(comm_s, comm_e, comp_s, comp_e) if comm_s.size and comp_s.size else 0.0
-    streams = unique_values(dev.i("device") * 1_000_003 + dev.i("stream")).size
+    streams = unique_values(pair_keys(dev.i("device"), dev.i("stream"))).size
     return Temporal(
         span_us=span,
         busy_us=busy,
