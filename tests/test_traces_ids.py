@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from mcp import Client
 
+from perfgate.server import build_server
+from perfgate.tools._runtime import ServerConfig
 from perfgate.traces import AnalysisOptions, analyze_trace, pool
 from perfgate.traces.analyze import analyze_table
 from perfgate.traces.models import RankProfile
@@ -113,6 +116,22 @@ def test_a_rank_set_read_in_parallel_pairs_the_same_ids(tmp_path: Path) -> None:
         _paired_exactly(profile)
 
 
+@pytest.mark.anyio
+async def test_the_answer_leads_with_the_id_no_int64_holds(workspace: Path) -> None:
+    _trace(workspace / "rank0.json")
+    async with Client(build_server(ServerConfig.create(workspace, read_only=True))) as client:
+        result = await client.call_tool("analyze_trace", {"trace_paths": ["rank0.json"]})
+    assert not result.is_error, result.content
+    out: Any = result.structured_content
+    assert out["ranks"][0]["launch"]["api_counts"] == {api: 1 for _, api, _, _ in PAIRS}
+    assert out["warnings"][0].startswith("rank 0: args.correlation of 2 events is beyond the 64-bit")
+    lead = result.content[0].text.split("\nresult")[0]  # type: ignore[union-attr]
+    assert (
+        f"warnings (1): rank 0: args.correlation of 2 events is beyond the 64-bit integer range (e.g. {BEYOND})"
+        in lead
+    )
+
+
 def test_ids_held_only_as_strings_or_beyond_int64_are_reported_by_field(tmp_path: Path) -> None:
     # An unknown category is routed by its args: an id beyond int64 reads as absent there too.
     events = [
@@ -133,7 +152,7 @@ def test_ids_held_only_as_strings_or_beyond_int64_are_reported_by_field(tmp_path
     assert set(warned) == {"args.stream", "args.device"}
     assert "args.stream of 3 events" in warned["args.stream"] and "(e.g. 1e+30)" in warned["args.stream"]
     assert (
-        "args.device of 1 events" in warned["args.device"]
+        "args.device of 1 event is" in warned["args.device"]
         and "their device is unknown" in warned["args.device"]
     )
 

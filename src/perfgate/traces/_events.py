@@ -29,9 +29,11 @@ Scalar = int | float | str | None
 class EventArgs(msgspec.Struct, gc=False):
     """``args`` of an event: only the keys the analyses use."""
 
-    stream: Scalar = None
-    correlation: Scalar = None
-    device: Scalar = None
+    # Absent ids read as -1, as the columns hold them: a batch's column is then all ints, converted in one
+    # C pass (`perfgate.traces.table._ints`).
+    stream: Scalar = -1
+    correlation: Scalar = -1
+    device: Scalar = -1
     nbytes: Scalar = msgspec.field(default=None, name="bytes")
     size: Scalar = None
     kind: Scalar = None

@@ -242,6 +242,7 @@ def _device_name(header: Header, table: EventTable, backend: Backend) -> str:
     return {"cpu": "CPU", "unknown": "unknown device"}.get(backend, backend.upper())
 
 
+_UNHELD = "beyond the 64-bit integer range"
 _UNHELD_MEANS = {
     "correlation": "their kernels and runtime calls are not paired with each other (launch statistics omit them)",
     "stream": "their stream is unknown (a cuda_sync among them counts as a host wait)",
@@ -254,7 +255,7 @@ def _warnings(table: EventTable, device_events: int, prepared: Prepared, stream:
     # First: a wrong id would pair kernels with the wrong launch; these events are unpaired instead.
     for arg, (count, first) in table.unheld_ints.items():
         out.append(
-            f"args.{arg} of {count} events is beyond the 64-bit integer range (e.g. {first}): it cannot "
+            f"args.{arg} of {count} event{'s' if count != 1 else ''} is {_UNHELD} (e.g. {first}): it cannot "
             f"be held exactly and is read as absent, so {_UNHELD_MEANS.get(arg, 'those events lack it')}"
         )
     if device_events == 0:
@@ -459,5 +460,10 @@ def combine(profiles: Sequence[RankProfile]) -> TraceSetReport:
             "pass one trace per rank"
         )
     ordered = sorted(profiles, key=lambda p: p.rank)
+    # Ids read as absent change what every rank's launch figures mean: said first, for the whole set.
+    unheld = [
+        f"rank {p.rank}: {w}" for p in ordered for w in p.warnings if w.startswith("args.") and _UNHELD in w
+    ]
+    warnings[:0] = unheld
     skew = rank_skew(ordered)
     return TraceSetReport(ranks=ordered, rank_skew=skew, warnings=warnings, findings=diagnose(ordered, skew))

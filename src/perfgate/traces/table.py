@@ -119,7 +119,7 @@ def _to_int(value: Scalar, default: int = -1) -> int:
     if isinstance(value, int):
         return value if _INT64_LO <= value < _INT64_END else default
     if isinstance(value, float):
-        return int(value) if abs(value) < 2.0**63 else default  # also NaN (comparisons are False)
+        return int(value) if -(2.0**63) <= value < 2.0**63 else default  # also NaN (comparisons are False)
     if isinstance(value, str):
         if len(value) > 20:  # longer than any int64; int() of a huge digit string is also slow
             return default
@@ -137,7 +137,7 @@ def beyond_int64(value: Scalar) -> bool:
     if isinstance(value, int):
         return not _INT64_LO <= value < _INT64_END
     if isinstance(value, float):
-        return abs(value) >= 2.0**63  # NaN: False
+        return not -(2.0**63) <= value < 2.0**63 and value == value  # NaN (not equal to itself): False
     if isinstance(value, str):
         match = _DECIMAL.fullmatch(value)
         # 20 significant digits are beyond int64 already: a longer string is never converted whole.
@@ -180,8 +180,18 @@ def _ints(values: list[Scalar], unheld: list[Scalar] | None = None) -> I64:
     report: never a wrapped or rounded id.
     """
     n = len(values)
-    if n and values[0] is None and values.count(None) == n:
-        return np.full(n, -1, np.int64)
+    if not n:
+        return np.empty(0, np.int64)
+    first = values[0]
+    # One value for the whole batch (an absent arg, stream 7, device 0): small ints are shared objects,
+    # so the count is mostly identity tests.
+    if first is values[-1] and (first is None or type(first) is int) and values.count(first) == n:
+        if first is None:
+            return np.full(n, -1, np.int64)
+        if _INT64_LO <= first < _INT64_END:  # pyright: ignore[reportOperatorIssue]
+            return np.full(n, first, np.int64)
+    if type(first) is str:  # a producer that writes ids as strings ("0x0" streams) writes them all so
+        return _ints_one_by_one(values, unheld)
     # One C pass finds the values' common type and converts them: int64 when every value is an int
     # that int64 holds (the usual column), exact.
     found = np.array(values)
@@ -213,9 +223,11 @@ def _ints(values: list[Scalar], unheld: list[Scalar] | None = None) -> I64:
 def _ints_one_by_one(values: list[Scalar], unheld: list[Scalar] | None) -> I64:
     out = np.array([_to_int(v) for v in values], np.int64)
     if unheld is not None:
-        for i in int_list(np.flatnonzero(out == -1)):
-            if beyond_int64(values[i]):
-                unheld.append(values[i])
+        read_as_absent = _gather(values, int_list(np.flatnonzero(out == -1)))
+        # Each distinct value checked once (a column of "0x0" streams holds one).
+        beyond = {v for v in set(read_as_absent) if beyond_int64(v)}
+        if beyond:
+            unheld.extend(v for v in read_as_absent if v in beyond)
     return out
 
 
