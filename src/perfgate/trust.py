@@ -35,6 +35,7 @@ __all__ = [
     "SigningKey",
     "TrustRoot",
     "TrustRootError",
+    "create_private",
     "write_private",
 ]
 
@@ -72,6 +73,31 @@ def write_private(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def create_private(path: Path, data: bytes) -> bool:
+    """Create ``path`` (mode 0600) holding ``data`` unless it exists; True when this call created it.
+
+    The data is written in full to a private temporary file, fsynced and then linked into place, so a
+    reader never sees the file empty or partial, and of several processes racing to create it exactly one
+    does: the others keep (and should read back) the winner's file.
+    """
+    _private_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 @dataclass(frozen=True)
