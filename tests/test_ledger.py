@@ -354,3 +354,28 @@ def test_ledgers_dropped_release_their_connection(tmp_path: Path) -> None:
     assert open_fds() - before < 10
     first, second = Ledger(tmp_path / "ws0"), Ledger(tmp_path / "ws0")
     assert first._shared is second._shared  # one connection for both
+
+
+def test_an_append_racing_verify_is_not_a_removed_tail(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record committed while verify checks the records it read (another tool call, another process)
+    moves HEAD and the anchor past them: that is not a removed tail or a truncated ledger (before, verify
+    read both after the records and failed, and with it the keep decision's ledger_integrity gate)."""
+    ledger = Ledger(workspace)
+    for i in range(3):
+        _append(ledger, value=i)
+    real = Ledger._record_problem
+    raced: list[str] = []
+
+    def record_problem(self: Ledger, *args: Any) -> str | None:
+        if not raced:  # once verify holds its read of the records: another append commits
+            raced.append(_append(Ledger(workspace), value=99))
+        return real(self, *args)
+
+    monkeypatch.setattr(Ledger, "_record_problem", record_problem)
+    report = ledger.verify()
+    assert raced and report.ok, report.errors
+    assert report.records == 3
+    monkeypatch.undo()
+    assert ledger.verify().records == 4

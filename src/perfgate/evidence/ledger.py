@@ -1034,7 +1034,8 @@ class Ledger:
         """Recompute the chain, every MAC and artifact sha256, and compare the head with the anchor.
 
         Errors name what happened: an edited record, a forged or recomputed one (MAC), a record signed by
-        a key the trust root no longer has, removed records, a removed tail or a rollback.
+        a key the trust root no longer has, removed records, a removed tail or a rollback. Records appended
+        while it runs are not checked, and are no error (the anchor and HEAD are read before the records).
         """
         errors: list[str] = []
         warnings: list[str] = []
@@ -1045,6 +1046,14 @@ class Ledger:
         key = self.signing_key()
         signed = 0
         with self._connect() as conn:
+            # The anchor and HEAD first: both move forward only after a commit, so an append racing this
+            # check leaves the records read below ahead of them, never behind (read after the records, they
+            # could name a record this read lacks: a removed tail, a truncated ledger, that never was).
+            anchor = self._anchor_to_check(key) if key is not None else None
+            try:
+                head_text: str | None = self.head_path.read_text()
+            except FileNotFoundError:
+                head_text = None
             rows = conn.execute(
                 "SELECT seq, id, tool, state, body, hash, key_id, mac FROM evidence ORDER BY seq"
             ).fetchall()
@@ -1089,10 +1098,10 @@ class Ledger:
                 "nothing here is verified (run as the operator, or pass the server's --state-dir)"
             )
         else:
-            errors.extend(self._check_anchor(key, hashes))
-        if self.head_path.exists():
+            errors.extend(self._check_anchor(key, anchor, hashes))
+        if head_text is not None:
             try:
-                head_seq_text, head_hash = self.head_path.read_text().split()
+                head_seq_text, head_hash = head_text.split()
                 head_seq = int(head_seq_text)
             except ValueError:
                 errors.append("HEAD file is corrupt")
@@ -1118,11 +1127,18 @@ class Ledger:
             key_id=key.key_id if key else None,
         )
 
-    def _check_anchor(self, key: SigningKey, hashes: dict[int, str]) -> list[str]:
+    def _anchor_to_check(self, key: SigningKey) -> dict[str, Any] | TrustRootError | None:
+        """The anchor in force for `_check_anchor`, or why it cannot be read."""
         try:
-            anchor = self._read_anchor(key)
+            return self._read_anchor(key)
         except TrustRootError as exc:
-            return [f"the anchor cannot be read: {exc}"]
+            return exc
+
+    def _check_anchor(
+        self, key: SigningKey, anchor: dict[str, Any] | TrustRootError | None, hashes: dict[int, str]
+    ) -> list[str]:
+        if isinstance(anchor, TrustRootError):
+            return [f"the anchor cannot be read: {anchor}"]
         last = max(hashes) if hashes else 0
         if anchor is None:
             return (
