@@ -238,7 +238,7 @@ def test_processes_opening_an_unsigned_store_at_once_both_open_it(
     folder.mkdir()
     with contextlib.closing(sqlite3.connect(folder / "approvals.db")) as old:
         old.executescript(_SCHEMA.replace(",\n    mac TEXT\n", "\n"))
-    both_looked = threading.Barrier(2, timeout=2)
+    both_looked = threading.Barrier(2, timeout=1)
 
     class Looking(sqlite3.Connection):
         def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]

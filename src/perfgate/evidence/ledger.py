@@ -462,10 +462,19 @@ class _Connection:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(evidence)")}
-            for column in ("key_id", "mac"):
-                if column not in columns:  # a ledger from before signing: its records stay unsigned
-                    conn.execute(f"ALTER TABLE evidence ADD COLUMN {column} TEXT")
+            if len(self._signing_columns(conn)) < 2:
+                # A ledger from before signing (its records stay unsigned) gains the columns. Looked at
+                # again and added in one write transaction: processes opening it at once all find the
+                # columns missing, and only the first may add them.
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for column in ("key_id", "mac"):
+                        if column not in self._signing_columns(conn):
+                            conn.execute(f"ALTER TABLE evidence ADD COLUMN {column} TEXT")
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
             conn.execute(
                 "INSERT OR IGNORE INTO meta (name, value) VALUES ('ledger_id', ?)", (secrets.token_hex(16),)
             )
@@ -474,6 +483,11 @@ class _Connection:
             conn.close()
             raise
         return conn
+
+    @staticmethod
+    def _signing_columns(conn: sqlite3.Connection) -> set[str]:
+        """Which of the columns of a signed record (``key_id``, ``mac``) the evidence table has."""
+        return {row[1] for row in conn.execute("PRAGMA table_info(evidence)")} & {"key_id", "mac"}
 
     def acquire(self) -> tuple[sqlite3.Connection, tuple[_FileId | None, ...] | None]:
         """Take the lock and the connection: `use` without its context manager (the append's path); give
