@@ -249,3 +249,34 @@ async def test_racing_result_calls_record_a_run_once(allowed: Path, monkeypatch:
         res = await client.call_tool("benchmark_run", {"action": "result", "run_id": run_id})
     assert res.is_error and "move the file aside" in res.content[0].text  # type: ignore[union-attr]
     assert len(Ledger(allowed).records(tool="run_benchmark_window")) == len(windows) + 1
+
+
+async def test_a_detached_run_of_the_same_input_is_refused_while_one_runs(allowed: Path) -> None:
+    """Two detached runs of one input would share the record folder named after it (each supervisor
+    empties it before a launch and copies it after): the second is refused while the first holds it."""
+    args = {
+        "command": [PY, PACED, "--steps", "100000", "--step-ms", "20"],
+        "timing": "explicit",
+        "warmup_steps": 2,
+        "measure_steps": 50000,
+        "repeats": 1,
+        "timeout_s": 300,
+        "contract": {"invariants": {"workload": "paced"}},
+        "detach": True,
+    }
+    run_id = (await call(allowed, "run_benchmark_window", args))["run_id"]
+    run_dir = allowed / ".perfgate" / "detached" / run_id
+    deadline = time.monotonic() + 60
+    while not (run_dir / "launch0_stderr.log").exists():  # its supervisor holds the folder by now
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    started = [run_id]
+    try:
+        async with Client(build_server(ServerConfig.create(allowed))) as client:
+            second = await client.call_tool("run_benchmark_window", args)
+        started += [second.structured_content["run_id"]] if second.structured_content else []
+        assert second.is_error and "same input is in progress" in second.content[0].text  # type: ignore[union-attr]
+        assert len(list((allowed / ".perfgate" / "detached").iterdir())) == 1
+    finally:
+        for started_id in started:
+            await call(allowed, "benchmark_run", {"action": "cancel", "run_id": started_id})
