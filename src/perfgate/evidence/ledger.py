@@ -23,7 +23,7 @@ Speed: each `Ledger` keeps one connection for the life of its process (reopened 
 database file was replaced underneath it), shared by its threads under a lock, so an append costs one
 WAL commit (one fsync) instead of opening, checkpointing and deleting the WAL every time. The WAL stays
 (SQLite checkpoints it as it grows), so a copy of ``ledger.db`` alone may miss the newest records: copy
-``ledger.db-wal`` with it, or use ``perfgate ledger export``. The anchor is two fixed-size slots
+``ledger.db-wal`` with it (the README says so too). The anchor is two fixed-size slots
 rewritten in place, alternately (the slot being replaced is never the newest; of its bytes, only those up
 to the end of the new text are written when the rest, spaces, is there already): a kill -9 loses
 nothing, since the page cache survives the process, and a power cut can at worst leave the anchor one
