@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +88,54 @@ def test_an_edited_harness_copy_is_replaced_before_it_runs(tmp_path: Path) -> No
     (target / "perfgate" / "sitecustomize.py").write_text("print('planted')\n")
     assert prepare_harness_path(harness_pythonpath(tmp_path)) == target
     assert window.read_bytes() == honest and not (target / "perfgate" / "sitecustomize.py").exists()
+
+
+def test_calls_racing_to_replace_an_edited_copy_never_remove_the_fresh_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two calls find the copy edited at once: one replaces it, the other then finds it ready. Before, the
+    second moved aside (and deleted) the fresh copy the first had just made for its command to import."""
+    import threading
+
+    from perfgate.benchmarking import launch
+
+    target = prepare_harness_path(harness_pythonpath(tmp_path))
+    (target / "perfgate" / "sitecustomize.py").write_text("print('planted')\n")
+    both_checked = threading.Barrier(2, timeout=2)
+    first_in, first_done = threading.Event(), threading.Event()
+    real = launch._copy_matches  # pyright: ignore[reportPrivateUsage]
+
+    def copy_matches(
+        t: Path, root: Path
+    ) -> bool:  # both look before either replaces; the second goes on late
+        first_in.set()
+        found = real(t, root)
+        with contextlib.suppress(threading.BrokenBarrierError):  # with the lock, the second waits there
+            both_checked.wait()
+        if threading.current_thread().name == "second":
+            first_done.wait(10)
+        return found
+
+    monkeypatch.setattr(launch, "_copy_matches", copy_matches)
+    fresh: list[int] = []
+
+    def prepare(name: str) -> None:
+        prepare_harness_path(target)
+        if name == "first":
+            fresh.append(
+                os.open(target / "perfgate" / "__init__.py", os.O_RDONLY)
+            )  # what its command imports
+            first_done.set()
+
+    threads = [threading.Thread(target=prepare, args=(n,), name=n) for n in ("first", "second")]
+    threads[0].start()
+    assert first_in.wait(10)  # the first call is checking (holding the lock, when there is one)
+    threads[1].start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert len(fresh) == 1 and os.fstat(fresh[0]).st_nlink == 1  # the first call's copy stayed in place
+    finally:
+        for fd in fresh:
+            os.close(fd)
+    assert not (target / "perfgate" / "sitecustomize.py").exists()

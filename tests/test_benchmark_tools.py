@@ -468,3 +468,47 @@ async def test_measured_backward_passes_and_device_beat_the_declared_contract(al
         in out["failure_reason"]
     )
     assert "contract declares hardware 'cuda' but the ranks ran on cpu" in out["failure_reason"]
+
+
+async def test_a_run_of_the_same_input_is_refused_while_one_is_in_progress(
+    allowed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs of one input share their record folder (its path is in the approved command, so it is named
+    after the input): a second one is refused while the first runs. Before, it emptied the folder the
+    first had just written its records into, ran, and removed it, so the first read no records."""
+    import anyio
+
+    from perfgate.tools._runtime import ToolRuntime
+
+    args = paced(2.0, measure_steps=5, repeats=1)
+    real = ToolRuntime.run_command
+    launched: list[int] = []
+    second_done = anyio.Event()
+
+    async def run_command(self: ToolRuntime, *a: Any, **kw: Any) -> Any:
+        result = await real(self, *a, **kw)
+        launched.append(1)
+        if len(launched) == 1:  # the first launch's records are written, not yet read: the second call now
+            with anyio.move_on_after(30):
+                await second_done.wait()
+        return result
+
+    monkeypatch.setattr(ToolRuntime, "run_command", run_command)
+    outs: dict[str, Any] = {}
+    async with Client(build_server(ServerConfig.create(allowed))) as client:
+
+        async def first() -> None:
+            outs["first"] = await client.call_tool("run_benchmark_window", args)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first)
+            with anyio.fail_after(60):
+                while not launched:
+                    await anyio.sleep(0.05)
+            outs["second"] = await client.call_tool("run_benchmark_window", args)
+            second_done.set()
+    assert not outs["first"].is_error, outs["first"].content[0].text
+    assert outs["first"].structured_content["state"] == "executed"
+    assert outs["first"].structured_content["windows_measured"] == 1
+    assert outs["second"].is_error and "same input is in progress" in outs["second"].content[0].text
+    assert len(launched) == 1

@@ -191,3 +191,92 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def test_racing_result_calls_record_a_run_once(allowed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two 'result' calls at once (a retry, a second client) commit one record; before, each saw no
+    result.json, measured and recorded its own (two records of one run, counted as two windows)."""
+    import anyio
+
+    from perfgate.tools import run_benchmark_window as rbw
+
+    args = {
+        "command": [PY, PACED, "--steps", "8", "--step-ms", "1"],
+        "timing": "explicit",
+        "warmup_steps": 2,
+        "measure_steps": 4,
+        "repeats": 1,
+        "contract": {"invariants": {"workload": "paced"}},
+        "detach": True,
+    }
+    run_id = (await call(allowed, "run_benchmark_window", args))["run_id"]
+    assert (await _wait(allowed, run_id))["run_state"] == "finished"
+
+    real = rbw.measure
+    entered: list[int] = []
+    both_in = anyio.Event()
+
+    async def measure(*a: Any, **kw: Any) -> Any:  # holds the first caller until a second one arrives
+        entered.append(1)
+        if len(entered) >= 2:
+            both_in.set()
+        with anyio.move_on_after(3):  # with the lock, the second caller never gets here: go on alone
+            await both_in.wait()
+        return await real(*a, **kw)
+
+    monkeypatch.setattr(rbw, "measure", measure)
+    outs: list[dict[str, Any]] = []
+    async with Client(build_server(ServerConfig.create(allowed))) as client:
+
+        async def result() -> None:
+            res = await client.call_tool("benchmark_run", {"action": "result", "run_id": run_id})
+            assert not res.is_error, res.content[0].text  # type: ignore[union-attr]
+            assert res.structured_content is not None
+            outs.append(res.structured_content)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(result)
+            tg.start_soon(result)
+    assert len(entered) == 1
+    assert len({o["evidence_id"] for o in outs}) == 1
+    assert sorted(o["message"] for o in outs) == ["recorded", "recorded earlier"]
+    windows = [r for r in Ledger(allowed).records(tool="run_benchmark_window") if r.state.value != "planned"]
+    assert [r.id for r in windows] == [outs[0]["evidence_id"]]
+
+    # A result.json that holds no id is refused with what to do, never taken as "not recorded yet".
+    (allowed / ".perfgate" / "detached" / run_id / "result.json").write_text("")
+    async with Client(build_server(ServerConfig.create(allowed))) as client:
+        res = await client.call_tool("benchmark_run", {"action": "result", "run_id": run_id})
+    assert res.is_error and "move the file aside" in res.content[0].text  # type: ignore[union-attr]
+    assert len(Ledger(allowed).records(tool="run_benchmark_window")) == len(windows) + 1
+
+
+async def test_a_detached_run_of_the_same_input_is_refused_while_one_runs(allowed: Path) -> None:
+    """Two detached runs of one input would share the record folder named after it (each supervisor
+    empties it before a launch and copies it after): the second is refused while the first holds it."""
+    args = {
+        "command": [PY, PACED, "--steps", "100000", "--step-ms", "20"],
+        "timing": "explicit",
+        "warmup_steps": 2,
+        "measure_steps": 50000,
+        "repeats": 1,
+        "timeout_s": 300,
+        "contract": {"invariants": {"workload": "paced"}},
+        "detach": True,
+    }
+    run_id = (await call(allowed, "run_benchmark_window", args))["run_id"]
+    run_dir = allowed / ".perfgate" / "detached" / run_id
+    deadline = time.monotonic() + 60
+    while not (run_dir / "launch0_stderr.log").exists():  # its supervisor holds the folder by now
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    started = [run_id]
+    try:
+        async with Client(build_server(ServerConfig.create(allowed))) as client:
+            second = await client.call_tool("run_benchmark_window", args)
+        started += [second.structured_content["run_id"]] if second.structured_content else []
+        assert second.is_error and "same input is in progress" in second.content[0].text  # type: ignore[union-attr]
+        assert len(list((allowed / ".perfgate" / "detached").iterdir())) == 1
+    finally:
+        for started_id in started:
+            await call(allowed, "benchmark_run", {"action": "cancel", "run_id": started_id})

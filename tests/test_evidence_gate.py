@@ -209,3 +209,34 @@ async def test_a_topology_change_is_never_an_equivalent_speedup(workspace: Path)
     assert per_device["status"] == "comparable", per_device["reasons"]
     assert per_device["verdict"] == "within_noise" and 0.9 < per_device["speedup"] < 1.1
     assert "per device" in per_device["method"]
+
+
+async def test_a_step_series_swapped_after_its_check_is_never_compared(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step series is an agent-writable file: one swapped for a faster forgery as the comparison
+    reads it is refused. Before, its hash was checked on one read and the samples taken from a second,
+    so a forgery put in place between the two came out as a measured improvement."""
+    base = window(workspace, 10.0, seed=1)
+    cand = window(workspace, 10.0, seed=2)
+    record = Ledger(workspace).get(cand)
+    assert record is not None
+    series = workspace / record.artifacts[0].path
+    forged = json.loads(series.read_text())
+    for w in forged["windows"]:
+        w["host_step_s"] = [t / 2 for t in w["host_step_s"]]
+    real = Path.read_bytes
+    swapped: list[Path] = []
+
+    def read_bytes(self: Path) -> bytes:  # the agent swaps the file just as perfgate reads it for use
+        if self == series and not swapped:
+            swapped.append(self)
+            self.write_text(json.dumps(forged))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        result = await client.call_tool("compare_benchmarks", {"baseline": [base], "candidate": [cand]})
+    assert swapped
+    assert result.is_error, result.structured_content
+    assert "was modified after it was recorded" in result.content[0].text  # type: ignore[union-attr]

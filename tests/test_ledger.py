@@ -354,3 +354,82 @@ def test_ledgers_dropped_release_their_connection(tmp_path: Path) -> None:
     assert open_fds() - before < 10
     first, second = Ledger(tmp_path / "ws0"), Ledger(tmp_path / "ws0")
     assert first._shared is second._shared  # one connection for both
+
+
+def test_an_append_racing_verify_is_not_a_removed_tail(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record committed while verify checks the records it read (another tool call, another process)
+    moves HEAD and the anchor past them: that is not a removed tail or a truncated ledger (before, verify
+    read both after the records and failed, and with it the keep decision's ledger_integrity gate)."""
+    ledger = Ledger(workspace)
+    for i in range(3):
+        _append(ledger, value=i)
+    real = Ledger._record_problem
+    raced: list[str] = []
+
+    def record_problem(self: Ledger, *args: Any) -> str | None:
+        if not raced:  # once verify holds its read of the records: another append commits
+            raced.append(_append(Ledger(workspace), value=99))
+        return real(self, *args)
+
+    monkeypatch.setattr(Ledger, "_record_problem", record_problem)
+    report = ledger.verify()
+    assert raced and report.ok, report.errors
+    assert report.records == 3
+    monkeypatch.undo()
+    assert ledger.verify().records == 4
+
+
+def test_processes_opening_an_unsigned_ledger_at_once_both_open_it(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger from before records were signed gains its key_id and mac columns once: before, two
+    processes opening it at once both found them missing, and the second one's ALTER TABLE failed
+    ("duplicate column name"), so it could not open its ledger."""
+    import contextlib
+    import functools
+
+    from perfgate.evidence.ledger import _SCHEMA, _Connection  # pyright: ignore[reportPrivateUsage]
+
+    db = workspace / ".perfgate" / "ledger.db"
+    db.parent.mkdir()
+    with contextlib.closing(sqlite3.connect(db)) as old:
+        old.executescript(
+            _SCHEMA.replace("    key_id TEXT,\n    mac TEXT\n", "").replace(
+                "hash TEXT NOT NULL,", "hash TEXT NOT NULL"
+            )
+        )
+        assert {r[1] for r in old.execute("PRAGMA table_info(evidence)")} & {"key_id", "mac"} == set()
+    both_looked = threading.Barrier(2, timeout=1)
+
+    class Looking(sqlite3.Connection):
+        def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
+            cursor = super().execute(sql, *args)
+            if sql.startswith("PRAGMA table_info(evidence)"):  # both looked before either adds a column
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    both_looked.wait()
+            return cursor
+
+    monkeypatch.setattr(sqlite3, "connect", functools.partial(sqlite3.connect, factory=Looking))
+    opened: list[str] = []
+    failures: list[Exception] = []
+
+    def open_ledger() -> None:  # what a process opening the ledger does: a connection of its own
+        try:
+            with _Connection(db).use():
+                pass
+            opened.append("ok")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=open_ledger) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert failures == [] and opened == ["ok", "ok"]
+    monkeypatch.undo()
+    ledger = Ledger(workspace)
+    _append(ledger, value=1)
+    assert ledger.verify().ok

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Any
@@ -677,3 +678,44 @@ async def test_a_kept_change_can_be_reverted_later_and_the_history_stays(
     section = log[log.index(f"## {exp}") :]
     assert section.startswith(f"## {exp}: REVERT")
     assert "- **History:** keep at" in section and "-> revert at" in section
+
+
+@pytest.mark.parametrize("two_experiments", [False, True], ids=["one experiment", "two experiments"])
+async def test_keeps_racing_on_one_evidence_are_decided_one_after_the_other(
+    server: Any, workspace: Path, monkeypatch: pytest.MonkeyPatch, two_experiments: bool
+) -> None:
+    """Two keeps sent at once, of one experiment or of two with the same candidate windows: the second is
+    weighed against the first one's keep and refused. Before, both were weighed before either was
+    recorded, so one experiment was kept twice, or one measurement carried two keeps."""
+    import threading
+
+    import anyio
+
+    from perfgate.tools import record_decision
+
+    ev = Evidence(workspace)
+    both_weighed = threading.Barrier(2, timeout=2)
+    real = record_decision.evaluate_keep
+
+    def evaluate_keep(*args: Any) -> Any:
+        gates = real(*args)
+        with contextlib.suppress(threading.BrokenBarrierError):  # decided in turn: the first goes on alone
+            both_weighed.wait()
+        return gates
+
+    monkeypatch.setattr(record_decision, "evaluate_keep", evaluate_keep)
+    results: list[Any] = []
+    async with Client(server) as client:
+        first = await _open(client)
+        second = await _open(client) if two_experiments else first
+        links, _ = _honest(ev)
+
+        async def keep(exp: str) -> None:
+            results.append(await _keep(client, exp, links))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep, first)
+            tg.start_soon(keep, second)
+    assert sorted(r.is_error for r in results) == [False, True], [_text(r) for r in results]
+    refused = _text(next(r for r in results if r.is_error))
+    assert ("evidence_not_reused" if two_experiments else "the only decision left is 'revert'") in refused

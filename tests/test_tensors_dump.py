@@ -150,3 +150,40 @@ def test_a_dump_in_a_windowed_process_is_named_in_its_record_with_the_bytes_dige
         assert "sha256" not in dumps[path.name]
         assert dumps[path.name]["size_bytes"] == path.stat().st_size
     assert dumps["early.safetensors"]["step"] == 0 < dumps["late.safetensors"]["step"]
+
+
+def test_threads_dumping_to_one_path_at_once_each_write_a_whole_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each call writes its own temporary file: before, threads of one process shared one name, wrote
+    into the same file and the second rename failed (or a mix of both dumps was renamed into place)."""
+    import os
+    import threading
+
+    target = tmp_path / "t.safetensors"
+    both_writing = threading.Barrier(2, timeout=10)
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:  # both dumps are written, neither renamed yet
+        both_writing.wait()
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    arrays = [np.full(1000, i, dtype=np.float32) for i in range(2)]
+    failures: list[BaseException] = []
+
+    def dump(i: int) -> None:
+        try:
+            dump_tensors(target, {"x": arrays[i]})
+        except Exception as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=dump, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert failures == []
+    got = load_numpy(str(target))["x"]
+    assert any(np.array_equal(got, a) for a in arrays)
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]

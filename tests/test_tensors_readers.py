@@ -644,7 +644,9 @@ def test_on_two_cpus_the_reading_thread_hashes_each_chunk_it_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With at most `_INLINE_CPUS` CPUs the thread that reads a chunk hashes it at once (no pool thread per
-    file on top of the comparison's threads); the digests are of the whole files, as with the pool."""
+    file on top of the comparison's threads): the first chunks of a tensor the calling thread, the rest the
+    read-ahead thread, while the calling thread computes them. The digests are of the whole files, as with
+    the pool."""
     import threading
 
     import blake3
@@ -692,7 +694,7 @@ def test_on_two_cpus_the_reading_thread_hashes_each_chunk_it_reads(
             source.start_digests(["blake3"])
         options = CompareOptions(atol=0.0, rtol=0.0, chunk_elements=256, workers=2)
         assert compare_sources(r, c, options).status == "mismatch"
-        assert hashing_threads == reading_threads == {threading.current_thread().name}
+        assert hashing_threads == reading_threads == {threading.current_thread().name, "perfgate-read"}
         for source in (r, c):
             [job] = source.digest_jobs()
             data = job.path.read_bytes()

@@ -225,3 +225,22 @@ async def test_run_mode_profiles_a_tiny_cpu_training_and_flags_it_profiled(works
     assert out["provenance"]["code"]["unknown_reason"]  # the test workspace is no git checkout
     assert out["environment_fingerprint"]["device_kind"] == "cpu"
     assert out["environment_fingerprint"]["torch_version"]
+
+
+async def test_a_run_of_the_same_input_is_refused_while_one_holds_its_folder(workspace: Path) -> None:
+    """The run folder is named after the input (its path is in the approved command): while a run of the
+    same input holds it, another is refused before anything runs or is recorded, never sharing it."""
+    import hashlib
+
+    from perfgate.execution.rundir import hold_run_dir
+
+    operator_policy(f'[execution]\n\n[[execution.allow]]\nscript = {json.dumps(TINY)}\ncode = "any"\n')
+    args = {"mode": "run", "command": [PY, TINY, "--steps", "50"], "timeout_s": 120}
+    inp = ProfileSegmentInput.model_validate(args)
+    key = hashlib.sha256(json.dumps(inp.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+    run_dir = workspace / ".perfgate" / "profile-runs" / key
+    with hold_run_dir(run_dir, wait=False):  # what a run in progress (another call, another server) holds
+        async with Client(build_server(ServerConfig.create(workspace))) as client:
+            result = await client.call_tool("profile_segment", args)
+    assert result.is_error and "same input is in progress" in result.content[0].text  # type: ignore[union-attr]
+    assert Ledger(workspace).records(tool="profile_segment") == []

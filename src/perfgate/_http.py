@@ -28,7 +28,8 @@ def http_token(env_token: str | None, token_file: Path | None, state_dir: Path) 
     """The bearer token and where it came from: ``$PERFGATE_TOKEN``, the file, or the trust root.
 
     Raises:
-        TokenError: ``token_file`` cannot be read, is empty, or is group/world readable.
+        TokenError: ``token_file`` cannot be read, is empty, or is group/world readable; the generated
+            token file is empty.
     """
     if env_token:
         return env_token, "$PERFGATE_TOKEN"
@@ -45,10 +46,14 @@ def http_token(env_token: str | None, token_file: Path | None, state_dir: Path) 
         return text, str(token_file)
     path = state_dir / "http-token"
     if not path.is_file():
-        from perfgate.trust import write_private
+        from perfgate.trust import create_private
 
-        write_private(path, (secrets.token_urlsafe(32) + "\n").encode())
-    return path.read_text().strip(), str(path)
+        # Exactly one of several servers starting at once creates it; each then serves the file's token.
+        create_private(path, (secrets.token_urlsafe(32) + "\n").encode())
+    text = path.read_text().strip()
+    if not text:
+        raise TokenError(f"the token file {path} is empty: delete it and the next start generates a new one")
+    return text, str(path)
 
 
 def allowed_hosts(host: str, port: int, extra: list[str]) -> list[str]:

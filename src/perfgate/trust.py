@@ -35,6 +35,7 @@ __all__ = [
     "SigningKey",
     "TrustRoot",
     "TrustRootError",
+    "create_private",
     "write_private",
 ]
 
@@ -72,6 +73,31 @@ def write_private(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def create_private(path: Path, data: bytes) -> bool:
+    """Create ``path`` (mode 0600) holding ``data`` unless it exists; True when this call created it.
+
+    The data is written in full to a private temporary file, fsynced and then linked into place, so a
+    reader never sees the file empty or partial, and of several processes racing to create it exactly one
+    does: the others keep (and should read back) the winner's file.
+    """
+    _private_dir(path.parent)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 @dataclass(frozen=True)
@@ -174,8 +200,8 @@ class TrustRoot:
     def ensure_key(self) -> SigningKey:
         """The current key, created now when there is none (a first start, or after a key loss).
 
-        The key is written in full to a private temporary file and then linked into place, so a process
-        racing this one sees either no key or the whole key, and exactly one of them creates it.
+        The key file is made by `create_private`: a process racing this one sees either no key or the whole
+        key, and exactly one of them creates it.
 
         Raises:
             TrustRootError: the trust root is not writable by this user.
@@ -183,32 +209,22 @@ class TrustRoot:
         key = self.key()
         if key is not None:
             return key
-        path = self.key_dir / _KEY_FILE
-        tmp = path.with_name(f".{_KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+        fresh = SigningKey(secrets.token_bytes(KEY_BYTES))
         try:
-            _private_dir(self.key_dir)
-            fresh = SigningKey(secrets.token_bytes(KEY_BYTES))
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(fresh.secret.hex() + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.link(tmp, path)  # fails when another process's key got there first
-            with (self.key_dir / "history").open("a") as f:
-                f.write(fresh.key_id + "\n")
-        except FileExistsError:
-            key = self.key()
-            assert key is not None
-            return key
+            created = create_private(self.key_dir / _KEY_FILE, (fresh.secret.hex() + "\n").encode())
+            if created:
+                with (self.key_dir / "history").open("a") as f:
+                    f.write(fresh.key_id + "\n")
         except OSError as exc:
             raise TrustRootError(
                 f"cannot create the signing key in {self.key_dir}: {exc.strerror or exc}. The trust root must "
                 "belong to the operator (set PERFGATE_STATE_DIR or --state-dir to a directory you own)"
             ) from exc
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        return fresh
+        if created:
+            return fresh
+        key = self.key()  # another process's key got there first
+        assert key is not None
+        return key
 
     # ------------------------------------------------------------------ per-workspace state
 

@@ -148,7 +148,27 @@ def _copy_matches(target: Path, root: Path) -> bool:
 
 def prepare_harness_path(target: Path) -> Path:
     """Create the copy at ``target`` (from :func:`harness_pythonpath`), or replace it when its content
-    differs from the installed package (someone edited it)."""
+    differs from the installed package (someone edited it).
+
+    Calls racing on one copy (parallel tool calls, two servers) are serialized by a lock beside it, so
+    one creates or replaces it and the others find it ready: never does one move aside the fresh copy
+    another call's command is about to import.
+    """
+    import fcntl
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(
+        target.with_name(target.name + ".lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _prepare_harness_path(target)
+    finally:
+        os.close(fd)
+
+
+def _prepare_harness_path(target: Path) -> Path:
+    """`prepare_harness_path` under its lock."""
     if (target / "perfgate" / "__init__.py").is_file() and _copy_matches(target, _package_root()):
         return target
     if target.exists():

@@ -23,7 +23,7 @@ Speed: each `Ledger` keeps one connection for the life of its process (reopened 
 database file was replaced underneath it), shared by its threads under a lock, so an append costs one
 WAL commit (one fsync) instead of opening, checkpointing and deleting the WAL every time. The WAL stays
 (SQLite checkpoints it as it grows), so a copy of ``ledger.db`` alone may miss the newest records: copy
-``ledger.db-wal`` with it, or use ``perfgate ledger export``. The anchor is two fixed-size slots
+``ledger.db-wal`` with it (the README says so too). The anchor is two fixed-size slots
 rewritten in place, alternately (the slot being replaced is never the newest; of its bytes, only those up
 to the end of the new text are written when the rest, spaces, is there already): a kill -9 loses
 nothing, since the page cache survives the process, and a power cut can at worst leave the anchor one
@@ -462,10 +462,19 @@ class _Connection:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(evidence)")}
-            for column in ("key_id", "mac"):
-                if column not in columns:  # a ledger from before signing: its records stay unsigned
-                    conn.execute(f"ALTER TABLE evidence ADD COLUMN {column} TEXT")
+            if len(self._signing_columns(conn)) < 2:
+                # A ledger from before signing (its records stay unsigned) gains the columns. Looked at
+                # again and added in one write transaction: processes opening it at once all find the
+                # columns missing, and only the first may add them.
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    for column in ("key_id", "mac"):
+                        if column not in self._signing_columns(conn):
+                            conn.execute(f"ALTER TABLE evidence ADD COLUMN {column} TEXT")
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
             conn.execute(
                 "INSERT OR IGNORE INTO meta (name, value) VALUES ('ledger_id', ?)", (secrets.token_hex(16),)
             )
@@ -474,6 +483,11 @@ class _Connection:
             conn.close()
             raise
         return conn
+
+    @staticmethod
+    def _signing_columns(conn: sqlite3.Connection) -> set[str]:
+        """Which of the columns of a signed record (``key_id``, ``mac``) the evidence table has."""
+        return {row[1] for row in conn.execute("PRAGMA table_info(evidence)")} & {"key_id", "mac"}
 
     def acquire(self) -> tuple[sqlite3.Connection, tuple[_FileId | None, ...] | None]:
         """Take the lock and the connection: `use` without its context manager (the append's path); give
@@ -1034,7 +1048,8 @@ class Ledger:
         """Recompute the chain, every MAC and artifact sha256, and compare the head with the anchor.
 
         Errors name what happened: an edited record, a forged or recomputed one (MAC), a record signed by
-        a key the trust root no longer has, removed records, a removed tail or a rollback.
+        a key the trust root no longer has, removed records, a removed tail or a rollback. Records appended
+        while it runs are not checked, and are no error (the anchor and HEAD are read before the records).
         """
         errors: list[str] = []
         warnings: list[str] = []
@@ -1045,6 +1060,14 @@ class Ledger:
         key = self.signing_key()
         signed = 0
         with self._connect() as conn:
+            # The anchor and HEAD first: both move forward only after a commit, so an append racing this
+            # check leaves the records read below ahead of them, never behind (read after the records, they
+            # could name a record this read lacks: a removed tail, a truncated ledger, that never was).
+            anchor = self._anchor_to_check(key) if key is not None else None
+            try:
+                head_text: str | None = self.head_path.read_text()
+            except FileNotFoundError:
+                head_text = None
             rows = conn.execute(
                 "SELECT seq, id, tool, state, body, hash, key_id, mac FROM evidence ORDER BY seq"
             ).fetchall()
@@ -1089,10 +1112,10 @@ class Ledger:
                 "nothing here is verified (run as the operator, or pass the server's --state-dir)"
             )
         else:
-            errors.extend(self._check_anchor(key, hashes))
-        if self.head_path.exists():
+            errors.extend(self._check_anchor(key, anchor, hashes))
+        if head_text is not None:
             try:
-                head_seq_text, head_hash = self.head_path.read_text().split()
+                head_seq_text, head_hash = head_text.split()
                 head_seq = int(head_seq_text)
             except ValueError:
                 errors.append("HEAD file is corrupt")
@@ -1118,11 +1141,18 @@ class Ledger:
             key_id=key.key_id if key else None,
         )
 
-    def _check_anchor(self, key: SigningKey, hashes: dict[int, str]) -> list[str]:
+    def _anchor_to_check(self, key: SigningKey) -> dict[str, Any] | TrustRootError | None:
+        """The anchor in force for `_check_anchor`, or why it cannot be read."""
         try:
-            anchor = self._read_anchor(key)
+            return self._read_anchor(key)
         except TrustRootError as exc:
-            return [f"the anchor cannot be read: {exc}"]
+            return exc
+
+    def _check_anchor(
+        self, key: SigningKey, anchor: dict[str, Any] | TrustRootError | None, hashes: dict[int, str]
+    ) -> list[str]:
+        if isinstance(anchor, TrustRootError):
+            return [f"the anchor cannot be read: {anchor}"]
         last = max(hashes) if hashes else 0
         if anchor is None:
             return (

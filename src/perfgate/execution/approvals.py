@@ -119,6 +119,9 @@ class ApprovalStore:
         with self._connect() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(_SCHEMA)
+        # A store written before rows were signed gains the column once: checked and added in one write
+        # transaction, since two processes opening it at once both find it missing.
+        with self._write() as conn:
             columns = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
             if "mac" not in columns:
                 conn.execute("ALTER TABLE approvals ADD COLUMN mac TEXT")

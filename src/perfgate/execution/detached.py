@@ -283,8 +283,20 @@ class _Supervisor:
         return code
 
     def run(self) -> None:
+        from perfgate.execution.rundir import hold_run_dir, run_dir_of
+
         signal.signal(signal.SIGTERM, self.on_term)
         self.save()
+        record_dir = self.manifest.get("record_dir")
+        # The record folder is named after the input: a run of the same input that holds it now (a
+        # blocking call started since this run was) is waited for, never shared.
+        with hold_run_dir(run_dir_of(record_dir), wait=True) if record_dir else contextlib.nullcontext():
+            self._launches()
+        self.status["state"] = "cancelled" if self.cancelled else "finished"
+        self.status["ended_unix"] = time.time()
+        self.save()
+
+    def _launches(self) -> None:
         for k in range(int(self.manifest["launches"])):
             if self.cancelled:
                 break
@@ -295,9 +307,6 @@ class _Supervisor:
             self.save()
             if self.cancelled or code != 0 or k in self.status["timed_out"]:
                 break
-        self.status["state"] = "cancelled" if self.cancelled else "finished"
-        self.status["ended_unix"] = time.time()
-        self.save()
 
 
 def main(argv: list[str] | None = None) -> int:

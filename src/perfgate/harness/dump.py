@@ -4,7 +4,8 @@ Runs inside the user's process: no mcp import, and torch is only touched when a 
 tensor (torch is then already imported by the caller). Tensors are written one at a time, so the host
 memory needed is the largest single tensor, not the whole mapping; device tensors are copied to the
 host (which synchronizes their stream). The file appears atomically: it is written under a temporary
-name in the same folder and renamed, so a crash never leaves a truncated dump behind.
+name of its own in the same folder and renamed, so a crash never leaves a truncated dump behind, and
+calls racing on one path (threads too) each put a whole file there.
 
 A dump is perfgate's own work: when one lands inside an open measurement window, that window is
 discarded and restarts after a fresh warm-up (see :meth:`Window.own_work_ran`).
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -183,12 +185,13 @@ def _dump(target: Path, mapping: Mapping[str, Any], metadata: Mapping[str, str] 
     items = _pending(mapping)
     header = _header(items, metadata)
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    # A name of this call's own (threads of one process dump too), created exclusively.
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     digest = new_hasher(ALGORITHM)
     digest.update(header)
     size = len(header)
     try:
-        with temporary.open("wb") as f:
+        with temporary.open("xb") as f:
             f.write(header)
             for item in items:
                 data = item.data()

@@ -346,7 +346,9 @@ def compare_sources(
     )
     tracker = _Progress(total, progress, cancelled)
     workers = options.workers or min(8, usable_cpus())
-    with Engine(workers, options.chunk_elements) as engine:
+    # Reads that also hash keep a thread of their own busy (see `Engine`); bare reads do not.
+    read_ahead = reference.digesting or candidate.digesting
+    with Engine(workers, options.chunk_elements, read_ahead=read_ahead) as engine:
         tensors = [_compare_one(k, r, c, reference, candidate, options, engine, tracker) for k, r, c in pairs]
     if progress is not None:
         progress(total, total, "done")

@@ -119,6 +119,8 @@ class TensorSource:
         self._readers = readers
         self._index = index
         self._algorithms: tuple[Algorithm, ...] = (ALGORITHM,)
+        self.digesting = False
+        """Whether `start_digests` was called: the comparison's reads also hash."""
         self.files: tuple[Path, ...] = ((index,) if index else ()) + tuple(r.path for r in readers)
         self.entries: dict[str, TensorEntry] = {}
         self._owner: dict[str, _Reader] = {}
@@ -147,6 +149,7 @@ class TensorSource:
         """Digest every tensor file with ``algorithms`` in the same pass as the comparison reads it (call
         before comparing); `digest_jobs` then finishes each digest from where the reads stopped."""
         self._algorithms = tuple(algorithms)
+        self.digesting = True
         for reader in self._readers:
             reader.start_digest(self._algorithms)
 

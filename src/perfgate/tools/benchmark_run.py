@@ -3,16 +3,19 @@
 Everything is read from the run's directory on disk, so these calls work from a new client connection
 and after the server restarted. ``result`` summarises the launches exactly as the blocking call does
 (the same code) and commits the record under ``run_benchmark_window``; later ``result`` calls return
-that record again.
+that record again, and calls racing on one run (under its ``result.lock``) record it once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import anyio
 import anyio.to_thread
@@ -178,12 +181,61 @@ def _status(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path, message: s
 
 
 async def _result(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path) -> BenchmarkRunOutput:
-    from perfgate.tools import run_benchmark_window as rbw
-
     status = await anyio.to_thread.run_sync(_status, rt, inp, directory, "")
+    async with _recording(directory):
+        return await _result_once(rt, inp, directory, status)
+
+
+@contextlib.asynccontextmanager
+async def _recording(directory: Path) -> AsyncGenerator[None]:
+    """Held while one call reads, or records, the run's result: calls racing on one run (two clients,
+    two servers) record it once, and the others return that record."""
+    import fcntl
+
+    fd = os.open(directory / "result.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        await anyio.to_thread.run_sync(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _recorded_id(directory: Path, run_id: str) -> str | None:
+    """The evidence id the run's result was recorded under, or None when it was not recorded yet.
+
+    Raises:
+        ToolError: ``result.json`` is there but holds no evidence id (never silently recorded twice).
+    """
     done_file = directory / "result.json"
-    if done_file.is_file():
-        evidence_id = json.loads(done_file.read_text(encoding="utf-8"))["evidence_id"]
+    try:
+        text = done_file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        text = ""
+    try:
+        value: Any = json.loads(text)
+    except ValueError:
+        value = None
+    evidence_id: Any = cast("dict[str, Any]", value).get("evidence_id") if isinstance(value, dict) else None
+    if not isinstance(evidence_id, str) or not evidence_id:
+        raise ToolError(
+            f"run {run_id}: {done_file} is unreadable or holds no evidence id, so whether its result was "
+            "recorded is unknown; find its run_benchmark_window record with `perfgate ledger show --tool "
+            "run_benchmark_window`, or move the file aside to record the result again"
+        )
+    return evidence_id
+
+
+async def _result_once(
+    rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path, status: BenchmarkRunOutput
+) -> BenchmarkRunOutput:
+    """`_result` under the run's recording lock."""
+    from perfgate.tools import run_benchmark_window as rbw
+    from perfgate.trust import write_private
+
+    evidence_id = _recorded_id(directory, inp.run_id)
+    if evidence_id is not None:
         record = await rt.load(evidence_id)
         out = RunBenchmarkWindowOutput.model_validate(record.result)
         return status.model_copy(
@@ -246,7 +298,8 @@ async def _result(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path) -> B
     provenance = rbw.RunProvenance.model_validate(raw) if isinstance(raw, dict) else None
     # the code state was captured at launch; its diff artifact stays with the start record
     out = await rbw.measure(window_inp, wrt, request, ev, launch_once, provenance, run_id=inp.run_id)
-    (directory / "result.json").write_text(json.dumps({"evidence_id": out.evidence_id}), encoding="utf-8")
+    # Whole or not at all: a reader never sees a part of it (the lock orders the writers).
+    write_private(directory / "result.json", json.dumps({"evidence_id": out.evidence_id}).encode())
     return status.model_copy(
         update={"evidence_id": out.evidence_id, "state": out.state, "result": out, "message": "recorded"}
     )

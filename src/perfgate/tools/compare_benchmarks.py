@@ -6,6 +6,7 @@ start-up fast.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
@@ -17,7 +18,7 @@ from perfgate.benchmarking.contract import same_contract
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
 from perfgate.benchmarking.vocabulary import canonical_key, vocabulary_problems
 from perfgate.errors import ToolError
-from perfgate.evidence import EvidenceRecord, EvidenceState, sha256_file
+from perfgate.evidence import EvidenceRecord, EvidenceState
 from perfgate.evidence.access import as_dict
 from perfgate.report.plots import ab_distribution_png
 from perfgate.tools._runtime import ToolRuntime
@@ -583,13 +584,19 @@ def _samples(rt: ToolRuntime, record: EvidenceRecord) -> list[WindowSample]:
     if artifact is None:
         raise ToolError(f"evidence {record.id} has no {SERIES_NAME} artifact: re-run run_benchmark_window")
     path = rt.workspace / artifact.path
-    if not path.is_file() or sha256_file(path) != artifact.sha256:
+    # Read once, and the bytes checked are the bytes used: the file is the agent's to write, and read a
+    # second time after its hash was checked it could be another file by then.
+    try:
+        data: bytes | None = path.read_bytes() if path.is_file() else None
+    except OSError:
+        data = None
+    if data is None or hashlib.sha256(data).hexdigest() != artifact.sha256:
         raise ToolError(
             f"artifact {artifact.path} of {record.id} is missing or was modified after it was recorded "
             "(`perfgate ledger verify`): re-measure the window"
         )
     try:
-        return samples_from_series(path.read_bytes(), artifact.path, launch_prefix=f"{record.id}:")
+        return samples_from_series(data, artifact.path, launch_prefix=f"{record.id}:")
     except BenchmarkError as exc:
         raise ToolError(str(exc)) from exc
 

@@ -37,7 +37,7 @@ from perfgate.tools._traces import (
     trace_brief,
     trace_files,
 )
-from perfgate.tools.run_benchmark_window import RunProvenance, measured_environment, run_provenance
+from perfgate.tools.run_benchmark_window import RunProvenance, measured_environment, one_run, run_provenance
 from perfgate.traces import Finding, RankProfile, RankSkew, TraceError
 from perfgate.traces.external import (
     ExternalCapture,
@@ -300,45 +300,50 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         profiled = False
     else:
         run_dir = _run_dir(inp, rt)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        (run_dir / "traces").mkdir(parents=True)
-        profiles = []
-        files = []
-        profiled = True
-        try:
-            if inp.harness_on_path:
-                await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.state_dir))
-            from perfgate.traces.hostload import HostLoadSampler
-
-            assert inp.command is not None
-            provenance = await anyio.to_thread.run_sync(run_provenance, inp.command, inp.cwd, inp.env, rt, ev)
-            sampler = HostLoadSampler()
-            sampler.start()
-            result = await rt.run_command(request, ev)
-            host_load = sampler.stop()
-            exit_code = result.exit_code
-            fingerprint = await anyio.to_thread.run_sync(_measured, run_dir / "records")
-            traces = sorted((run_dir / "traces").glob("rank*.pt.trace.json*"))
-            if not result.succeeded:
-                failure = f"the training command failed: {result.summary()}"
-            elif not traces:
-                failure = (
-                    "the run wrote no trace: did the script run skip_first + wait + warmup + active optimizer "
-                    "steps? Lower the schedule or run more steps."
-                )
-            if traces:
-                profiles = await analyze_paths(traces, inp, rt)
-                for p in profiles:
-                    p.host_load = host_load
-                trace_artifacts = await _keep_traces(ev, traces, rt)
-                files = [
-                    TraceFile(path=a, bytes=(rt.workspace / a).stat().st_size, rank=p.rank)
-                    for a, p in zip(trace_artifacts, profiles, strict=True)
-                ]
-                for p, a in zip(profiles, trace_artifacts, strict=True):
-                    p.path = a
-        finally:
+        with one_run(run_dir, rt):  # refused when a run of this same input holds its folder
             shutil.rmtree(run_dir, ignore_errors=True)
+            (run_dir / "traces").mkdir(parents=True)
+            profiles = []
+            files = []
+            profiled = True
+            try:
+                if inp.harness_on_path:
+                    await anyio.to_thread.run_sync(
+                        prepare_harness_path, harness_pythonpath(rt.ledger.state_dir)
+                    )
+                from perfgate.traces.hostload import HostLoadSampler
+
+                assert inp.command is not None
+                provenance = await anyio.to_thread.run_sync(
+                    run_provenance, inp.command, inp.cwd, inp.env, rt, ev
+                )
+                sampler = HostLoadSampler()
+                sampler.start()
+                result = await rt.run_command(request, ev)
+                host_load = sampler.stop()
+                exit_code = result.exit_code
+                fingerprint = await anyio.to_thread.run_sync(_measured, run_dir / "records")
+                traces = sorted((run_dir / "traces").glob("rank*.pt.trace.json*"))
+                if not result.succeeded:
+                    failure = f"the training command failed: {result.summary()}"
+                elif not traces:
+                    failure = (
+                        "the run wrote no trace: did the script run skip_first + wait + warmup + active optimizer "
+                        "steps? Lower the schedule or run more steps."
+                    )
+                if traces:
+                    profiles = await analyze_paths(traces, inp, rt)
+                    for p in profiles:
+                        p.host_load = host_load
+                    trace_artifacts = await _keep_traces(ev, traces, rt)
+                    files = [
+                        TraceFile(path=a, bytes=(rt.workspace / a).stat().st_size, rank=p.rank)
+                        for a, p in zip(trace_artifacts, profiles, strict=True)
+                    ]
+                    for p, a in zip(profiles, trace_artifacts, strict=True):
+                        p.path = a
+            finally:
+                shutil.rmtree(run_dir, ignore_errors=True)
 
     report = combine(profiles)
     warnings.extend(report.warnings)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
+from collections.abc import AsyncGenerator
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
@@ -262,7 +265,30 @@ def _evaluate(
     return exp.id, evaluate_keep(exp, ledger, inp.fewer_windows_reason), links, exp
 
 
+@contextlib.asynccontextmanager
+async def _deciding(ledger: Ledger) -> AsyncGenerator[None]:
+    """Held from reading an experiment to recording what was decided on it, by every record_decision
+    call on the workspace (across servers): a keep is weighed against every decision recorded before it
+    (a keep sent at the same time as another on the same experiment, or on the same candidate windows,
+    is weighed after that one is recorded, never beside it)."""
+    import fcntl
+
+    fd = os.open(
+        ledger.state_dir / "decisions.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644
+    )
+    try:
+        await anyio.to_thread.run_sync(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput:
+    async with _deciding(rt.ledger):
+        return await _run(inp, rt)
+
+
+async def _run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput:
     exp_id, gates, links, exp = await anyio.to_thread.run_sync(_evaluate, inp, rt.ledger)
     accepted = True
     label: str | None = None

@@ -6,12 +6,13 @@ used, to keep server start-up fast.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import shutil
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -600,9 +601,35 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
         await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.state_dir))
     if inp.detach:
         return await _start_detached(inp, rt, request)
+    run_dir = _run_dir(inp, rt)
+    with one_run(run_dir, rt):
+        return await _run_blocking(inp, rt, request, run_dir)
+
+
+@contextlib.contextmanager
+def one_run(run_dir: Path, rt: ToolRuntime) -> Generator[None]:
+    """Hold ``run_dir`` (named after the input) for this call's run, or refuse the call when a run of the
+    same input holds it (see `perfgate.execution.rundir`)."""
+    from perfgate.execution.rundir import RunDirBusyError, hold_run_dir
+
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(hold_run_dir(run_dir, wait=False))
+        except RunDirBusyError as exc:
+            raise ToolError(
+                f"a {rt.tool} run of this same input is in progress (detached, or another call) and uses "
+                f"{rt.relative(run_dir)}: two at once would read each other's records. Wait for it to end "
+                "(a detached run_benchmark_window: benchmark_run(action='wait')), then call again"
+            ) from exc
+        yield
+
+
+async def _run_blocking(
+    inp: RunBenchmarkWindowInput, rt: ToolRuntime, request: CommandRequest, run_dir: Path
+) -> RunBenchmarkWindowOutput:
+    """`run` without detach, holding ``run_dir``."""
     ev = rt.evidence()
     provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
-    run_dir = _run_dir(inp, rt)
     record_dir = run_dir / "records"
 
     host_loads: list[HostLoad] = []
@@ -787,6 +814,9 @@ async def _start_detached(
     """Start the approved launches under a detached supervisor; the record says where to follow them."""
     launches = 1 if inp.same_process else inp.repeats
     record_dir = None if inp.timing == "log" else str(_run_dir(inp, rt) / "records")
+    if record_dir is not None:  # refused now when a run of this input holds it; the supervisor then waits
+        with one_run(_run_dir(inp, rt), rt):
+            pass
     ev = rt.evidence()
     # what ran is captured now, at launch (the code may change while the run goes on)
     provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)

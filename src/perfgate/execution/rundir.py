@@ -1,0 +1,54 @@
+"""One run at a time in a run directory whose path is fixed by the tool's input.
+
+The record and trace folders of ``run_benchmark_window`` and ``profile_segment`` runs are named after a
+digest of the call's input, since that path is in the approved command (its environment) and must be the
+same on every round of the gate. Two runs of the same input would share them: each empties the folder
+before its launch and removes it afterwards, so one run would read the other's records as its own, or
+find its own deleted. A run therefore holds an exclusive lock on ``<run dir>.lock`` (beside the folder,
+which is removed and made again) for as long as it uses the folder; the lock goes with the process that
+holds it, also when that process is killed.
+
+Stdlib only: the detached supervisor imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Generator
+from pathlib import Path
+
+__all__ = ["RunDirBusyError", "hold_run_dir", "lock_path", "run_dir_of"]
+
+
+class RunDirBusyError(RuntimeError):
+    """Another run of the same input is using the run directory now."""
+
+
+def lock_path(run_dir: Path) -> Path:
+    return run_dir.with_name(run_dir.name + ".lock")
+
+
+def run_dir_of(record_dir: str | os.PathLike[str]) -> Path:
+    """The run directory of a harness record folder (``<run dir>/records``)."""
+    return Path(record_dir).parent
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path, *, wait: bool) -> Generator[None]:
+    """Hold ``run_dir`` for one run: wait for it, or raise at once when another run holds it.
+
+    Raises:
+        RunDirBusyError: ``wait`` is false and another run (a process or a call in this one) holds it.
+    """
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path(run_dir), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError as exc:
+            raise RunDirBusyError(str(run_dir)) from exc
+        yield
+    finally:
+        os.close(fd)  # releases the lock
