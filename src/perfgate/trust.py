@@ -251,15 +251,11 @@ class TrustRoot:
     @contextlib.contextmanager
     def locked(self, path: Path) -> Generator[None]:
         """An exclusive advisory lock on ``path`` (created 0600) for read-modify-write of small files."""
-        import fcntl
+        from perfgate._filelock import held
 
         _private_dir(path.parent)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with held(path):
             yield
-        finally:
-            os.close(fd)
 
     def read_json(self, path: Path) -> object | None:
         try:

@@ -154,17 +154,11 @@ def prepare_harness_path(target: Path) -> Path:
     one creates or replaces it and the others find it ready: never does one move aside the fresh copy
     another call's command is about to import.
     """
-    import fcntl
+    from perfgate._filelock import held
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(
-        target.with_name(target.name + ".lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644
-    )
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with held(target.with_name(target.name + ".lock")):
         return _prepare_harness_path(target)
-    finally:
-        os.close(fd)
 
 
 def _prepare_harness_path(target: Path) -> Path:

@@ -247,15 +247,11 @@ class RunList:
 
     @contextlib.contextmanager
     def _locked(self):  # type: ignore[no-untyped-def]  # a generator context manager
-        import fcntl
+        from perfgate._filelock import held
 
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self._lock, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with held(self._lock):
             yield
-        finally:
-            os.close(fd)
 
     def add(self, run: RunHandle) -> None:
         entry = {**asdict(run), "server_pid": os.getpid(), "server_start": _start_time(os.getpid())}

@@ -14,10 +14,11 @@ Stdlib only: the detached supervisor imports it.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Generator
 from pathlib import Path
+
+from perfgate._filelock import held
 
 __all__ = ["RunDirBusyError", "hold_run_dir", "lock_path", "run_dir_of"]
 
@@ -43,12 +44,9 @@ def hold_run_dir(run_dir: Path, *, wait: bool) -> Generator[None]:
         RunDirBusyError: ``wait`` is false and another run (a process or a call in this one) holds it.
     """
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path(run_dir), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
+    with contextlib.ExitStack() as stack:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            stack.enter_context(held(lock_path(run_dir), wait=wait))
         except BlockingIOError as exc:
             raise RunDirBusyError(str(run_dir)) from exc
         yield
-    finally:
-        os.close(fd)  # releases the lock

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 from collections.abc import AsyncGenerator
@@ -190,14 +189,10 @@ async def _result(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path) -> B
 async def _recording(directory: Path) -> AsyncGenerator[None]:
     """Held while one call reads, or records, the run's result: calls racing on one run (two clients,
     two servers) record it once, and the others return that record."""
-    import fcntl
+    from perfgate._filelock import held_async
 
-    fd = os.open(directory / "result.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        await anyio.to_thread.run_sync(fcntl.flock, fd, fcntl.LOCK_EX)
+    async with held_async(directory / "result.lock"):
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _recorded_id(directory: Path, run_id: str) -> str | None:

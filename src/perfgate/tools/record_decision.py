@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 from collections.abc import AsyncGenerator
 from datetime import datetime, timezone
@@ -271,16 +270,10 @@ async def _deciding(ledger: Ledger) -> AsyncGenerator[None]:
     call on the workspace (across servers): a keep is weighed against every decision recorded before it
     (a keep sent at the same time as another on the same experiment, or on the same candidate windows,
     is weighed after that one is recorded, never beside it)."""
-    import fcntl
+    from perfgate._filelock import held_async
 
-    fd = os.open(
-        ledger.state_dir / "decisions.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644
-    )
-    try:
-        await anyio.to_thread.run_sync(fcntl.flock, fd, fcntl.LOCK_EX)
+    async with held_async(ledger.state_dir / "decisions.lock"):
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput:
