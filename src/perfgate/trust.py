@@ -58,16 +58,28 @@ def _private_dir(path: Path) -> None:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
-def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically with mode 0600 (replacing any previous file)."""
+def _written_aside(path: Path, data: bytes) -> Path:
+    """A private (0600) temporary file beside ``path`` holding ``data`` in full, fsynced: what
+    `write_private` and `create_private` then put in place."""
     _private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically with mode 0600 (replacing any previous file)."""
+    tmp = _written_aside(path, data)
+    try:
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -82,22 +94,15 @@ def create_private(path: Path, data: bytes) -> bool:
     reader never sees the file empty or partial, and of several processes racing to create it exactly one
     does: the others keep (and should read back) the winner's file.
     """
-    _private_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    tmp = _written_aside(path, data)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
     finally:
         with contextlib.suppress(OSError):
             tmp.unlink()
+    return True
 
 
 @dataclass(frozen=True)
