@@ -56,6 +56,28 @@ def two_ranks(port: int, **kw: Any) -> dict[str, Any]:
     return {"command": argv, "warmup_steps": 2, "measure_steps": 6, "repeats": 1, "contract": CONTRACT, **kw}
 
 
+def paced(*, steps: int, step_ms: int, measure_steps: int, **extra: Any) -> dict[str, Any]:
+    """A detached run_benchmark_window of the paced script: explicit timing, one launch."""
+    return {
+        "command": [PY, PACED, "--steps", str(steps), "--step-ms", str(step_ms)],
+        "timing": "explicit",
+        "warmup_steps": 2,
+        "measure_steps": measure_steps,
+        "repeats": 1,
+        "contract": {"invariants": {"workload": "paced"}},
+        "detach": True,
+        **extra,
+    }
+
+
+def _wait_launched(run_dir: Path) -> None:
+    """Until the run's first launch has started (its stderr log exists)."""
+    deadline = time.monotonic() + 60
+    while not (run_dir / "launch0_stderr.log").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
 async def _wait(workspace: Path, run_id: str) -> dict[str, Any]:
     deadline = time.monotonic() + 240
     while True:
@@ -107,23 +129,11 @@ async def test_a_detached_two_rank_run_survives_restarts_and_matches_the_blockin
 
 
 async def test_cancel_stops_the_run_and_its_process_group(allowed: Path) -> None:
-    args = {
-        "command": [PY, PACED, "--steps", "100000", "--step-ms", "20"],
-        "timing": "explicit",
-        "warmup_steps": 2,
-        "measure_steps": 50000,
-        "repeats": 1,
-        "timeout_s": 300,
-        "contract": {"invariants": {"workload": "paced"}},
-        "detach": True,
-    }
+    args = paced(steps=100000, step_ms=20, measure_steps=50000, timeout_s=300)
     started = await call(allowed, "run_benchmark_window", args)
     run_id = started["run_id"]
     run_dir = allowed / ".perfgate" / "detached" / run_id
-    deadline = time.monotonic() + 60
-    while not (run_dir / "launch0_stderr.log").exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    _wait_launched(run_dir)
     supervisor = int((run_dir / "supervisor.pid").read_text())
     out = await call(allowed, "benchmark_run", {"action": "cancel", "run_id": run_id})
     assert out["run_state"] == "cancelled"
@@ -200,15 +210,7 @@ async def test_racing_result_calls_record_a_run_once(allowed: Path, monkeypatch:
 
     from perfgate.tools import run_benchmark_window as rbw
 
-    args = {
-        "command": [PY, PACED, "--steps", "8", "--step-ms", "1"],
-        "timing": "explicit",
-        "warmup_steps": 2,
-        "measure_steps": 4,
-        "repeats": 1,
-        "contract": {"invariants": {"workload": "paced"}},
-        "detach": True,
-    }
+    args = paced(steps=8, step_ms=1, measure_steps=4)
     run_id = (await call(allowed, "run_benchmark_window", args))["run_id"]
     assert (await _wait(allowed, run_id))["run_state"] == "finished"
 
@@ -254,22 +256,10 @@ async def test_racing_result_calls_record_a_run_once(allowed: Path, monkeypatch:
 async def test_a_detached_run_of_the_same_input_is_refused_while_one_runs(allowed: Path) -> None:
     """Two detached runs of one input would share the record folder named after it (each supervisor
     empties it before a launch and copies it after): the second is refused while the first holds it."""
-    args = {
-        "command": [PY, PACED, "--steps", "100000", "--step-ms", "20"],
-        "timing": "explicit",
-        "warmup_steps": 2,
-        "measure_steps": 50000,
-        "repeats": 1,
-        "timeout_s": 300,
-        "contract": {"invariants": {"workload": "paced"}},
-        "detach": True,
-    }
+    args = paced(steps=100000, step_ms=20, measure_steps=50000, timeout_s=300)
     run_id = (await call(allowed, "run_benchmark_window", args))["run_id"]
     run_dir = allowed / ".perfgate" / "detached" / run_id
-    deadline = time.monotonic() + 60
-    while not (run_dir / "launch0_stderr.log").exists():  # its supervisor holds the folder by now
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    _wait_launched(run_dir)  # its supervisor holds the folder by now
     started = [run_id]
     try:
         async with Client(build_server(ServerConfig.create(allowed))) as client:
