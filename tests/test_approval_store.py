@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from _races import open_twice_after_both_looked
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
 from perfgate.execution.approvals import ApprovalStatus, ApprovalStore, ApprovalStoreError
@@ -229,7 +230,6 @@ def test_processes_opening_an_unsigned_store_at_once_both_open_it(
     openers (the server and `perfgate approve`) both found the column missing, and the second one's
     ALTER TABLE failed ("duplicate column name"), so it could not start."""
     import contextlib
-    import functools
 
     from perfgate.execution.approvals import _SCHEMA  # pyright: ignore[reportPrivateUsage]
     from perfgate.trust import TrustRoot
@@ -238,33 +238,11 @@ def test_processes_opening_an_unsigned_store_at_once_both_open_it(
     folder.mkdir()
     with contextlib.closing(sqlite3.connect(folder / "approvals.db")) as old:
         old.executescript(_SCHEMA.replace(",\n    mac TEXT\n", "\n"))
-    both_looked = threading.Barrier(2, timeout=1)
-
-    class Looking(sqlite3.Connection):
-        def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
-            cursor = super().execute(sql, *args)
-            if sql.startswith("PRAGMA table_info"):  # both have looked before either adds the column
-                with contextlib.suppress(threading.BrokenBarrierError):
-                    both_looked.wait()
-            return cursor
-
-    monkeypatch.setattr(sqlite3, "connect", functools.partial(sqlite3.connect, factory=Looking))
     key = TrustRoot.locate().ensure_key()
-    opened: list[ApprovalStore] = []
-    failures: list[Exception] = []
-
-    def open_store() -> None:
-        try:
-            opened.append(ApprovalStore(folder, key))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
-
-    threads = [threading.Thread(target=open_store) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert failures == [] and len(opened) == 2
-    monkeypatch.undo()
+    # Both look for the column before either adds it.
+    opened = open_twice_after_both_looked(monkeypatch, "approvals", lambda: ApprovalStore(folder, key))
+    assert (
+        len(opened) == 2 and isinstance(opened[0], ApprovalStore) and isinstance(opened[1], ApprovalStore)
+    ), opened
     approval, created = opened[1].open_pending(req(tmp_path), "run_x", ttl_s=100)
     assert created and opened[0].get(approval.id) == approval

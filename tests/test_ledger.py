@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from _races import open_twice_after_both_looked
 from perfgate.cli import main as cli_main
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 
@@ -388,7 +389,6 @@ def test_processes_opening_an_unsigned_ledger_at_once_both_open_it(
     processes opening it at once both found them missing, and the second one's ALTER TABLE failed
     ("duplicate column name"), so it could not open its ledger."""
     import contextlib
-    import functools
 
     from perfgate.evidence.ledger import _SCHEMA, _Connection  # pyright: ignore[reportPrivateUsage]
 
@@ -401,35 +401,14 @@ def test_processes_opening_an_unsigned_ledger_at_once_both_open_it(
             )
         )
         assert {r[1] for r in old.execute("PRAGMA table_info(evidence)")} & {"key_id", "mac"} == set()
-    both_looked = threading.Barrier(2, timeout=1)
 
-    class Looking(sqlite3.Connection):
-        def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
-            cursor = super().execute(sql, *args)
-            if sql.startswith("PRAGMA table_info(evidence)"):  # both looked before either adds a column
-                with contextlib.suppress(threading.BrokenBarrierError):
-                    both_looked.wait()
-            return cursor
+    def open_ledger() -> str:  # what a process opening the ledger does: a connection of its own
+        with _Connection(db).use():
+            pass
+        return "ok"
 
-    monkeypatch.setattr(sqlite3, "connect", functools.partial(sqlite3.connect, factory=Looking))
-    opened: list[str] = []
-    failures: list[Exception] = []
-
-    def open_ledger() -> None:  # what a process opening the ledger does: a connection of its own
-        try:
-            with _Connection(db).use():
-                pass
-            opened.append("ok")
-        except Exception as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
-
-    threads = [threading.Thread(target=open_ledger) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert failures == [] and opened == ["ok", "ok"]
-    monkeypatch.undo()
+    # Both look for the columns before either adds them.
+    assert open_twice_after_both_looked(monkeypatch, "evidence", open_ledger) == ["ok", "ok"]
     ledger = Ledger(workspace)
     _append(ledger, value=1)
     assert ledger.verify().ok
