@@ -8,11 +8,9 @@ that record again, and calls racing on one run (under its ``result.lock``) recor
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import shutil
-from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
@@ -180,19 +178,13 @@ def _status(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path, message: s
 
 
 async def _result(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path) -> BenchmarkRunOutput:
-    status = await anyio.to_thread.run_sync(_status, rt, inp, directory, "")
-    async with _recording(directory):
-        return await _result_once(rt, inp, directory, status)
-
-
-@contextlib.asynccontextmanager
-async def _recording(directory: Path) -> AsyncGenerator[None]:
-    """Held while one call reads, or records, the run's result: calls racing on one run (two clients,
-    two servers) record it once, and the others return that record."""
     from perfgate._filelock import held_async
 
+    status = await anyio.to_thread.run_sync(_status, rt, inp, directory, "")
+    # Held while one call reads, or records, the run's result: calls racing on one run (two clients, two
+    # servers) record it once, and the others return that record.
     async with held_async(directory / "result.lock"):
-        yield
+        return await _result_once(rt, inp, directory, status)
 
 
 def _recorded_id(directory: Path, run_id: str) -> str | None:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import secrets
-from collections.abc import AsyncGenerator
 from datetime import datetime, timezone
 from typing import Annotated, Literal
 
@@ -264,20 +262,14 @@ def _evaluate(
     return exp.id, evaluate_keep(exp, ledger, inp.fewer_windows_reason), links, exp
 
 
-@contextlib.asynccontextmanager
-async def _deciding(ledger: Ledger) -> AsyncGenerator[None]:
-    """Held from reading an experiment to recording what was decided on it, by every record_decision
-    call on the workspace (across servers): a keep is weighed against every decision recorded before it
-    (a keep sent at the same time as another on the same experiment, or on the same candidate windows,
-    is weighed after that one is recorded, never beside it)."""
+async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput:
     from perfgate._filelock import held_async
 
-    async with held_async(ledger.state_dir / "decisions.lock"):
-        yield
-
-
-async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput:
-    async with _deciding(rt.ledger):
+    # Held from reading an experiment to recording what was decided on it, by every record_decision call
+    # on the workspace (across servers): a keep is weighed against every decision recorded before it (a
+    # keep sent at the same time as another on the same experiment, or on the same candidate windows, is
+    # weighed after that one is recorded, never beside it).
+    async with held_async(rt.ledger.state_dir / "decisions.lock"):
         return await _run(inp, rt)
 
 
