@@ -74,15 +74,38 @@ def same(x: float, y: float) -> bool:
 
 
 def check(ref: np.ndarray, cand: np.ndarray, p: KernelParams, offset: int = 3) -> ChunkStats:
-    got = chunk_stats(ref, cand, offset, p, Scratch(8192))
+    """The kernel's figures for one chunk against `expected`: every figure the same, bit for bit, with every
+    dot product recomputed; as the kernel runs (`_few_dots` may correct b.b and a.b of a chunk with few
+    differences), those two within `_few_dots`'s bound of their exactly rounded values."""
+    from perfgate.tensors import _kernel
+
     want = expected(ref, cand, offset, p)
-    diff = {
+    original = _kernel._few_dots  # pyright: ignore[reportPrivateUsage]
+    _kernel._few_dots = lambda *args: None  # pyright: ignore[reportPrivateUsage]
+    try:
+        recomputed = chunk_stats(ref, cand, offset, p, Scratch(8192))
+    finally:
+        _kernel._few_dots = original  # pyright: ignore[reportPrivateUsage]
+    assert differing(recomputed, want) == {}
+    got = chunk_stats(ref, cand, offset, p, Scratch(8192))
+    near = differing(got, want)
+    assert set(near) <= {"bb", "ab"}, near
+    n = ref.shape[0]
+    x, y = ref.astype(np.float64), cand.astype(np.float64)
+    factors = {"bb": (y, y), "ab": (x, y)}
+    for name, (value, _) in near.items():
+        u, v = factors[name]
+        exact = math.fsum((u * v).tolist())  # values of at most 24 bits: every product is exact
+        assert abs(value - exact) <= 4 * (n + 2) * 2.0**-53 * abs(exact), (name, value, exact)
+    return got
+
+
+def differing(got: ChunkStats, want: ChunkStats) -> dict[str, tuple[float, float]]:
+    return {
         f.name: (getattr(got, f.name), getattr(want, f.name))
         for f in dataclasses.fields(ChunkStats)
         if not same(float(getattr(got, f.name)), float(getattr(want, f.name)))
     }
-    assert not diff, diff
-    return got
 
 
 def params(
@@ -377,15 +400,53 @@ def test_few_changed_elements_with_nan_or_infinity_or_too_many_changes_take_the_
         ref[100] = cand[100] = value
         for p in (params(1e-3, 1e-2), params(1e-3, 1e-2, allow_nonfinite=True, equal_nan=True)):
             check(ref, cand, p)
-    assert len(taken) == 4
+    assert len(taken) == 8  # `check` runs the kernel twice
     ref, _, _ = _few_changed(dtype, 4096, 0, seed=13)
     cand = ref.copy()
     cand[::16] = (ref[::16].astype(np.float32) + np.float32(0.5)).astype(dtype)  # one element in 16
     check(ref, cand, params(1e-3, 1e-2))
-    assert len(taken) == 4
+    assert len(taken) == 8
     cand[1] = (ref[1].astype(np.float32) + np.float32(0.5)).astype(dtype)  # one more
     check(ref, cand, params(1e-3, 1e-2))
-    assert len(taken) == 5
+    assert len(taken) == 10
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float32])
+def test_few_differences_correct_the_dot_products_unless_the_changes_hold_the_norm(
+    dtype: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """b.b and a.b of a chunk with few differences are a.a corrected by the changed elements (within the
+    bound of the exact sums, `check`), except when the changes hold much of the chunk's squared norm: a
+    few huge values zeroed or grown must not cancel a.a into noise, so those dot products are recomputed
+    (bit for bit); the chunk stays on the few-differences path either way."""
+    from perfgate.tensors import _kernel
+
+    def no_general(*args: object) -> None:
+        raise AssertionError("the chunk took the general path")
+
+    corrected: list[bool] = []
+    few_dots = _kernel._few_dots  # pyright: ignore[reportPrivateUsage]
+
+    def spy(*args: Any) -> Any:
+        dots = few_dots(*args)
+        corrected.append(dots is not None)
+        return dots
+
+    monkeypatch.setattr(_kernel, "_general", no_general)
+    monkeypatch.setattr(_kernel, "_few_dots", spy)
+    n = 8192 - 5
+    ref, cand, where = _few_changed(dtype, n, 12, seed=21)  # a rounding moved here and there
+    check(ref, cand, params(1e-3, 1e-2))
+    assert corrected == [True]
+    for huge_side in ("reference", "candidate", "both"):
+        big, small = ref.copy(), cand.copy()
+        if huge_side in ("reference", "both"):
+            big[where[:3]] = 1e30  # the change zeroes or shrinks them: b.b is a.a minus nearly all of it
+        if huge_side in ("candidate", "both"):
+            small[where[3:6]] = -1e30
+        corrected.clear()
+        check(big, small, params(1e-3, 1e-2))
+        assert corrected == [False]
 
 
 def test_a_sum_of_few_errors_is_taken_alone_only_when_every_partial_sum_is_exact() -> None:

@@ -11,7 +11,9 @@ at most 4-byte values in which few elements differ in their bits (a bfloat16 mod
 roundings) gets the per-element work on those elements alone (`_few_differences`). A chunk whose
 extremes prove every element close (`_all_close`) skips the per-element test, and one where only a few
 elements are not proved close by their own ratio tests just those (`_suspects_decide`); either way every figure is
-exactly what the per-element float64 evaluation gives (tests/test_tensors_kernel_exact.py).
+exactly what the per-element float64 evaluation gives (tests/test_tensors_kernel_exact.py), except the dot
+products of a chunk with few differences, which `_few_dots` corrects rather than recomputes (as accurate, not
+the same bits).
 
 Error statistics (max/mean absolute error, max relative error, cosine similarity) cover the elements
 where both values are finite; non-finite elements are counted separately. Relative errors skip elements
@@ -355,10 +357,10 @@ def _few_differences(
     `_closeness`; its error sum is numpy's sum of the whole error array: the differing elements' errors
     summed alone when every partial sum of them is exact (`_short_sum`: then every order gives those bits),
     else numpy's sum over an array of zeros holding them at their places (the same array, so the same bits).
-    The dot products are
-    the BLAS products of the widened chunks, as everywhere: the candidate is widened as a copy of the widened
-    reference with the differing elements replaced (the same values). The squares of these dtypes (at most
-    3.4e38 squared) and their sums over a chunk are finite, so a finite a.a and b.b prove every value finite."""
+    The dot products are the one exception to exactness (`_few_dots`): b.b and a.b are the reference's a.a
+    corrected by the differing elements' own products, as accurate as the general path's but not its bits.
+    The squares of these dtypes (at most 3.4e38 squared) and their sums over a chunk are finite, so a finite
+    a.a and b.b prove every value finite."""
     n = reference.shape[0]
     word = _WORDS[reference.dtype.itemsize]
     ref_bits: np.ndarray = cast("Any", reference).view(word)
@@ -373,22 +375,26 @@ def _few_differences(
     count = where.shape[0]
     if count * _FEW_SHARE > n:
         return None
-    a, b = scratch.a[:n], scratch.b[:n]
+    a = scratch.a[:n]
     _widen(reference, a, scratch)
     if count == 0:
         aa = _dot_sum(a, a, False)
         if not math.isfinite(aa):
             return None
         return _settled(n, offset, aa)
-    np.copyto(b, a)
     changed = np.empty(count, dtype=np.float64)
     # Gathered as bits (fancy indexing of an ml_dtypes array is many times slower), then widened.
     _widen(cast("Any", cand_bits[where]).view(candidate.dtype), changed, scratch)
-    b[where] = changed
-    aa, bb, ab = _dots(a, b, False)
+    before = a[where]
+    dots = _few_dots(a, before, changed)
+    if dots is None:
+        b = scratch.b[:n]
+        np.copyto(b, a)
+        b[where] = changed
+        dots = _dots(a, b, False)
+    aa, bb, ab = dots
     if not (math.isfinite(aa) and math.isfinite(bb)):
         return None
-    before = a[where]
     d = changed - before
     np.abs(d, out=d)
     absa = np.abs(before)
@@ -426,6 +432,33 @@ def _few_differences(
         nonfinite_reference=0,
         nonfinite_candidate=0,
     )
+
+
+_FEW_NORM_SHARE = 0.25
+"""`_few_dots` corrects a.a only when the differing elements hold at most this share of its squared norm."""
+
+
+def _few_dots(a: np.ndarray, before: np.ndarray, changed: np.ndarray) -> tuple[float, float, float] | None:
+    """(a.a, b.b, a.b) of a widened chunk ``a`` and of ``b``, which is ``a`` with the values ``before`` moved
+    to ``changed`` at a few places, without building ``b``: a.a as everywhere (`_dot_sum`), then
+    b.b = a.a + (sum of changed^2 - sum of before^2) and a.b = a.a + (sum of before * changed - sum of
+    before^2). None (the caller builds ``b`` and takes `_dots`) when the differing elements hold more than
+    `_FEW_NORM_SHARE` of a.a, or a sum is not finite.
+
+    Accuracy: the values have at most 24 significant bits, so every product is exact in float64 and the
+    only errors are the sums' roundings: a.a's (the general path's own, over the same n values: at most
+    about n units of 2^-53 of it) and the corrections' (about count units of the differing elements' squared
+    norm, at most a quarter of a.a). With that share b.b is at least 3/4 of a.a and a.b at least 5/8 of it,
+    so no correction cancels them: each is within about 2 * (n + count + 2) units of 2^-53 of its exact
+    value, the order of the general path's own error over the whole chunk (tests/test_tensors_kernel_exact.py
+    holds both paths to that bound against the exactly rounded sums). Skipped: a copy of the chunk and two passes over it, a quarter of
+    the per-chunk CPU of a bfloat16 model whose change moved a few roundings."""
+    aa = _dot_sum(a, a, False)
+    moved_a = _dot_sum(before, before, False)
+    moved_b = _dot_sum(changed, changed, False)
+    if not moved_a + moved_b <= aa * _FEW_NORM_SHARE:
+        return None
+    return aa, aa + (moved_b - moved_a), aa + (_dot_sum(before, changed, False) - moved_a)
 
 
 @functools.cache
