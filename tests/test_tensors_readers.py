@@ -572,6 +572,7 @@ def test_a_hash_slower_than_the_comparison_still_digests_the_bytes_compared(
     monkeypatch.setattr(_mapped, "_INLINE_CPUS", 0)  # the pool hashes, whatever this machine's CPUs
     monkeypatch.setattr(_mapped, "_MAX_QUEUED", 2)
     monkeypatch.setattr(_mapped, "_PUMP_TURN", 3)  # pumps hand the pool's threads over every 3 chunks
+    monkeypatch.setattr(_mapped, "_READ_CHUNKS", 1)  # one chunk per read (and per hash update)
     rng = np.random.default_rng(5)
     values = {k: rng.standard_normal(6000).astype(np.float32) for k in ("a", "b")}
     dump_tensors(tmp_path / "ref.safetensors", values)
@@ -733,3 +734,43 @@ def test_chunks_are_read_into_arrays_placed_just_before_their_bytes_page_offset(
             assert np.array_equal(np.concatenate(got), values)
         finally:
             file.close()
+
+
+def test_chunks_read_several_at_a_time_are_never_refilled_while_the_consumer_holds_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file region is read (and hashed) up to `_READ_CHUNKS` chunks at a time and handed out chunk by chunk:
+    a read's array is refilled only once every chunk of it is released. A consumer that releases five
+    chunks late, or never, still reads every chunk's own values when it looks at them last; the reads are
+    whole groups of chunks (a shorter last one)."""
+    from perfgate.tensors import _mapped
+
+    reads: list[int] = []
+    read_into = _mapped.ChunkedFile.read_into
+
+    def counted(self: _mapped.ChunkedFile, out: Any, offset: int) -> None:
+        reads.append(out.shape[0])
+        read_into(self, out, offset)
+
+    monkeypatch.setattr(_mapped.ChunkedFile, "read_into", counted)
+    chunk = 1024
+    values = np.arange(14 * chunk + 7, dtype=np.float32)
+    path = tmp_path / "data.bin"
+    path.write_bytes(values.tobytes())
+    file = _mapped.ChunkedFile(path)
+    try:
+        for lag in (5, None):
+            reads.clear()
+            stream = file.chunks(0, values.dtype, values.shape[0], chunk)
+            held: list[tuple[int, np.ndarray]] = []
+            for i, piece in enumerate(stream):
+                held.append((i, piece))
+                if lag is not None and len(held) > lag:
+                    j, oldest = held.pop(0)
+                    assert np.array_equal(oldest, values[j * chunk : (j + 1) * chunk]), (lag, j)
+                    stream.release((j + 1) * chunk)
+            for j, piece in held:
+                assert np.array_equal(piece, values[j * chunk : (j + 1) * chunk]), (lag, j)
+            assert reads == [4 * chunk, 4 * chunk, 4 * chunk, 2 * chunk + 7]
+    finally:
+        file.close()

@@ -351,19 +351,28 @@ class ChunkStream(Protocol):
     def release(self, elements_done: int) -> None: ...
 
 
+_READ_BYTES = 1 << 20
+_READ_CHUNKS = 4
+"""`FileChunks` reads, and hashes, up to `_READ_CHUNKS` whole chunks and `_READ_BYTES` at once (at least a
+chunk). Each read and each hash update is a turn of the interpreter lock taken back from the computing
+thread: a bfloat16 model's 256 KiB chunks read four at a time cut the compare_tensors tool's time on a
+2 x 1 GiB model by about a sixth on 2 cores (alternating runs: 1.91-2.16 s against 2.37-2.53 s); 2 MiB
+reads were slower again (the data no longer waits in the cache)."""
+
+
 class FileChunks:
     """A `ChunkStream` over a region of a `ChunkedFile`.
 
-    Arrays are placed for fast copies from the page cache (`_empty_for`); one keeps its placement when reused
-    for a later chunk as long as chunks are whole pages (the default chunk size's are).
-    A chunk's array is reused for a later chunk once the consumer released every element it held and the
-    running digest, if any, has hashed it (the
-    `ChunkStream` contract): fresh multi-megabyte arrays cost page faults on every chunk, twice the CPU
+    Chunks are read a few at a time (`_READ_CHUNKS`) into one array and handed out as views of it. Arrays are
+    placed for fast copies from the page cache (`_empty_for`); one keeps its placement when reused for a
+    later read as long as chunks are whole pages (the default chunk size's are). A read's array is reused
+    once the consumer released every element of its chunks and the running digest, if any, has hashed it
+    (the `ChunkStream` contract): fresh multi-megabyte arrays cost page faults on every read, twice the CPU
     of the comparison itself.
     """
 
     _MAX_HELD = 32
-    """Chunks remembered for reuse; a consumer that never releases only loses the reuse."""
+    """Reads remembered for reuse; a consumer that never releases only loses the reuse."""
 
     def __init__(self, file: ChunkedFile, offset: int, dtype: np.dtype[Any], count: int, chunk_elements: int):
         self._file = file
@@ -375,10 +384,11 @@ class FileChunks:
 
     def __iter__(self) -> Iterator[np.ndarray]:
         itemsize = self._dtype.itemsize
-        # (end element, hash sequence number, array) of chunks handed out
+        per_read = max(1, min(_READ_CHUNKS, _READ_BYTES // (self._chunk * itemsize))) * self._chunk
+        # (end element, hash sequence number, array) of reads handed out
         held: deque[tuple[int, int, np.ndarray]] = deque()
-        for start in range(0, self._count, self._chunk):
-            n = min(self._chunk, self._count - start)
+        for start in range(0, self._count, per_read):
+            n = min(per_read, self._count - start)
             out: np.ndarray | None = None
             if held and held[0][0] <= self._released:
                 _, seq, spare = held.popleft()
@@ -391,7 +401,8 @@ class FileChunks:
             self._file.read_into(out, self._offset + start * itemsize)
             seq = self._file.observed(out, self._offset + start * itemsize)
             held.append((start + n, seq, out))
-            yield out
+            for piece in range(0, n, self._chunk):
+                yield out[piece : piece + self._chunk]
 
     def release(self, elements_done: int) -> None:
         self._released = max(self._released, elements_done)
