@@ -49,6 +49,25 @@ def test_records_chain_and_verify(workspace: Path) -> None:
     assert cli_main(["ledger", "verify", "--workspace", str(workspace)]) == 0
 
 
+@pytest.mark.parametrize("text", ["", "zz", "00" * 31])
+def test_verify_fails_when_the_signing_key_file_is_corrupt(
+    workspace: Path, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key file that holds no key is damage to the trust root, not a reader without access to it: verify
+    reports an error and the CLI exits 1 naming the corrupt key (it used to say the key was "not readable
+    here" and exit 0 with every record unverified)."""
+    ledger = Ledger(workspace)
+    _append(ledger, value=1)
+    (ledger.trust.key_dir / "current").write_text(text)
+    report = Ledger(workspace).verify()
+    assert not report.ok and any("is corrupt" in e for e in report.errors), report
+    capsys.readouterr()
+    assert cli_main(["ledger", "verify", "--workspace", str(workspace)]) == 1
+    out, err = capsys.readouterr()
+    assert "is corrupt" in err and "not readable here" not in err
+    assert "FAILED" in out
+
+
 def test_the_database_refuses_updates_and_deletes(workspace: Path) -> None:
     ledger = Ledger(workspace)
     _append(ledger, value=1)

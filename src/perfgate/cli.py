@@ -162,6 +162,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _existing_ledger(args: argparse.Namespace) -> Ledger | None:
     """The workspace's ledger, or None (with a message) when it has none: reading never creates one."""
     from perfgate.evidence import STATE_DIR_NAME, Ledger
+    from perfgate.trust import CorruptKeyError
 
     workspace: Path = args.workspace
     if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
@@ -171,7 +172,9 @@ def _existing_ledger(args: argparse.Namespace) -> Ledger | None:
         )
         return None
     ledger = Ledger(workspace, _trust(args))
-    if not ledger.verifiable:
+    if not ledger.verifiable and isinstance(ledger.key_error, CorruptKeyError):
+        print(f"perfgate: error: {ledger.key_error}; everything shown is unverified", file=sys.stderr)
+    elif not ledger.verifiable:
         print(
             f"perfgate: warning: the signing key in {ledger.trust.key_dir} is not readable here, so no record "
             "can be verified: everything shown is unverified (run as the operator)",

@@ -32,6 +32,7 @@ from pathlib import Path
 
 __all__ = [
     "KEY_BYTES",
+    "CorruptKeyError",
     "SigningKey",
     "TrustRoot",
     "TrustRootError",
@@ -45,6 +46,10 @@ _KEY_FILE = "current"
 
 class TrustRootError(RuntimeError):
     """The trust root cannot be read or written (wrong owner, permissions, or a missing key)."""
+
+
+class CorruptKeyError(TrustRootError):
+    """The signing key file exists but holds no key: nothing it signed can be verified until it is replaced."""
 
 
 def _xdg(env: Mapping[str, str], var: str, fallback: str) -> Path:
@@ -188,7 +193,7 @@ class TrustRoot:
         except ValueError:
             secret = b""
         if len(secret) != KEY_BYTES:  # never sign with a short (or empty) key
-            raise TrustRootError(
+            raise CorruptKeyError(
                 f"the signing key {path} is corrupt (not {KEY_BYTES} bytes in hex). Records it signed can no "
                 "longer be verified: move the file aside and the next append creates a new key"
             )

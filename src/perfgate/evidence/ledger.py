@@ -62,7 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfgate._sqlite import retry_while_busy
 from perfgate.evidence.states import EvidenceState
-from perfgate.trust import SigningKey, TrustRoot, TrustRootError
+from perfgate.trust import CorruptKeyError, SigningKey, TrustRoot, TrustRootError
 
 __all__ = [
     "STATE_DIR_NAME",
@@ -580,6 +580,8 @@ class Ledger:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.artifact_root.mkdir(exist_ok=True)
         self._key: SigningKey | None = None
+        self.key_error: TrustRootError | None = None
+        """Why `signing_key` found no key, when it raised (unreadable, or a corrupt key file)."""
         self._shared = _connection(self.db_path)
         self._lock = self._shared.lock
         self._anchor_file: Path | None = None
@@ -628,12 +630,15 @@ class Ledger:
     # ------------------------------------------------------------------ keys and anchor
 
     def signing_key(self) -> SigningKey | None:
-        """The trust root's key, or None when this process cannot read it (another user, or none yet)."""
+        """The trust root's key, or None when this process cannot read it (another user, none yet, or a
+        corrupt key file: `key_error` says which of the last two)."""
         if self._key is None:
             try:
                 self._key = self.trust.key()
-            except TrustRootError:
+            except TrustRootError as exc:
+                self.key_error = exc
                 return None
+            self.key_error = None
         return self._key
 
     @property
@@ -1106,7 +1111,9 @@ class Ledger:
                         f"record {id_}: artifact {artifact.path} was modified after it was recorded"
                     )
             prev_hash = stored_hash
-        if key is None:
+        if isinstance(self.key_error, CorruptKeyError):
+            errors.append(str(self.key_error))  # damage to the trust root, not a reader without access to it
+        elif key is None:
             warnings.append(
                 f"no signing key readable in {self.trust.key_dir}: MACs and the anchor cannot be checked, so "
                 "nothing here is verified (run as the operator, or pass the server's --state-dir)"

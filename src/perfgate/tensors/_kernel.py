@@ -451,8 +451,8 @@ def _few_dots(a: np.ndarray, before: np.ndarray, changed: np.ndarray) -> tuple[f
     norm, at most a quarter of a.a). With that share b.b is at least 3/4 of a.a and a.b at least 5/8 of it,
     so no correction cancels them: each is within about 2 * (n + count + 2) units of 2^-53 of its exact
     value, the order of the general path's own error over the whole chunk (tests/test_tensors_kernel_exact.py
-    holds both paths to that bound against the exactly rounded sums). Skipped: a copy of the chunk and two passes over it, a quarter of
-    the per-chunk CPU of a bfloat16 model whose change moved a few roundings."""
+    holds the kernel to that bound against the exactly rounded sums). Saved: a copy of the chunk and two
+    passes over it, a quarter of the per-chunk CPU of a bfloat16 model whose change moved a few roundings."""
     aa = _dot_sum(a, a, False)
     moved_a = _dot_sum(before, before, False)
     moved_b = _dot_sum(changed, changed, False)
