@@ -619,6 +619,33 @@ async def test_export_writes_the_run_directory(server: Any, workspace: Path, tmp
     assert "python train.py" in (out / "command.txt").read_text()
 
 
+async def test_export_stops_at_an_artifact_changed_after_it_was_recorded(
+    server: Any, workspace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An exported profile artifact must be the bytes its record hashed: one rewritten in the workspace
+    afterwards stops the export (exit 1, naming it), and no copy of it is left."""
+    ev = Evidence(workspace)
+    profile = ev.add("profile_segment", "executed", artifact=b'{"steps": [1.0, 1.1]}')
+    async with Client(server) as client:
+        exp = await _open(client)
+        links, _ = _honest(ev)
+        await _keep(client, exp, [*links, {"id": profile, "role": "profile"}])
+    record = Ledger(workspace).get(profile)
+    assert record is not None
+    [artifact] = record.artifacts
+    out = tmp_path / "run"
+    assert cli_main(["export", exp, str(out), "--workspace", str(workspace)]) == 0
+    copied = out / "profiles" / "framework" / profile / artifact.name
+    assert copied.read_bytes() == b'{"steps": [1.0, 1.1]}'
+    (workspace / artifact.path).write_bytes(b'{"steps": [0.5, 0.5]}')
+    capsys.readouterr()
+    again = tmp_path / "again"
+    assert cli_main(["export", exp, str(again), "--workspace", str(workspace)]) == 1
+    err = capsys.readouterr().err
+    assert artifact.path in err and "modified after it was recorded" in err
+    assert not (again / "profiles" / "framework" / profile / artifact.name).exists()
+
+
 async def test_a_refusal_leads_with_what_is_wrong_and_the_next_call(server: Any, workspace: Path) -> None:
     ev = Evidence(workspace)
     links, _ = _honest(ev)

@@ -294,6 +294,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from perfgate.decisions.experiments import load_experiment
     from perfgate.decisions.export import export_experiment
+    from perfgate.evidence.artifacts import ArtifactChanged
 
     ledger = _existing_ledger(args)
     if ledger is None:
@@ -305,7 +306,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
             "`perfgate ledger show --tool record_decision` lists the experiments",
         )
         return 2
-    for path in export_experiment(ledger, exp, args.out):
+    try:
+        written = export_experiment(ledger, exp, args.out)
+    except ArtifactChanged as exc:
+        _fail(
+            f"export of {exp.id} stopped: {exc}",
+            "`perfgate ledger verify` lists what changed; record that evidence again before exporting",
+        )
+        return 1
+    for path in written:
         print(path)
     return 0
 

@@ -7,7 +7,6 @@ correctness.json, profiles/framework/, decisions.md.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from perfgate.decisions.experiments import Experiment
 from perfgate.decisions.render import render_experiment
 from perfgate.evidence import EvidenceRecord, Ledger
 from perfgate.evidence.access import as_dict, str_list
+from perfgate.evidence.artifacts import copy_artifact
 
 __all__ = ["export_experiment"]
 
@@ -24,7 +24,11 @@ def _dump(path: Path, value: Any) -> None:
 
 
 def export_experiment(ledger: Ledger, exp: Experiment, out: Path) -> list[Path]:
-    """Write the run directory for ``exp`` into ``out`` (created); returns the files written."""
+    """Write the run directory for ``exp`` into ``out`` (created); returns the files written.
+
+    Raises:
+        ArtifactChanged: an artifact to copy is not the bytes its record hashed (swapped after recording).
+    """
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
 
@@ -38,7 +42,7 @@ def export_experiment(ledger: Ledger, exp: Experiment, out: Path) -> list[Path]:
         env = envs[-1]
         artifact = next((a for a in env.artifacts if a.name == "environment.json"), None)
         if artifact is not None:
-            shutil.copyfile(ledger.workspace / artifact.path, out / "environment.json")
+            copy_artifact(ledger.workspace, artifact, out / "environment.json")
             written.append(out / "environment.json")
         else:
             put("environment.json", env.result)
@@ -95,7 +99,7 @@ def export_experiment(ledger: Ledger, exp: Experiment, out: Path) -> list[Path]:
         _dump(folder / "summary.json", profile.result)
         written.append(folder / "summary.json")
         for artifact in profile.artifacts:
-            shutil.copyfile(ledger.workspace / artifact.path, folder / artifact.name)
+            copy_artifact(ledger.workspace, artifact, folder / artifact.name)
             written.append(folder / artifact.name)
     for layer in ("framework", "system", "compute"):
         (out / "profiles" / layer).mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from perfgate.decisions.experiments import Experiment, load_experiments
 from perfgate.decisions.gates import evaluate_keep, window_fingerprint
 from perfgate.evidence import EvidenceRecord, Ledger
 from perfgate.evidence.access import str_list
+from perfgate.evidence.artifacts import ArtifactChanged, read_artifact
 
 __all__ = ["render_experiment_page", "render_index", "write_report"]
 
@@ -57,7 +58,11 @@ def _figures(ledger: Ledger, record: EvidenceRecord) -> str:
     for artifact in record.artifacts:
         if not artifact.name.endswith(".png"):
             continue
-        data = (ledger.workspace / artifact.path).read_bytes()
+        try:
+            data = read_artifact(ledger.workspace, artifact)
+        except ArtifactChanged as exc:
+            parts.append(f'<p class="failed">{_e(record.tool)} {_e(record.id)}: {_e(exc)}; not shown</p>')
+            continue
         uri = "data:image/png;base64," + base64.b64encode(data).decode()
         parts.append(
             f'<figure><img class="plot" alt="{_e(artifact.name)}" src="{uri}">'

@@ -1,0 +1,74 @@
+"""Reading a record's artifacts back for people (the HTML report, an export): only the bytes recorded.
+
+The workspace is writable by the agent, so an artifact file can be swapped after its record was written
+(a flattering plot, an edited log). `ledger verify` reports that; these readers refuse it where the bytes
+are shown or copied: they hash what they read against the record's sha256, open no symbolic link (a
+link would show a file from outside the workspace as the artifact), and raise `ArtifactChanged` instead
+of returning other bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from perfgate._safeopen import open_file
+from perfgate.evidence.ledger import Artifact
+
+__all__ = ["ArtifactChanged", "copy_artifact", "read_artifact"]
+
+_BLOCK = 1 << 20
+
+
+class ArtifactChanged(ValueError):
+    """An artifact is missing, is not a plain file of its own, or is not the bytes its record hashed."""
+
+
+def _blocks(workspace: Path, artifact: Artifact) -> Iterator[bytes]:
+    """The artifact's bytes in blocks; `ArtifactChanged` after the last block when they are not the
+    recorded ones (the caller discards what it took)."""
+    relative = PurePosixPath(artifact.path)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise ArtifactChanged(f"artifact path {artifact.path!r} leaves the workspace")
+    try:
+        stream = open_file(workspace.resolve() / relative)
+    except OSError as exc:
+        raise ArtifactChanged(
+            f"artifact {artifact.path} cannot be read as recorded ({exc.strerror or exc})"
+        ) from exc
+    digest = hashlib.sha256()
+    with stream:
+        while block := stream.read(_BLOCK):
+            digest.update(block)
+            yield block
+    if digest.hexdigest() != artifact.sha256:
+        raise ArtifactChanged(
+            f"artifact {artifact.path} was modified after it was recorded (its sha256 differs from the "
+            "record's); `perfgate ledger verify` lists every change"
+        )
+
+
+def read_artifact(workspace: Path, artifact: Artifact) -> bytes:
+    """The artifact's bytes, checked against its record.
+
+    Raises:
+        ArtifactChanged: missing, a link or not a plain file, or other bytes than recorded.
+    """
+    return b"".join(_blocks(workspace, artifact))
+
+
+def copy_artifact(workspace: Path, artifact: Artifact, dest: Path) -> None:
+    """Copy the artifact to ``dest`` in bounded memory, checked against its record; nothing is left at
+    ``dest`` when the check fails.
+
+    Raises:
+        ArtifactChanged: missing, a link or not a plain file, or other bytes than recorded.
+    """
+    try:
+        with dest.open("wb") as out:
+            for block in _blocks(workspace, artifact):
+                out.write(block)
+    except ArtifactChanged:
+        dest.unlink(missing_ok=True)
+        raise
