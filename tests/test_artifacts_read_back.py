@@ -1,5 +1,6 @@
-"""Artifacts shown or copied for people (the HTML report, `perfgate export`) are the bytes their record
-hashed: a file swapped after recording, replaced by a link, or removed is refused, never shown."""
+"""Artifacts read back (`ledger verify`, the HTML report, `perfgate export`) are the bytes their record
+hashed: a file swapped after recording, replaced by a link (even to the same bytes), or removed is
+refused, never shown."""
 
 from __future__ import annotations
 
@@ -61,6 +62,10 @@ def test_a_changed_artifact_is_refused_where_it_is_shown_or_copied(
         read_artifact(workspace, artifact)
     shown = _figures(ledger, record)
     assert "<img" not in shown and "not shown" in shown and artifact.path in shown
+    report = Ledger(workspace).verify()
+    assert not report.ok and any(
+        e.startswith(f"record {evidence_id}: artifact {artifact.path}") for e in report.errors
+    )
     dest = tmp_path / "copied-after.png"
     with pytest.raises(ArtifactChanged):
         copy_artifact(workspace, artifact, dest)

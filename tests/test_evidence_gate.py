@@ -225,16 +225,18 @@ async def test_a_step_series_swapped_after_its_check_is_never_compared(
     forged = json.loads(series.read_text())
     for w in forged["windows"]:
         w["host_step_s"] = [t / 2 for t in w["host_step_s"]]
-    real = Path.read_bytes
+    from perfgate.evidence import artifacts
+
+    real = artifacts.open_file
     swapped: list[Path] = []
 
-    def read_bytes(self: Path) -> bytes:  # the agent swaps the file just as perfgate reads it for use
-        if self == series and not swapped:
-            swapped.append(self)
-            self.write_text(json.dumps(forged))
-        return real(self)
+    def open_file(path: Path) -> Any:  # the agent swaps the file just as perfgate opens it for use
+        if path.name == series.name and not swapped:
+            swapped.append(path)
+            series.write_text(json.dumps(forged))
+        return real(path)
 
-    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    monkeypatch.setattr(artifacts, "open_file", open_file)
     async with Client(build_server(ServerConfig.create(workspace))) as client:
         result = await client.call_tool("compare_benchmarks", {"baseline": [base], "candidate": [cand]})
     assert swapped

@@ -1,10 +1,11 @@
-"""Reading a record's artifacts back for people (the HTML report, an export): only the bytes recorded.
+"""Reading a record's artifacts back: only the bytes that were recorded.
 
 The workspace is writable by the agent, so an artifact file can be swapped after its record was written
-(a flattering plot, an edited log). `ledger verify` reports that; these readers refuse it where the bytes
-are shown or copied: they hash what they read against the record's sha256, open no symbolic link (a
-link would show a file from outside the workspace as the artifact), and raise `ArtifactChanged` instead
-of returning other bytes.
+(a flattering plot, an edited step series). Every reader here hashes what it reads against the record's
+sha256 (the bytes checked are the bytes used), opens no symbolic link and no file with other names (a
+link would pass a file from outside the workspace off as the artifact), and raises `ArtifactChanged`
+instead of returning other bytes: `ledger verify` (`check_artifact`), `compare_benchmarks` reading a
+window's steps, the HTML report and `perfgate export`.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
-from perfgate._safeopen import open_file
-from perfgate.evidence.ledger import Artifact
+from perfgate._safeopen import UnsafeFileError, open_file
 
-__all__ = ["ArtifactChanged", "copy_artifact", "read_artifact"]
+if TYPE_CHECKING:  # the ledger checks artifacts with this module
+    from perfgate.evidence.ledger import Artifact
+
+__all__ = ["ArtifactChanged", "check_artifact", "copy_artifact", "read_artifact"]
 
 _BLOCK = 1 << 20
 
@@ -33,10 +37,12 @@ def _blocks(workspace: Path, artifact: Artifact) -> Iterator[bytes]:
         raise ArtifactChanged(f"artifact path {artifact.path!r} leaves the workspace")
     try:
         stream = open_file(workspace.resolve() / relative)
+    except FileNotFoundError as exc:
+        raise ArtifactChanged(f"artifact {artifact.path} is missing") from exc
+    except UnsafeFileError as exc:
+        raise ArtifactChanged(f"artifact {artifact.path} is not the recorded file: {exc.strerror}") from exc
     except OSError as exc:
-        raise ArtifactChanged(
-            f"artifact {artifact.path} cannot be read as recorded ({exc.strerror or exc})"
-        ) from exc
+        raise ArtifactChanged(f"artifact {artifact.path} cannot be read ({exc.strerror or exc})") from exc
     digest = hashlib.sha256()
     with stream:
         while block := stream.read(_BLOCK):
@@ -44,9 +50,18 @@ def _blocks(workspace: Path, artifact: Artifact) -> Iterator[bytes]:
             yield block
     if digest.hexdigest() != artifact.sha256:
         raise ArtifactChanged(
-            f"artifact {artifact.path} was modified after it was recorded (its sha256 differs from the "
-            "record's); `perfgate ledger verify` lists every change"
+            f"artifact {artifact.path} was modified after it was recorded (its sha256 differs from the record's)"
         )
+
+
+def check_artifact(workspace: Path, artifact: Artifact) -> None:
+    """Read the artifact through, checking it against its record.
+
+    Raises:
+        ArtifactChanged: missing, a link or not a plain file, or other bytes than recorded.
+    """
+    for _ in _blocks(workspace, artifact):
+        pass
 
 
 def read_artifact(workspace: Path, artifact: Artifact) -> bytes:

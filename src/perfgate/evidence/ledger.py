@@ -61,6 +61,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from perfgate._sqlite import retry_while_busy
+from perfgate.evidence.artifacts import ArtifactChanged, check_artifact
 from perfgate.evidence.states import EvidenceState
 from perfgate.trust import CorruptKeyError, SigningKey, TrustRoot, TrustRootError
 
@@ -1103,13 +1104,10 @@ class Ledger:
                     errors.append(f"record {seq} ({id_}): {problem}; it is not used as evidence")
             referenced.add(record.id)
             for artifact in record.artifacts:
-                path = self.workspace / artifact.path
-                if not path.is_file():
-                    errors.append(f"record {id_}: artifact {artifact.path} is missing")
-                elif sha256_file(path) != artifact.sha256:
-                    errors.append(
-                        f"record {id_}: artifact {artifact.path} was modified after it was recorded"
-                    )
+                try:
+                    check_artifact(self.workspace, artifact)
+                except ArtifactChanged as exc:
+                    errors.append(f"record {id_}: {exc}")
             prev_hash = stored_hash
         if isinstance(self.key_error, CorruptKeyError):
             errors.append(str(self.key_error))  # damage to the trust root, not a reader without access to it

@@ -61,7 +61,10 @@ def _figures(ledger: Ledger, record: EvidenceRecord) -> str:
         try:
             data = read_artifact(ledger.workspace, artifact)
         except ArtifactChanged as exc:
-            parts.append(f'<p class="failed">{_e(record.tool)} {_e(record.id)}: {_e(exc)}; not shown</p>')
+            parts.append(
+                f'<p class="failed">{_e(record.tool)} {_e(record.id)}: {_e(exc)}; not shown '
+                "(<code>perfgate ledger verify</code> lists every change)</p>"
+            )
             continue
         uri = "data:image/png;base64," + base64.b64encode(data).decode()
         parts.append(

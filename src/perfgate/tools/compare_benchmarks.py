@@ -6,7 +6,6 @@ start-up fast.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
@@ -20,6 +19,7 @@ from perfgate.benchmarking.vocabulary import canonical_key, vocabulary_problems
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState
 from perfgate.evidence.access import as_dict
+from perfgate.evidence.artifacts import ArtifactChanged, read_artifact
 from perfgate.report.plots import ab_distribution_png
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
@@ -583,18 +583,14 @@ def _samples(rt: ToolRuntime, record: EvidenceRecord) -> list[WindowSample]:
     artifact = next((a for a in record.artifacts if a.name == SERIES_NAME), None)
     if artifact is None:
         raise ToolError(f"evidence {record.id} has no {SERIES_NAME} artifact: re-run run_benchmark_window")
-    path = rt.workspace / artifact.path
     # Read once, and the bytes checked are the bytes used: the file is the agent's to write, and read a
     # second time after its hash was checked it could be another file by then.
     try:
-        data: bytes | None = path.read_bytes() if path.is_file() else None
-    except OSError:
-        data = None
-    if data is None or hashlib.sha256(data).hexdigest() != artifact.sha256:
+        data = read_artifact(rt.workspace, artifact)
+    except ArtifactChanged as exc:
         raise ToolError(
-            f"artifact {artifact.path} of {record.id} is missing or was modified after it was recorded "
-            "(`perfgate ledger verify`): re-measure the window"
-        )
+            f"evidence {record.id}: {exc} (`perfgate ledger verify` lists every change): re-measure the window"
+        ) from exc
     try:
         return samples_from_series(data, artifact.path, launch_prefix=f"{record.id}:")
     except BenchmarkError as exc:
