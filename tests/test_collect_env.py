@@ -26,6 +26,7 @@ from perfgate.server import build_server
 from perfgate.tools import collect_env
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
 from perfgate.tools.collect_env import CollectEnvInput, CollectEnvOutput, command, run
+from perfgate.trust import TrustRoot
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -96,13 +97,23 @@ def text(result: Any) -> str:
 
 @pytest.fixture(scope="module")
 def own_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CollectEnvOutput, CollectEnvOutput]:
-    """Two collections with the server's own interpreter in a workspace that is not a git repository."""
-    workspace = tmp_path_factory.mktemp("own")
-    first = anyio.run(
-        lambda: collect(workspace, launch_command=["torchrun", "--nproc-per-node=1", "train.py"])
-    )
-    second = anyio.run(lambda: collect(workspace, system_tools=False))
+    """Two collections with the server's own interpreter in a workspace that is not a git repository,
+    signed by a trust root of their own beside it (`_own_trust`): each test has another."""
+    workspace = tmp_path_factory.mktemp("own") / "ws"
+    workspace.mkdir()
+    trust = _own_trust(workspace)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("PERFGATE_STATE_DIR", str(trust.state_dir))
+        env.setenv("PERFGATE_CONFIG_DIR", str(trust.config_dir))
+        first = anyio.run(
+            lambda: collect(workspace, launch_command=["torchrun", "--nproc-per-node=1", "train.py"])
+        )
+        second = anyio.run(lambda: collect(workspace, system_tools=False))
     return workspace, first, second
+
+
+def _own_trust(workspace: Path) -> TrustRoot:
+    return TrustRoot.locate(state_dir=workspace.parent / "state", config_dir=workspace.parent / "config")
 
 
 def test_the_servers_own_interpreter_needs_no_approval(workspace: Path) -> None:
@@ -142,7 +153,7 @@ def test_the_record_and_its_artifacts_are_in_the_ledger(
     own_runs: tuple[Path, CollectEnvOutput, CollectEnvOutput],
 ) -> None:
     workspace, out, _ = own_runs
-    ledger = Ledger(workspace)
+    ledger = Ledger(workspace, _own_trust(workspace))
     record = ledger.get(out.evidence_id)
     assert record is not None and record.tool == TOOL and record.state == "executed"
     assert record.environment_id == out.evidence_id and record.exit_code == 0

@@ -186,8 +186,13 @@ def test_the_ledger_is_readable_without_the_key(
     keyless = TrustRoot.locate(state_dir=tmp_path / "empty-state")
     reader = Ledger(workspace, keyless)
     assert not reader.verifiable and [r.id for r in reader.records()] == ids
-    report = reader.verify()
-    assert report.key_id is None and any("no signing key readable" in w for w in report.warnings)
+    report = reader.verify()  # it verified nothing: no pass (an agent that removed the key gets no "ok")
+    assert report.key_id is None and not report.ok
+    assert any("no signing key readable" in e for e in report.errors)
+    code = cli_main(
+        ["ledger", "verify", "--workspace", str(workspace), "--state-dir", str(keyless.state_dir)]
+    )
+    assert code == 1 and "FAILED" in capsys.readouterr().out
     code = cli_main(["ledger", "show", "--workspace", str(workspace), "--state-dir", str(keyless.state_dir)])
     assert code == 0 and "unverified" in capsys.readouterr().err
 

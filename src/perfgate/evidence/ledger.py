@@ -1054,7 +1054,8 @@ class Ledger:
         """Recompute the chain, every MAC and artifact sha256, and compare the head with the anchor.
 
         Errors name what happened: an edited record, a forged or recomputed one (MAC), a record signed by
-        a key the trust root no longer has, removed records, a removed tail or a rollback. Records appended
+        a key the trust root no longer has, removed records, a removed tail or a rollback; records with no
+        readable key (nothing could be verified) are an error too. Records appended
         while it runs are not checked, and are no error (the anchor and HEAD are read before the records).
         """
         errors: list[str] = []
@@ -1112,10 +1113,11 @@ class Ledger:
         if isinstance(self.key_error, CorruptKeyError):
             errors.append(str(self.key_error))  # damage to the trust root, not a reader without access to it
         elif key is None:
-            warnings.append(
-                f"no signing key readable in {self.trust.key_dir}: MACs and the anchor cannot be checked, so "
-                "nothing here is verified (run as the operator, or pass the server's --state-dir)"
-            )
+            if rows:  # a verification that checked no MAC is no pass
+                errors.append(
+                    f"no signing key readable in {self.trust.key_dir}: no MAC and no anchor could be checked, "
+                    "so nothing here is verified (run as the operator, or pass the server's --state-dir)"
+                )
         else:
             errors.extend(self._check_anchor(key, anchor, hashes))
         if head_text is not None:
