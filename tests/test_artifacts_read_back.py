@@ -36,6 +36,13 @@ def _tamper(path: Path, how: str, outside: Path) -> None:
         outside.write_bytes(RECORDED)
         path.unlink()
         path.symlink_to(outside)
+    elif how == "folder link":  # the record's whole folder swapped for a link to a copy outside
+        copy = outside.parent / "outside-folder"
+        copy.mkdir()
+        (copy / path.name).write_bytes(RECORDED)
+        folder = path.parent
+        folder.rename(outside.parent / "moved-aside")
+        folder.symlink_to(copy)
     elif how == "hard link":
         outside.write_bytes(RECORDED)
         path.unlink()
@@ -44,7 +51,7 @@ def _tamper(path: Path, how: str, outside: Path) -> None:
         path.unlink()
 
 
-@pytest.mark.parametrize("how", ["swapped", "link", "hard link", "removed"])
+@pytest.mark.parametrize("how", ["swapped", "link", "folder link", "hard link", "removed"])
 def test_a_changed_artifact_is_refused_where_it_is_shown_or_copied(
     workspace: Path, tmp_path: Path, how: str
 ) -> None:
