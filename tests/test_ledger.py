@@ -135,6 +135,34 @@ def test_an_artifact_edited_on_disk_is_detected(workspace: Path) -> None:
     assert any("missing" in e for e in ledger.verify().errors)
 
 
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5])
+def test_file_digests_are_exact_whatever_the_buffer(tmp_path: Path, size: int) -> None:
+    """The buffer follows the file's size (and ``chunk_bytes``): the digest and size are the file's at every
+    boundary, an empty file included."""
+    import hashlib
+
+    from perfgate.evidence import file_digest
+
+    data = bytes(i % 251 for i in range(size))
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    want = (hashlib.sha256(data).hexdigest(), size)
+    assert file_digest(path) == want
+    assert file_digest(path, chunk_bytes=4096) == want
+    assert file_digest(path, chunk_bytes=1) == want
+
+
+def test_a_recorded_artifact_holds_the_digest_and_size_of_its_bytes(workspace: Path) -> None:
+    import hashlib
+
+    ledger = Ledger(workspace)
+    data = os.urandom(70_001)
+    record = ledger.get(_append(ledger, artifact=data))
+    assert record is not None
+    (artifact,) = record.artifacts
+    assert (artifact.sha256, artifact.size_bytes) == (hashlib.sha256(data).hexdigest(), len(data))
+
+
 def test_a_missing_artifact_cannot_be_recorded(workspace: Path) -> None:
     ledger = Ledger(workspace)
     with pytest.raises(FileNotFoundError):
