@@ -275,11 +275,13 @@ def test_the_deadline_holds_in_both_parts_and_the_worker_is_told_to_stop(
         return events[-1]
 
     monkeypatch.setattr(pool, "_stop_event", recorded)
+    pool.release_workers()  # a worker kept from an earlier read holds the stop event it started with
     path = PLANTED / "slow_rank_rank1.json.gz"
     past = pool.Deadline(seconds=5.0, ends_at=time.monotonic() - 1.0)
     with pytest.raises(DeadlineExceeded, match=r"reading trace rank1 ran past the 5 s"):
         pool.analyze_split(path, SMALL_BATCHES, past, "reading trace rank1")
     assert events[-1].is_set()  # the worker stops at its next block (and was waited for)
+    assert pool._kept is None  # pyright: ignore[reportPrivateUsage]  # a stopped worker is never kept
     later = pool.Deadline(seconds=600.0, ends_at=time.monotonic() + 600.0)
     assert (
         pool.analyze_split(path, SMALL_BATCHES, later).model_dump()
@@ -350,3 +352,66 @@ async def test_the_tool_call_takes_the_split_path_on_an_idle_machine(
             answers.append(result.structured_content["ranks"])
     assert calls == [True]  # read off the event loop, cancellable, under the call's deadline
     assert answers[0] == answers[1]
+
+
+def _kept_pid() -> int | None:
+    kept = pool._kept  # pyright: ignore[reportPrivateUsage]
+    if kept is None:
+        return None
+    (pid,) = kept.pool._processes  # pyright: ignore[reportPrivateUsage]
+    return pid
+
+
+def test_the_next_split_read_takes_the_kept_worker_and_reads_as_one_reader() -> None:
+    # Three reads in a row by one worker process: each starts it afresh (not begun, told where to stop
+    # now), so each is exactly one reader's table, whatever the read before it left in the shared cells.
+    pool.release_workers()
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    pids: list[int | None] = []
+    for then in (None, 0.6, None):
+        read = pool.load_split(path, SMALL_BATCHES, at=0.2, then=then)
+        assert read is not None
+        _same_tables(path, SMALL_BATCHES, read)
+        pids.append(_kept_pid())
+    assert pids[0] is not None and pids == [pids[0]] * 3
+    pool.release_workers()
+    assert pool._kept is None  # pyright: ignore[reportPrivateUsage]
+
+
+def test_an_idle_kept_worker_is_shut_down(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool, "KEEP_WORKER_S", 0.05)
+    pool.release_workers()
+    read = pool.load_split(PLANTED / "slow_rank_rank1.json.gz", SMALL_BATCHES)
+    assert read is not None and read[2]
+    pid = _kept_pid()
+    assert pid is not None
+    deadline = time.monotonic() + 30
+    while pool._kept is not None and time.monotonic() < deadline:  # pyright: ignore[reportPrivateUsage]
+        time.sleep(0.02)
+    assert pool._kept is None  # pyright: ignore[reportPrivateUsage]
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # the executor's last join of its process is on its own thread
+    assert not Path(f"/proc/{pid}/status").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_two_split_reads_at_once_each_have_a_worker() -> None:
+    # The kept worker serves one read at a time: a read while it is taken starts its own, and the two
+    # reads end with one worker kept.
+    import threading
+
+    pool.release_workers()
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    reads: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: reads.append(pool.load_split(path, SMALL_BATCHES))) for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(reads) == 2
+    for read in reads:
+        assert read is not None
+        _same_tables(path, SMALL_BATCHES, read)
+    assert _kept_pid() is not None
+    pool.release_workers()

@@ -11,8 +11,10 @@ import base64
 import functools
 import inspect
 import logging
+import sys
 from typing import Annotated, Any, cast
 
+import anyio.to_thread
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
@@ -43,8 +45,12 @@ class AppState:
         self.execution = ExecutionService(config.workspace, self.ledger)
 
     async def aclose(self) -> None:
-        """Stop command process groups still running (call when the lifespan ends)."""
+        """Stop command process groups still running, and the trace reader's kept worker (call when the
+        lifespan ends)."""
         await self.execution.aclose()
+        traces_pool = sys.modules.get("perfgate.traces.pool")  # never imported: nothing was read
+        if traces_pool is not None:
+            await anyio.to_thread.run_sync(traces_pool.release_workers)
 
 
 def validation_message(tool: str, exc: ValidationError, model: type[BaseModel]) -> str:

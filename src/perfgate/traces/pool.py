@@ -7,8 +7,9 @@ so a set of huge traces runs fewer at a time instead of exhausting memory. One o
 thread of this process, which would otherwise only wait: it starts at once, while the worker
 processes are forked (`_in_pool`). Workers come from a ``forkserver`` that has already imported the
 trace modules (a fork, not a fresh interpreter, per worker; no fork of a multi-threaded server), and
-the pool is closed after the call, so an idle server holds no worker's memory. Small sets (where
-starting workers costs more than it saves) are read in this process alone.
+the pool is closed after the call, so an idle server holds no worker's memory (the one worker of a
+split read, below, is kept a little while, `KEEP_WORKER_S`). Small sets (where starting workers costs
+more than it saves) are read in this process alone.
 
 A single large trace is read in parts on two cores (`analyze_split`) when a core is idle now
 (`idle_core`): a worker decodes the events after `SPLIT_AT` of the JSON while this process decodes the
@@ -24,7 +25,8 @@ ended, in the same file, and otherwise reads the file again in one piece, so the
 reader's. The split costs ~5-10% more CPU in all (that decompression) and the start of a worker
 process, for a shorter wall time; on a busy machine the trace is read in one process. This needs the
 forkserver already running, so the first such call in a process reads alone and starts it in the
-background.
+background. The worker is kept idle for the next split read (an agent analyzes a baseline, then a
+candidate) and shut down after `KEEP_WORKER_S`.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ __all__ = [
     "estimated_peak_bytes",
     "idle_core",
     "load_split",
+    "release_workers",
     "steal_point",
     "usable_cpus",
     "worker_count",
@@ -108,6 +111,12 @@ _WORKER_AT, _HALT_AT = 0, 1
 _WORKER_BASE_BYTES = 120 << 20
 """A worker's interpreter with numpy and msgspec loaded."""
 
+KEEP_WORKER_S = 30.0
+"""Seconds the worker of a split read (`load_split`) is kept after its part came back, for the next split
+read of this process: that read's worker starts at once instead of ~20-30 ms later (a fork from the
+forkserver, the pool's pipes and threads), which is a tenth of a warm call on a 15 MB trace. An idle
+kept worker holds its interpreter (~`_WORKER_BASE_BYTES`) and trims its heap; it is shut down when the
+time is up, when a call did not end cleanly, and at exit."""
 _GRACE_S = 5.0
 _JOIN_S = 0.01
 """Seconds from the worker's last batch to its part joined here (sent, unpickled, renumbered)."""
@@ -219,6 +228,78 @@ class _Share:
 def _init_worker(stop: Event, share: _Share | None = None) -> None:
     global _worker_stop, _worker_share
     _worker_stop, _worker_share = stop, share
+
+
+class _SplitWorker:
+    """The one worker process of `load_split`, with the stop event and the cells it was started with
+    (shared objects pass to a process only when it starts, so they last as long as it does)."""
+
+    def __init__(self, ctx: BaseContext) -> None:
+        self.pid = os.getpid()
+        self.stop = _stop_event(ctx)
+        self.share = _Share.make(ctx)
+        self.pool = ProcessPoolExecutor(
+            max_workers=1, mp_context=ctx, initializer=_init_worker, initargs=(self.stop, self.share)
+        )
+        self.timer: threading.Timer | None = None
+
+    def ready(self, halt_at: int) -> None:
+        """Before a part is submitted: the worker has not begun, and stops at ``halt_at``."""
+        with self.share.lock:
+            self.share.cells[_WORKER_AT], self.share.cells[_HALT_AT] = -1, halt_at
+
+
+_kept: _SplitWorker | None = None
+_kept_lock = threading.Lock()
+
+
+def _take_worker(ctx: BaseContext) -> _SplitWorker:
+    """The kept split worker when there is one (idle: no other call holds it), else a new one."""
+    global _kept
+    with _kept_lock:
+        worker, _kept = _kept, None
+    if worker is not None:
+        if worker.timer is not None:
+            worker.timer.cancel()
+        if worker.pid == os.getpid():
+            return worker
+        # Kept by the process this one was forked from: its pool is that process's to shut down.
+    return _SplitWorker(ctx)
+
+
+def _keep_worker(worker: _SplitWorker) -> None:
+    """After a split read whose worker's part came back: keep its worker, idle, for `KEEP_WORKER_S`."""
+    global _kept
+    worker.pool.submit(release_free_memory)  # its part's memory back to the OS while it waits
+    with _kept_lock:
+        other, _kept = _kept, worker
+    if other is not None:  # two split reads ended together: one worker is enough
+        other.pool.shutdown(wait=False)
+    timer = threading.Timer(KEEP_WORKER_S, _expire, (worker,))
+    timer.daemon = True
+    worker.timer = timer
+    timer.start()
+
+
+def _expire(worker: _SplitWorker) -> None:
+    global _kept
+    with _kept_lock:
+        if _kept is not worker:  # taken by a call meanwhile
+            return
+        _kept = None
+    worker.pool.shutdown(wait=True)
+
+
+def release_workers() -> None:
+    """Shut down the kept split worker now (a server closing, a test that counts processes)."""
+    global _kept
+    with _kept_lock:
+        worker, _kept = _kept, None
+    if worker is not None:
+        if worker.timer is not None:
+            worker.timer.cancel()
+        if worker.pid == os.getpid():
+            worker.pool.shutdown(wait=True)
 
 
 def _worker_halts(at: int) -> bool:
@@ -465,15 +546,10 @@ def load_split(
     label = label or f"reading trace {path}"
     end = _decompressed_bytes(path)
     cut = int(end * at)
-    ctx = _context()
-    stop = _stop_event(ctx)
-    share = _Share.make(ctx)
     fixed = None if then is None else int(end * then)
-    if fixed is not None and fixed < end:
-        share.cells[_HALT_AT] = fixed
-    pool = ProcessPoolExecutor(
-        max_workers=1, mp_context=ctx, initializer=_init_worker, initargs=(stop, share)
-    )
+    worker = _take_worker(_context())
+    stop, share, pool = worker.stop, worker.share, worker.pool
+    worker.ready(fixed if fixed is not None and fixed < end else _NEVER)
     finished = used = False
     stream = part_stream(path, options, 0, cut)
     stolen: list[int] = []
@@ -562,12 +638,13 @@ def load_split(
         else:
             (builder,) = builders
     finally:
-        # This process read every batch (a short file), or failed: the worker stops at its next block
-        # (waited for: it is one process, and it must not outlive the stop event it was given).
-        if not finished:
+        if finished:  # the worker's part came back: it waits for the next split read
+            _keep_worker(worker)
+        else:
+            # This process read every batch (a short file), or failed: the worker stops at its next block
+            # (waited for: it is one process, and it must not outlive the stop event it was given).
             stop.set()
-        # With the worker's part in hand its process exits on its own: not waited for.
-        pool.shutdown(wait=not (finished and used), cancel_futures=True)
+            pool.shutdown(wait=True, cancel_futures=True)
     table = builder.build()
     del builder
     if stream.decoded_bytes >= TRIM_EVERY_BYTES:
