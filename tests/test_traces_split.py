@@ -415,3 +415,50 @@ def test_two_split_reads_at_once_each_have_a_worker() -> None:
         _same_tables(path, SMALL_BATCHES, read)
     assert _kept_pid() is not None
     pool.release_workers()
+
+
+def test_a_kept_worker_that_died_while_idle_is_replaced() -> None:
+    import os
+    import signal
+
+    pool.release_workers()
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    assert pool.load_split(path, SMALL_BATCHES) is not None
+    pid = _kept_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # killed for memory while it waited
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}/status").exists() and time.monotonic() < deadline:
+        if "zombie" in Path(f"/proc/{pid}/status").read_text():
+            break
+        time.sleep(0.01)
+    read = pool.load_split(path, SMALL_BATCHES)
+    assert read is not None
+    _same_tables(path, SMALL_BATCHES, read)
+    assert _kept_pid() not in (None, pid)
+    pool.release_workers()
+
+
+def test_a_kept_worker_that_dies_as_it_is_taken_leaves_a_read_in_one_piece(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import os
+    import signal
+
+    pool.release_workers()
+    path = PLANTED / "slow_rank_rank1.json.gz"
+    assert pool.load_split(path, SMALL_BATCHES) is not None
+    kept = pool._kept  # pyright: ignore[reportPrivateUsage]
+    pid = _kept_pid()
+    assert kept is not None and pid is not None
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not getattr(kept.pool, "_broken", False) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    monkeypatch.setattr(pool._SplitWorker, "alive", lambda self: True)  # pyright: ignore[reportPrivateUsage]  # looked alive
+    assert pool.load_split(path, SMALL_BATCHES) is None  # read again in one piece, by the caller
+    assert (
+        pool.analyze_split(path, SMALL_BATCHES).model_dump()
+        == analyze_trace(path, SMALL_BATCHES).model_dump()
+    )
+    pool.release_workers()

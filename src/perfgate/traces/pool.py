@@ -49,7 +49,7 @@ from functools import cache
 from multiprocessing.context import BaseContext
 from multiprocessing.synchronize import Event
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from perfgate._deadline import checkpoint, deadline
 from perfgate._safeopen import open_file
@@ -243,6 +243,11 @@ class _SplitWorker:
         )
         self.timer: threading.Timer | None = None
 
+    def alive(self) -> bool:
+        """Whether its process still runs and the pool can take work (the executor keeps both private)."""
+        processes = cast("dict[int, Any]", getattr(self.pool, "_processes", None) or {})
+        return not getattr(self.pool, "_broken", False) and all(p.is_alive() for p in processes.values())
+
     def ready(self, halt_at: int) -> None:
         """Before a part is submitted: the worker has not begun, and stops at ``halt_at``."""
         with self.share.lock:
@@ -262,8 +267,10 @@ def _take_worker(ctx: BaseContext) -> _SplitWorker:
         if worker.timer is not None:
             worker.timer.cancel()
         if worker.pid == os.getpid():
-            return worker
-        # Kept by the process this one was forked from: its pool is that process's to shut down.
+            if worker.alive():
+                return worker
+            worker.pool.shutdown(wait=False)  # its process died while idle (killed for memory, say)
+        # Else kept by the process this one was forked from: its pool is that process's to shut down.
     return _SplitWorker(ctx)
 
 
@@ -580,8 +587,11 @@ def load_split(
 
     stream.resume = resume
     try:
-        with _main_not_inherited():
-            later = pool.submit(_load_later, path, options, cut, limit, label)
+        try:
+            with _main_not_inherited():
+                later = pool.submit(_load_later, path, options, cut, limit, label)
+        except BrokenProcessPool:  # the kept worker died after it was looked at: read in one piece
+            return None
         builders: list[TableBuilder] = []
         last_failed = False
         try:
