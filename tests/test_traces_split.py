@@ -462,3 +462,13 @@ def test_a_kept_worker_that_dies_as_it_is_taken_leaves_a_read_in_one_piece(
         == analyze_trace(path, SMALL_BATCHES).model_dump()
     )
     pool.release_workers()
+
+
+@pytest.mark.anyio
+async def test_a_server_closing_shuts_the_kept_worker_down(workspace: Path) -> None:
+    pool.release_workers()
+    assert pool.load_split(PLANTED / "slow_rank_rank1.json.gz", SMALL_BATCHES) is not None
+    assert _kept_pid() is not None
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        await client.list_tools()
+    assert pool._kept is None  # pyright: ignore[reportPrivateUsage]
