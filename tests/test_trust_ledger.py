@@ -210,3 +210,26 @@ async def test_a_forged_comparison_cannot_get_a_keep(server: Any, workspace: Pat
         result = await _keep(client, exp, links)
     assert result.is_error or not (result.structured_content or {}).get("accepted"), _text(result)
     assert forged in _text(result)
+
+
+def test_a_running_ledger_signs_with_the_key_the_operator_put_in_place(
+    workspace: Path, trust_root: TrustRoot, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The operator moves a leaked key aside while the server runs: the server's next record is signed
+    # with a new key, and the server's own checks use it too (no restart needed, nothing signed with the
+    # key that was moved aside any more).
+    ledger = Ledger(workspace)
+    old = _append(ledger, i=0)
+    assert [r.id for r in ledger.records()] == [old]
+    old_key = trust_root.key()
+    assert old_key is not None
+    (trust_root.key_dir / "current").rename(tmp := trust_root.key_dir / "leaked")
+    new = _append(ledger, i=1)
+    new_key = trust_root.key()
+    assert new_key is not None and new_key.key_id != old_key.key_id
+    assert [r.id for r in ledger.records()] == [new]  # this very ledger checks with the new key
+    assert [r.id for r in Ledger(workspace).records()] == [new]  # and what it signed verifies
+    assert f"record 1 ({old}): signed by retired key {old_key.key_id}: unverifiable" in _verify(
+        workspace, capsys
+    )
+    assert tmp.exists()

@@ -177,9 +177,14 @@ class TrustRoot:
     def key_dir(self) -> Path:
         return self.state_dir / "keys"
 
+    @property
+    def key_path(self) -> Path:
+        """The file holding the current signing key."""
+        return self.key_dir / _KEY_FILE
+
     def key(self) -> SigningKey | None:
         """The current signing key, or None when there is none (never created, or lost)."""
-        path = self.key_dir / _KEY_FILE
+        path = self.key_path
         try:
             text = path.read_text().strip()
         except FileNotFoundError:
@@ -221,7 +226,7 @@ class TrustRoot:
             return key
         fresh = SigningKey(secrets.token_bytes(KEY_BYTES))
         try:
-            created = create_private(self.key_dir / _KEY_FILE, (fresh.secret.hex() + "\n").encode())
+            created = create_private(self.key_path, (fresh.secret.hex() + "\n").encode())
             if created:
                 with (self.key_dir / "history").open("a") as f:
                     f.write(fresh.key_id + "\n")

@@ -591,6 +591,8 @@ class Ledger:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.artifact_root.mkdir(exist_ok=True)
         self._key: SigningKey | None = None
+        self._key_file: tuple[int, ...] | None = None
+        """What identified the key file when `_key` was read from it (`_file_id`)."""
         self.key_error: TrustRootError | None = None
         """Why `signing_key` found no key, when it raised (unreadable, or a corrupt key file)."""
         self._shared = _connection(self.db_path)
@@ -643,13 +645,33 @@ class Ledger:
     def signing_key(self) -> SigningKey | None:
         """The trust root's key, or None when this process cannot read it (another user, none yet, or a
         corrupt key file: `key_error` says which of the last two)."""
-        if self._key is None:
-            try:
-                self._key = self.trust.key()
-            except TrustRootError as exc:
-                self.key_error = exc
-                return None
-            self.key_error = None
+        try:
+            key = self._current_key(create=False)
+        except TrustRootError as exc:
+            self.key_error = exc
+            return None
+        self.key_error = None
+        return key
+
+    def _current_key(self, *, create: bool) -> SigningKey | None:
+        """The key in the trust root's key file now, read again whenever that file is another one than
+        the key in memory was read from: an operator who moves a key aside (it leaked) has the running
+        server sign and check with the next one, not the old one until a restart. ``create`` makes a key
+        when there is none (appends only). One ``stat`` when nothing changed.
+
+        Raises:
+            TrustRootError: the key cannot be read (or, with ``create``, made), or is corrupt.
+        """
+        try:
+            st = os.stat(self.trust.key_path)
+            seen: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            seen = None
+        if self._key is not None and seen is not None and seen == self._key_file:
+            return self._key
+        self._key = None
+        self._key = self.trust.ensure_key() if create else self.trust.key()
+        self._key_file = seen  # from before the read: a file replaced meanwhile is read again next time
         return self._key
 
     @property
@@ -902,8 +924,8 @@ class Ledger:
         """
         from perfgate.redaction import Scrubber
 
-        key = self._key or self.trust.ensure_key()
-        self._key = key
+        key = self._current_key(create=True)
+        assert key is not None
         artifacts = self._artifacts(draft)
         # Nothing secret is ever stored: the one redaction layer, keyed by what this record carries. Most
         # records carry no env mapping or argv list: one pass of the plain scrubber is then what
