@@ -590,9 +590,8 @@ class Ledger:
         self.artifact_root = self.state_dir / "artifacts"
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.artifact_root.mkdir(exist_ok=True)
-        self._key: SigningKey | None = None
-        self._key_file: tuple[int, ...] | None = None
-        """What identified the key file when `_key` was read from it (`_file_id`)."""
+        self._key: tuple[SigningKey | None, tuple[int, ...] | None] = (None, None)
+        """The key last read, and what identified its file then (one value: threads replace it whole)."""
         self.key_error: TrustRootError | None = None
         """Why `signing_key` found no key, when it raised (unreadable, or a corrupt key file)."""
         self._shared = _connection(self.db_path)
@@ -667,12 +666,12 @@ class Ledger:
             seen: tuple[int, ...] | None = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         except OSError:
             seen = None
-        if self._key is not None and seen is not None and seen == self._key_file:
-            return self._key
-        self._key = None
-        self._key = self.trust.ensure_key() if create else self.trust.key()
-        self._key_file = seen  # from before the read: a file replaced meanwhile is read again next time
-        return self._key
+        known, known_file = self._key
+        if known is not None and seen is not None and seen == known_file:
+            return known
+        key = self.trust.ensure_key() if create else self.trust.key()
+        self._key = (key, seen)  # ``seen`` is from before the read: a file replaced meanwhile is read again
+        return key
 
     @property
     def verifiable(self) -> bool:
