@@ -233,3 +233,31 @@ def test_a_running_ledger_signs_with_the_key_the_operator_put_in_place(
         workspace, capsys
     )
     assert tmp.exists()
+
+
+def test_a_verify_racing_the_first_append_looks_for_the_anchor_again(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process has committed the very first record and not yet written its anchor when verify
+    # looks: a moment later the anchor is there, and the ledger verifies.
+    ledger = Ledger(workspace)
+    _append(ledger, i=0)
+    real = Ledger._anchor_to_check  # pyright: ignore[reportPrivateUsage]
+    looks: list[int] = []
+
+    def not_yet(self: Ledger, key: Any) -> Any:
+        looks.append(1)
+        return None if len(looks) == 1 else real(self, key)
+
+    monkeypatch.setattr(Ledger, "_anchor_to_check", not_yet)
+    report = Ledger(workspace).verify()
+    assert report.ok, report.errors
+    assert len(looks) == 2
+
+
+def test_records_without_any_anchor_still_fail_verify(workspace: Path, trust_root: TrustRoot) -> None:
+    ledger = Ledger(workspace)
+    _append(ledger, i=0)
+    ledger.anchor_path.unlink()
+    report = Ledger(workspace).verify()
+    assert not report.ok and any("holds no anchor" in e for e in report.errors)

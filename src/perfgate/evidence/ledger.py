@@ -311,6 +311,9 @@ _ANCHOR_MAC = "perfgate-ledger-anchor"
 _ANCHOR_FILE = "anchor.slots"
 _LEGACY_ANCHOR_FILE = "anchor.json"
 _ANCHOR_SLOT = 8192  # bytes per slot; an anchor is ~300 bytes plus ~80 per replaced database
+_FIRST_ANCHOR_WAIT_S = 0.2
+"""How long `Ledger.verify` waits before it looks again at records without an anchor (an append in another
+process writes the anchor within a millisecond or so of its commit)."""
 _HEAD_WIDTH = 96  # "seq hash" padded with spaces, then a newline
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -1095,18 +1098,13 @@ class Ledger:
         hashes: dict[int, str] = {}
         key = self.signing_key()
         signed = 0
-        with self._connect() as conn:
-            # The anchor and HEAD first: both move forward only after a commit, so an append racing this
-            # check leaves the records read below ahead of them, never behind (read after the records, they
-            # could name a record this read lacks: a removed tail, a truncated ledger, that never was).
-            anchor = self._anchor_to_check(key) if key is not None else None
-            try:
-                head_text: str | None = self.head_path.read_text()
-            except FileNotFoundError:
-                head_text = None
-            rows = conn.execute(
-                "SELECT seq, id, tool, state, body, hash, key_id, mac FROM evidence ORDER BY seq"
-            ).fetchall()
+        anchor, head_text, rows = self._verify_inputs(key)
+        if anchor is None and key is not None and rows:
+            # Records and no anchor: another process may be between the very first commit and its anchor.
+            # Looked at once more, a moment later (only a forger could make the anchor appear meanwhile,
+            # and it needs the key).
+            time.sleep(_FIRST_ANCHOR_WAIT_S)
+            anchor, head_text, rows = self._verify_inputs(key)
         for seq, id_, tool, state, body, stored_hash, key_id, mac in rows:
             hashes[seq] = stored_hash
             if seq != expected_seq:
@@ -1176,6 +1174,26 @@ class Ledger:
             signed_records=signed,
             key_id=key.key_id if key else None,
         )
+
+    def _verify_inputs(
+        self, key: SigningKey | None
+    ) -> tuple[dict[str, Any] | TrustRootError | None, str | None, list[tuple[Any, ...]]]:
+        """What `verify` checks: the anchor in force, HEAD's text and every row.
+
+        The anchor and HEAD are read first: both move forward only after a commit, so an append racing
+        this leaves the rows ahead of them, never behind (read after the rows, they could name a record
+        this read lacks: a removed tail, a truncated ledger, that never was).
+        """
+        with self._connect() as conn:
+            anchor = self._anchor_to_check(key) if key is not None else None
+            try:
+                head_text: str | None = self.head_path.read_text()
+            except FileNotFoundError:
+                head_text = None
+            rows = conn.execute(
+                "SELECT seq, id, tool, state, body, hash, key_id, mac FROM evidence ORDER BY seq"
+            ).fetchall()
+        return anchor, head_text, rows
 
     def _anchor_to_check(self, key: SigningKey) -> dict[str, Any] | TrustRootError | None:
         """The anchor in force for `_check_anchor`, or why it cannot be read."""
