@@ -258,19 +258,26 @@ _kept: _SplitWorker | None = None
 _kept_lock = threading.Lock()
 
 
-def _take_worker(ctx: BaseContext) -> _SplitWorker:
-    """The kept split worker when there is one (idle: no other call holds it), else a new one."""
+def _claim_kept() -> _SplitWorker | None:
+    """The kept split worker, taken out of keeping (its timer stopped), when this process has one. One
+    kept by the process this one was forked from is forgotten: its pool is that process's to shut down."""
     global _kept
     with _kept_lock:
         worker, _kept = _kept, None
+    if worker is None:
+        return None
+    if worker.timer is not None:
+        worker.timer.cancel()
+    return worker if worker.pid == os.getpid() else None
+
+
+def _take_worker(ctx: BaseContext) -> _SplitWorker:
+    """The kept split worker when there is one (idle: no other call holds it), else a new one."""
+    worker = _claim_kept()
     if worker is not None:
-        if worker.timer is not None:
-            worker.timer.cancel()
-        if worker.pid == os.getpid():
-            if worker.alive():
-                return worker
-            worker.pool.shutdown(wait=False)  # its process died while idle (killed for memory, say)
-        # Else kept by the process this one was forked from: its pool is that process's to shut down.
+        if worker.alive():
+            return worker
+        worker.pool.shutdown(wait=False)  # its process died while idle (killed for memory, say)
     return _SplitWorker(ctx)
 
 
@@ -299,14 +306,9 @@ def _expire(worker: _SplitWorker) -> None:
 
 def release_workers() -> None:
     """Shut down the kept split worker now (a server closing, a test that counts processes)."""
-    global _kept
-    with _kept_lock:
-        worker, _kept = _kept, None
+    worker = _claim_kept()
     if worker is not None:
-        if worker.timer is not None:
-            worker.timer.cancel()
-        if worker.pid == os.getpid():
-            worker.pool.shutdown(wait=True)
+        worker.pool.shutdown(wait=True)
 
 
 def _worker_halts(at: int) -> bool:
