@@ -853,16 +853,16 @@ class Ledger:
             self._anchor_memo = None
 
     def _record_problem(
-        self, seq: int, body: str, hash_: str, key_id: str | None, mac: str | None
+        self, key: SigningKey | None, seq: int, body: str, hash_: str, key_id: str | None, mac: str | None
     ) -> str | None:
-        """Why a stored row is not trustworthy evidence, or None when its hash and MAC verify."""
+        """Why a stored row is not trustworthy evidence under ``key`` (the caller's `signing_key`, taken once
+        for all the rows it checks), or None when its hash and MAC verify."""
         try:
             record = EvidenceRecord.model_validate_json(body)
         except ValueError:
             return "its body is not a valid evidence record"
         if hashlib.sha256((record.prev_hash + body).encode()).hexdigest() != hash_:
             return "edited: its hash does not match its body"
-        key = self.signing_key()
         if key is None:
             return "unverifiable: this process cannot read the trust root's signing key"
         if mac is None:
@@ -1029,9 +1029,9 @@ class Ledger:
 
     def _trusted(self, rows: list[tuple[Any, ...]], trusted_only: bool) -> list[EvidenceRecord]:
         out: list[EvidenceRecord] = []
-        check = trusted_only and self.verifiable
+        key = self.signing_key() if trusted_only else None
         for seq, body, hash_, key_id, mac in rows:
-            if check and self._record_problem(seq, body, hash_, key_id, mac) is not None:
+            if key is not None and self._record_problem(key, seq, body, hash_, key_id, mac) is not None:
                 continue
             try:
                 record = EvidenceRecord.model_validate_json(body)
@@ -1076,8 +1076,9 @@ class Ledger:
         with self._connect() as conn:
             rows = conn.execute("SELECT id, seq, body, hash, key_id, mac FROM evidence").fetchall()
         out: dict[str, str] = {}
+        key = self.signing_key()
         for id_, seq, body, hash_, key_id, mac in rows:
-            problem = self._record_problem(seq, body, hash_, key_id, mac)
+            problem = self._record_problem(key, seq, body, hash_, key_id, mac)
             if problem is not None:
                 out[id_] = problem
         return out
@@ -1125,7 +1126,7 @@ class Ledger:
             if (record.seq, record.id, record.tool, record.state.value) != (seq, id_, tool, state):
                 errors.append(f"record {seq} ({id_}): indexed columns differ from the hashed body")
             if key is not None:
-                problem = self._record_problem(seq, body, stored_hash, key_id, mac)
+                problem = self._record_problem(key, seq, body, stored_hash, key_id, mac)
                 if problem is None:
                     signed += 1
                 elif not problem.startswith("edited"):  # an edit is reported above already
