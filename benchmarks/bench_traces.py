@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO / "src"))
 if str(REPO / "benchmarks") not in sys.path:  # `_mcp`, when this file is loaded as a module (the tests)
     sys.path.insert(0, str(REPO / "benchmarks"))
 
-from perfgate.traces import AnalysisOptions, analyze_trace, classify_device  # noqa: E402
+from perfgate.traces import AnalysisOptions, analyze_trace, classify_device, isal_available  # noqa: E402
 
 HTA_FIELDS = ("idle_time(us)", "compute_time(us)", "non_compute_time(us)", "kernel_time(us)")
 LARGE_BYTES = 1_000_000
@@ -603,7 +603,8 @@ def main() -> None:
     traces = [p for p in shared_traces() if not args.only or any(o in p.name for o in args.only)]
     print(
         f"machine: {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), load average "
-        f"{os.getloadavg()[0]:.1f} at start; HTA: {hta_python or 'not found (perfgate figures only)'}"
+        f"{os.getloadavg()[0]:.1f} at start; HTA: {hta_python or 'not found (perfgate figures only)'}; "
+        f"gunzip: {'python-isal' if isal_available() else 'zlib (python-isal not importable)'}"
     )
     if not args.skip_shared:
         if not traces:
