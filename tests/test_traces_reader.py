@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,22 @@ def test_gzip_traces_read_the_same_with_either_decompressor(tmp_path: Path, deco
     events, stream = read_all(gz, chunk_bytes=100, read_block=50, decompressor=decompressor)
     assert events == expected(MUSA)
     assert stream.compressed
+
+
+def test_without_python_isal_gzip_traces_fall_back_to_zlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # python-isal is a dependency only where it has wheels: elsewhere "auto" reads with zlib, and asking
+    # for isal by name says what is missing.
+    monkeypatch.setitem(sys.modules, "isal", None)  # `import isal` now raises ImportError
+    assert not isal_available()
+    gz = tmp_path / "musa.json.gz"
+    gz.write_bytes(gzip.compress(MUSA.read_bytes()))
+    events, stream = read_all(gz, chunk_bytes=100, read_block=50, decompressor="auto")
+    assert events == expected(MUSA)
+    assert stream.compressed
+    with pytest.raises(TraceFormatError, match="python-isal is not installed"):
+        read_all(gz, decompressor="isal")
 
 
 def test_a_truncated_gzip_file_is_a_clear_error(tmp_path: Path) -> None:
