@@ -121,7 +121,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     install_log_filter()  # the server's own log never carries a secret
     if args.transport == "stdio":
-        server.run("stdio")
+        from perfgate._stdio import run_stdio
+
+        run_stdio(server)
         return 0
     from perfgate._http import TokenError, allowed_hosts, http_token, serve_http
 

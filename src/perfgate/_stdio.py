@@ -1,0 +1,179 @@
+"""The stdio transport without a thread per message.
+
+The SDK's ``stdio_server`` reads stdin and writes stdout through anyio's file wrappers: every line read,
+every write and every flush is a hop to a worker thread and back, three per tool call. When both standard
+streams are pipes or sockets (as an agent host starts a server) and the loop is asyncio's on POSIX, the
+event loop reads and writes them itself here, through its pipe transports. The SDK still frames and
+parses every message (its ``stdio_server`` given these streams), so the wire is unchanged. Anything else
+(a terminal, a regular file, Windows, trio) gets the SDK's own transport.
+
+As the SDK does while it serves, fd 0 is pointed at the null device and fd 1 at stderr, so a child
+process or stray ``print`` can neither read the client's messages nor write into the wire; both are
+restored, in blocking mode, when serving ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import sys
+from collections.abc import AsyncGenerator, Generator
+from typing import Any, cast
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.stdio import stdio_server
+
+__all__ = ["run_stdio"]
+
+_LINE_LIMIT = 1 << 40
+"""The reader's line limit: no limit in practice, as the SDK's own reader has none."""
+
+
+def _pipe_like(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+class _Lines:
+    """stdin as the SDK's reader iterates it: decoded lines, until end of file."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    def __aiter__(self) -> _Lines:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self._reader.readline()
+        if not line:
+            raise StopAsyncIteration
+        return line.decode("utf-8", errors="replace")
+
+
+class _Drain(asyncio.Protocol):
+    """Flow control for the stdout pipe: `drain` waits while the transport holds bytes the pipe did not
+    take yet (its write buffer limits are set to 0, so any byte held pauses it)."""
+
+    def __init__(self) -> None:
+        self._paused = False
+        self._lost: BaseException | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = exc or ConnectionResetError("stdout was closed")
+        self._wake()
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters.clear()
+
+    async def drain(self) -> None:
+        while True:
+            if self._lost is not None:
+                raise BrokenPipeError("the client closed the server's stdout") from self._lost
+            if not self._paused:
+                return
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+
+class _Out:
+    """stdout as the SDK's writer uses it: ``write`` then ``flush``, each awaited."""
+
+    def __init__(self, transport: asyncio.WriteTransport, protocol: _Drain) -> None:
+        transport.set_write_buffer_limits(high=0)  # flush: every byte handed to the pipe, as a file's
+        self._transport, self._protocol = transport, protocol
+
+    async def write(self, text: str) -> None:
+        self._transport.write(text.encode("utf-8"))
+
+    async def flush(self) -> None:
+        await self._protocol.drain()
+
+
+@contextlib.contextmanager
+def _claimed(fd: int, divert: int) -> Generator[int]:
+    """A private duplicate of ``fd`` (what the wire is read or written through), with ``fd`` itself
+    pointed at ``divert`` until the block ends; then ``fd`` is the wire again, in blocking mode."""
+    import fcntl
+
+    private = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    try:
+        os.dup2(divert, fd)
+        try:
+            yield private
+        finally:
+            os.set_blocking(private, True)
+            os.dup2(private, fd)
+    finally:
+        os.close(private)
+
+
+@contextlib.asynccontextmanager
+async def _loop_streams() -> AsyncGenerator[tuple[_Lines, _Out] | None]:
+    """stdin and stdout served by the running asyncio loop, or None where that cannot be done here."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # trio
+        yield None
+        return
+    if sys.platform == "win32" or not (_pipe_like(0) and _pipe_like(1)):
+        yield None
+        return
+    with contextlib.ExitStack() as held:
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        held.callback(os.close, null)
+        try:
+            errors = os.dup(2)  # stray output goes where the server's log goes
+        except OSError:
+            errors = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        held.callback(os.close, errors)
+        wire_in = held.enter_context(_claimed(0, null))
+        wire_out = held.enter_context(_claimed(1, errors))
+        reader = asyncio.StreamReader(limit=_LINE_LIMIT)
+        # closefd=False: the descriptors are `_claimed`'s, which restores and closes them.
+        read_transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(wire_in, "rb", buffering=0, closefd=False)
+        )
+        # Closed before the descriptors go back: both transports leave the loop's poller at once.
+        held.callback(read_transport.close)
+        write_transport, drain = await loop.connect_write_pipe(
+            _Drain, os.fdopen(wire_out, "wb", buffering=0, closefd=False)
+        )
+        # Each answer was flushed whole; bytes still held belong to one cut short: dropped. (A transport
+        # whose pipe broke has closed itself already.)
+        held.callback(lambda: write_transport.is_closing() or write_transport.abort())
+        yield _Lines(reader), _Out(write_transport, drain)
+
+
+async def serve_stdio(server: MCPServer[Any]) -> None:
+    """``server.run_stdio_async()``, through the loop's own pipe transports where `_loop_streams` can."""
+    async with _loop_streams() as streams:
+        if streams is None:
+            await server.run_stdio_async()
+            return
+        stdin, stdout = streams
+        lowlevel = server._lowlevel_server  # pyright: ignore[reportPrivateUsage]  # as run_stdio_async
+        async with stdio_server(cast("Any", stdin), cast("Any", stdout)) as (read_stream, write_stream):
+            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+
+
+def run_stdio(server: MCPServer[Any]) -> None:
+    """Serve ``server`` over stdin and stdout until the client closes stdin (`serve_stdio`)."""
+    anyio.run(serve_stdio, server)

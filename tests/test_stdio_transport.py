@@ -1,0 +1,105 @@
+"""`perfgate serve`'s stdio transport (`perfgate._stdio`), at the byte level of its pipes.
+
+The server reads and writes its pipes on the event loop, without a thread per message; everything else
+falls back to the SDK's transport. Either way the standard streams are diverted while it serves and
+restored after, and large messages cross whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+PROBE = Path(__file__).resolve().parent / "_stdio_probe_server.py"
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+ECHO = "y" * 300_000  # past asyncio's default 64 KiB line limit
+SIZE = 1_000_000  # past a pipe's 64 KiB buffer
+
+
+def _call(echo: str = ECHO, size: int = SIZE) -> dict[str, Any]:
+    args = {"echo": echo, "size": size}
+    return {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "probe", "arguments": args}}
+
+
+def _send(stdin: IO[bytes], *messages: dict[str, Any]) -> None:
+    stdin.write(b"".join(json.dumps(m).encode() + b"\n" for m in messages))
+    stdin.flush()
+
+
+def _probe_result(line: bytes) -> dict[str, Any]:
+    message = json.loads(line)
+    assert message["id"] == 2, message
+    result = message["result"]
+    assert not result.get("isError"), result
+    return result["structuredContent"]
+
+
+def _server(stdout: IO[bytes] | int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(PROBE)], stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.PIPE
+    )
+
+
+def test_pipes_are_served_on_the_loop_with_the_streams_diverted_and_restored() -> None:
+    with _server(subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        _send(proc.stdin, INIT, INITIALIZED, _call())
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        probed = _probe_result(proc.stdout.readline())
+        proc.stdin.close()  # end of input: the server stops
+        rest = proc.stdout.read()
+        err = proc.stderr.read()
+    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+    # No thread per message: the SDK's transport reads stdin in an anyio worker thread.
+    assert probed["worker_threads"] == 0
+    assert probed["echo_len"] == len(ECHO)
+    assert probed["big"] == "x" * SIZE
+    # While serving, fd 0 is the null device and fd 1 the log: a tool neither reads nor writes the wire.
+    assert probed["stdin_read"] == ""
+    assert b"stray output" in err
+    assert b"stray output" not in rest
+    # After: fd 1 is the wire again, fd 0 and fd 1 blocking as they were handed over.
+    assert rest == b"served; blocking True True\n"
+
+
+def test_a_stdout_that_is_not_a_pipe_gets_the_sdk_transport(tmp_path: Path) -> None:
+    out_path = tmp_path / "out.jsonl"
+    with out_path.open("wb") as out, _server(out) as proc:
+        assert proc.stdin is not None and proc.stderr is not None
+        _send(proc.stdin, INIT, INITIALIZED, _call(echo="z", size=10))
+        deadline = time.monotonic() + 120  # guards a hang only
+        while out_path.read_bytes().count(b"\n") < 2:
+            assert proc.poll() is None, proc.stderr.read().decode(errors="replace")[-2000:]
+            assert time.monotonic() < deadline, "no answer"
+            time.sleep(0.05)
+        proc.stdin.close()
+        proc.wait(timeout=120)
+    lines = out_path.read_bytes().splitlines()
+    assert proc.returncode == 0
+    probed = _probe_result(lines[1])
+    assert probed["worker_threads"] >= 1  # the SDK's reader thread
+    assert (probed["echo_len"], probed["big"], probed["stdin_read"]) == (1, "x" * 10, "")
+    assert lines[2:] == [b"served; blocking True True"]
+
+
+def test_a_client_that_stops_reading_ends_the_server() -> None:
+    with _server(subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # the client went away without closing stdin
+        with contextlib.suppress(BrokenPipeError):  # the server may be gone already
+            _send(proc.stdin, INIT)
+        code = proc.wait(timeout=120)
+        err = proc.stderr.read()
+    assert code != 0
+    assert b"the client closed the server's stdout" in err
