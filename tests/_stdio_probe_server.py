@@ -1,7 +1,8 @@
 """A one-tool server on `perfgate._stdio.run_stdio`, for the transport's tests: ``python THIS``.
 
 Its ``probe`` tool writes to fd 1 and reads fd 0 as a careless tool or child would, and says what it
-saw and whether anyio worker threads exist (the SDK's transport reads stdin in one). After serving it
+saw and whether anyio worker threads exist (the SDK's transport reads stdin in one). ``PROBE_LINE_LIMIT``
+sets the transport's longest message. After serving it
 writes a last line to fd 1, which must then be the wire again, in blocking mode.
 """
 
@@ -12,6 +13,7 @@ import threading
 
 from mcp.server import MCPServer
 
+import perfgate._stdio
 from perfgate._stdio import run_stdio
 
 server = MCPServer("probe")
@@ -30,5 +32,7 @@ async def probe(echo: str = "", size: int = 0) -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    if "PROBE_LINE_LIMIT" in os.environ:  # a small limit, to send an over-long message cheaply
+        perfgate._stdio._LINE_LIMIT = int(os.environ["PROBE_LINE_LIMIT"])  # pyright: ignore[reportPrivateUsage]
     run_stdio(server)
     os.write(1, f"served; blocking {os.get_blocking(0)} {os.get_blocking(1)}\n".encode())

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
+
+import pytest
 
 PROBE = Path(__file__).resolve().parent / "_stdio_probe_server.py"
 INIT = {
@@ -49,9 +52,13 @@ def _probe_result(line: bytes) -> dict[str, Any]:
     return result["structuredContent"]
 
 
-def _server(stdout: IO[bytes] | int) -> subprocess.Popen[bytes]:
+def _server(stdout: IO[bytes] | int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, str(PROBE)], stdin=subprocess.PIPE, stdout=stdout, stderr=subprocess.PIPE
+        [sys.executable, str(PROBE)],
+        stdin=subprocess.PIPE,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -107,3 +114,29 @@ def test_a_client_that_stops_reading_ends_the_server() -> None:
         err = proc.stderr.read()
     assert code != 0
     assert b"the client closed the server's stdout" in err
+
+
+@pytest.mark.parametrize("ends", ["newline", "end of input"])
+def test_a_message_over_the_line_limit_is_dropped_and_the_next_one_answered(ends: str) -> None:
+    limit = 100_000
+    with _server(subprocess.PIPE, {"PROBE_LINE_LIMIT": str(limit)}) as proc:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        _send(proc.stdin, INIT, INITIALIZED)
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        over = json.dumps(_call(echo="w" * (5 * limit), size=1)).encode()
+        if ends == "end of input":  # the over-long line is the last thing the client sends
+            proc.stdin.write(over)
+            proc.stdin.close()
+            assert proc.stdout.read() == b"served; blocking True True\n"
+        else:  # the line is skipped to its end; the call after it (in the same write) is answered
+            _send(proc.stdin, _call(echo="y" * (limit - 200), size=1))  # just under the limit
+            assert _probe_result(proc.stdout.readline())["echo_len"] == limit - 200
+            proc.stdin.write(over + b"\n" + json.dumps(_call(echo="after", size=3)).encode() + b"\n")
+            proc.stdin.flush()
+            probed = _probe_result(proc.stdout.readline())
+            assert (probed["echo_len"], probed["big"]) == (len("after"), "xxx")
+            proc.stdin.close()
+            assert proc.stdout.read() == b"served; blocking True True\n"
+        err = proc.stderr.read()
+    assert proc.returncode == 0
+    assert f"dropped a message longer than {limit} bytes".encode() in err

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import stat
 import sys
@@ -28,8 +29,11 @@ from mcp.server.stdio import stdio_server
 
 __all__ = ["run_stdio"]
 
-_LINE_LIMIT = 1 << 40
-"""The reader's line limit: no limit in practice, as the SDK's own reader has none."""
+_LINE_LIMIT = 64 << 20
+"""The longest message read (bytes): a longer line is dropped as it arrives, and the reader stops taking
+input while twice this is buffered, so a client cannot make the server hold unbounded input."""
+
+logger = logging.getLogger(__name__)
 
 
 def _pipe_like(fd: int) -> bool:
@@ -41,7 +45,8 @@ def _pipe_like(fd: int) -> bool:
 
 
 class _Lines:
-    """stdin as the SDK's reader iterates it: decoded lines, until end of file."""
+    """stdin as the SDK's reader iterates it: decoded lines, until end of file. A line over
+    `_LINE_LIMIT` is skipped with a warning in the log, as the SDK ignores a line it cannot parse."""
 
     def __init__(self, reader: asyncio.StreamReader) -> None:
         self._reader = reader
@@ -50,10 +55,30 @@ class _Lines:
         return self
 
     async def __anext__(self) -> str:
-        line = await self._reader.readline()
-        if not line:
-            raise StopAsyncIteration
-        return line.decode("utf-8", errors="replace")
+        while True:
+            try:
+                line = await self._reader.readuntil(b"\n")
+            except asyncio.IncompleteReadError as end:  # end of input, maybe after a last unended line
+                if not end.partial:
+                    raise StopAsyncIteration from None
+                line = end.partial
+            except asyncio.LimitOverrunError as over:
+                logger.warning("dropped a message longer than %d bytes from stdin", _LINE_LIMIT)
+                await self._drop_line(over.consumed)
+                continue
+            return line.decode("utf-8", errors="replace")
+
+    async def _drop_line(self, buffered: int) -> None:
+        """Discard the rest of an over-long line: ``buffered`` bytes of it are in the reader's buffer."""
+        while True:
+            await self._reader.readexactly(buffered)
+            try:
+                await self._reader.readuntil(b"\n")
+                return
+            except asyncio.IncompleteReadError:
+                return
+            except asyncio.LimitOverrunError as over:
+                buffered = over.consumed
 
 
 class _Drain(asyncio.Protocol):
