@@ -1,9 +1,9 @@
 """A one-tool server on `perfgate._stdio.run_stdio`, for the transport's tests: ``python THIS``.
 
 Its ``probe`` tool writes to fd 1 and reads fd 0 as a careless tool or child would, and says what it
-saw and whether anyio worker threads exist (the SDK's transport reads stdin in one). ``PROBE_LINE_LIMIT``
-sets the transport's longest message. After serving it
-writes a last line to fd 1, which must then be the wire again, in blocking mode.
+saw and whether anyio worker threads exist (the SDK's transport reads stdin in one). After serving it
+writes a last line to fd 1, which must then be the wire again, in blocking mode. ``PROBE_LINE_LIMIT``
+sets the transport's longest message.
 """
 
 from __future__ import annotations
