@@ -140,3 +140,18 @@ def test_a_message_over_the_line_limit_is_dropped_and_the_next_one_answered(ends
         err = proc.stderr.read()
     assert proc.returncode == 0
     assert f"dropped a message longer than {limit} bytes".encode() in err
+
+
+def test_perfgate_serve_whose_client_stops_reading_says_so_in_a_sentence(workspace: Path) -> None:
+    cmd = [sys.executable, "-m", "perfgate", "serve", "--workspace", str(workspace)]
+    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        with contextlib.suppress(BrokenPipeError):  # the server may be gone already
+            _send(proc.stdin, INIT)
+        code = proc.wait(timeout=120)
+        err = proc.stderr.read().decode(errors="replace")
+    assert code == 1, err[-2000:]
+    assert "perfgate: the client closed the server's stdout, so the server stopped" in err
+    assert "next: reconnect from the agent host" in err
+    assert "Traceback" not in err

@@ -27,7 +27,7 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 
-__all__ = ["run_stdio"]
+__all__ = ["ClientGone", "run_stdio"]
 
 _LINE_LIMIT = 64 << 20
 """The longest message read (bytes): a longer line is dropped as it arrives, and the reader stops taking
@@ -199,6 +199,28 @@ async def serve_stdio(server: MCPServer[Any]) -> None:
             await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
 
 
+class ClientGone(Exception):
+    """The client closed the server's stdout while it served: nobody reads the answers any more."""
+
+
+def _only_broken_pipes(exc: BaseException) -> bool:
+    """Whether ``exc`` is a broken pipe, or a group (the task groups') of nothing else."""
+    group = getattr(exc, "exceptions", None)
+    if isinstance(group, tuple) and group:
+        return all(_only_broken_pipes(e) for e in cast("tuple[BaseException, ...]", group))
+    return isinstance(exc, BrokenPipeError)
+
+
 def run_stdio(server: MCPServer[Any]) -> None:
-    """Serve ``server`` over stdin and stdout until the client closes stdin (`serve_stdio`)."""
-    anyio.run(serve_stdio, server)
+    """Serve ``server`` over stdin and stdout until the client closes stdin (`serve_stdio`).
+
+    Raises:
+        ClientGone: the client closed stdout first (on either transport), instead of the task groups'
+            traceback.
+    """
+    try:
+        anyio.run(serve_stdio, server)
+    except BaseException as exc:
+        if not _only_broken_pipes(exc):
+            raise
+        raise ClientGone("the client closed the server's stdout, so the server stopped") from None

@@ -121,9 +121,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     install_log_filter()  # the server's own log never carries a secret
     if args.transport == "stdio":
-        from perfgate._stdio import run_stdio
+        from perfgate._stdio import ClientGone, run_stdio
 
-        run_stdio(server)
+        try:
+            run_stdio(server)
+        except ClientGone as exc:
+            _fail(str(exc), "reconnect from the agent host; the evidence recorded so far is kept")
+            return 1
         return 0
     from perfgate._http import TokenError, allowed_hosts, http_token, serve_http
 
