@@ -377,3 +377,51 @@ def test_collect_env_must_agree_with_torch_on_backend_devices_and_versions() -> 
     }
     checked = environment_check(_env("musa", ["MTT S4000"] * 2, "4.0.0", []), musa)
     assert checked.status == "pass" and "torch reports no musa driver version" in checked.values["note"]
+
+
+def test_a_job_that_cannot_read_the_driver_api_version_is_a_note_not_a_mismatch() -> None:
+    h100 = ["NVIDIA H100 80GB HBM3"]
+    facts = {
+        "kind": "cuda",
+        "backend": "cuda",
+        "device_count": 1,
+        "device_names": h100,
+        "torch_version": "2.5.1+cu124",
+        "runtime_version": "12.4",
+        "driver_api_version": None,
+    }
+    smi = {"name": "nvidia-smi", "found": True, "runtime_version": "13.0"}
+    checked = environment_check(_env("cuda", h100, "12.4", [smi]), facts)
+    assert checked.status == "pass", checked.reason
+    assert "not compared" in checked.values["note"] and "13.0" in checked.values["note"]
+
+
+def _fake_libcuda(tmp_path: Path, version: int) -> Path:
+    """A libcuda.so.1 whose cuDriverGetVersion reports `version` (no driver here; stands in for one)."""
+    import shutil
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the stand-in libcuda")
+    src = tmp_path / "cuda.c"
+    src.write_text(f"int cuDriverGetVersion(int *v) {{ *v = {version}; return 0; }}\n")
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=120)
+    return tmp_path
+
+
+def test_without_torchs_private_wrapper_the_driver_api_version_comes_from_libcuda(tmp_path: Path) -> None:
+    libdir = _fake_libcuda(tmp_path, 13000)
+    probe = Path(__file__).parents[1] / "src/perfgate/envprobe/script/perfgate_envprobe.py"
+    code = (
+        "import json, sys, types, importlib.util\n"
+        "from perfgate.selftest import job\n"
+        f"spec = importlib.util.spec_from_file_location('probe', {str(probe)!r})\n"
+        "probe = importlib.util.module_from_spec(spec); spec.loader.exec_module(probe)\n"
+        "torch = types.SimpleNamespace(_C=types.SimpleNamespace())\n"
+        "print(json.dumps([job._driver_api_version(torch, 'cuda'), probe.cuda_driver_api_version(),"
+        " job._driver_api_version(torch, 'rocm')]))\n"
+    )
+    env = {**os.environ, "LD_LIBRARY_PATH": str(libdir)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == ["13.0", 13000, None]

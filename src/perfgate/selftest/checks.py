@@ -429,6 +429,11 @@ def environment_check(env: Mapping[str, Any], facts: Mapping[str, Any]) -> Check
         smi = tools.get("nvidia-smi") or tools.get("nvml")
         if smi is None or smi.get("runtime_version") is None:
             driver_note = "driver: no nvidia-smi/NVML figure to compare with torch's driver API version"
+        elif facts.get("driver_api_version") is None:
+            driver_note = (
+                f"driver CUDA version {smi.get('runtime_version')} ({smi['name']}): the job could not read "
+                "the driver API version (no torch wrapper, libcuda not loadable), so it is not compared"
+            )
         else:
             row(
                 f"driver CUDA version ({smi['name']})",

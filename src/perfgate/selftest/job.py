@@ -86,15 +86,26 @@ def resolve_device(requested: str) -> tuple[str, str, Any, str | None]:
     return "cpu", "cpu", None, None
 
 
-def _driver_api_version(torch: Any) -> str | None:
-    """The CUDA driver API version the driver supports (what nvidia-smi calls 'CUDA Version')."""
+def _driver_api_version(torch: Any, seen: str) -> str | None:
+    """The CUDA driver API version the driver supports (what nvidia-smi calls 'CUDA Version'): torch's
+    private wrapper where the build has it, else cuDriverGetVersion from libcuda (torch 2.11 builds
+    dropped the wrapper; the environment probe asks the driver the same way)."""
+    value = 0
     get = getattr(torch._C, "_cuda_getDriverVersion", None)
-    if get is None:
-        return None
-    try:
-        value = int(get())
-    except (RuntimeError, ValueError):
-        return None
+    if get is not None:
+        try:
+            value = int(get())
+        except (RuntimeError, ValueError):
+            value = 0
+    elif seen == "cuda":
+        import ctypes
+
+        try:
+            out = ctypes.c_int(0)
+            if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(out)) == 0:
+                value = out.value
+        except (OSError, AttributeError):
+            value = 0
     return f"{value // 1000}.{value % 1000 // 10}" if value > 0 else None
 
 
@@ -129,7 +140,7 @@ def facts(kind: str) -> dict[str, Any]:
         "device_names": names,
         "capability": capability,
         "runtime_version": runtime,
-        "driver_api_version": _driver_api_version(torch) if seen in ("cuda", "rocm") else None,
+        "driver_api_version": _driver_api_version(torch, seen) if seen in ("cuda", "rocm") else None,
         "python": sys.executable,
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
     }

@@ -504,17 +504,42 @@ def accelerator(missing: list[dict[str, str]]) -> dict[str, Any]:
     }[backend]
     out["driver_api_version"] = None
     if backend in ("cuda", "rocm"):
-        out["driver_api_version"] = call(
-            missing,
-            "cuda.driver_api_version",
-            lambda: torch._C._cuda_getDriverVersion(),
-            "torch._C has no _cuda_getDriverVersion",
-        )
+        private = getattr(torch._C, "_cuda_getDriverVersion", None)
+        if private is not None:
+            out["driver_api_version"] = call(missing, "cuda.driver_api_version", private)
+        elif backend == "cuda":
+            # Recent torch builds dropped the private wrapper: ask the driver library itself.
+            out["driver_api_version"] = call(missing, "cuda.driver_api_version", cuda_driver_api_version)
+        else:
+            missing.append(
+                {"item": "cuda.driver_api_version", "reason": "torch._C has no _cuda_getDriverVersion"}
+            )
     out["libraries"] = libraries(torch, backend, missing)
     out["precision"] = precision(torch, backend, module, out["devices"], missing)
     out["attention"] = attention(torch, backend, missing)
     out["distributed"] = distributed(torch, missing)
     return out
+
+
+def cuda_driver_api_version() -> int:
+    """cuDriverGetVersion from libcuda: the CUDA version the installed driver supports (what nvidia-smi
+    prints as 'CUDA Version'), as 1000 * major + 10 * minor."""
+    import ctypes
+    import ctypes.util
+
+    name = "nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError:
+        found = ctypes.util.find_library("cuda")
+        if found is None:
+            raise RuntimeError("the CUDA driver library (libcuda) is not loadable here") from None
+        lib = ctypes.CDLL(found)
+    value = ctypes.c_int(0)
+    status = lib.cuDriverGetVersion(ctypes.byref(value))
+    if status != 0 or value.value <= 0:
+        raise RuntimeError(f"cuDriverGetVersion returned status {status}, version {value.value}")
+    return value.value
 
 
 def cpu_reason(torch: Any, musa_mod: Any) -> str:
