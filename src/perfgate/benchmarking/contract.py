@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfgate.benchmarking.errors import ContractError
-from perfgate.benchmarking.vocabulary import vocabulary_problems
+from perfgate.benchmarking.vocabulary import (
+    VOCABULARY_URI,
+    canonical_section,
+    vocabulary_name,
+    vocabulary_problems,
+)
 
 __all__ = [
     "Contract",
@@ -32,10 +37,27 @@ _MODEL_PARALLEL_KEYS = ("tensor_parallel", "pipeline_parallel", "context_paralle
 
 @dataclass(frozen=True)
 class Contract:
+    """A declared contract, every key under its vocabulary name (a synonym is stored as its entry).
+
+    Raises:
+        ContractError: two spellings of one entry in a section carry different values.
+    """
+
     invariants: dict[str, Any] = field(default_factory=dict[str, Any])
     execution: dict[str, Any] = field(default_factory=dict[str, Any])
     classes: dict[str, str] = field(default_factory=dict[str, str])
     """The caller's class ('semantic' or 'execution') of keys outside the vocabulary."""
+
+    def __post_init__(self) -> None:
+        # Every consumer (cross-checks, comparisons, gates, reports) reads one name per entry, so a
+        # baseline declaring a synonym and a candidate declaring the entry's name declare the same key.
+        problems: list[str] = []
+        for section in ("invariants", "execution", "classes"):
+            canonical, collisions = canonical_section(getattr(self, section), f"contract.{section}")
+            object.__setattr__(self, section, canonical)
+            problems += collisions
+        if problems:
+            raise ContractError("; ".join(problems) + f" (the vocabulary: {VOCABULARY_URI})")
 
     @classmethod
     def from_mapping(cls, value: Mapping[str, Any] | None) -> Contract:
@@ -153,32 +175,24 @@ def check_observed(
     """Contradictions between the contract and what the run showed (ranks that wrote records, samples,
     backward passes per optimizer step, the device)."""
     problems: list[str] = []
-    accumulation = next(
-        (
-            contract.execution[k]
-            for k in ("accumulation", "gradient_accumulation", "grad_accum")
-            if k in contract.execution
-        ),
-        None,
-    )
+    accumulation = contract.execution.get("accumulation")
     if isinstance(accumulation, int) and backward_per_step is not None and backward_per_step != accumulation:
         problems.append(
             f"contract declares accumulation {accumulation} but the harness counted {backward_per_step} backward "
             "pass(es) per optimizer step"
         )
-    for section in (contract.execution, contract.invariants):
-        for key in ("device_type", "device", "hardware"):
-            declared = section.get(key)
-            if not isinstance(declared, str) or device_kind is None:
-                continue
-            want = declared.strip().lower()
-            kinds = _DEVICE_KINDS.get(want)
-            ok = device_kind.lower() in kinds if kinds is not None else want in (device_name or "").lower()
-            if not ok:
-                problems.append(
-                    f"contract declares {key} {declared!r} but the ranks ran on {device_kind}"
-                    + (f" ({device_name})" if device_name else "")
-                )
+    # hardware's synonyms (device, device_type, gpu) are stored under it
+    for declared in (contract.execution.get("hardware"), contract.invariants.get("hardware")):
+        if not isinstance(declared, str) or device_kind is None:
+            continue
+        want = declared.strip().lower()
+        kinds = _DEVICE_KINDS.get(want)
+        ok = device_kind.lower() in kinds if kinds is not None else want in (device_name or "").lower()
+        if not ok:
+            problems.append(
+                f"contract declares hardware {declared!r} but the ranks ran on {device_kind}"
+                + (f" ({device_name})" if device_name else "")
+            )
     declared_world = contract.execution.get("world_size")
     if isinstance(declared_world, int) and declared_world != world_size:
         problems.append(f"contract declares world_size {declared_world} but {world_size} rank(s) ran")
@@ -233,7 +247,7 @@ def _changed(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 
 def diff_contracts(baseline: Contract, candidate: Contract, declared_changes: Iterable[str]) -> ContractDiff:
     """Changed invariants, and execution changes compared with ``declared_changes`` (setting names)."""
-    declared = sorted(set(declared_changes))
+    declared = sorted({vocabulary_name(d) for d in declared_changes})
     actual = _changed(baseline.execution, candidate.execution)
     return ContractDiff(
         changed_invariants=_changed(baseline.invariants, candidate.invariants),

@@ -7,23 +7,32 @@ the same computation is carried out (microbatch with accumulation, parallel degr
 workers, fused kernels, attention backend, ...): it may go in ``contract.execution`` and be declared as
 a change.
 
-Keys are matched case-insensitively with ``-`` and spaces read as ``_``; synonyms name one entry. A key
-outside the vocabulary must be classified by the caller in ``contract.classes``.
+Keys are matched case-insensitively with ``-`` and spaces read as ``_``; synonyms name one entry, and a
+contract is stored and compared under the entries' names (`canonical_section`). A key outside the
+vocabulary must be classified by the caller in ``contract.classes``.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
+    "NOT_KEYS",
     "REQUIRED_INVARIANTS",
     "VOCABULARY",
+    "VOCABULARY_URI",
     "KeyClass",
     "Term",
     "canonical_key",
+    "canonical_section",
     "classify",
+    "nearest_entries",
+    "render_vocabulary",
+    "vocabulary_name",
     "vocabulary_problems",
 ]
 
@@ -32,10 +41,15 @@ KeyClass = Literal["semantic", "execution"]
 
 @dataclass(frozen=True)
 class Term:
+    """One entry. A synonym is another spelling of the entry itself (stored under ``name``); a member is a
+    distinct setting of the same kind (``lr`` of ``optimizer_hparams``), classified by the entry but kept
+    under its own name, so two members in one contract stay two keys."""
+
     name: str
     cls: KeyClass
     meaning: str
     synonyms: tuple[str, ...] = ()
+    members: tuple[str, ...] = ()
 
 
 _TERMS: tuple[Term, ...] = (
@@ -44,23 +58,35 @@ _TERMS: tuple[Term, ...] = (
         "model",
         "semantic",
         "model architecture and its configuration",
-        ("model_config", "architecture", "arch"),
+        ("model_config", "architecture", "arch", "model_name", "model_name_or_path", "model_type"),
     ),
     Term(
-        "dataset", "semantic", "dataset, its version and split", ("data", "dataset_split", "split", "corpus")
+        "dataset",
+        "semantic",
+        "dataset, its version and split",
+        ("data", "corpus", "dataset_name", "data_path", "train_data"),
+        ("split", "dataset_split"),
     ),
-    Term("tokenizer", "semantic", "tokenizer / preprocessing of inputs", ("preprocessing", "transforms")),
+    Term(
+        "tokenizer",
+        "semantic",
+        "tokenizer / preprocessing of inputs",
+        ("tokenizer_name",),
+        ("preprocessing", "transforms"),
+    ),
     Term(
         "precision",
         "semantic",
         "numeric precision policy: dtypes of parameters, activations and math (amp, bf16, fp8, tf32)",
+        ("dtype", "torch_dtype"),
         (
-            "dtype",
             "param_dtype",
             "compute_dtype",
             "amp",
             "autocast",
             "mixed_precision",
+            "bf16",
+            "fp16",
             "fp8",
             "fp8_recipe",
             "tf32",
@@ -73,7 +99,17 @@ _TERMS: tuple[Term, ...] = (
         "global_batch",
         "semantic",
         "samples per optimizer step over all ranks",
-        ("global_batch_size", "batch_size"),
+        # A bare batch size means the samples one optimizer step sees; the frameworks' per-device
+        # spellings are microbatch synonyms below.
+        (
+            "global_batch_size",
+            "batch_size",
+            "batch",
+            "gbs",
+            "train_batch_size",
+            "total_batch_size",
+            "effective_batch_size",
+        ),
     ),
     Term(
         "seq_len",
@@ -81,23 +117,25 @@ _TERMS: tuple[Term, ...] = (
         "sequence length / input shape",
         (
             "sequence_length",
+            "seq_length",
             "max_seq_len",
+            "max_seq_length",
+            "max_length",
             "context_length",
             "block_size",
-            "input_shape",
-            "image_size",
-            "shapes",
         ),
+        ("input_shape", "image_size", "shapes"),
     ),
-    Term("loss", "semantic", "loss function and its scaling", ("loss_fn", "criterion", "label_smoothing")),
+    Term("loss", "semantic", "loss function and its scaling", ("loss_fn", "criterion"), ("label_smoothing",)),
     Term("optimizer", "semantic", "optimizer algorithm", ("optim",)),
     Term(
         "optimizer_hparams",
         "semantic",
         "optimizer hyper-parameters and schedule",
+        (),
         (
             "lr",
-            "learning_rate",
+            "min_lr",
             "lr_schedule",
             "scheduler",
             "warmup",
@@ -106,22 +144,27 @@ _TERMS: tuple[Term, ...] = (
             "momentum",
             "eps",
             "grad_clip",
-            "gradient_clipping",
-            "max_grad_norm",
         ),
     ),
     Term(
-        "sampling", "semantic", "sample order and sampler", ("sampler", "shuffle", "data_order", "drop_last")
+        "sampling",
+        "semantic",
+        "sample order and sampler",
+        (),
+        ("sampler", "shuffle", "data_order", "drop_last"),
     ),
     Term("seed", "semantic", "seed policy", ("seed_policy", "random_seed")),
-    Term("regularization", "semantic", "dropout and other regularization", ("dropout", "stochastic_depth")),
-    Term("steps", "semantic", "training length", ("epochs", "train_steps", "max_steps")),
+    Term(
+        "regularization", "semantic", "dropout and other regularization", (), ("dropout", "stochastic_depth")
+    ),
+    Term("steps", "semantic", "training length", ("train_steps", "max_steps", "train_iters"), ("epochs",)),
     Term("vocab_size", "semantic", "output vocabulary", ()),
     Term(
         "layers",
         "semantic",
         "model depth/width and layer types",
-        ("num_layers", "hidden_size", "n_layer", "n_embd"),
+        ("num_layers", "n_layer", "num_hidden_layers"),
+        ("hidden_size", "num_attention_heads", "ffn_hidden_size"),
     ),
     Term(
         "init",
@@ -131,73 +174,228 @@ _TERMS: tuple[Term, ...] = (
     ),
     Term("workload", "semantic", "a name for the whole workload", ("task",)),
     Term("hardware", "semantic", "the hardware it must run on", ("device", "device_type", "gpu")),
-    Term("software", "semantic", "the software stack", ("torch_version", "framework")),
+    Term("software", "semantic", "the software stack", (), ("torch_version", "framework")),
     # execution: how the same computation runs
     Term(
         "microbatch",
         "execution",
         "per-rank micro-batch size",
-        ("micro_batch_size", "micro_batch", "per_device_batch"),
+        (
+            "micro_batch_size",
+            "micro_batch",
+            "mbs",
+            "per_device_batch",
+            "per_device_batch_size",
+            "per_device_train_batch_size",
+            "per_gpu_train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "local_batch_size",
+        ),
     ),
-    Term("accumulation", "execution", "gradient accumulation steps", ("gradient_accumulation", "grad_accum")),
+    Term(
+        "accumulation",
+        "execution",
+        "gradient accumulation steps",
+        (
+            "gradient_accumulation",
+            "gradient_accumulation_steps",
+            "grad_accum",
+            "grad_accum_steps",
+            "accumulation_steps",
+            "accumulate_grad_batches",
+        ),
+    ),
     Term("world_size", "execution", "number of ranks", ("nproc", "num_gpus", "devices")),
-    Term("data_parallel", "execution", "data-parallel degree", ("dp",)),
-    Term("tensor_parallel", "execution", "tensor-parallel degree", ("tp",)),
-    Term("pipeline_parallel", "execution", "pipeline-parallel degree", ("pp",)),
-    Term("context_parallel", "execution", "context-parallel degree", ("cp",)),
-    Term("expert_parallel", "execution", "expert-parallel degree", ("ep",)),
+    Term(
+        "data_parallel",
+        "execution",
+        "data-parallel degree",
+        ("dp", "dp_size", "data_parallel_size", "data_parallel_degree"),
+    ),
+    Term(
+        "tensor_parallel",
+        "execution",
+        "tensor-parallel degree",
+        ("tp", "tp_size", "tensor_parallel_size", "tensor_parallel_degree", "tensor_model_parallel_size"),
+    ),
+    Term(
+        "pipeline_parallel",
+        "execution",
+        "pipeline-parallel degree",
+        (
+            "pp",
+            "pp_size",
+            "pipeline_parallel_size",
+            "pipeline_parallel_degree",
+            "pipeline_model_parallel_size",
+        ),
+    ),
+    Term(
+        "context_parallel",
+        "execution",
+        "context-parallel degree",
+        ("cp", "cp_size", "context_parallel_size", "context_parallel_degree"),
+    ),
+    Term(
+        "expert_parallel",
+        "execution",
+        "expert-parallel degree",
+        ("ep", "ep_size", "expert_parallel_size", "expert_parallel_degree", "expert_model_parallel_size"),
+    ),
     Term("sequence_parallel", "execution", "sequence parallelism", ()),
-    Term("sharding", "execution", "FSDP/ZeRO sharding strategy", ("fsdp", "zero_stage", "zero")),
-    Term("compile", "execution", "torch.compile and its mode", ("torch_compile", "compile_mode")),
+    Term(
+        "sharding",
+        "execution",
+        "FSDP/ZeRO sharding strategy",
+        ("sharding_strategy", "fsdp_sharding_strategy"),
+        ("fsdp", "zero_stage"),
+    ),
+    Term("compile", "execution", "torch.compile and its mode", ("torch_compile",), ("compile_mode",)),
     Term("cuda_graphs", "execution", "CUDA/MUSA graph capture", ("graphs",)),
-    Term("workers", "execution", "DataLoader worker processes", ("num_workers", "loader_workers")),
-    Term("pin_memory", "execution", "pinned host memory for copies", ()),
-    Term("prefetch", "execution", "loader prefetching", ("prefetch_factor", "persistent_workers")),
+    Term(
+        "workers",
+        "execution",
+        "DataLoader worker processes",
+        ("num_workers", "loader_workers", "dataloader_num_workers"),
+    ),
+    Term("pin_memory", "execution", "pinned host memory for copies", ("dataloader_pin_memory",)),
+    Term("prefetch", "execution", "loader prefetching", ("prefetch_factor",), ("persistent_workers",)),
     Term(
         "fused_kernels",
         "execution",
         "fused kernels (optimizer, norms, ...)",
+        (),
         ("fused_optimizer", "fused_adamw", "foreach", "fused"),
     ),
     Term(
         "attention_backend",
         "execution",
         "attention kernel (sdpa, flash, memory-efficient)",
-        ("sdpa_backend", "flash_attention", "attention_impl"),
+        ("sdpa_backend", "flash_attention", "attention_impl", "attn_implementation", "use_flash_attn"),
     ),
     Term(
         "activation_checkpointing",
         "execution",
         "recomputation of activations",
-        ("recompute", "gradient_checkpointing"),
+        ("recompute", "gradient_checkpointing", "activation_recomputation"),
+        ("recompute_granularity",),
     ),
-    Term("memory_format", "execution", "tensor memory layout", ("channels_last",)),
+    Term("memory_format", "execution", "tensor memory layout", (), ("channels_last",)),
     Term(
         "threads",
         "execution",
         "host thread counts",
-        ("num_threads", "omp_num_threads", "mkl_num_threads", "intra_op_threads"),
+        ("num_threads",),
+        ("omp_num_threads", "mkl_num_threads", "intra_op_threads"),
     ),
     Term("cudnn_benchmark", "execution", "cuDNN autotuning", ("cudnn_autotune",)),
     Term(
         "overlap",
         "execution",
         "communication/computation overlap and bucket sizes",
+        (),
         ("bucket_size", "bucket_cap_mb", "overlap_comm"),
     ),
 )
 
+_MEMBER_SPELLINGS: dict[str, str] = {
+    "learning_rate": "lr",
+    "lr_scheduler_type": "lr_schedule",
+    "lr_warmup_steps": "warmup",
+    "warmup_steps": "warmup",
+    "warmup_ratio": "warmup",
+    "gradient_clipping": "grad_clip",
+    "max_grad_norm": "grad_clip",
+    "clip_grad": "grad_clip",
+    "adam_epsilon": "eps",
+    "num_train_epochs": "epochs",
+    "num_epochs": "epochs",
+    "max_epochs": "epochs",
+    "n_embd": "hidden_size",
+    "d_model": "hidden_size",
+    "n_head": "num_attention_heads",
+    "intermediate_size": "ffn_hidden_size",
+    "zero": "zero_stage",
+    "torch_compile_mode": "compile_mode",
+}
+"""Framework spellings of a member (not of the entry): stored under the member's name."""
+
 VOCABULARY: dict[str, Term] = {}
+"""Every spelling (entry, synonym, member, member spelling) -> its entry."""
+_STORED_AS: dict[str, str] = {}
+"""Every spelling -> the name a contract stores it under."""
 for _term in _TERMS:
-    for _key in (_term.name, *_term.synonyms):
-        VOCABULARY[_key] = _term
+    for _key, _name in (
+        *((k, _term.name) for k in (_term.name, *_term.synonyms)),
+        *((k, k) for k in _term.members),
+    ):
+        assert _key not in VOCABULARY, f"{_key!r} names two vocabulary entries"
+        VOCABULARY[_key], _STORED_AS[_key] = _term, _name
+for _key, _member in _MEMBER_SPELLINGS.items():
+    assert _key not in VOCABULARY and _member in _STORED_AS, _key
+    VOCABULARY[_key], _STORED_AS[_key] = VOCABULARY[_member], _member
+
+NOT_KEYS: dict[str, str] = {
+    "nproc_per_node": "world_size (nproc_per_node x nodes), or data_parallel and the model-parallel degrees",
+    "nnodes": "world_size (nodes x ranks per node)",
+    "num_nodes": "world_size (nodes x ranks per node)",
+    "nodes": "world_size (nodes x ranks per node)",
+    "gpus_per_node": "world_size (nodes x ranks per node)",
+    "local_rank": "nothing: a rank's index is not a setting of the run",
+    "rank": "nothing: a rank's index is not a setting of the run",
+}
+"""Framework spellings that name no single entry: refused with what to declare instead."""
+
+VOCABULARY_URI = "skill://perfgate/references/vocabulary.md"
+"""Where the server serves `render_vocabulary` (every key, class and synonym); refusals name it."""
 
 REQUIRED_INVARIANTS: tuple[str, ...] = ("model", "dataset", "precision", "global_batch")
 """Semantic entries every window must declare before it can count for a keep."""
 
 
 def canonical_key(key: str) -> str:
+    """``key`` as spelled for lookup: stripped, lower case, ``-`` and spaces as ``_``."""
     return key.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+def vocabulary_name(key: str) -> str:
+    """The name a contract stores ``key`` under: its entry's for a synonym, its member's for a member's
+    spelling; a key outside the vocabulary keeps its own name, spelled as `canonical_key` spells it."""
+    spelled = canonical_key(key)
+    return _STORED_AS.get(spelled, spelled)
+
+
+def canonical_section(section: Mapping[str, Any], where: str) -> tuple[dict[str, Any], list[str]]:
+    """``section`` with every key under its vocabulary name, and the keys that collide: two spellings of one
+    entry with different values (equal values merge into one)."""
+    out: dict[str, Any] = {}
+    spellings: dict[str, list[str]] = {}
+    problems: list[str] = []
+    for key, value in section.items():
+        name = vocabulary_name(key)
+        spellings.setdefault(name, []).append(key)
+        if name in out and _canon(out[name]) != _canon(value):
+            problems.append(
+                f"{where} names {name!r} twice with different values ({', '.join(map(repr, spellings[name]))}): "
+                f"keep one, as {where}.{name}"
+            )
+            continue
+        out[name] = value
+    return out, problems
+
+
+def _canon(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def nearest_entries(key: str, limit: int = 3) -> list[str]:
+    """Vocabulary entries whose name or a synonym is spelled like ``key``, nearest first, as
+    ``'name'`` or ``'name (as synonym)'``."""
+    out: dict[str, str] = {}
+    for match in difflib.get_close_matches(canonical_key(key), VOCABULARY, n=limit * 3, cutoff=0.6):
+        name = _STORED_AS[match]
+        out.setdefault(name, name if match == name else f"{name} (as {match})")
+    return list(out.values())[:limit]
 
 
 def classify(key: str, classes: Mapping[str, str] | None = None) -> tuple[KeyClass | None, str]:
@@ -206,6 +404,8 @@ def classify(key: str, classes: Mapping[str, str] | None = None) -> tuple[KeyCla
     if term is not None:
         return term.cls, f"vocabulary: {term.name}"
     given = (classes or {}).get(key)
+    if given is None:
+        given = (classes or {}).get(vocabulary_name(key))
     if given in ("semantic", "execution"):
         return given, "caller"  # type: ignore[return-value]  # narrowed by the membership test
     return None, "unknown"
@@ -235,11 +435,69 @@ def vocabulary_problems(
                 "so it belongs in contract.invariants, and changing it is a training_change, not an execution "
                 "change"
             )
-    unknown = [k for k in (*invariants, *execution) if classify(k, classes)[0] is None]
+    for key in sorted({k for k in (*invariants, *execution) if canonical_key(k) in NOT_KEYS}):
+        problems.append(f"{key!r} is not a contract key: declare {NOT_KEYS[canonical_key(key)]}")
+    unknown = sorted(
+        {
+            k
+            for k in (*invariants, *execution)
+            if classify(k, classes)[0] is None and canonical_key(k) not in NOT_KEYS
+        }
+    )
     if unknown:
+        near = {k: n for k in unknown if (n := nearest_entries(k))}
         problems.append(
-            f"unknown contract keys {sorted(set(unknown))}: classify each in contract.classes as 'semantic' "
-            "(changes what is computed or learned) or 'execution' (only how it runs), or use a vocabulary "
-            "name (see the README's contract vocabulary)"
+            f"unknown contract keys {unknown}: use a vocabulary name, or classify each in contract.classes as "
+            "'semantic' (changes what is computed or learned) or 'execution' (only how it runs)"
+            + (
+                "; nearest vocabulary entries: "
+                + "; ".join(f"{k!r}: {', '.join(n)}" for k, n in near.items())
+                if near
+                else ""
+            )
         )
+    if problems:
+        problems.append(f"the vocabulary (every key, class and synonym) is the resource {VOCABULARY_URI}")
     return problems
+
+
+def render_vocabulary() -> str:
+    """The vocabulary as the markdown the server serves at `VOCABULARY_URI`."""
+    lines = [
+        "# The contract vocabulary",
+        "",
+        'Every benchmark window declares `contract={"invariants": {...}, "execution": {...}, '
+        '"classes": {...}}`. Keys are read case-insensitively, `-` and spaces as `_`, and every synonym is '
+        "stored, compared and reported under its entry's name (a baseline declaring `batch_size` and a "
+        "candidate declaring `global_batch` declare one key). Two spellings of one entry with different "
+        "values are refused. A member is a setting of its entry's kind and class kept under its own name "
+        "(`lr` and `weight_decay` are two keys); the spellings in brackets are stored as that member.",
+        "",
+        "- **semantic** keys change what is computed or learned: they go in `invariants`, and changing one is "
+        "a `training_change`.",
+        "- **execution** keys change only how the same computation runs: they go in `execution` (or "
+        "`invariants`) and may be declared as a change in `compare_benchmarks(declared_changes=[...])`.",
+        '- A key outside the vocabulary needs `classes={"my_key": "semantic"|"execution"}`; a class '
+        "that contradicts the vocabulary is refused.",
+        f"- Required invariants for a keep: {', '.join(f'`{k}`' for k in REQUIRED_INVARIANTS)}.",
+        "- Checked: `global_batch` = `microbatch` x `accumulation` x `data_parallel` (or `world_size` / the "
+        "model-parallel degrees) whenever any of them is declared.",
+        "",
+        "| key | class | meaning | synonyms (stored as the key) | members (distinct keys of this kind) |",
+        "|---|---|---|---|---|",
+    ]
+    spellings: dict[str, list[str]] = {}
+    for spelling, target in _MEMBER_SPELLINGS.items():
+        spellings.setdefault(target, []).append(spelling)
+
+    def with_spellings(name: str) -> str:
+        return name + (f" [{', '.join(spellings[name])}]" if name in spellings else "")
+
+    lines += [
+        f"| `{t.name}` | {t.cls} | {t.meaning} | {', '.join(t.synonyms)} | "
+        f"{', '.join(map(with_spellings, t.members))} |"
+        for t in sorted(_TERMS, key=lambda t: (t.cls != "semantic", t.name))
+    ]
+    lines += ["", "Not contract keys (refused, with what to declare instead):", ""]
+    lines += [f"- `{k}`: {v}" for k, v in NOT_KEYS.items()]
+    return "\n".join(lines) + "\n"

@@ -90,10 +90,18 @@ def window_fingerprint(
 
 
 def _declared_contract(record: EvidenceRecord) -> Any:
-    """A window's contract: imported evidence keeps the one it was read with in its result."""
-    if record.tool == "import_benchmark":
-        return record.result.get("contract")
-    return record.inputs.get("contract")
+    """A window's contract, every key under its vocabulary name (records written before contracts were
+    stored that way say a synonym): imported evidence keeps the one it was read with in its result."""
+    from perfgate.benchmarking import Contract, ContractError
+
+    raw = (
+        record.result.get("contract") if record.tool == "import_benchmark" else record.inputs.get("contract")
+    )
+    try:
+        contract = Contract.from_mapping(as_dict(raw))
+    except ContractError:
+        return raw  # it contradicts itself: its comparison was refused as incomparable
+    return {"invariants": contract.invariants, "execution": contract.execution, "classes": contract.classes}
 
 
 def _window_gates(

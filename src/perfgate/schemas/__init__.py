@@ -1,7 +1,8 @@
 """Generated JSON Schemas of every tool (checked in; `perfgate schemas --check` fails on drift).
 
 Files: ``<tool>.input.json``, ``<tool>.output.json`` and ``tools_list.json`` (the exact ``tools/list``
-answer of a default server: names, order, descriptions, schemas, annotations).
+answer of a default server: names, order, descriptions, schemas, annotations); and, outside this folder,
+the skill's contract vocabulary reference, rendered from the vocabulary the code checks.
 """
 
 from __future__ import annotations
@@ -42,26 +43,33 @@ def render_schemas() -> dict[str, str]:
     return files
 
 
+def _elsewhere() -> dict[Path, str]:
+    """Generated files outside this folder: path -> content."""
+    from perfgate.benchmarking.vocabulary import render_vocabulary
+    from perfgate.skills.catalog import reference
+
+    return {reference("vocabulary").path: render_vocabulary()}
+
+
 def write_schemas() -> list[Path]:
     """Regenerate the schema files (removing stale ones); returns the paths written."""
     files = render_schemas()
     for stale in SCHEMA_DIR.glob("*.json"):
         if stale.name not in files:
             stale.unlink()
-    written: list[Path] = []
-    for name, content in files.items():
-        path = SCHEMA_DIR / name
+    targets = {SCHEMA_DIR / name: content for name, content in files.items()} | _elsewhere()
+    for path, content in targets.items():
         path.write_text(content, encoding="utf-8")
-        written.append(path)
-    return written
+    return list(targets)
 
 
 def check_schemas() -> list[str]:
     """Differences between the checked-in files and freshly generated ones (empty when in sync)."""
     files = render_schemas()
     drift: list[str] = []
-    for name, content in files.items():
-        path = SCHEMA_DIR / name
+    targets = {SCHEMA_DIR / name: content for name, content in files.items()} | _elsewhere()
+    for path, content in targets.items():
+        name = path.name if path.parent == SCHEMA_DIR else str(path.relative_to(SCHEMA_DIR.parent))
         if not path.exists():
             drift.append(f"missing: {name}")
         elif path.read_text(encoding="utf-8") != content:

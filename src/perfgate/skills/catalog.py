@@ -72,6 +72,11 @@ REFERENCES: tuple[Reference, ...] = (
         "Change classification, reference captures, tensor parity with declared tolerances, task quality.",
     ),
     Reference(
+        "vocabulary",
+        "The contract vocabulary",
+        "Every contract key, semantic or execution, with its meaning and synonyms (generated from the code).",
+    ),
+    Reference(
         "data-pipeline",
         "Data pipeline and sample audits",
         "Loader stalls, host-to-device copies, sharding, set_epoch, padding, resume, and sample-id audits.",

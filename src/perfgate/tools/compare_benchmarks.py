@@ -10,12 +10,12 @@ import json
 from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import anyio.to_thread
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.benchmarking import BenchmarkError, Contract, ContractDiff, diff_contracts
 from perfgate.benchmarking.contract import same_contract
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
-from perfgate.benchmarking.vocabulary import canonical_key, vocabulary_problems
+from perfgate.benchmarking.vocabulary import canonical_key, vocabulary_name, vocabulary_problems
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState
 from perfgate.evidence.access import as_dict
@@ -128,6 +128,13 @@ class CompareBenchmarksInput(BaseModel):
             ge=0, le=0.5, description="Smallest relative change reported as improved/regressed (fraction)."
         ),
     ] = DEFAULT_MIN_EFFECT
+
+    @field_validator("declared_changes")
+    @classmethod
+    def _canonical(cls, declared: list[str]) -> list[str]:
+        """Each name under its vocabulary entry ('micro_batch_size' is 'microbatch'), as recorded and gated;
+        an environment variable ('env:NAME') keeps its own spelling."""
+        return [f"env:{d[4:]}" if d.lower().startswith("env:") else vocabulary_name(d) for d in declared]
 
 
 class Difference(BaseModel):
@@ -405,9 +412,11 @@ def _differences(
 
 def _contract(record: EvidenceRecord) -> Contract:
     """The declared contract: imported evidence stores the one it was read with (files carry their own)."""
-    if record.tool == IMPORT_TOOL:
-        return Contract.from_mapping(as_dict(record.result.get("contract")))
-    return Contract.from_mapping(as_dict(record.inputs.get("contract")))
+    raw = record.result.get("contract") if record.tool == IMPORT_TOOL else record.inputs.get("contract")
+    try:
+        return Contract.from_mapping(as_dict(raw))
+    except BenchmarkError as exc:
+        raise ToolError(f"evidence {record.id}: {exc}; re-run the window with one name per entry") from exc
 
 
 def _measured_by(record: EvidenceRecord) -> str:
@@ -758,7 +767,8 @@ SPEC = ToolSpec(
         "(incomparable, "
         "with reasons) when contract invariants differ, when the changed execution settings differ from "
         "declared_changes (undeclared or declared-but-absent), or when any window is profiled or failed. "
-        "Warns under 3 launches per side. Its evidence is what record_decision needs for a 'keep'."
+        "Warns under 3 launches per side. Its evidence is what record_decision needs for a 'keep'. Setting "
+        "names: skill://perfgate/references/vocabulary.md."
     ),
     input_model=CompareBenchmarksInput,
     output_model=CompareBenchmarksOutput,

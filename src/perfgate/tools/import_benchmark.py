@@ -406,7 +406,8 @@ def _read_json(inp: ImportBenchmarkInput, paths: list[Path]) -> _Read:
             elif d.unit == "tokens":
                 w = dataclasses.replace(w, tokens=round(units), tokens_per_step=[per] * n)
             windows.append(w)
-    world = first.execution.get("world_size")
+    contract = Contract(first.invariants, first.execution)
+    world = contract.execution.get("world_size")
     world_ok = isinstance(world, int) and not isinstance(world, bool) and world >= 1
     if inp.world_size is not None and world_ok and world != inp.world_size:
         raise BenchmarkError(
@@ -421,7 +422,7 @@ def _read_json(inp: ImportBenchmarkInput, paths: list[Path]) -> _Read:
         None,
         None,
         None,
-        Contract(first.invariants, first.execution),
+        contract,
         warnings,
         None,
     )
@@ -572,7 +573,8 @@ SPEC = ToolSpec(
         "rank allowed) or seed benchmark JSON (schema 1/2) into window evidence labelled 'imported', without "
         "re-running anything: warm-up skipped, steps cut into windows, world size and memory from the log, and "
         "training health (non-finite loss/grad norm, NaN and skipped iterations, loss scale, loss trend). "
-        "compare_benchmarks accepts it like run_benchmark_window evidence. Attach environment_id when known."
+        "compare_benchmarks accepts it like run_benchmark_window evidence. Attach environment_id when known. "
+        "Contract keys: skill://perfgate/references/vocabulary.md."
     ),
     input_model=ImportBenchmarkInput,
     output_model=ImportBenchmarkOutput,

@@ -102,6 +102,17 @@ class BenchmarkContract(BaseModel):
         "learned) or 'execution' (only how it runs). Unclassified unknown keys are refused.",
     )
 
+    @model_validator(mode="after")
+    def _canonical(self) -> BenchmarkContract:
+        """Keys under their vocabulary names from here on: what is recorded, compared and gated."""
+        try:
+            contract = Contract(self.invariants, self.execution, dict(self.classes))
+        except BenchmarkError as exc:
+            raise ValueError(str(exc)) from exc
+        self.invariants, self.execution = contract.invariants, contract.execution
+        self.classes = {k: v for k, v in contract.classes.items() if v in ("semantic", "execution")}  # type: ignore[misc]  # values validated above
+        return self
+
 
 class RunBenchmarkWindowInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -412,10 +423,10 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
     """
     from perfgate.harness import HarnessConfig
 
-    contract = Contract(
-        dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes)
-    )
     try:
+        contract = Contract(
+            dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes)
+        )
         problems = check_contract(contract)
         argv = wrap_command(inp.command) if inp.timing == "harness" else list(inp.command)
         if inp.timing == "log":
@@ -1028,7 +1039,8 @@ SPEC = ToolSpec(
         "`repeats`. Returns median/p95 step time, IQR noise, global throughput over the slowest rank's "
         "aligned window, peak memory, data-wait share, the slowest rank and rank skew, and the step series "
         "as an artifact. Declare a `contract` (invariants vs execution settings): compare_benchmarks refuses "
-        "comparisons without one. Use repeats>=3 for evidence a decision can rest on; never profile here."
+        "comparisons without one; its keys: skill://perfgate/references/vocabulary.md. Use repeats>=3 for "
+        "evidence a decision can rest on; never profile here."
     ),
     input_model=RunBenchmarkWindowInput,
     output_model=RunBenchmarkWindowOutput,
