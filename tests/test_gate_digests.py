@@ -70,8 +70,13 @@ def _check(
     return ev.add(
         "compare_tensors",
         "passed",
-        {"status": "match", "files": entries, "producers": bound},
-        {"reference": "ref.safetensors", "candidate": "cand.safetensors", "atol": 1e-5, "rtol": 1e-3},
+        {
+            "status": "match",
+            "files": entries,
+            "producers": bound,
+            "tolerance_by_dtype": [{"dtype": "float32", "tensors": 1, "atol": 1e-5, "rtol": 1e-5}],
+        },
+        {"reference": "ref.safetensors", "candidate": "cand.safetensors", "atol": 1e-5, "rtol": 1e-5},
     )
 
 

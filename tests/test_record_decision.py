@@ -17,8 +17,9 @@ pytestmark = pytest.mark.anyio
 
 FP = {"device": "cpu", "torch": "2.13.0", "python": "3.11.7", "hostname_sha": "abc"}
 INVARIANTS = {"model": "tiny-mlp", "dataset": "synthetic", "global_batch": 64, "precision": "fp32", "seed": 0}
-TOLERANCE = {"atol": 1e-5, "rtol": 1e-3}
-"""What these tests' honest experiments declare at open: the tolerance their tensor comparisons use."""
+TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
+"""What these tests' honest experiments declare at open: the tolerance their tensor comparisons use (within
+the float32 equivalence ceiling: atol 1e-4, rtol 1.3e-5)."""
 QUALITY = {"metric": "loss_last_ratio", "direction": "lower", "threshold": 1.02}
 
 
@@ -67,6 +68,7 @@ class Evidence:
         peak: int = 1000,
         launches: list[int] | None = None,
         tensor_dumps: list[dict[str, Any]] | None = None,
+        provenance: dict[str, Any] | None = None,
     ) -> str:
         windows = [{"launch": launch, "index": i} for i, launch in enumerate(launches or [0])]
         return self.add(
@@ -86,6 +88,7 @@ class Evidence:
                 ]
                 if tensor_dumps is None
                 else tensor_dumps,
+                **({"provenance": provenance} if provenance is not None else {}),
             },
             {
                 "command": ["python", "train.py"],
@@ -133,14 +136,16 @@ class Evidence:
         self,
         passed: bool = True,
         atol: float = 1e-5,
-        rtol: float = 1e-3,
+        rtol: float = 1e-5,
         same_file: bool = False,
         base: list[str] | None = None,
         cand: list[str] | None = None,
+        dtype: str = "float32",
         **options: Any,
     ) -> str:
         """A compare_tensors record; ``base``/``cand``: the windows whose launches dumped each side's file
-        (the producers compare_tensors found in the ledger), else the files are unbound."""
+        (the producers compare_tensors found in the ledger), else the files are unbound; ``dtype``: what the
+        tensors were (the record's tolerance_by_dtype)."""
         files = [
             {"role": "reference", "path": "ref.safetensors", "sha256": "a" * 64},
             {
@@ -153,10 +158,25 @@ class Evidence:
             {**f, "evidence_id": ids[0] if ids else None, "launch": 0 if ids else None}
             for f, ids in zip(files, (base, cand), strict=True)
         ]
+        applied = [(atol, rtol)] + [(o["atol"], o["rtol"]) for o in options.get("overrides", [])]
+        by_dtype = [
+            {
+                "dtype": dtype,
+                "tensors": 2,
+                "atol": max(a for a, _ in applied),
+                "rtol": max(r for _, r in applied),
+            }
+            for dtype in [dtype]
+        ]
         return self.add(
             "compare_tensors",
             "passed" if passed else "failed",
-            {"status": "match" if passed else "mismatch", "files": files, "producers": producers},
+            {
+                "status": "match" if passed else "mismatch",
+                "files": files,
+                "producers": producers,
+                "tolerance_by_dtype": by_dtype,
+            },
             {
                 "reference": "ref.safetensors",
                 "candidate": "cand.safetensors",

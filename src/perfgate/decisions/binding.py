@@ -7,7 +7,7 @@ it rests on, and every other experiment that tried the same changed variable.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from perfgate.decisions.experiments import Experiment
@@ -22,6 +22,7 @@ __all__ = [
     "TOPOLOGY",
     "candidate_after_open_problems",
     "correctness_binding_problems",
+    "declaration_for",
     "declared_change_problems",
     "looser_than_declared",
     "producer_problems",
@@ -75,18 +76,36 @@ def _mentioned(changed_variable: str) -> set[str]:
     return names | {n for name in names for n in _IMPLIED.get(name, set())}
 
 
+def declaration_for(changed_variable: str) -> list[str]:
+    """What a comparison declares for this changed variable: the vocabulary names and kinds ('code',
+    'argv') it mentions, else the variable as written."""
+    from perfgate.benchmarking.vocabulary import VOCABULARY
+
+    tokens = [t for t in re.split(r"[^A-Za-z0-9_:.]+", changed_variable) if t]
+    known = {VOCABULARY[t].name for t in map(_canon, [changed_variable, *tokens]) if t in VOCABULARY}
+    known |= {t for t in map(_canon, [changed_variable, *tokens]) if t in _GENERIC}
+    return sorted(known) or [changed_variable]
+
+
 def declared_change_problems(exp: Experiment, comparison: EvidenceRecord) -> list[str]:
     """The comparison must declare exactly the experiment's changed variable (and what it implies).
 
     The changed variable may be prose ("DataLoader num_workers 0 -> 2"): every declared name must be what
     it names (a token or its vocabulary entry).
     """
-    declared = [d for d in str_list(comparison.inputs.get("declared_changes")) if _canon(d) not in _GENERIC]
+    names = str_list(comparison.inputs.get("declared_changes"))
+    declared = [d for d in names if _canon(d) not in _GENERIC]
     allowed = _mentioned(exp.changed_variable)
     if not declared:
+        # A code or command-line change is declared by its kind ('code', 'argv'): compare_benchmarks refuses
+        # the comparison unless that difference is what it measured, so the declaration is checked there.
+        generic = {_canon(d) for d in names} & _GENERIC & allowed
+        if generic:
+            return []
+        wanted = declaration_for(exp.changed_variable)
         return [
-            f"the comparison declares no change, but the experiment changes {exp.changed_variable!r}: compare "
-            "windows that differ in it, declaring it in declared_changes"
+            f"the comparison declares no change that is the experiment's {exp.changed_variable!r}: compare "
+            f"windows that differ in it, with declared_changes={wanted!r}"
         ]
     extra = [d for d in declared if _canon(d) not in allowed]
     if extra:
@@ -308,15 +327,109 @@ def _digest_problem(
     return f"the record names no dump at that path with {digest[:24]}..."
 
 
+def _looser_than(good: EvidenceRecord, bad: EvidenceRecord) -> list[str]:
+    """How a passed check was looser than a failed one (empty: as strict or stricter)."""
+    loose: list[str] = []
+    g_tol, b_tol = _tolerance(good), _tolerance(bad)
+    if g_tol is not None and b_tol is not None:
+        if g_tol[0] > b_tol[0]:
+            loose.append(f"atol={g_tol[0]:g}")
+        if g_tol[1] > b_tol[1]:
+            loose.append(f"rtol={g_tol[1]:g}")
+    g_in, b_in = good.inputs, bad.inputs
+    if as_list(g_in.get("keys")) and not as_list(b_in.get("keys")):
+        loose.append("keys=" + ",".join(map(str, as_list(g_in.get("keys")))) + " (a subset of the tensors)")
+    for flag in ("allow_nonfinite", "allow_dtype_change"):
+        if g_in.get(flag) and not b_in.get(flag):
+            loose.append(f"{flag}=true")
+    if g_in.get("integers_exact") is False and b_in.get("integers_exact") is not False:
+        loose.append("integers_exact=false")
+    if as_list(g_in.get("overrides")) and not as_list(b_in.get("overrides")):
+        loose.append("per-key overrides")
+    return loose
+
+
+def _candidate_marks(check: EvidenceRecord, lookup: Lookup) -> dict[str, str]:
+    """What identifies the candidate a tensor check examined: its file's digests, the run that dumped it,
+    and that run's code state (git commit and diff, else the digests of the files its command names)."""
+    marks: dict[str, str] = {}
+    for f in map(as_dict, as_list(check.result.get("files"))):
+        if f.get("role") == "candidate":
+            for digest in [f.get("digest"), f.get("sha256"), *str_list(f.get("other_digests"))]:
+                if isinstance(digest, str) and digest:
+                    marks[f"file:{digest}"] = f"the same candidate file ({f.get('path')})"
+    for p in map(as_dict, as_list(check.result.get("producers"))):
+        eid = p.get("evidence_id")
+        if p.get("role") != "candidate" or not isinstance(eid, str):
+            continue
+        marks[f"run:{eid}"] = f"the same candidate run {eid}"
+        record = lookup(eid)
+        code = _code_key(record)
+        if code is not None:
+            marks[f"code:{code}"] = f"the same candidate code state ({code[:20]}...)"
+        files = as_dict(as_dict(record.result.get("provenance")).get("files")) if record else {}
+        if files:
+            from perfgate.evidence import canonical_json
+
+            marks[f"files:{canonical_json(files)}"] = "a candidate run of the same code files"
+    return marks
+
+
+def _same_candidate(a: EvidenceRecord, b: EvidenceRecord, lookup: Lookup) -> str | None:
+    """How two tensor checks examined the same candidate, or None."""
+    mine = _candidate_marks(a, lookup)
+    theirs = _candidate_marks(b, lookup)
+    shared = [k for k in mine if k in theirs]
+    return mine[shared[0]] if shared else None
+
+
+def _failed_checks(
+    exp: Experiment,
+    experiments: dict[str, Experiment],
+    passed: list[EvidenceRecord],
+    lookup: Lookup,
+    checks: Iterable[EvidenceRecord],
+) -> list[EvidenceRecord]:
+    """Failed tensor checks that bind this experiment's passed ones: attached (in any role) to an experiment
+    of the same changed variable, or anywhere in the ledger (attached or not) about the same candidate: its
+    file, its run or its code state. A check tighter than the torch defaults (bit-exact, say) is left out:
+    an equivalent change may fail it, so it shows nothing a looser check could hide."""
+    from perfgate.decisions.equivalence import stricter_than_defaults
+
+    variable = _canon(exp.changed_variable)
+    failed: dict[str, EvidenceRecord] = {}
+    for other in [exp, *(e for e in experiments.values() if e.id != exp.id)]:  # exp: with this call's links
+        if other.id != exp.id and _canon(other.changed_variable) != variable:
+            continue
+        for link in other.links:
+            record = lookup(link.evidence_id)
+            if record is not None and record.tool == "compare_tensors" and record.state.value == "failed":
+                failed[record.id] = record
+    for record in checks:
+        if (
+            record.id in failed
+            or record.tool != "compare_tensors"
+            or record.result.get("status") != "mismatch"
+        ):
+            continue
+        if any(_same_candidate(record, good, lookup) for good in passed) and not stricter_than_defaults(
+            record
+        ):
+            failed[record.id] = record
+    return list(failed.values())
+
+
 def correctness_binding_problems(
     exp: Experiment,
     experiments: dict[str, Experiment],
     lookup: Lookup,
     comparison: EvidenceRecord | None = None,
+    checks: Iterable[EvidenceRecord] = (),
 ) -> tuple[list[str], list[str]]:
     """(problems, ids): the passed tensor checks compare two different files, each produced by a run of its
-    own side (see :func:`producer_problems`), and no failed check for this changed variable (in any role, in
-    this or an earlier experiment) is superseded by a looser one."""
+    own side (see :func:`producer_problems`), and no failed check is superseded by a looser one: one for this
+    changed variable (in any role, in this or an earlier experiment), or any in the ledger about the same
+    candidate (see :func:`_failed_checks`)."""
     problems: list[str] = []
     passed: list[EvidenceRecord] = []
     for cid in exp.ids("correctness"):
@@ -335,24 +448,17 @@ def correctness_binding_problems(
                 f"{cid} compares a file with itself: the candidate's tensors must come from the "
                 "candidate run, the reference's from the baseline run"
             )
-    variable = _canon(exp.changed_variable)
-    failed: list[EvidenceRecord] = []
-    for other in [exp, *(e for e in experiments.values() if e.id != exp.id)]:  # exp: with this call's links
-        if other.id != exp.id and _canon(other.changed_variable) != variable:
-            continue
-        for link in other.links:
-            record = lookup(link.evidence_id)
-            if record is not None and record.tool == "compare_tensors" and record.state.value == "failed":
-                failed.append(record)
+    failed = _failed_checks(exp, experiments, passed, lookup, checks)
     for bad in failed:
         strict = _tolerance(bad)
         for good in passed:
-            loose = _tolerance(good)
-            if strict is not None and loose is not None and (loose[0] > strict[0] or loose[1] > strict[1]):
+            loose = _looser_than(good, bad)
+            if loose:
                 problems.append(
-                    f"{good.id} passed at atol={loose[0]:g}, rtol={loose[1]:g}, looser than the failed check "
-                    f"{bad.id} (atol={strict[0]:g}, rtol={strict[1]:g}) for {exp.changed_variable!r}: a failed "
-                    "correctness check is not superseded by a looser one"
+                    f"{good.id} passed with {', '.join(loose)}, looser than the failed check {bad.id} "
+                    + (f"(atol={strict[0]:g}, rtol={strict[1]:g}) " if strict else "")
+                    + f"of {_same_candidate(bad, good, lookup) or 'the same change'}: a failed correctness check "
+                    "is not superseded by a looser one"
                 )
     if failed and not passed:
         problems.append(

@@ -395,6 +395,7 @@ def _binding_gates(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -
     """The comparison is about this experiment: its declared change, fresh candidate windows, not reused."""
     from perfgate.decisions.binding import (
         candidate_after_open_problems,
+        declaration_for,
         declared_change_problems,
         reused_candidate_problems,
     )
@@ -406,7 +407,7 @@ def _binding_gates(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -
         if d.get("classification") == "declared_semantic"
     ]
     cmp_fix = (
-        f"compare_benchmarks(baseline=[...], candidate=[...], declared_changes=[{exp.changed_variable!r}]) on "
+        f"compare_benchmarks(baseline=[...], candidate=[...], declared_changes={declaration_for(exp.changed_variable)!r}) on "
         "candidate windows measured for this experiment, then " + _attach(exp, "comparison")
     )
     gates = [
@@ -497,6 +498,7 @@ def _correctness_gate(exp: Experiment, ev: _Evidence) -> Gate:
         load_experiments(ev.ledger),
         ev.get,
         comparisons[-1] if comparisons and exp.classification != "correctness_repair" else None,
+        ev.ledger.records(tool="compare_tensors"),
     )
     if not loose and not problems:
         return _gate(
@@ -506,15 +508,77 @@ def _correctness_gate(exp: Experiment, ev: _Evidence) -> Gate:
             "dumped by a run of that side",
             base.evidence_ids,
         )
+    failed = [r for i in ids if (r := ev.get(i)) is not None and r.state.value == "failed"]
+    tolerances = [(r.inputs.get("atol"), r.inputs.get("rtol")) for r in failed]
+    numeric = [
+        (float(a), float(r))
+        for a, r in tolerances
+        if isinstance(a, (int, float)) and isinstance(r, (int, float))
+    ]
+    strictest = (min(a for a, _ in numeric), min(r for _, r in numeric)) if numeric else None
+    only_failed = all("failed check" in p or "no check at the same" in p for p in problems)
+    if loose:
+        next_call = fix
+    elif strictest is not None and only_failed:
+        # a failed check binds: only a pass as strict as it (a repaired change) clears this gate, else the
+        # change is not equivalent and is kept, if at all, as a training change
+        next_call = (
+            f"compare_tensors(reference=..., candidate=..., atol={strictest[0]:g}, rtol={strictest[1]:g}) on the "
+            "repaired candidate's own dump, then " + _attach(exp, "correctness") + "; or, if the numerics "
+            "changed on purpose, record_decision(action='open', hypothesis=..., classification='training_change', "
+            f"changed_variable={exp.changed_variable!r}, quality={{...}})"
+        )
+    else:
+        next_call = (
+            "compare_tensors on the baseline's and the candidate's own tensor files at the declared "
+            f"tolerance ({declared.describe()}) or stricter, then " + _attach(exp, "correctness")
+        )
     return _gate(
         "correctness",
         False,
         "; ".join(loose + problems),
         list(dict.fromkeys(exp.ids("correctness") + ids)),
-        fix
-        if loose
-        else "compare_tensors on the baseline's and the candidate's own tensor files at the declared "
-        f"tolerance ({declared.describe()}) or stricter, then " + _attach(exp, "correctness"),
+        next_call,
+    )
+
+
+def _equivalence_gate(exp: Experiment, ev: _Evidence) -> Gate:
+    """An equivalent change's passed tensor checks stay within the shipped per-dtype ceiling: a looser
+    tolerance may pass, but then the numerics changed and only a training change can be kept on it."""
+    from perfgate.decisions.equivalence import REORDER_ALLOWANCE, applied_tolerances, beyond_ceiling
+
+    checks = [
+        r
+        for i in exp.ids("correctness")
+        if (r := ev.get(i)) is not None and r.tool == "compare_tensors" and r.state.value == "passed"
+    ]
+    if not checks:
+        return _na(
+            "equivalence", "no passed tensor check is attached yet (the correctness gate asks for one)"
+        )
+    unknown = [r.id for r in checks if applied_tolerances(r) is None]
+    if unknown:
+        return _gate(
+            "equivalence",
+            False,
+            f"{', '.join(unknown)} does not record the dtypes it compared, so its tolerance cannot be held to "
+            "the per-dtype equivalence ceiling",
+            unknown,
+            "compare_tensors(...) again on the same files, then " + _attach(exp, "correctness"),
+        )
+    problems = [p for r in checks for p in beyond_ceiling(r)]
+    return _gate(
+        "equivalence",
+        not problems,
+        "; ".join(problems)
+        + ": other numerics, which only a training_change with task-quality evidence can keep"
+        if problems
+        else f"tensor checks within the per-dtype equivalence ceiling ({REORDER_ALLOWANCE:g}x the "
+        "torch.testing.assert_close defaults)",
+        [r.id for r in checks],
+        "record_decision(action='open', hypothesis=..., classification='training_change', "
+        f"changed_variable={exp.changed_variable!r}, quality={{'metric': 'loss_last_ratio', 'direction': 'lower', "
+        "'threshold': ...}) and keep that on task quality",
     )
 
 
@@ -562,11 +626,13 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
     tensors = _correctness_gate(exp, ev)
     if exp.classification == "correctness_repair":
         gates.append(tensors)
+        gates.append(_equivalence_gate(exp, ev))
         gates.append(_new_baseline_gate(exp, ev))
     else:
         gates.extend(_comparison_gates(exp, ev, fewer_windows_reason))
         if exp.classification == "system_optimization":
             gates.append(tensors)
+            gates.append(_equivalence_gate(exp, ev))
         else:
             gates.append(
                 _na("correctness", "a training change alters numerics by design; task quality decides")

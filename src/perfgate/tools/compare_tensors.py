@@ -234,6 +234,20 @@ class FileProducer(BaseModel):
     )
 
 
+class DtypeTolerance(BaseModel):
+    dtype: str = Field(description="Reference dtype of the tensors compared with a tolerance.")
+    tensors: int
+    atol: float = Field(description="The loosest atol applied to them (overrides included).")
+    rtol: float = Field(description="The loosest rtol applied to them.")
+    equivalence_atol: float | None = Field(
+        description="The shipped ceiling for an equivalent change at this dtype (null: none, only bit-exact)."
+    )
+    equivalence_rtol: float | None
+    within_ceiling: bool = Field(
+        description="False: a keep on this check cannot be an equivalent speedup (a training change at most)."
+    )
+
+
 class CompareTensorsOutput(BaseModel):
     evidence_id: str
     state: EvidenceState = Field(description="passed when status is match, failed otherwise.")
@@ -260,6 +274,11 @@ class CompareTensorsOutput(BaseModel):
     producers: list[FileProducer] = Field(
         default_factory=list[FileProducer],
         description="Per file read: the launched run that produced it, or unbound (evidence_id null).",
+    )
+    tolerance_by_dtype: list[DtypeTolerance] = Field(
+        default_factory=list[DtypeTolerance],
+        description="Per reference dtype compared with a tolerance: the loosest tolerance applied, and the "
+        "shipped equivalence ceiling (torch.testing.assert_close defaults x the reordered-reduction allowance).",
     )
     notes: list[str]
 
@@ -418,6 +437,13 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
             "allow_nonfinite: matching non-finite values were accepted as agreement (explicit opt-in)"
         )
     results = [_tensor_result(t) for t in report.tensors]
+    by_dtype = _tolerance_by_dtype(results)
+    beyond = [d.dtype for d in by_dtype if not d.within_ceiling]
+    if beyond:
+        notes.append(
+            f"{', '.join(beyond)} compared beyond the equivalence ceiling (see tolerance_by_dtype): this check "
+            "cannot carry an equivalent speedup, only a training_change with task-quality evidence"
+        )
     full = {
         "status": report.status,
         "summary": report.summary,
@@ -451,9 +477,37 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
         bytes_compared=report.bytes_read,
         files=files,
         producers=producers,
+        tolerance_by_dtype=by_dtype,
         notes=notes,
     )
     return await rt.commit(ev, out)
+
+
+def _tolerance_by_dtype(results: list[TensorResult]) -> list[DtypeTolerance]:
+    from perfgate.decisions.equivalence import ceiling
+
+    loosest: dict[str, tuple[int, float, float]] = {}
+    for r in results:
+        if r.compared_as != "tolerance":
+            continue
+        n, atol, rtol = loosest.get(r.dtype_reference, (0, 0.0, 0.0))
+        loosest[r.dtype_reference] = (n + 1, max(atol, r.atol), max(rtol, r.rtol))
+    out: list[DtypeTolerance] = []
+    for dtype, (n, atol, rtol) in sorted(loosest.items()):
+        top = ceiling(dtype)
+        within = (atol == 0 and rtol == 0) or (top is not None and atol <= top.atol and rtol <= top.rtol)
+        out.append(
+            DtypeTolerance(
+                dtype=dtype,
+                tensors=n,
+                atol=atol,
+                rtol=rtol,
+                equivalence_atol=top.atol if top else None,
+                equivalence_rtol=top.rtol if top else None,
+                within_ceiling=within,
+            )
+        )
+    return out
 
 
 PRODUCER_TOOLS = ("run_benchmark_window",)

@@ -195,7 +195,8 @@ class RecordDecisionOutput(BaseModel):
 
 
 _LABELS = {
-    "system_optimization": "equivalent speedup (same numerics within the declared tolerances)",
+    "system_optimization": "equivalent speedup (same numerics: within the declared tolerances and the per-dtype "
+    "equivalence ceiling)",
     "training_change": "training change: faster, with a recorded task-quality result; not an equivalent speedup",
     "correctness_repair": "correctness repair: its windows are the new baseline, not a speedup",
 }

@@ -1,0 +1,129 @@
+"""How far an "equivalent" change's tensors may drift: a shipped per-dtype ceiling the agent does not choose.
+
+The defaults are ``torch.testing.assert_close``'s per-dtype ``(rtol, atol)`` (torch/testing/_comparison.py,
+``_DTYPE_PRECISIONS``; the table in the ``assert_close`` docstring): the rounding PyTorch's own tests accept
+between two computations of the same math. A faster kernel, fusion, vectorized loop or another thread count
+sums in another order; that rounding grows with the length of the reduction, so the ceiling allows a fixed
+factor over the defaults (``REORDER_ALLOWANCE``). A check looser than the ceiling for any compared tensor's
+dtype may still pass, but it does not show the same numerics: the change is then a training change (task
+quality decides), never an equivalent speedup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfgate.evidence import EvidenceRecord
+from perfgate.evidence.access import as_dict, as_list
+
+__all__ = [
+    "DEFAULTS",
+    "DEFAULTS_SOURCE",
+    "REORDER_ALLOWANCE",
+    "Ceiling",
+    "applied_tolerances",
+    "beyond_ceiling",
+    "ceiling",
+    "stricter_than_defaults",
+]
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    rtol: float
+    atol: float
+
+
+DEFAULTS: dict[str, Ceiling] = {
+    "float16": Ceiling(rtol=1e-3, atol=1e-5),
+    "bfloat16": Ceiling(rtol=1.6e-2, atol=1e-5),
+    "float32": Ceiling(rtol=1.3e-6, atol=1e-5),
+    "float64": Ceiling(rtol=1e-7, atol=1e-7),
+    "complex64": Ceiling(rtol=1.3e-6, atol=1e-5),
+    "complex128": Ceiling(rtol=1e-7, atol=1e-7),
+}
+"""torch.testing.assert_close's default (rtol, atol) per floating dtype (torch 2.x)."""
+
+DEFAULTS_SOURCE = "torch.testing.assert_close defaults per dtype (torch/testing/_comparison.py)"
+
+REORDER_ALLOWANCE = 10.0
+"""Factor over the defaults allowed for reordered reductions (both atol and rtol): a sum of n terms in
+another order differs by a rounding that grows with n (about sqrt(n) ulps on typical data), and a fused or
+vectorized kernel reorders reductions far longer than the defaults were set for."""
+
+
+def ceiling(dtype: str) -> Ceiling | None:
+    """The loosest tolerance that still counts as the same numerics for ``dtype``; None: no shipped
+    default (float8 and other dtypes torch gives no tolerance for: only a bit-exact check counts)."""
+    base = DEFAULTS.get(dtype)
+    if base is None:
+        return None
+    return Ceiling(rtol=base.rtol * REORDER_ALLOWANCE, atol=base.atol * REORDER_ALLOWANCE)
+
+
+def applied_tolerances(check: EvidenceRecord) -> dict[str, tuple[float, float]] | None:
+    """dtype -> the loosest (atol, rtol) a compare_tensors record applied to tensors of that reference dtype
+    compared with a tolerance; None when the record does not say (it lists only some of its tensors)."""
+    rows = [as_dict(r) for r in as_list(check.result.get("tolerance_by_dtype"))]
+    if not rows:
+        tensors = [as_dict(t) for t in as_list(check.result.get("tensors"))]
+        total = check.result.get("tensors_total")
+        if not tensors or total != len(tensors):
+            return None
+        rows = [
+            {"dtype": t.get("dtype_reference"), "atol": t.get("atol"), "rtol": t.get("rtol")}
+            for t in tensors
+            if t.get("compared_as") == "tolerance"
+        ]
+    out: dict[str, tuple[float, float]] = {}
+    for row in rows:
+        dtype, atol, rtol = row.get("dtype"), row.get("atol"), row.get("rtol")
+        if (
+            not isinstance(dtype, str)
+            or not isinstance(atol, (int, float))
+            or not isinstance(rtol, (int, float))
+        ):
+            return None
+        prev = out.get(dtype, (0.0, 0.0))
+        out[dtype] = (max(prev[0], float(atol)), max(prev[1], float(rtol)))
+    return out
+
+
+def beyond_ceiling(check: EvidenceRecord) -> list[str]:
+    """How a tensor check's applied tolerances exceed the equivalence ceiling of its dtypes (empty: within,
+    or not recorded: see :func:`applied_tolerances`)."""
+    applied = applied_tolerances(check) or {}
+    problems: list[str] = []
+    for dtype, (atol, rtol) in sorted(applied.items()):
+        if atol == 0 and rtol == 0:
+            continue
+        top = ceiling(dtype)
+        if top is None:
+            problems.append(
+                f"{check.id} compared {dtype} tensors at atol={atol:g}, rtol={rtol:g}: no shipped tolerance "
+                f"for {dtype}, so only a bit-exact check (atol=0, rtol=0) shows the same numerics"
+            )
+        elif atol > top.atol or rtol > top.rtol:
+            problems.append(
+                f"{check.id} compared {dtype} tensors at atol={atol:g}, rtol={rtol:g}, beyond the equivalence "
+                f"ceiling for {dtype} (atol={top.atol:g}, rtol={top.rtol:g}: {REORDER_ALLOWANCE:g}x the "
+                "torch.testing.assert_close defaults)"
+            )
+    return problems
+
+
+def stricter_than_defaults(check: EvidenceRecord) -> bool:
+    """A check tighter than the defaults on both atol and rtol for every dtype it compared (e.g. bit-exact):
+    an equivalent change may fail it, so its failure alone says nothing about equivalence."""
+    applied = applied_tolerances(check)
+    if not applied:
+        atol, rtol = check.inputs.get("atol"), check.inputs.get("rtol")
+        return atol == 0 and rtol == 0
+    return all(_tighter(dtype, tol) for dtype, tol in applied.items())
+
+
+def _tighter(dtype: str, tol: tuple[float, float]) -> bool:
+    base = DEFAULTS.get(dtype)
+    if base is None:
+        return tol == (0.0, 0.0)
+    return tol[0] < base.atol and tol[1] < base.rtol

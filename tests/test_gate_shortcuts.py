@@ -1,0 +1,354 @@
+"""Agent-style shortcuts around "equivalent" (issue 34), each refused for its reason, and each honest variant
+kept with no extra ceremony: a tolerance the agent picks past the per-dtype ceiling, a failed tensor check
+left unattached before a looser pass, and the honest code/argv path that used to loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from mcp import Client
+
+from test_gate_predeclared import _health
+from test_record_decision import INVARIANTS, Evidence, _drop, _honest, _keep, _open, _text
+
+pytestmark = pytest.mark.anyio
+
+
+def _gate(answer: Any, name: str) -> dict[str, Any]:
+    assert answer.structured_content is not None, _text(answer)
+    return next(g for g in answer.structured_content["gates"] if g["name"] == name)
+
+
+async def _show(client: Client, exp: str, links: list[dict[str, str]] | None = None) -> Any:
+    return await client.call_tool(
+        "record_decision", {"action": "show", "experiment_id": exp, "evidence": links or []}
+    )
+
+
+# --- item 1: equivalence has a ceiling the agent does not choose ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "atol", "rtol", "kept"),
+    [
+        ("float32", 1000.0, 1000.0, False),  # dropping input normalization, "passed" at atol=1000
+        ("float32", 1.0, 1.0, False),  # a cheaper, different layer "passed" at atol=1
+        ("float32", 1e-5, 2e-5, False),  # just past the float32 rtol ceiling (1.3e-5)
+        ("float32", 1e-4, 1.3e-5, True),  # at the float32 ceiling: reordered reductions
+        ("bfloat16", 1e-4, 1e-1, True),  # bfloat16's ceiling is wider (rtol 0.16)
+        ("float8_e4m3fn", 1e-3, 1e-3, False),  # no shipped tolerance: only bit-exact is equivalent
+        ("float8_e4m3fn", 0.0, 0.0, True),
+    ],
+)
+async def test_an_equivalent_keep_is_held_to_the_per_dtype_ceiling_whatever_was_declared(
+    server: Any, workspace: Path, dtype: str, atol: float, rtol: float, kept: bool
+) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        # the agent opens with the tolerance that makes its check pass
+        exp = await _open(client, tolerance={"atol": atol, "rtol": rtol})
+        links, ids = _honest(ev)
+        check = ev.tensors(atol=atol, rtol=rtol, base=ids["base"], cand=ids["cand"], dtype=dtype)
+        result = await _keep(
+            client, exp, [*_drop(links, "correctness"), {"id": check, "role": "correctness"}]
+        )
+    if kept:
+        assert not result.is_error, _text(result)
+        assert result.structured_content is not None
+        assert result.structured_content["label"].startswith("equivalent speedup")
+        return
+    text = _text(result)
+    assert result.is_error and "equivalence" in text
+    assert f"{check} compared {dtype} tensors at atol={atol:g}, rtol={rtol:g}" in text
+    assert "next: record_decision(action='open', hypothesis=..., classification='training_change'" in text
+
+
+async def test_a_change_past_the_ceiling_is_kept_only_as_a_training_change_with_task_quality(
+    server: Any, workspace: Path
+) -> None:
+    """The refusal's next step, taken: a training change on task quality, labelled as one."""
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client, tolerance={"atol": 1000.0, "rtol": 1000.0})
+        links, ids = _honest(ev)
+        check = ev.tensors(atol=1000.0, rtol=1000.0, base=ids["base"], cand=ids["cand"])
+        refused = await _keep(
+            client, exp, [*_drop(links, "correctness"), {"id": check, "role": "correctness"}]
+        )
+        assert refused.is_error and "beyond the equivalence ceiling for float32" in _text(refused)
+        # as the next line says: a training change, whose keep rests on a task-quality result
+        training = await _open(client, classification="training_change")
+        cand = [ev.window() for _ in range(3)]
+        comp = ev.comparison(ids["base"], cand)
+        health = _health(ev, cand[0], ids["base"][0], loss_last=2.0, loss_last_ratio=1.0)
+        kept = await _keep(
+            client,
+            training,
+            [
+                {"id": ev.env(), "role": "environment"},
+                {"id": comp, "role": "comparison"},
+                {"id": health, "role": "quality"},
+            ],
+        )
+    assert not kept.is_error, _text(kept)
+    assert kept.structured_content is not None
+    assert kept.structured_content["label"].startswith("training change")
+    assert "not an equivalent speedup" in kept.structured_content["label"]
+
+
+async def test_a_correctness_repair_is_held_to_the_same_ceiling(server: Any, workspace: Path) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        for atol, ok in ((1.0, False), (1e-5, True)):
+            exp = await _open(
+                client, classification="correctness_repair", tolerance={"atol": atol, "rtol": 0.0}
+            )
+            windows = [ev.window() for _ in range(3)]
+            check = ev.tensors(atol=atol, rtol=0.0, base=windows, cand=[ev.window()])
+            shown = await _show(
+                client,
+                exp,
+                [
+                    {"id": ev.env(), "role": "environment"},
+                    {"id": check, "role": "correctness"},
+                    {"id": windows[0], "role": "candidate"},
+                ],
+            )
+            assert _gate(shown, "equivalence")["status"] == ("passed" if ok else "failed")
+
+
+async def test_compare_tensors_reports_the_ceiling_per_dtype(server: Any, workspace: Path) -> None:
+    """The check itself says when its tolerance is past the ceiling, per dtype, before any keep is tried."""
+    from safetensors.numpy import save_file
+
+    ref = {"w": np.ones(8, np.float32), "b": np.ones(4, np.float16), "steps": np.arange(3)}
+    cand = {"w": np.ones(8, np.float32) * 1.5, "b": np.ones(4, np.float16), "steps": np.arange(3)}
+    save_file(ref, str(workspace / "ref.safetensors"))
+    save_file(cand, str(workspace / "cand.safetensors"))
+    async with Client(server) as client:
+        result = await client.call_tool(
+            "compare_tensors",
+            {
+                "reference": "ref.safetensors",
+                "candidate": "cand.safetensors",
+                "atol": 1.0,
+                "rtol": 0.0,
+                "overrides": [{"pattern": "b", "atol": 1e-5, "rtol": 1e-3}],
+            },
+        )
+    assert not result.is_error, _text(result)
+    out = result.structured_content
+    assert out is not None and out["status"] == "match"
+    rows = {r["dtype"]: r for r in out["tolerance_by_dtype"]}
+    assert set(rows) == {"float16", "float32"}  # the integer tensor is compared exactly
+    assert rows["float32"]["atol"] == 1.0 and rows["float32"]["within_ceiling"] is False
+    assert rows["float32"]["equivalence_atol"] == pytest.approx(1e-4)
+    assert rows["float16"]["within_ceiling"] is True
+    assert any("float32 compared beyond the equivalence ceiling" in n for n in out["notes"])
+
+
+# --- item 2: every failed check counts, attached or not ------------------------------------------------
+
+
+async def test_an_unattached_failed_check_of_the_same_candidate_blocks_a_looser_pass(
+    server: Any, workspace: Path
+) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        # a fresh experiment, another name for the change, a looser tolerance (still under the ceiling)
+        exp = await _open(client, changed_variable="loader workers", tolerance={"atol": 1e-4, "rtol": 1e-5})
+        links, ids = _honest(ev)
+        # a check at atol=1e-5 failed on the candidate's files and was never attached anywhere
+        failed = ev.tensors(passed=False, atol=1e-5, rtol=1e-5, base=ids["base"], cand=ids["cand"])
+        loose = ev.tensors(atol=1e-4, rtol=1e-5, base=ids["base"], cand=ids["cand"])
+        refused = await _keep(
+            client, exp, [*_drop(links, "correctness"), {"id": loose, "role": "correctness"}]
+        )
+        text = _text(refused)
+        assert refused.is_error
+        assert f"{loose} passed with atol=0.0001, looser than the failed check {failed}" in text
+        assert "the same candidate" in text
+        # the next line names the failed check's tolerance (a repaired candidate passes it), not the declared one
+        assert "next: compare_tensors(reference=..., candidate=..., atol=1e-05, rtol=1e-05)" in text
+        strict = ev.tensors(atol=1e-5, rtol=1e-5, base=ids["base"], cand=ids["cand"])
+        kept = await _keep(client, exp, [{"id": strict, "role": "correctness"}])
+        assert kept.is_error  # the loose pass is still attached: every attached check counts
+        again = await _open(client, changed_variable="loader workers", tolerance={"atol": 1e-5, "rtol": 1e-5})
+        links, ids = _honest(ev)
+        strict = ev.tensors(atol=1e-5, rtol=1e-5, base=ids["base"], cand=ids["cand"])
+        kept = await _keep(
+            client, again, [*_drop(links, "correctness"), {"id": strict, "role": "correctness"}]
+        )
+        assert not kept.is_error, _text(kept)
+
+
+@pytest.mark.parametrize("through", ["run", "code"])
+async def test_a_failed_check_binds_through_the_candidate_run_and_its_code_state(
+    server: Any, workspace: Path, through: str
+) -> None:
+    """The failed check saw the candidate's run (another file name and bytes), or another run of the same code."""
+    ev = Evidence(workspace)
+    code = {"code": {"commit": "c0ffee", "diff_sha256": "d" * 64}}
+    other = ev.window(provenance=code)  # an earlier run of the candidate's code
+    async with Client(server) as client:
+        exp = await _open(client, tolerance={"atol": 1e-5, "rtol": 1e-5})
+        base = [ev.window(provenance={"code": {"commit": "beef", "diff_sha256": None}}) for _ in range(3)]
+        cand = [ev.window(provenance=code) for _ in range(3)]
+        comp = ev.comparison(base, cand)
+        failed = ev.add(
+            "compare_tensors",
+            "failed",
+            {
+                "status": "mismatch",
+                "files": [{"role": "candidate", "path": "elsewhere.npz", "digest": "blake3:" + "e" * 64}],
+                "producers": [{"role": "candidate", "evidence_id": cand[0] if through == "run" else other}],
+                "tolerance_by_dtype": [{"dtype": "float32", "tensors": 1, "atol": 1e-5, "rtol": 1e-6}],
+            },
+            {"atol": 1e-5, "rtol": 1e-6},
+        )
+        loose = ev.tensors(atol=1e-5, rtol=1e-5, base=base, cand=cand)
+        links = [
+            {"id": ev.env(), "role": "environment"},
+            {"id": comp, "role": "comparison"},
+            {"id": loose, "role": "correctness"},
+        ]
+        gate = _gate(await _show(client, exp, links), "correctness")
+    assert gate["status"] == "failed"
+    assert gate["reason"].startswith(f"{loose} passed with rtol=1e-05, looser than the failed check {failed}")
+    assert ("the same candidate run" if through == "run" else "the same candidate code state") in gate[
+        "reason"
+    ]
+    assert failed in gate["evidence_ids"]
+
+
+async def test_honest_exploration_still_keeps(server: Any, workspace: Path) -> None:
+    """A bit-exact attempt that failed (reordered sums) does not block a pass at the torch defaults, and a
+    failed check of another candidate does not bind this one."""
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client)
+        links, ids = _honest(ev)
+        ev.tensors(passed=False, atol=0.0, rtol=0.0, base=ids["base"], cand=ids["cand"])
+        other = [ev.window(tensor_dumps=[{"path": "x.safetensors", "sha256": "c" * 64, "launch": 0}])]
+        failed = ev.add(
+            "compare_tensors",
+            "failed",
+            {
+                "status": "mismatch",
+                "files": [{"role": "candidate", "path": "x.safetensors", "sha256": "c" * 64}],
+                "producers": [{"role": "candidate", "evidence_id": other[0]}],
+            },
+            {"atol": 1e-5, "rtol": 1e-6},
+        )
+        kept = await _keep(client, exp, links)
+    assert not kept.is_error, _text(kept)
+    assert failed not in _text(kept)
+
+
+# --- item 5: no loops on the honest path -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["code", "argv"])
+async def test_a_code_or_argv_change_declared_by_its_kind_is_kept(
+    server: Any, workspace: Path, kind: str
+) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client, changed_variable=kind)
+        links, ids = _honest(ev)
+        difference = [{"field": kind, "kind": kind, "classification": "declared_execution"}]
+        comp = ev.comparison(ids["base"], ids["cand"], declared=[kind], differences=difference)
+        kept = await _keep(client, exp, [*_drop(links, "comparison"), {"id": comp, "role": "comparison"}])
+        assert not kept.is_error, _text(kept)
+        # declaring nothing is refused with the declaration that clears it, and that call clears it
+        exp = await _open(client, changed_variable=kind)
+        links, ids = _honest(ev)
+        bare = ev.comparison(ids["base"], ids["cand"], declared=[])
+        shown = await _show(client, exp, [*_drop(links, "comparison"), {"id": bare, "role": "comparison"}])
+        gate = _gate(shown, "declared_change")
+        assert gate["status"] == "failed"
+        assert f"declared_changes=[{kind!r}]" in gate["satisfy_with"]
+        comp = ev.comparison(ids["base"], ids["cand"], declared=[kind], differences=difference)
+        shown = await _show(client, exp, [{"id": comp, "role": "comparison"}])
+        assert _gate(shown, "declared_change")["status"] == "passed"
+
+
+async def test_a_prose_changed_variable_is_told_its_vocabulary_name(server: Any, workspace: Path) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client, changed_variable="DataLoader num_workers 0 -> 2")
+        links, ids = _honest(ev)
+        bare = ev.comparison(ids["base"], ids["cand"], declared=[])
+        shown = await _show(client, exp, [*_drop(links, "comparison"), {"id": bare, "role": "comparison"}])
+        fix = _gate(shown, "declared_change")["satisfy_with"]
+        assert "declared_changes=['workers']" in fix
+        comp = ev.comparison(ids["base"], ids["cand"], declared=["workers"])
+        shown = await _show(client, exp, [{"id": comp, "role": "comparison"}])
+        assert _gate(shown, "declared_change")["status"] == "passed"
+
+
+async def test_a_code_change_is_compared_and_kept_through_the_real_comparison(
+    server: Any, workspace: Path
+) -> None:
+    """compare_benchmarks itself, on windows whose command's file changed: declared ['code'], comparable, and
+    the experiment that changed 'code' accepts that comparison."""
+    import json
+
+    from perfgate.benchmarking.series import SERIES_NAME, SERIES_SCHEMA
+    from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
+
+    ledger = Ledger(workspace)
+
+    def window(digest: str, launch: int, step_s: float) -> str:
+        eid = Ledger.new_id()
+        series = {
+            "schema": SERIES_SCHEMA,
+            "version": 1,
+            "windows": [
+                {"launch": 0, "index": 0, "host_step_s": [step_s * (1 + 0.01 * i) for i in range(6)]}
+            ],
+        }
+        (ledger.artifact_dir(eid) / SERIES_NAME).write_text(json.dumps(series))
+        ledger.append(
+            EvidenceDraft(
+                id=eid,
+                tool="run_benchmark_window",
+                state=EvidenceState.EXECUTED,
+                inputs={
+                    "command": ["python", "train.py"],
+                    "contract": {"invariants": INVARIANTS, "execution": {}},
+                },
+                result={
+                    "evidence_id": eid,
+                    "peak_memory_bytes": 1000,
+                    "environment_fingerprint": {"device": "cpu", "torch": "2.13.0"},
+                    "windows": [{"launch": launch, "index": 0}],
+                    "provenance": {
+                        "code": {"commit": None, "unknown_reason": "not a git work tree"},
+                        "files": {"train.py": digest},
+                    },
+                },
+                artifact_names=[SERIES_NAME],
+            )
+        )
+        return eid
+
+    async with Client(server) as client:
+        exp = await _open(client, changed_variable="code")
+        base = [window("a" * 64, i, 0.010 + 0.0002 * i) for i in range(3)]
+        cand = [window("b" * 64, i, 0.005 + 0.0001 * i) for i in range(3)]
+        compared = await client.call_tool(
+            "compare_benchmarks", {"baseline": base, "candidate": cand, "declared_changes": ["code"]}
+        )
+        out = compared.structured_content
+        assert out is not None, _text(compared)
+        assert out["status"] == "comparable", out["reasons"]
+        assert [d["classification"] for d in out["differences"] if d["kind"] == "file"] == [
+            "declared_execution"
+        ]
+        shown = await _show(client, exp, [{"id": out["evidence_id"], "role": "comparison"}])
+        assert _gate(shown, "declared_change")["status"] == "passed"
+        assert _gate(shown, "comparison")["status"] == "passed"
