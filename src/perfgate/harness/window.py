@@ -247,7 +247,10 @@ class Window:
         self._notes.append(
             f"{what} ran inside window {win['index']} at step {step} ({elapsed_ns / 1e6:.0f} ms): that window "
             f"was discarded and restarts at step {restart} after a fresh warm-up; dump before step "
-            f"{cfg.warmup_steps} or after the last window to keep the planned schedule"
+            f"{cfg.warmup_steps}"
+            # a stopping harness ends the script as the last window closes: nothing after it runs
+            + ("" if self.stop else " or after the last window")
+            + " to keep the planned schedule"
         )
         self._schedule_next()
 

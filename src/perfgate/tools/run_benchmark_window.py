@@ -755,6 +755,13 @@ async def measure(
                 "samples per optimizer step were not measured (no DataLoader batches seen): throughput and the "
                 "global batch rest on what was declared"
             )
+    if not dumps and provenance is not None and any(r.stop_reason == "window_complete" for r in all_records):
+        from perfgate.benchmarking.dumps import unreached_dump_warning
+
+        scripts = {name: rt.workspace / name for name in provenance.files}
+        unreached = await anyio.to_thread.run_sync(unreached_dump_warning, scripts, inp.warmup_steps)
+        if unreached is not None:
+            warnings.append(unreached)
     series_name: str | None = None
     if windows:
         series_name = SERIES_NAME

@@ -1,0 +1,66 @@
+"""Tensor dumps a launched script asks for but the harness never let it reach.
+
+In stop mode the harness ends the training script as the last measured window closes (a ``SystemExit``
+from the optimizer step), so a ``dump_tensors`` call placed after the training loop never runs and the
+run's ``tensor_dumps`` is empty. The call sites are found in the source of the Python files the command
+names (a syntax tree, so comments and strings do not count).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+__all__ = ["MAX_SOURCE_BYTES", "dump_call_lines", "unreached_dump_warning"]
+
+MAX_SOURCE_BYTES = 4 << 20
+"""Larger scripts are not read for call sites (a generated file, not a training script)."""
+
+
+def dump_call_lines(source: str) -> list[int]:
+    """Lines of ``source`` that call ``dump_tensors`` (by name or as an attribute); empty when it does not
+    parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines: list[int] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = (
+                func.id
+                if isinstance(func, ast.Name)
+                else func.attr
+                if isinstance(func, ast.Attribute)
+                else None
+            )
+            if name == "dump_tensors":
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def unreached_dump_warning(scripts: dict[str, Path], warmup_steps: int) -> str | None:
+    """The warning for a run that wrote no dump although a script it ran calls ``dump_tensors``, or None.
+
+    ``scripts``: workspace-relative name -> path of each file the command names.
+    """
+    sites: list[str] = []
+    for name, path in scripts.items():
+        if path.suffix != ".py":
+            continue
+        try:
+            if path.stat().st_size > MAX_SOURCE_BYTES:
+                continue
+            source = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        sites += [f"{name}:{line}" for line in dump_call_lines(source)]
+    if not sites:
+        return None
+    return (
+        f"tensor_dumps is empty although {', '.join(sites[:5])} calls dump_tensors: the harness ends the script "
+        "as the last measured window closes, so a call after the training loop never runs; move the dump into "
+        f"the warm-up (before optimizer step {warmup_steps}, e.g. after the first step), where it is recorded "
+        "and costs no window"
+    )
