@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from perfgate._statefs import make_dirs, remove_tree
 from perfgate.benchmarking.errors import BenchmarkError
 
 __all__ = ["HARNESS_MODULE", "harness_pythonpath", "prepare_harness_path", "wrap_command"]
@@ -156,21 +157,20 @@ def prepare_harness_path(target: Path) -> Path:
     """
     from perfgate._filelock import held
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with held(target.with_name(target.name + ".lock")):
+    with held(target.with_name(target.name + ".lock"), confined=True):
         return _prepare_harness_path(target)
 
 
 def _prepare_harness_path(target: Path) -> Path:
     """`prepare_harness_path` under its lock."""
+    make_dirs(target.parent)  # in the agent-writable .perfgate/: a link planted on the way is refused
     if (target / "perfgate" / "__init__.py").is_file() and _copy_matches(target, _package_root()):
         return target
     if target.exists():
         stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=target.parent))
         with contextlib.suppress(OSError):
             target.rename(stale / "old")
-        shutil.rmtree(stale, ignore_errors=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
+        remove_tree(stale)
     staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
     root = _package_root()
     for path in _package_files(root):
@@ -181,5 +181,5 @@ def _prepare_harness_path(target: Path) -> Path:
         staging.rename(target)
     except OSError:
         # Another call created it first; theirs is identical.
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
     return target

@@ -44,6 +44,7 @@ never committed, and the record returned is exactly what every later read gives.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -61,7 +62,9 @@ from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from perfgate._safeopen import UnsafeFileError
 from perfgate._sqlite import retry_while_busy
+from perfgate._statefs import make_dirs, write_file
 from perfgate.evidence.artifacts import ArtifactChanged, check_artifact
 from perfgate.evidence.states import EvidenceState
 from perfgate.trust import CorruptKeyError, SigningKey, TrustRoot, TrustRootError
@@ -468,6 +471,18 @@ class _Connection:
         return retry_while_busy(self._open_once, _BUSY_TIMEOUT_S)
 
     def _open_once(self) -> sqlite3.Connection:
+        # SQLite follows links when it opens (and creates) the database and its side files, and Python
+        # offers no SQLITE_OPEN_NOFOLLOW: the folder is walked following no link, and a side file that
+        # is a link is refused, so a link planted in the agent-writable .perfgate/ is never written.
+        make_dirs(self.db_path.parent)
+        for path in self.paths:
+            if os.path.islink(path):
+                raise UnsafeFileError(
+                    errno.ELOOP,
+                    f"{path} is a symbolic link; the ledger's files are perfgate's own. Remove the link and "
+                    "restore the ledger from a backup (perfgate ledger verify names what is missing)",
+                    path,
+                )
         conn = sqlite3.connect(
             self.db_path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
@@ -591,8 +606,7 @@ class Ledger:
         self.db_path = self.state_dir / "ledger.db"
         self.head_path = self.state_dir / "HEAD"
         self.artifact_root = self.state_dir / "artifacts"
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.artifact_root.mkdir(exist_ok=True)
+        make_dirs(self.artifact_root)  # and the state folder: refused when either is a planted link
         self._key: tuple[SigningKey | None, tuple[int, ...] | None] = (None, None)
         """The key last read, and what identified its file then (one value: threads replace it whole)."""
         self.key_error: TrustRootError | None = None
@@ -893,7 +907,7 @@ class Ledger:
             raise ValueError(f"invalid evidence id {evidence_id!r}")
         path = self.artifact_root / evidence_id
         if create:
-            path.mkdir(parents=True, exist_ok=True)
+            make_dirs(path)
         return path
 
     def _artifacts(self, draft: EvidenceDraft) -> list[Artifact]:
@@ -1019,9 +1033,7 @@ class Ledger:
             finally:
                 if not kept:
                     os.close(fd)
-        tmp = self.head_path.with_name(f"HEAD.{os.getpid()}.{secrets.token_hex(3)}")
-        tmp.write_bytes(line)
-        os.replace(tmp, self.head_path)
+        write_file(self.head_path, line)
 
     # ------------------------------------------------------------------ reading
 

@@ -22,11 +22,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from perfgate._statefs import fresh_dir, remove_tree, write_file
 
 __all__ = ["DETACHED_DIR", "RunNotFoundError", "cancel", "main", "read_status", "run_dir", "start"]
 
@@ -69,10 +70,8 @@ def run_dir(state_dir: Path, run_id: str) -> Path:
 
 
 def _write_json(path: Path, value: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(value, fh, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    # The run directory is in the agent-writable .perfgate/: written following no link (see _statefs).
+    write_file(path, json.dumps(value, indent=1, sort_keys=True).encode())
 
 
 def start(
@@ -247,8 +246,7 @@ class _Supervisor:
         m = self.manifest
         record_dir = m.get("record_dir")
         if record_dir:
-            shutil.rmtree(record_dir, ignore_errors=True)
-            Path(record_dir).mkdir(parents=True)
+            fresh_dir(Path(record_dir))
         label = f"launch{k}_"
         with (
             (self.dir / f"{label}stdout.log").open("wb") as out,
@@ -279,7 +277,7 @@ class _Supervisor:
             target.mkdir(exist_ok=True)
             for p in sorted(Path(record_dir).glob("rank*.json")):
                 shutil.copyfile(p, target / p.name)
-            shutil.rmtree(record_dir, ignore_errors=True)
+            remove_tree(Path(record_dir))
         return code
 
     def run(self) -> None:

@@ -6,7 +6,8 @@ same on every round of the gate. Two runs of the same input would share them: ea
 before its launch and removes it afterwards, so one run would read the other's records as its own, or
 find its own deleted. A run therefore holds an exclusive lock on ``<run dir>.lock`` (beside the folder,
 which is removed and made again) for as long as it uses the folder; the lock goes with the process that
-holds it, also when that process is killed.
+holds it, also when that process is killed. The run directory is in the agent-writable ``.perfgate/``: its
+lock and folders are opened following no link (`perfgate._statefs`).
 
 Stdlib only: the detached supervisor imports it.
 """
@@ -43,10 +44,9 @@ def hold_run_dir(run_dir: Path, *, wait: bool) -> Generator[None]:
     Raises:
         RunDirBusyError: ``wait`` is false and another run (a process or a call in this one) holds it.
     """
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         try:
-            stack.enter_context(held(lock_path(run_dir), wait=wait))
+            stack.enter_context(held(lock_path(run_dir), wait=wait, confined=True))
         except BlockingIOError as exc:
             raise RunDirBusyError(str(run_dir)) from exc
         yield

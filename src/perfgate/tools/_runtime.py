@@ -17,6 +17,7 @@ import anyio.to_thread
 from pydantic import BaseModel
 
 from perfgate._deadline import ParseLimits
+from perfgate._statefs import make_dirs, write_file
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, Ledger
 from perfgate.evidence._writer import run_in_ledger_thread
@@ -80,21 +81,19 @@ class EvidenceBuilder:
         if not name or name != Path(name).name or name.startswith("."):
             raise ValueError(f"artifact name must be a plain file name, got {name!r}")
         if name not in self.artifact_names:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.dir)  # in the agent-writable .perfgate/: a link planted on the way is refused
             self.artifact_names.append(name)
         return self.dir / name
 
     def write_text(self, name: str, text: str) -> Path:
-        path = self.path(name)
-        path.write_text(text, encoding="utf-8")
-        return path
+        return self.write_bytes(name, text.encode())
 
     def write_json(self, name: str, value: Any) -> Path:
         return self.write_text(name, json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
     def write_bytes(self, name: str, data: bytes) -> Path:
         path = self.path(name)
-        path.write_bytes(data)
+        write_file(path, data)  # never through a link planted at the name or on the way
         return path
 
 

@@ -183,7 +183,7 @@ async def _result(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path) -> B
     status = await anyio.to_thread.run_sync(_status, rt, inp, directory, "")
     # Held while one call reads, or records, the run's result: calls racing on one run (two clients, two
     # servers) record it once, and the others return that record.
-    async with held_async(directory / "result.lock"):
+    async with held_async(directory / "result.lock", confined=True):
         return await _result_once(rt, inp, directory, status)
 
 

@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 import anyio.to_thread
 from pydantic import BaseModel, Field, model_validator
 
+from perfgate._statefs import fresh_dir, make_dirs, remove_tree
 from perfgate.benchmarking import BenchmarkError
 from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path, wrap_command
 from perfgate.errors import ToolError
@@ -301,8 +302,8 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
     else:
         run_dir = _run_dir(inp, rt)
         with one_run(run_dir, rt):  # refused when a run of this same input holds its folder
-            shutil.rmtree(run_dir, ignore_errors=True)
-            (run_dir / "traces").mkdir(parents=True)
+            fresh_dir(run_dir)  # what the agent planted there (a link, say) is removed, never followed
+            make_dirs(run_dir / "traces")
             profiles = []
             files = []
             profiled = True
@@ -343,7 +344,7 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                     for p, a in zip(profiles, trace_artifacts, strict=True):
                         p.path = a
             finally:
-                shutil.rmtree(run_dir, ignore_errors=True)
+                remove_tree(run_dir)
 
     report = combine(profiles)
     warnings.extend(report.warnings)

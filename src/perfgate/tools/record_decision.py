@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from perfgate._statefs import write_file
 from perfgate.decisions.binding import EVAL_PREFIX, QUALITY_METRICS
 from perfgate.decisions.experiments import Classification, Decision, Experiment, Link, Role, load_experiments
 from perfgate.decisions.gates import Gate, evaluate_keep, summarize
@@ -238,9 +239,7 @@ def _new_experiment_id() -> str:
 def _render(ledger: Ledger) -> str:
     experiments = list(load_experiments(ledger).values())
     path = ledger.state_dir / "decisions.md"
-    tmp = path.with_name(f".decisions.{secrets.token_hex(4)}.md")
-    tmp.write_text(render_decisions(experiments), encoding="utf-8")
-    tmp.replace(path)
+    write_file(path, render_decisions(experiments).encode())
     return str(path.relative_to(ledger.workspace))
 
 
@@ -270,7 +269,7 @@ async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput
     # on the workspace (across servers): a keep is weighed against every decision recorded before it (a
     # keep sent at the same time as another on the same experiment, or on the same candidate windows, is
     # weighed after that one is recorded, never beside it).
-    async with held_async(rt.ledger.state_dir / "decisions.lock"):
+    async with held_async(rt.ledger.state_dir / "decisions.lock", confined=True):
         return await _run(inp, rt)
 
 

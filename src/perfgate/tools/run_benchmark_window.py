@@ -20,6 +20,7 @@ import anyio.from_thread
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from perfgate._statefs import fresh_dir, remove_tree
 from perfgate.benchmarking import BenchmarkError, Contract, RecordError, check_contract
 from perfgate.benchmarking.contract import check_observed
 from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path, wrap_command
@@ -642,12 +643,12 @@ async def _run_blocking(
     ev = rt.evidence()
     provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
     record_dir = run_dir / "records"
+    fresh_dir(run_dir)  # the server's own folder: what the agent planted at its name is removed, never followed
 
     host_loads: list[HostLoad] = []
 
     async def launch_once(launch: int, label: str) -> tuple[int | None, str | None, Path]:
-        shutil.rmtree(record_dir, ignore_errors=True)
-        record_dir.mkdir(parents=True)
+        fresh_dir(record_dir)
         sampler = HostLoadSampler()
         sampler.start()
         result = await rt.run_command(request, ev, label=label)
@@ -657,7 +658,7 @@ async def _run_blocking(
     try:
         return await measure(inp, rt, request, ev, launch_once, provenance, host_loads=host_loads)
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        remove_tree(run_dir)
 
 
 async def measure(
