@@ -14,7 +14,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["MoEConfig", "ModelConfig"]
+__all__ = ["MoEConfig", "ModelConfig", "moe_layers_in"]
 
 
 class MoEConfig(BaseModel):
@@ -137,8 +137,18 @@ class ModelConfig(BaseModel):
 
     @property
     def num_moe_layers(self) -> int:
-        return sum(1 for i in range(self.layers) if self.is_moe_layer(i))
+        """Layers with experts: the multiples of the frequency below ``layers``, counted in closed form (a
+        loop over layers would keep a call with layers=1e18 busy for ever)."""
+        return moe_layers_in(self, 0, self.layers)
 
     @property
     def num_dense_layers(self) -> int:
         return self.layers - self.num_moe_layers
+
+
+def moe_layers_in(model: ModelConfig, start: int, stop: int) -> int:
+    """How many of the 0-based layers ``start`` to ``stop - 1`` hold experts (`ModelConfig.is_moe_layer`)."""
+    if model.moe is None or stop <= start:
+        return 0
+    f = model.moe.moe_layer_frequency
+    return -(-stop // f) - -(-start // f)  # multiples of f in [start, stop): ceil(stop/f) - ceil(start/f)

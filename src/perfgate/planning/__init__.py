@@ -6,7 +6,14 @@ Every figure is an estimate from formulas (stated in each result), not a measure
 from perfgate.planning.activations import ACTIVATION_SOURCE, layer_activation_bytes, local_tokens
 from perfgate.planning.device import GIB, DeviceMemoryError, device_memory
 from perfgate.planning.legality import Check, check_layout
-from perfgate.planning.memory import MemoryEstimate, StageMemory, estimate_memory, stage_layers
+from perfgate.planning.memory import (
+    MAX_PIPELINE_CHUNKS,
+    MemoryEstimate,
+    PipelineTooDeepError,
+    StageMemory,
+    estimate_memory,
+    stage_spans,
+)
 from perfgate.planning.mesh import MeshRequest, ParallelMesh
 from perfgate.planning.plan import LayoutPlan, plan_layout
 from perfgate.planning.search import RANKING, Candidate, SearchOptions, SearchResult, search_layouts
@@ -15,6 +22,7 @@ from perfgate.planning.setup import TrainingSetup, optimizer_bytes_per_param
 __all__ = [
     "ACTIVATION_SOURCE",
     "GIB",
+    "MAX_PIPELINE_CHUNKS",
     "RANKING",
     "Candidate",
     "Check",
@@ -23,6 +31,7 @@ __all__ = [
     "MemoryEstimate",
     "MeshRequest",
     "ParallelMesh",
+    "PipelineTooDeepError",
     "SearchOptions",
     "SearchResult",
     "StageMemory",
@@ -35,5 +44,5 @@ __all__ = [
     "optimizer_bytes_per_param",
     "plan_layout",
     "search_layouts",
-    "stage_layers",
+    "stage_spans",
 ]

@@ -74,17 +74,26 @@ def _mlp_bytes_per_token(
 
 
 def layer_activation_bytes(
-    model: ModelConfig, setup: TrainingSetup, mesh: ParallelMesh, layer: int, *, recompute: str | None = None
+    model: ModelConfig,
+    setup: TrainingSetup,
+    mesh: ParallelMesh,
+    layer: int | None = None,
+    *,
+    moe_layer: bool | None = None,
+    recompute: str | None = None,
 ) -> float:
-    """Bytes one GPU keeps for layer ``layer`` (0-based) for one micro-batch under ``recompute``.
+    """Bytes one GPU keeps for layer ``layer`` (0-based; or any layer with experts or without, by
+    ``moe_layer``) for one micro-batch under ``recompute``.
 
     ``recompute`` defaults to the setup's policy; ``"full"`` gives the layer's stored input only.
     """
+    assert (layer is None) != (moe_layer is None), "pass the layer or whether it holds experts"
     policy = setup.recompute if recompute is None else recompute
     if policy == "full":
         return layer_input_bytes(model, setup, mesh)
     per_token = _attention_bytes_per_token(model, setup, keep_core=policy == "none")
-    per_token += _mlp_bytes_per_token(model, setup, mesh, model.is_moe_layer(layer))
+    experts = model.is_moe_layer(layer) if layer is not None else bool(moe_layer)
+    per_token += _mlp_bytes_per_token(model, setup, mesh, experts)
     return per_token * local_tokens(setup, mesh)
 
 

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from perfgate.flops.config import ModelConfig
-from perfgate.planning.memory import stage_layers
+from perfgate.planning.memory import MAX_PIPELINE_CHUNKS, stage_layer_counts
 from perfgate.planning.mesh import ParallelMesh
 from perfgate.planning.setup import TrainingSetup
 
@@ -93,6 +93,14 @@ def check_layout(
         )
 
     chunks = m.pp * m.vpp
+    if chunks > MAX_PIPELINE_CHUNKS:  # checked only when over: no memory estimate is made for such a mesh
+        checks.append(
+            _check(
+                "pipeline_depth",
+                False,
+                f"pp*vpp = {chunks} pipeline chunks, over the {MAX_PIPELINE_CHUNKS} perfgate estimates",
+            )
+        )
     if chunks > model.layers:
         checks.append(
             _check(
@@ -110,7 +118,7 @@ def check_layout(
             )
         )
     else:
-        sizes = sorted({len(held) for held in stage_layers(model.layers, m.pp, m.vpp)})
+        sizes = stage_layer_counts(model.layers, m.pp, m.vpp)
         checks.append(
             _check(
                 "pipeline_divides_layers",

@@ -13,16 +13,25 @@ micro-batch (the last stage runs each backward right after its forward).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfgate.flops.config import ModelConfig
+from perfgate.flops.config import ModelConfig, moe_layers_in
 from perfgate.flops.params import count_parameters
 from perfgate.planning.activations import ACTIVATION_SOURCE, layer_activation_bytes, local_tokens
 from perfgate.planning.mesh import ParallelMesh
 from perfgate.planning.setup import GRAD_BYTES, PARAM_BYTES, TrainingSetup, optimizer_bytes_per_param
 
-__all__ = ["MemoryEstimate", "StageMemory", "estimate_memory", "stage_layers"]
+__all__ = [
+    "MAX_PIPELINE_CHUNKS",
+    "MemoryEstimate",
+    "PipelineTooDeepError",
+    "StageMemory",
+    "estimate_memory",
+    "stage_layer_counts",
+    "stage_spans",
+]
 
 
 class StageMemory(BaseModel):
@@ -62,19 +71,39 @@ class MemoryEstimate(BaseModel):
     formulas: list[str]
 
 
-def stage_layers(layers: int, pp: int, vpp: int) -> list[list[int]]:
-    """0-based layer indices held by each pipeline rank.
+MAX_PIPELINE_CHUNKS = 4096
+"""Most pipeline chunks (pp x vpp) perfgate estimates: the estimate has a row per stage and a range per
+chunk, and no real pipeline comes near (deep ones use pp 64-128 with a few virtual stages)."""
+
+
+class PipelineTooDeepError(ValueError):
+    """More pipeline chunks than `MAX_PIPELINE_CHUNKS`."""
+
+
+def stage_layer_counts(layers: int, pp: int, vpp: int) -> list[int]:
+    """The distinct numbers of layers a pipeline rank holds (`stage_spans`), in closed form, ascending."""
+    base, extra = divmod(layers, pp * vpp)
+
+    def held(rank: int) -> int:  # rank r holds chunks r, r + pp, ...; those below `extra` hold one more
+        return vpp * base + min(vpp, max(0, -(-(extra - rank) // pp)))
+
+    return sorted({held(0), held(pp - 1)})  # held() falls by at most one from the first rank to the last
+
+
+def stage_spans(layers: int, pp: int, vpp: int) -> list[list[tuple[int, int]]]:
+    """The 0-based layers held by each pipeline rank, as ``(start, stop)`` ranges (one per chunk).
 
     The model is cut into pp·vpp chunks of consecutive layers (the first ``layers % (pp·vpp)`` chunks
-    take one extra layer when it does not divide) and chunk c goes to rank c % pp.
+    take one extra layer when it does not divide) and chunk c goes to rank c % pp. Ranges, never lists of
+    layers: a model of 10^9 layers costs what one of 32 does.
     """
     chunks = pp * vpp
     base, extra = divmod(layers, chunks)
-    held: list[list[int]] = [[] for _ in range(pp)]
+    held: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
     start = 0
     for c in range(chunks):
         size = base + (1 if c < extra else 0)
-        held[c % pp].extend(range(start, start + size))
+        held[c % pp].append((start, start + size))
         start += size
     return held
 
@@ -97,7 +126,16 @@ def estimate_memory(
     setup: TrainingSetup,
     device_memory_bytes: int,
 ) -> MemoryEstimate:
-    """Per-stage memory of one GPU and whether the worst stage fits in ``device_memory_bytes``."""
+    """Per-stage memory of one GPU and whether the worst stage fits in ``device_memory_bytes``.
+
+    Raises:
+        PipelineTooDeepError: pp x vpp is over `MAX_PIPELINE_CHUNKS`.
+    """
+    if mesh.pp * mesh.vpp > MAX_PIPELINE_CHUNKS:
+        raise PipelineTooDeepError(
+            f"pp*vpp = {mesh.pp * mesh.vpp} pipeline chunks, over the {MAX_PIPELINE_CHUNKS} perfgate estimates "
+            "(planning.memory.MAX_PIPELINE_CHUNKS); no real pipeline is that deep: lower pp or vpp"
+        )
     p = count_parameters(model)
     h = model.hidden_size
     tp = mesh.tp
@@ -118,9 +156,17 @@ def estimate_memory(
     tokens = local_tokens(setup, mesh)
 
     stages: list[StageMemory] = []
-    for stage, held in enumerate(stage_layers(model.layers, mesh.pp, mesh.vpp)):
-        n_moe = sum(1 for i in held if model.is_moe_layer(i))
-        dense = len(held) * layer_common + (len(held) - n_moe) * dense_layer_mlp + n_moe * moe_layer_other
+    # A layer's activations depend only on whether it holds experts: one value for each kind.
+    kinds = {moe: layer_activation_bytes(model, setup, mesh, moe_layer=moe) for moe in (False, True)}
+    whole = {
+        moe: layer_activation_bytes(model, setup, mesh, moe_layer=moe, recompute="none")
+        for moe in (False, True)
+    }
+    for stage, spans in enumerate(stage_spans(model.layers, mesh.pp, mesh.vpp)):
+        n_layers = sum(stop - start for start, stop in spans)
+        n_moe = sum(moe_layers_in(model, start, stop) for start, stop in spans)
+        n_dense = n_layers - n_moe
+        dense = n_layers * layer_common + n_dense * dense_layer_mlp + n_moe * moe_layer_other
         if stage == 0:
             dense += vocab_shard
         if stage == mesh.pp - 1:
@@ -132,11 +178,12 @@ def estimate_memory(
         params = dense + experts
 
         in_flight = _in_flight(stage, mesh, num_mb)
-        per_mb = math.fsum(layer_activation_bytes(model, setup, mesh, i) for i in held)
+        # The exactly rounded sum of every layer's bytes, as math.fsum over the layers would give.
+        per_mb = float(Fraction(kinds[False]) * n_dense + Fraction(kinds[True]) * n_moe)
         activations = per_mb * in_flight
-        if setup.recompute == "full" and held:
+        if setup.recompute == "full" and n_layers:
             # The layer being recomputed holds its whole activation set during its backward.
-            activations += max(layer_activation_bytes(model, setup, mesh, i, recompute="none") for i in held)
+            activations += max(whole[moe] for moe, n in ((False, n_dense), (True, n_moe)) if n)
         edge = 0.0
         if stage == 0:
             edge += 8 * setup.micro_batch_size * setup.seq_len / mesh.cp * in_flight  # int64 token ids
@@ -147,7 +194,7 @@ def estimate_memory(
         optimizer = opt_per_param * (dense / dense_shards + experts / expert_shards)
         row = StageMemory(
             stage=stage,
-            layers=len(held),
+            layers=n_layers,
             moe_layers=n_moe,
             dense_params=dense,
             expert_params=experts,

@@ -19,6 +19,7 @@ from perfgate.planning import (
     DeviceMemoryError,
     LayoutPlan,
     MeshRequest,
+    PipelineTooDeepError,
     SearchOptions,
     SearchResult,
     TrainingSetup,
@@ -144,15 +145,18 @@ async def run(inp: PlanParallelLayoutInput, rt: ToolRuntime) -> PlanParallelLayo
     result: SearchResult | None = None
     if inp.mode == "check":
         assert inp.mesh is not None
-        plan = plan_layout(
-            inp.model,
-            inp.mesh.resolve(inp.world_size),
-            setup,
-            world_size=inp.world_size,
-            gpus_per_node=inp.gpus_per_node,
-            device_memory_bytes=memory_bytes,
-            keep_hot_comm_in_node=inp.keep_hot_comm_in_node,
-        )
+        try:
+            plan = plan_layout(
+                inp.model,
+                inp.mesh.resolve(inp.world_size),
+                setup,
+                world_size=inp.world_size,
+                gpus_per_node=inp.gpus_per_node,
+                device_memory_bytes=memory_bytes,
+                keep_hot_comm_in_node=inp.keep_hot_comm_in_node,
+            )
+        except PipelineTooDeepError as exc:
+            raise ToolError(str(exc)) from exc
         summary = _check_summary(plan)
         mb = plan.memory.num_microbatches
         if plan.mesh.pp > 1 and mb is not None and mb < plan.mesh.pp:
