@@ -270,3 +270,35 @@ async def test_a_detached_run_of_the_same_input_is_refused_while_one_runs(allowe
     finally:
         for started_id in started:
             await call(allowed, "benchmark_run", {"action": "cancel", "run_id": started_id})
+
+
+async def _runs_finished(workspace: Path, experiment_id: str) -> dict[str, Any]:
+    shown = await call(workspace, "record_decision", {"action": "show", "experiment_id": experiment_id})
+    (gate,) = [g for g in shown["gates"] if g["name"] == "runs_finished"]
+    return gate
+
+
+async def test_a_keep_on_a_detached_run_waits_for_its_observed_end(allowed: Path) -> None:
+    started = await call(allowed, "run_benchmark_window", paced(steps=60, step_ms=5, measure_steps=40))
+    run_id = started["run_id"]
+    opened = await call(
+        allowed,
+        "record_decision",
+        {
+            "action": "open",
+            "hypothesis": "h",
+            "classification": "system_optimization",
+            "changed_variable": "v",
+            "evidence": [{"id": started["evidence_id"], "role": "candidate"}],
+        },
+    )
+    gate = await _runs_finished(allowed, opened["experiment_id"])
+    assert gate["status"] == "failed" and run_id in gate["reason"], gate
+    assert "benchmark_run(action='result'" in gate["satisfy_with"]
+    done = await _wait(allowed, run_id)
+    assert done["run_state"] == "finished"
+    # finished on disk is not yet observed: nothing in the ledger says how it ended
+    assert (await _runs_finished(allowed, opened["experiment_id"]))["status"] == "failed"
+    res = await call(allowed, "benchmark_run", {"action": "result", "run_id": run_id})
+    assert res["state"] == "executed"
+    assert (await _runs_finished(allowed, opened["experiment_id"]))["status"] == "passed"

@@ -407,3 +407,68 @@ def test_the_task_quality_advice_names_the_tools_the_gate_accepts() -> None:
         f"correctness.md's task-quality section shows {sorted(called - accepted)}, which the task_quality "
         "gate does not accept"
     )
+
+
+# ------------------------------------------------------------------------------------ long runs
+
+
+async def _runs_finished(workspace: Path, server: Any, links: list[dict[str, str]]) -> tuple[str, str]:
+    """(status, reason) of the runs_finished gate for a system optimization with ``links`` attached."""
+    async with Client(server, mode="auto") as client:
+        opened = await client.call_tool(
+            "record_decision",
+            {
+                "action": "open",
+                "hypothesis": "h",
+                "classification": "system_optimization",
+                "changed_variable": "v",
+                "evidence": links,
+            },
+        )
+        assert opened.structured_content is not None, opened.content
+        shown = await client.call_tool(
+            "record_decision", {"action": "show", "experiment_id": opened.structured_content["experiment_id"]}
+        )
+    assert shown.structured_content is not None, shown.content
+    (gate,) = [g for g in shown.structured_content["gates"] if g["name"] == "runs_finished"]
+    return gate["status"], gate["reason"]
+
+
+@pytest.mark.anyio
+async def test_what_the_skill_says_of_unfinished_runs_is_what_the_keep_gate_does(
+    workspace: Path, server: Any
+) -> None:
+    """A keep citing a detached run whose result is not recorded is refused, however the run is cited."""
+    assert "A keep citing a run whose result is not recorded is refused (`runs_finished`)" in re.sub(
+        r"\s+", " ", _skill()
+    )
+    ledger = Ledger(workspace)
+    run_id = "run-0123456789abcdef"
+    inputs = {"command": ["python", "train.py"], "detach": True}
+    start = _record(ledger, "run_benchmark_window", "planned", {"run_id": run_id, "windows": []}, inputs)
+    done = _window(ledger, [0, 1, 2])
+    comparison = _record(
+        ledger,
+        "compare_benchmarks",
+        "passed",
+        {"status": "comparable", "verdict": "improved", "speedup": 1.3, "reasons": []},
+        {"baseline": [done], "candidate": [start], "declared_changes": []},
+    )
+    health = _record(ledger, "check_training_health", "passed", {}, {"evidence_id": start})
+    # attached in any role, or named by an attached comparison or health check: refused
+    for links in (
+        [{"id": start, "role": "candidate"}],
+        [{"id": start, "role": "note"}],
+        [{"id": comparison, "role": "comparison"}],
+        [{"id": health, "role": "quality"}],
+    ):
+        status, reason = await _runs_finished(workspace, server, links)
+        assert status == "failed" and run_id in reason and "not observed" in reason, (links, reason)
+    # another run's result, or a second start record of the same run, is no observation of its end
+    _record(ledger, "run_benchmark_window", "executed", {"run_id": "run-fedcba9876543210"}, inputs)
+    _record(ledger, "run_benchmark_window", "planned", {"run_id": run_id}, inputs)
+    assert (await _runs_finished(workspace, server, [{"id": start, "role": "candidate"}]))[0] == "failed"
+    # benchmark_run(action="result") recorded it: the end was observed
+    _record(ledger, "run_benchmark_window", "executed", {"run_id": run_id, "windows": []}, inputs)
+    for links in ([{"id": start, "role": "candidate"}], [{"id": comparison, "role": "comparison"}]):
+        assert (await _runs_finished(workspace, server, links))[0] == "passed"

@@ -34,6 +34,22 @@ GUIDANCE: dict[str, tuple[str, list[str]]] = {
         "references/measurement.md",
         ["watch its process and logs", "only after the process has exited"],
     ),
+    "never change a live job while experimenting": (
+        SKILL,
+        ["never change a live job", "do not edit the code, configs or data it reads"],
+    ),
+    "an authorized long run: monitored with the run tools, completion only once observed": (
+        SKILL,
+        [
+            'benchmark_run(action="status")',
+            'benchmark_run(action="wait")',
+            "only after observing its termination and reading its results",
+        ],
+    ),
+    "a detached run is over only once its result is recorded": (
+        "references/measurement.md",
+        ["start record (`planned`) measures nothing", "`runs_finished`"],
+    ),
     "specialist skills and tools: discover, dedupe, version, hand off": (
         SKILL,
         ["really installed", "when two candidates match", "version and prerequisites", "hand it"],

@@ -651,6 +651,7 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
         )
     else:
         gates.append(_na("sample_audit", "the change does not touch data loading or sharding"))
+    gates.append(_runs_finished_gate(exp, ev))
     report = ledger.verify()
     gates.append(
         _gate(
@@ -664,6 +665,21 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
         )
     )
     return gates
+
+
+def _runs_finished_gate(exp: Experiment, ev: _Evidence) -> Gate:
+    """Every detached run the keep cites (attached, or named by what is attached) has a recorded result."""
+    from perfgate.decisions.runs import unfinished_run_problems
+
+    problems = unfinished_run_problems([link.evidence_id for link in exp.links], ev.ledger, ev.get)
+    return _gate(
+        "runs_finished",
+        not problems,
+        "; ".join(problems) or "no cited run is unfinished: every detached run's result is recorded",
+        [link.evidence_id for link in exp.links],
+        "benchmark_run(action='wait', run_id=...) until the run ends, then benchmark_run(action='result', "
+        "run_id=...); cite the record it returns, not the start record",
+    )
 
 
 def _new_baseline_gate(exp: Experiment, ev: _Evidence) -> Gate:

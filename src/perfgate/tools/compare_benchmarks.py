@@ -14,6 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.benchmarking import BenchmarkError, Contract, ContractDiff, diff_contracts
 from perfgate.benchmarking.contract import same_contract
+from perfgate.benchmarking.protocol import (
+    IMPORTED_FIELDS,
+    LAUNCHED_FIELDS,
+    MEASURED_FIELDS,
+    changed_fields,
+    same_protocol,
+    window_protocol,
+)
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
 from perfgate.benchmarking.vocabulary import canonical_key, vocabulary_name, vocabulary_problems
 from perfgate.errors import ToolError
@@ -110,8 +118,8 @@ class CompareBenchmarksInput(BaseModel):
         list[str],
         Field(
             description="Names of the contract execution settings the candidate changed on purpose (e.g. "
-            "['microbatch', 'accumulation']). Every actual change must be declared and every declared one must "
-            "have happened."
+            "['microbatch', 'accumulation']), and of measurement-protocol fields it changed (e.g. "
+            "'warmup_steps'). Every actual change must be declared and every declared one must have happened."
         ),
     ] = Field(default_factory=list[str])
     per_device: Annotated[
@@ -140,15 +148,18 @@ class CompareBenchmarksInput(BaseModel):
 class Difference(BaseModel):
     field: str = Field(
         description="What differs, e.g. 'contract.execution.workers', 'env.OMP_NUM_THREADS', "
-        "'argv', 'code', 'file:train.py', 'measured.torch_version'."
+        "'argv', 'code', 'file:train.py', 'measured.torch_version', 'protocol.warmup_steps'."
     )
-    kind: Literal["contract", "env", "argv", "code", "file", "measured"]
+    kind: Literal["contract", "env", "argv", "code", "file", "measured", "protocol"]
     baseline: Any
     candidate: Any
-    classification: Literal["declared_execution", "declared_semantic", "undeclared", "semantic"] = Field(
+    classification: Literal[
+        "declared_execution", "declared_semantic", "declared_protocol", "undeclared", "semantic"
+    ] = Field(
         description="declared_execution: covered by declared_changes and allowed; declared_semantic: a "
         "declared change of what is learned (comparable, but only a training_change can be kept on it); "
-        "undeclared or semantic: the comparison is incomparable."
+        "declared_protocol: a measurement-boundary field (warm-up, measured steps, timing, ...) declared by "
+        "its name; undeclared or semantic: the comparison is incomparable."
     )
     note: str
 
@@ -181,8 +192,8 @@ class CompareBenchmarksOutput(BaseModel):
     )
     differences: list[Difference] = Field(
         description="Every difference between the first baseline and candidate windows (argv, env, code, "
-        "files the argv names, measured environment, contract), each classified; any undeclared or semantic "
-        "one makes the comparison incomparable."
+        "files the argv names, measured environment, contract, measurement protocol), each classified; any "
+        "undeclared or semantic one makes the comparison incomparable."
     )
     unverified: list[str] = Field(
         description="What could not be compared because a side does not know it (never counted as 'same')."
@@ -279,6 +290,7 @@ def _differences(
             )
         )
     execution_changed = any(k in declared for k in diff.actual_changes)
+    out += _protocol_differences(base, cand, names)
     # env changes
     b_env = {str(k): str(v) for k, v in as_dict(base.inputs.get("env")).items()}
     c_env = {str(k): str(v) for k, v in as_dict(cand.inputs.get("env")).items()}
@@ -410,6 +422,43 @@ def _differences(
     return out, unverified, used
 
 
+_PROTOCOL_MEANING = {**LAUNCHED_FIELDS, **IMPORTED_FIELDS, **MEASURED_FIELDS}
+
+
+def _protocol(record: EvidenceRecord) -> dict[str, Any]:
+    return window_protocol(record.inputs, record.result, imported=record.tool == IMPORT_TOOL)
+
+
+def _protocol_differences(base: EvidenceRecord, cand: EvidenceRecord, names: set[str]) -> list[Difference]:
+    """The measurement-boundary fields that differ between the windows, each declared by its name or not.
+
+    Windows measured by different tools differ in how they were measured as a whole (`_measured_by`),
+    not field by field.
+    """
+    if base.tool != cand.tool:
+        return []
+    b_proto, c_proto = _protocol(base), _protocol(cand)
+    out: list[Difference] = []
+    for key in changed_fields(b_proto, c_proto):
+        declared = key in names
+        out.append(
+            Difference(
+                field=f"protocol.{key}",
+                kind="protocol",
+                baseline=_short(b_proto.get(key)),
+                candidate=_short(c_proto.get(key)),
+                classification="declared_protocol" if declared else "undeclared",
+                note=f"the measurement boundary moved ({_PROTOCOL_MEANING.get(key, key)})"
+                + (
+                    ": declared"
+                    if declared
+                    else f"; re-measure with the baseline's {key}, or declare '{key}' if it changed on purpose"
+                ),
+            )
+        )
+    return out
+
+
 def _contract(record: EvidenceRecord) -> Contract:
     """The declared contract: imported evidence stores the one it was read with (files carry their own)."""
     raw = record.result.get("contract") if record.tool == IMPORT_TOOL else record.inputs.get("contract")
@@ -463,6 +512,7 @@ def _side_reasons(side: str, records: list[EvidenceRecord]) -> list[str]:
             reasons.append(f"{side} evidence {r.id} is {r.state.value}" + (f" ({why})" if why else ""))
     contracts = [_contract(r) for r in records]
     reasons += [f"{side}: {p}" for p in same_contract(contracts)]
+    reasons += [f"{side}: {p}" for p in same_protocol([_protocol(r) for r in records])]
     for problem in sorted(
         {p for c in contracts for p in vocabulary_problems(c.invariants, c.execution, c.classes)}
     ):
@@ -554,7 +604,9 @@ def _difference_reasons(declared: list[str], diff: ContractDiff, differences: li
                 f"{d.field} differs ({d.baseline!r} vs {d.candidate!r}) but was not declared: {d.note}"
             )
     happened = {
-        canonical_key(d.field.split(".", 2)[-1]) for d in differences if d.kind in ("contract", "env")
+        canonical_key(d.field.split(".", 2)[-1])
+        for d in differences
+        if d.kind in ("contract", "env", "protocol")
     }
     happened |= {canonical_key(d.field[len("measured.") :]) for d in differences if d.kind == "measured"}
     happened |= {d.kind for d in differences if d.kind in (_CODE, _ARGV)}
@@ -765,7 +817,8 @@ SPEC = ToolSpec(
         "pooled throughput with a 95% interval over launches and steps, and a verdict (improved / regressed "
         "/ within_noise; insufficient_launches with fewer than 2 separate launches a side). Refuses "
         "(incomparable, "
-        "with reasons) when contract invariants differ, when the changed execution settings differ from "
+        "with reasons) when contract invariants differ, when the changed execution settings or measurement "
+        "protocol (warm-up, measured steps, timing, repeats, samples per step, log pattern) differ from "
         "declared_changes (undeclared or declared-but-absent), or when any window is profiled or failed. "
         "Warns under 3 launches per side. Its evidence is what record_decision needs for a 'keep'. Setting "
         "names: skill://perfgate/references/vocabulary.md."
