@@ -151,8 +151,8 @@ async def test_each_protocol_field_changed_on_one_side_is_refused_by_name_unless
     defaults = IMPORTED if tool == "import_benchmark" else LAUNCHED
     assert (diff["baseline"], diff["candidate"]) == ({**defaults, **before}[field], after[field])
     assert any(r.startswith(f"protocol.{field} differs") and "not declared" in r for r in out["reasons"])
-    # declared by its name, the same pair compares
-    ok = await compare(workspace, [base], [cand], ["compile", field])
+    # declared as protocol.<field>, the same pair compares
+    ok = await compare(workspace, [base], [cand], ["compile", f"protocol.{field}"])
     assert (ok["status"], ok["verdict"]) == ("comparable", "improved"), ok["reasons"]
     (diff,) = [d for d in ok["differences"] if d["kind"] == "protocol"]
     assert diff["classification"] == "declared_protocol"
@@ -164,14 +164,23 @@ async def test_the_step_timer_the_ranks_reported_is_part_of_the_protocol(workspa
     out = await compare(workspace, [base], [cand], [])
     assert out["status"] == "incomparable"
     assert any(r.startswith("protocol.step_time_source differs") for r in out["reasons"])
-    assert (await compare(workspace, [base], [cand], ["step_time_source"]))["status"] == "comparable"
+    assert (await compare(workspace, [base], [cand], ["protocol.step_time_source"]))["status"] == "comparable"
 
 
 async def test_a_declared_protocol_change_that_did_not_happen_is_refused(workspace: Path) -> None:
     base, cand = window(workspace, seed=1, step_ms=20), window(workspace, seed=2, step_ms=10)
-    out = await compare(workspace, [base], [cand], ["warmup_steps"])
+    out = await compare(workspace, [base], [cand], ["protocol.warmup_steps"])
     assert out["status"] == "incomparable"
-    assert "declared change 'warmup_steps' did not happen (same value on both sides)" in out["reasons"]
+    assert (
+        "declared change 'protocol.warmup_steps' did not happen (same value on both sides)" in out["reasons"]
+    )
+    # the vocabulary's warmup_steps is the learning-rate warm-up: it does not declare the measurement's
+    moved = window(workspace, seed=3, step_ms=10, changes={"warmup_steps": 0})
+    out = await compare(workspace, [base], [moved], ["warmup_steps"])
+    assert out["status"] == "incomparable"
+    assert any(
+        r.startswith("protocol.warmup_steps differs (5 vs 0) but was not declared") for r in out["reasons"]
+    )
 
 
 async def test_windows_of_one_side_with_different_boundaries_are_refused(workspace: Path) -> None:
@@ -185,7 +194,7 @@ async def test_windows_of_one_side_with_different_boundaries_are_refused(workspa
     assert out["status"] == "incomparable"
     assert "candidate: protocol.warmup_steps differs between windows of the same side" in out["reasons"]
     # and declaring the field does not excuse a side that is two measurements
-    out = await compare(workspace, [base], [good, moved], ["warmup_steps"])
+    out = await compare(workspace, [base], [good, moved], ["protocol.warmup_steps"])
     assert "candidate: protocol.warmup_steps differs between windows of the same side" in out["reasons"]
 
 
@@ -240,5 +249,5 @@ async def test_real_windows_with_a_moved_warm_up_are_refused_until_it_is_declare
     out = await compare(workspace, ids[:1], ids[1:], [])
     assert out["status"] == "incomparable"
     assert any(r.startswith("protocol.warmup_steps differs (5 vs 0)") for r in out["reasons"])
-    declared = await compare(workspace, ids[:1], ids[1:], ["warmup_steps"])
+    declared = await compare(workspace, ids[:1], ids[1:], ["protocol.warmup_steps"])
     assert declared["status"] == "comparable", declared["reasons"]

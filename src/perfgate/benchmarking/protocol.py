@@ -5,7 +5,8 @@ same number of steps timed, the same timer, the same windows per process and lau
 samples or tokens per step, the same log pattern. A window whose warm-up was cut from 5 steps to 0 times
 its compile or cache-filling steps; one that counts samples from a declared figure instead of the batches
 seen counts other work. So a protocol difference between the sides is part of the comparison: it is named
-and refuses the comparison unless the caller declared it by its field name (``declared_changes``).
+and refuses the comparison unless the caller declared it as ``protocol.<field>`` in ``declared_changes``
+(``warmup_steps`` alone names the learning-rate warm-up of the contract vocabulary).
 
 The protocol is read from what the window evidence recorded: the inputs its run was launched (or its log
 imported) with, and the step timer its ranks reported.

@@ -118,8 +118,9 @@ class CompareBenchmarksInput(BaseModel):
         list[str],
         Field(
             description="Names of the contract execution settings the candidate changed on purpose (e.g. "
-            "['microbatch', 'accumulation']), and of measurement-protocol fields it changed (e.g. "
-            "'warmup_steps'). Every actual change must be declared and every declared one must have happened."
+            "['microbatch', 'accumulation']), and the measurement-protocol fields it changed as "
+            "'protocol.<field>' (e.g. 'protocol.warmup_steps'). Every actual change must be declared and every "
+            "declared one must have happened."
         ),
     ] = Field(default_factory=list[str])
     per_device: Annotated[
@@ -430,7 +431,8 @@ def _protocol(record: EvidenceRecord) -> dict[str, Any]:
 
 
 def _protocol_differences(base: EvidenceRecord, cand: EvidenceRecord, names: set[str]) -> list[Difference]:
-    """The measurement-boundary fields that differ between the windows, each declared by its name or not.
+    """The measurement-boundary fields that differ between the windows, each declared (as
+    ``protocol.<field>``: ``warmup_steps`` alone is the learning-rate warm-up of the vocabulary) or not.
 
     Windows measured by different tools differ in how they were measured as a whole (`_measured_by`),
     not field by field.
@@ -440,7 +442,7 @@ def _protocol_differences(base: EvidenceRecord, cand: EvidenceRecord, names: set
     b_proto, c_proto = _protocol(base), _protocol(cand)
     out: list[Difference] = []
     for key in changed_fields(b_proto, c_proto):
-        declared = key in names
+        declared = f"protocol.{key}" in names
         out.append(
             Difference(
                 field=f"protocol.{key}",
@@ -452,7 +454,8 @@ def _protocol_differences(base: EvidenceRecord, cand: EvidenceRecord, names: set
                 + (
                     ": declared"
                     if declared
-                    else f"; re-measure with the baseline's {key}, or declare '{key}' if it changed on purpose"
+                    else f"; re-measure with the baseline's {key}, or declare 'protocol.{key}' if it changed on "
+                    "purpose"
                 ),
             )
         )
@@ -604,11 +607,10 @@ def _difference_reasons(declared: list[str], diff: ContractDiff, differences: li
                 f"{d.field} differs ({d.baseline!r} vs {d.candidate!r}) but was not declared: {d.note}"
             )
     happened = {
-        canonical_key(d.field.split(".", 2)[-1])
-        for d in differences
-        if d.kind in ("contract", "env", "protocol")
+        canonical_key(d.field.split(".", 2)[-1]) for d in differences if d.kind in ("contract", "env")
     }
     happened |= {canonical_key(d.field[len("measured.") :]) for d in differences if d.kind == "measured"}
+    happened |= {d.field for d in differences if d.kind == "protocol"}
     happened |= {d.kind for d in differences if d.kind in (_CODE, _ARGV)}
     happened |= {_CODE for d in differences if d.kind == "file"}
     for d in differences:
