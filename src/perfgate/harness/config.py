@@ -35,6 +35,7 @@ class ProfileConfig:
     with_flops: bool = False
     profile_memory: bool = False
     with_stack: bool = False
+    with_modules: bool = False
 
     def __post_init__(self) -> None:
         if self.warmup < 1:
@@ -120,6 +121,7 @@ class HarnessConfig:
                 with_flops=reader.flag("PROFILE_WITH_FLOPS", False),
                 profile_memory=reader.flag("PROFILE_MEMORY", False),
                 with_stack=reader.flag("PROFILE_WITH_STACK", False),
+                with_modules=reader.flag("PROFILE_WITH_MODULES", False),
             )
         timing = reader.text("TIMING") or "optimizer"
         if timing not in _TIMING_MODES:
@@ -176,6 +178,7 @@ class HarnessConfig:
                     "PROFILE_WITH_FLOPS": _flag(p.with_flops),
                     "PROFILE_MEMORY": _flag(p.profile_memory),
                     "PROFILE_WITH_STACK": _flag(p.with_stack),
+                    "PROFILE_WITH_MODULES": _flag(p.with_modules),
                 }
             )
         return {ENV_PREFIX + k: v for k, v in out.items()}

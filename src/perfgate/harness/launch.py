@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--profile-with-flops", action="store_true", default=None)
     prof.add_argument("--profile-memory", action="store_true", default=None)
     prof.add_argument("--profile-with-stack", action="store_true", default=None)
+    prof.add_argument(
+        "--profile-with-modules",
+        action="store_true",
+        default=None,
+        help="name each nn.Module call (qualified name) in the trace",
+    )
     return p
 
 
@@ -116,6 +122,7 @@ def _config_from_args(ns: argparse.Namespace) -> HarnessConfig:
             "with_flops": ns.profile_with_flops,
             "profile_memory": ns.profile_memory,
             "with_stack": ns.profile_with_stack,
+            "with_modules": ns.profile_with_modules,
         }
         chosen = {k: v for k, v in fields.items() if v is not None}
         cfg = replace(cfg, profile=replace(base, **chosen))  # pyright: ignore[reportArgumentType] -- field names above
@@ -134,6 +141,7 @@ _FLAGS = {
     "--profile-with-flops",
     "--profile-memory",
     "--profile-with-stack",
+    "--profile-with-modules",
 }
 
 

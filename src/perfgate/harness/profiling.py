@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from perfgate.harness.config import ProfileConfig
+from perfgate.harness.module_ranges import ModuleRanges
 
 __all__ = ["ProfilerDriver", "available_activities", "trace_path"]
 
@@ -72,11 +73,16 @@ class ProfilerDriver:
             with_flops=config.with_flops,
             profile_memory=config.profile_memory,
             with_stack=config.with_stack,
+            with_modules=config.with_modules,
         )
+        # Eager modules are named only by these ranges (torch's with_modules covers TorchScript).
+        self._modules: ModuleRanges | None = ModuleRanges() if config.with_modules else None
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._profile.start()
+        if self._modules is not None:
+            self._modules.install()
         self._running = True
 
     def step(self) -> None:
@@ -93,6 +99,8 @@ class ProfilerDriver:
         if not self._running:
             return
         self._running = False
+        if self._modules is not None:
+            self._modules.remove()
         self._profile.stop()
         self.finished = True
 
@@ -111,6 +119,7 @@ class ProfilerDriver:
             "with_flops": c.with_flops,
             "profile_memory": c.profile_memory,
             "with_stack": c.with_stack,
+            "with_modules": c.with_modules,
         }
 
     def _save(self, prof: Any) -> None:

@@ -96,7 +96,20 @@ class ProfileSegmentInput(TraceAnalysisFields):
     record_shapes: Annotated[bool, Field(description="run: record operator input shapes.")] = False
     with_flops: Annotated[bool, Field(description="run: profiler-attributed FLOPs for matmul/conv.")] = False
     profile_memory: Annotated[bool, Field(description="run: record allocator events.")] = False
-    with_stack: Annotated[bool, Field(description="run: record Python stacks (large traces).")] = False
+    with_stack: Annotated[
+        bool,
+        Field(
+            description="run: record Python stacks: findings then name the module and file:line that own the "
+            "time (traces ~1.6x larger; step time under the profiler +15-60% on Python-heavy tiny steps)."
+        ),
+    ] = True
+    with_modules: Annotated[
+        bool,
+        Field(
+            description="run: name every nn.Module call by its qualified name (a profiler range per call; "
+            "compiled regions stay unnamed)."
+        ),
+    ] = True
     harness_on_path: Annotated[
         bool,
         Field(
@@ -201,6 +214,7 @@ def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
         with_flops=inp.with_flops,
         profile_memory=inp.profile_memory,
         with_stack=inp.with_stack,
+        with_modules=inp.with_modules,
     )
     # Timing windows are not the point of this run: one measured step keeps the harness satisfied and
     # the schedule decides when the harness stops the script.

@@ -16,6 +16,7 @@ from perfgate.traces._events import Header
 from perfgate.traces._group import unique_counts, unique_values
 from perfgate.traces._memory import TRIM_EVERY_BYTES, TRIM_ROWS, release_free_memory
 from perfgate.traces._np import int_list
+from perfgate.traces.code import code_view
 from perfgate.traces.diagnose import diagnose
 from perfgate.traces.errors import TraceError, TraceTooLargeError
 from perfgate.traces.host import launch_stats, sync_stats
@@ -365,6 +366,8 @@ def analyze_table(
     sequences = frequent_sequences(prepared, min(options.top_k, 5))
     between()
     efficiency = _op_efficiency(prepared, device, t.span_us > 0, options.top_k)
+    between()
+    code = code_view(prepared)
     return RankProfile(
         rank=rank,
         rank_source=source,
@@ -401,6 +404,7 @@ def analyze_table(
         idle=idle,
         kernel_sequences=sequences,
         op_efficiency=efficiency,
+        code=code,
         event_counts=counts,
         warnings=_warnings(table, counts["device"], prepared, stream),
     )

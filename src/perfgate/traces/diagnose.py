@@ -30,6 +30,9 @@ op efficiency             traces with shapes and a device whose peak the table h
                           50 FLOPs/byte (below every listed accelerator's ridge point) make it
                           memory_bound (small shapes), the rest compute_efficiency; time at stake:
                           their time minus the time at peak
+small_micro_batch         >= 4 backward() passes per optimizer step and the tiny-op plus uncovered host time
+                          >= 10% of the step. Time at stake: (1 - 1/passes) of that time (one pass of the
+                          same global batch keeps one pass's per-call cost)
 profiler_artefact         fewer than 2 steps in the window, or the slowest step >= 3x the median
 host_contention           captured runs only (profile_segment mode='run'): other processes used >= 25%
                           of the CPUs the job may run on, and job + others kept >= 75% of them busy
@@ -45,13 +48,29 @@ optimization workflow (data wait -> workers/prefetch, guarded by coverage and in
 exposed communication -> bucketing/overlap, guarded by all-rank behaviour; compute-bound ->
 compile/fusion, guarded by parity and warm-up; logging/eval -> less synchronization, guarded by
 required observability).
+
+Each finding names the code that owns its time when the trace can tell (`perfgate.traces.code`): the
+nn.Module and source line of the DataLoader's user code, the no-grad pass, the sync calls, the Python
+loop of tiny ops, the line calling backward(); ``Finding.code`` lists them, the summary leads with the
+first. A trace without Python stacks says which capture option adds them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from perfgate.traces.models import Confidence, Finding, OpEfficiency, RankProfile, RankSkew, Wall
+from perfgate.traces.code import STACK_HINT
+from perfgate.traces.models import (
+    CodeSite,
+    CodeView,
+    Confidence,
+    Finding,
+    OpEfficiency,
+    OpLoop,
+    RankProfile,
+    RankSkew,
+    Wall,
+)
 
 __all__ = ["THRESHOLDS", "diagnose"]
 
@@ -73,6 +92,8 @@ THRESHOLDS: dict[str, float] = {
     "op_efficiency_intensity": 50.0,
     "host_contention": 0.25,
     "host_contention_busy": 0.75,
+    "small_micro_batch_passes": 4,
+    "small_micro_batch": 0.10,
 }
 # Walls read from op and kernel times, which other processes on the CPUs inflate.
 _OP_LEVEL: frozenset[Wall] = frozenset({"host_overhead", "memory_bound", "compute_efficiency"})
@@ -131,6 +152,13 @@ _PLAYBOOK: dict[Wall, tuple[str, str]] = {
         "the same host state for baseline and candidate: a benchmark window taken under contention is not "
         "comparable with one taken without it (collect_env before both)",
     ),
+    "small_micro_batch": (
+        "run the accumulated micro-batches as one larger batch (or fewer, larger micro-batches): the same "
+        "global batch per optimizer step with fewer forward/backward calls",
+        "same global batch per optimizer step (micro-batch x accumulation unchanged) and loss scaling; "
+        "numerics change by reduction order only (compare_tensors on gradients after one step); the larger "
+        "batch's activation memory fits",
+    ),
     "profiler_artefact": (
         "capture again with a longer schedule (profile_segment warmup >= 1, active >= 3) before deciding",
         "the same steps are compared: profiled step times are never throughput (run_benchmark_window)",
@@ -148,10 +176,12 @@ def _finding(
     events: Sequence[str],
     confidence: Confidence,
     reason: str,
+    code: Sequence[CodeSite] = (),
 ) -> Finding:
     at_stake = max(0.0, min(at_stake, step_us)) if step_us > 0 else max(at_stake, 0.0)
     candidate, guard = _PLAYBOOK[wall]
     return Finding(
+        code=list(code),
         wall=wall,
         rank=rank,
         summary=summary,
@@ -191,30 +221,46 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
     def share(us: float) -> float:
         return us / step
 
+    view = p.code
+    hint = f" ({STACK_HINT})" if view is not None and not view.stacks else ""
+
+    def sites(ph: str) -> list[CodeSite]:
+        return view.phases.get(ph, []) if view is not None else []
+
     if "data_loading" in phase and share(phase["data_loading"].per_step_us) >= THRESHOLDS["input_pipeline"]:
         ph = phase["data_loading"]
+        code = sites("data_loading")
         out.append(
             _finding(
                 "input_pipeline", p.rank, step, ph.per_step_us,
-                f"rank {p.rank}: {_ms(ph.per_step_us)} of a {_ms(step)} step ({ph.share:.0%}) waits in the DataLoader",
+                f"rank {p.rank}: {_ms(ph.per_step_us)} of a {_ms(step)} step ({ph.share:.0%}) waits in the DataLoader"
+                + (f", {code[0].share:.0%} of it in {code[0].label}" if code else hint),
                 {"data_loading_us_per_step": ph.per_step_us, "step_us": step, "share": ph.share},
-                ph.top_events, "high", "torch's own DataLoader annotation covers this time",
+                ph.top_events, "high", "torch's own DataLoader annotation covers this time", code,
             )
         )  # fmt: skip
-    if "no_grad" in phase and share(phase["no_grad"].per_step_us) >= THRESHOLDS["evaluation_in_step"]:
+    # With stacks, the no-grad call's own time (its Python included) bounds the pass better than its ops.
+    no_grad_us = max(
+        phase["no_grad"].per_step_us if "no_grad" in phase else 0.0,
+        (view.no_grad_call_us_per_step or 0.0) if view is not None else 0.0,
+    )
+    if "no_grad" in phase and share(no_grad_us) >= THRESHOLDS["evaluation_in_step"]:
         ph = phase["no_grad"]
+        code = sites("no_grad")
         model_ops = [
             e for e in ph.top_events if any(k in e for k in ("linear", "addmm", "conv", "matmul", "mm"))
         ]
         out.append(
             _finding(
-                "evaluation_in_step", p.rank, step, ph.per_step_us,
-                f"rank {p.rank}: {_ms(ph.per_step_us)} per step ({ph.share:.0%}) runs with grad mode off "
-                "(an evaluation or other no-grad pass inside the step)",
-                {"no_grad_us_per_step": ph.per_step_us, "step_us": step, "share": ph.share},
+                "evaluation_in_step", p.rank, step, no_grad_us,
+                f"rank {p.rank}: {_where(code)}{_ms(no_grad_us)} per step ({share(no_grad_us):.0%}) runs with grad "
+                "mode off (an evaluation or other no-grad pass inside the step)" + ("" if code else hint),
+                {"no_grad_us_per_step": ph.per_step_us, "no_grad_call_us_per_step": no_grad_us, "step_us": step,
+                 "share": share(no_grad_us)},
                 ph.top_events, "high" if model_ops else "medium",
                 "ops recorded without an autograd sequence number"
                 + (", model ops among them" if model_ops else "; no model op among the heaviest, check them"),
+                code,
             )
         )  # fmt: skip
     if host is not None and host.implicit_syncs_per_step >= 1:
@@ -225,8 +271,9 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
             out.append(
                 _finding(
                     "synchronization", p.rank, step, at_stake,
-                    f"rank {p.rank}: {host.implicit_syncs_per_step:g} implicit syncs (.item()/nonzero) per step; "
-                    f"{_ms(at_stake)} per step from the first to the last",
+                    f"rank {p.rank}: {_where(sites('sync'))}{host.implicit_syncs_per_step:g} implicit syncs "
+                    f"(.item()/nonzero) per step; {_ms(at_stake)} per step from the first to the last"
+                    + ("" if sites("sync") else hint),
                     {"implicit_syncs_per_step": host.implicit_syncs_per_step, "sync_us_per_step": sync_ph,
                      "sync_span_us_per_step": host.sync_span_us_per_step, "step_us": step},
                     phase["sync"].top_events if "sync" in phase else ["aten::_local_scalar_dense"],
@@ -235,6 +282,7 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
                      "CPU-only trace: each call costs only its own time here, the loop around it is the cost; "
                      "on an accelerator every call also drains the device queue")
                     + ("" if direct else "; the bound spans other work between the first and last sync"),
+                    sites("sync"),
                 )
             )  # fmt: skip
     host_sync_per_step = p.sync.host_sync_us / per_step
@@ -272,19 +320,51 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
         tiny = host.top_level_op_p50_us < THRESHOLDS["host_overhead_op_p50_us"]
         at_stake = host.short_top_level_op_us_per_step + other
         if many and tiny and share(at_stake) >= THRESHOLDS["host_overhead"] and not dev:
+            loop = _tiny_loop(view)
+            code = [loop.owner] if loop is not None and loop.owner is not None else []
+            code += [
+                c
+                for c in (view.short_ops if view is not None else [])
+                if not code or c.label != code[0].label
+            ]
             out.append(
                 _finding(
                     "host_overhead", p.rank, step, at_stake,
-                    f"rank {p.rank}: {host.top_level_ops_per_step:g} top-level ops per step, median "
-                    f"{host.top_level_op_p50_us:.1f} us; {_ms(at_stake)} per step in tiny ops and the Python "
-                    "between them",
+                    f"rank {p.rank}: {_loop_text(loop, code)}{host.top_level_ops_per_step:g} top-level ops per step, "
+                    f"median {host.top_level_op_p50_us:.1f} us; {_ms(at_stake)} per step in tiny ops and the Python "
+                    "between them" + ("" if code else hint),
                     {"top_level_ops_per_step": host.top_level_ops_per_step,
                      "top_level_op_p50_us": host.top_level_op_p50_us,
-                     "short_op_us_per_step": host.short_top_level_op_us_per_step, "uncovered_us_per_step": other},
+                     "short_op_us_per_step": host.short_top_level_op_us_per_step, "uncovered_us_per_step": other}
+                    | ({"loop_iterations_per_step": loop.iterations, "loop_ops_per_iteration": loop.ops_per_iteration}
+                       if loop is not None else {}),
                     [o.name for o in p.top_self_ops[:3]], "medium",
                     "op counts and durations; the Python time between ops is not recorded, only its gaps",
+                    code[:_TOP_SITES],
                 )
             )  # fmt: skip
+        passes = view.backward_passes_per_step if view is not None else None
+        if passes is not None and passes >= THRESHOLDS["small_micro_batch_passes"]:
+            overhead = (1.0 - 1.0 / passes) * at_stake
+            if share(at_stake) >= THRESHOLDS["small_micro_batch"]:
+                code = [view.backward_site] if view is not None and view.backward_site is not None else []
+                # The model each pass runs: the forward owner with a module.
+                code += [c for c in sites("forward") if c.module is not None][:1]
+                out.append(
+                    _finding(
+                        "small_micro_batch", p.rank, step, overhead,
+                        f"rank {p.rank}: {_where(code)}{passes:g} backward() passes per optimizer step, "
+                        f"{host.top_level_ops_per_step:g} top-level ops per step (median "
+                        f"{host.top_level_op_p50_us:.1f} us): the same global batch as one pass would cut the "
+                        "per-call overhead" + ("" if code else hint),
+                        {"backward_passes_per_step": passes, "tiny_op_and_gap_us_per_step": at_stake,
+                         "step_us": step},
+                        [o.name for o in p.top_self_ops[:3]], "medium",
+                        "backward passes counted as runs of autograd nodes between forward ops; the bound is "
+                        "the time in tiny ops and gaps all passes but one would no longer spend",
+                        code,
+                    )
+                )  # fmt: skip
     if dev and p.idle is not None and p.span_us > 0:
         host_wait = p.idle.host_wait_us / per_step
         if p.idle.host_wait_us / p.span_us >= THRESHOLDS["host_overhead"]:
@@ -298,6 +378,7 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
                      "launches_per_step": p.launch.launches_per_step or 0.0},
                     [o.name for o in p.top_self_ops[:3]], "high",
                     "idle gaps ended by kernels whose launch call started after the device went idle",
+                    view.short_ops[:_TOP_SITES] if view is not None else (),
                 )
             )  # fmt: skip
     if dev:
@@ -353,6 +434,40 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
                 )
             )  # fmt: skip
     return out
+
+
+_TOP_SITES = 3
+
+
+def _where(code: Sequence[CodeSite]) -> str:
+    """The lead of a summary that names its code: ``Module.func (file:line), called from ...: ``."""
+    if not code:
+        return ""
+    c = code[0]
+    called = f", called from {c.call_site}" if c.call_site else ""
+    return f"{c.label}{called}: "
+
+
+def _tiny_loop(view: CodeView | None) -> OpLoop | None:
+    """The loop of tiny ops with the most time (not a loop's gradient side, which backward() runs)."""
+    if view is None:
+        return None
+    loops = [
+        lp for lp in view.loops if not lp.backward and lp.op_p50_us < THRESHOLDS["host_overhead_op_p50_us"]
+    ]
+    return max(loops, key=lambda lp: lp.us_per_step, default=None)
+
+
+def _loop_text(loop: OpLoop | None, code: Sequence[CodeSite]) -> str:
+    if loop is None:
+        return _where(code)
+    where = f"{code[0].label}: " if code else ""
+    body = loop.ops_per_iteration
+    ops = ", ".join(loop.ops[:3]) + (", ..." if len(loop.ops) > 3 or body > len(loop.ops[:3]) else "")
+    return (
+        f"{where}a Python loop of {loop.iterations:g} iterations of {body} op{'s' if body > 1 else ''} "
+        f"({ops}) per step, {_ms(loop.us_per_step)}; "
+    )
 
 
 def _op_efficiency_findings(p: RankProfile, step: float, per_step: int) -> list[Finding]:

@@ -14,6 +14,8 @@ from perfgate.traces.classify import Category, Kind
 __all__ = [
     "AnalysisWindow",
     "CategoryStats",
+    "CodeSite",
+    "CodeView",
     "DiffRow",
     "Distribution",
     "Finding",
@@ -24,6 +26,7 @@ __all__ = [
     "KernelSequence",
     "KernelStats",
     "LaunchStats",
+    "OpLoop",
     "OpStats",
     "PhaseName",
     "ProfileDiff",
@@ -318,6 +321,62 @@ def _unknown_load() -> HostLoad:
     return HostLoad(measured=False, unknown_reason=_UNKNOWN_LOAD)
 
 
+class CodeSite(BaseModel):
+    """The code that owns time in a step: the nn.Module, the Python source line, the record_function range."""
+
+    label: str = Field(description="Module.function (file:line), as the findings quote it.")
+    module: str | None = Field(
+        default=None,
+        description="Class of the innermost nn.Module around the owning line (profiler instance names, "
+        "outermost first, in module_path).",
+    )
+    module_path: str | None = Field(default=None, description="e.g. Net_0.PerSample_0: modules as called.")
+    location: str | None = Field(default=None, description="file:line function of the innermost user frame.")
+    call_site: str | None = Field(
+        default=None, description="file:line function of the innermost user frame outside every module."
+    )
+    region: str | None = Field(default=None, description="Innermost record_function range of the user's.")
+    us_per_step: float
+    share: float = Field(description="Of the time attributed (the finding's time when it quotes this site).")
+
+
+class OpLoop(BaseModel):
+    """A run of identical op sequences in a step: a Python loop over the batch, over layers, over micro-batches."""
+
+    ops: list[str] = Field(description="The body's first distinct top-level ops.")
+    ops_per_iteration: int
+    iterations: float = Field(description="Repetitions of the body per step.")
+    us_per_step: float = Field(description="First op start to last op end of the loop, per step.")
+    op_p50_us: float = Field(description="Median duration of the body's top-level ops.")
+    backward: bool = Field(description="The body is autograd backward nodes only (a loop's gradient side).")
+    owner: CodeSite | None = Field(description="The innermost user frame enclosing the whole loop.")
+
+
+class CodeView(BaseModel):
+    """Where the step's time lives in the code: modules and lines from Python stacks, loops, backward passes."""
+
+    stacks: bool = Field(description="The trace holds Python frames (with_stack=True).")
+    modules: bool = Field(description="The trace holds nn.Module calls (Python tracer of with_stack).")
+    missing: str | None = Field(description="What capture option would add the module and line, when absent.")
+    phases: dict[str, list[CodeSite]] = Field(
+        description="Per host phase (data_loading, forward, no_grad, backward, sync): its owning code, most "
+        "time first."
+    )
+    short_ops: list[CodeSite] = Field(
+        description="Owners of the top-level ops shorter than the tiny-op bound."
+    )
+    loops: list[OpLoop] = Field(description="Repeated op sequences of one step, most time first.")
+    backward_passes_per_step: float | None = Field(
+        description="backward() calls per optimizer step, from runs of autograd nodes between forward ops."
+    )
+    backward_site: CodeSite | None = Field(description="The user line that calls backward().")
+    no_grad_call_us_per_step: float | None = Field(
+        default=None,
+        description="Per step: time inside the calls that run only no-grad ops (an evaluation function), "
+        "Python included.",
+    )
+
+
 class RankProfile(BaseModel):
     """Analysis of one trace file (one rank)."""
 
@@ -379,6 +438,9 @@ class RankProfile(BaseModel):
         default_factory=_unknown_load,
         description="Other processes' CPU use during the capture; measured only for profile_segment runs.",
     )
+    code: CodeView | None = Field(
+        default=None, description="Owning modules, source lines and loops (null for a trace without CPU ops)."
+    )
 
 
 class RankStepMean(BaseModel):
@@ -431,6 +493,7 @@ Wall = Literal[
     "evaluation_in_step",
     "profiler_artefact",
     "host_contention",
+    "small_micro_batch",
 ]
 Confidence = Literal["high", "medium", "low"]
 
@@ -451,6 +514,11 @@ class Finding(BaseModel):
     guard: str = Field(description="What must be checked so the change is not a regression in disguise.")
     confidence: Confidence
     confidence_reason: str
+    code: list[CodeSite] = Field(
+        default_factory=list[CodeSite],
+        description="The code that owns the time at stake (module, file:line), most time first; empty when "
+        "the trace has no Python stacks.",
+    )
 
 
 class DiffRow(BaseModel):

@@ -39,7 +39,14 @@ from perfgate.traces.models import HostBreakdown, HostPhase, PhaseName
 from perfgate.traces.ops import cpu_parents, cpu_self_times
 from perfgate.traces.prepare import Prepared
 
-__all__ = ["COLLECTIVE_NAME", "PHASE_ORDER", "host_breakdown", "is_collective_name"]
+__all__ = [
+    "COLLECTIVE_NAME",
+    "PHASE_ORDER",
+    "analysis_window",
+    "host_breakdown",
+    "is_collective_name",
+    "phase_of_name",
+]
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -66,7 +73,7 @@ def is_collective_name(name: str) -> bool:
     return bool(COLLECTIVE_NAME.search(name))
 
 
-def _phase_of_name(name: str) -> PhaseName | None:
+def phase_of_name(name: str) -> PhaseName | None:
     if name.startswith("enumerate(DataLoader)") or ("DataLoader" in name and "__next__" in name):
         return "data_loading"
     if name.startswith("Optimizer.") or name.startswith("Optimizer#"):
@@ -82,7 +89,7 @@ def _phase_of_name(name: str) -> PhaseName | None:
     return None
 
 
-def _window(p: Prepared) -> tuple[float, float, int]:
+def analysis_window(p: Prepared) -> tuple[float, float, int]:
     """The time range the phases cover and the number of steps in it."""
     inside = p.step_in_window
     if p.step_numbers.size and inside.any():
@@ -100,13 +107,13 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     cpu, host = p.cpu, p.host
     if len(cpu) == 0:
         return None
-    lo, hi, steps = _window(p)
+    lo, hi, steps = analysis_window(p)
     if hi <= lo:
         return None
     names = p.table.names
     name_ids = cpu.i("name")
     present = int_list(unique_values(name_ids))
-    phase_of_id: dict[int, PhaseName | None] = {i: _phase_of_name(names[i]) for i in present}
+    phase_of_id: dict[int, PhaseName | None] = {i: phase_of_name(names[i]) for i in present}
     op_cats = np.array([i for i, c in enumerate(p.table.cats) if c in ("cpu_op", "Operator")], np.int64)
     is_cpu_op = np.isin(cpu.i("cat"), op_cats)
     # Per-name lookups, indexed by the name ids: no Python loop over events.
