@@ -28,6 +28,7 @@ from perfgate.execution.service import ExecutionService
 from perfgate.tools._answer import answer_text
 from perfgate.tools._failures import argument_message, crash_message, field_errors
 from perfgate.tools._gating import APPROVAL_PARAM, PREPARED_PARAM, gate_parameters, settle
+from perfgate.tools._lean import lean_schema
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
 from perfgate.tools._spec import AnySpec
 
@@ -197,7 +198,7 @@ class PerfgateTool(Tool):
     def for_function(cls, fn: Any, **kwargs: Any) -> PerfgateTool:
         tool = cls.from_function(fn, **kwargs)
         assert isinstance(tool, PerfgateTool)
-        tool.parameters = {**tool.parameters, "additionalProperties": False}
+        tool.parameters = {**lean_schema(tool.parameters), "additionalProperties": False}
         meta = tool.fn_metadata
         tool.fn_metadata = _Metadata(
             arg_model=meta.arg_model,
