@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -11,7 +12,15 @@ from perfgate.decisions.experiments import Experiment, load_experiments
 from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
 from perfgate.evidence.access import as_dict, as_list, str_list
 
-__all__ = ["MIN_WINDOWS", "Gate", "GateStatus", "evaluate_keep", "summarize", "window_fingerprint"]
+__all__ = [
+    "MIN_WINDOWS",
+    "Gate",
+    "GateStatus",
+    "evaluate_keep",
+    "next_step",
+    "summarize",
+    "window_fingerprint",
+]
 
 MIN_WINDOWS = 3
 GateStatus = Literal["passed", "failed", "not_applicable"]
@@ -695,6 +704,21 @@ def _new_baseline_gate(exp: Experiment, ev: _Evidence) -> Gate:
         good or ids,
         "run_benchmark_window(...) on the repaired code, then " + _attach(exp, "candidate"),
     )
+
+
+_CLOSE = "or decide 'revert', 'inconclusive' or 'blocked'"
+"""The way out of every refused keep, offered once."""
+
+
+def next_step(gates: list[Gate]) -> str:
+    """The refusal's ``next:`` line: the first unmet gate's fix, then closing the experiment as the
+    alternative unless that fix already offers a decision (never the same choice twice)."""
+    first = next((g.satisfy_with for g in gates if g.status == "failed" and g.satisfy_with), None)
+    if first is None:
+        return f"next: add the evidence named below, {_CLOSE}"
+    if re.search(r"\b(decide|revert)\b", first):
+        return f"next: {first}"
+    return f"next: {first}, {_CLOSE}"
 
 
 def summarize(gates: list[Gate]) -> str:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from perfgate._statefs import write_file
 from perfgate.decisions.binding import EVAL_PREFIX, QUALITY_METRICS
 from perfgate.decisions.experiments import Classification, Decision, Experiment, Link, Role, load_experiments
-from perfgate.decisions.gates import Gate, evaluate_keep, summarize
+from perfgate.decisions.gates import Gate, evaluate_keep, next_step, summarize
 from perfgate.decisions.render import render_decisions
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, Ledger
@@ -316,13 +316,9 @@ async def _run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutpu
     await anyio.to_thread.run_sync(_render, rt.ledger)
     if not accepted:
         unmet = [g for g in gates if g.status == "failed"]
-        first = next((g.satisfy_with for g in unmet if g.satisfy_with), None)
         raise ToolError(
             f"keep refused for {exp_id}: {len(unmet)} gate(s) unmet ({', '.join(g.name for g in unmet)}); "
-            f"refusal recorded as {ev.id}\n"
-            + (f"next: {first}, " if first else "next: add the evidence named below, ")
-            + "or decide 'revert', 'inconclusive' or 'blocked'\n"
-            + summarize(gates)
+            f"refusal recorded as {ev.id}\n{next_step(gates)}\n{summarize(gates)}"
         )
     return out
 

@@ -1,0 +1,58 @@
+"""A refused keep's next line offers each choice once: no phrase of it repeats (every refusal the
+record_decision tests can trigger, through the protocol)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from test_record_decision import CHEATS, Evidence, _drop, _honest, _keep, _open, _text
+
+pytestmark = pytest.mark.anyio
+
+
+def repeated_phrases(line: str, words: int = 2) -> list[str]:
+    """Runs of ``words`` words that occur more than once in ``line`` (quotes, punctuation and figures ignored)."""
+    tokens = re.findall(r"[a-z][a-z_]*", line.lower())  # words; figures (1e-05 twice) are no phrase
+    runs = Counter(" ".join(tokens[i : i + words]) for i in range(len(tokens) - words + 1))
+    return sorted(run for run, n in runs.items() if n > 1)
+
+
+def test_the_phrase_check_finds_the_repetition_the_issue_quotes() -> None:
+    quoted = "next: more launches; or decide 'revert'/'inconclusive', or decide 'revert', 'inconclusive' or 'blocked'"
+    assert "decide revert" in repeated_phrases(quoted)
+
+
+def _next_line(text: str) -> str:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("next:")]
+    return line
+
+
+COMPARISONS = {
+    "verdict within_noise": {"verdict": "within_noise", "state": "executed"},
+    "verdict insufficient_launches": {"verdict": "insufficient_launches", "state": "executed"},
+    "verdict regressed": {"verdict": "regressed", "state": "passed"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHEATS) + sorted(COMPARISONS))
+async def test_no_refusals_next_line_repeats_a_phrase(server: Any, workspace: Path, case: str) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client)
+        links, ids = _honest(ev)
+        if case in COMPARISONS:
+            comparison = ev.comparison(ids["base"], ids["cand"], **COMPARISONS[case])
+            links = [*_drop(links, "comparison"), {"id": comparison, "role": "comparison"}]
+        else:
+            links = CHEATS[case][1](ev, links, ids)
+        result = await _keep(client, exp, links)
+    assert result.is_error
+    line = _next_line(_text(result))
+    assert repeated_phrases(line) == [], line
+    assert "decide" in line or "revert" in line  # the way out is still offered
