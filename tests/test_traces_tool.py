@@ -244,3 +244,38 @@ async def test_a_run_of_the_same_input_is_refused_while_one_holds_its_folder(wor
             result = await client.call_tool("profile_segment", args)
     assert result.is_error and "same input is in progress" in result.content[0].text  # type: ignore[union-attr]
     assert Ledger(workspace).records(tool="profile_segment") == []
+
+
+async def test_a_run_names_the_micro_batch_loop_with_its_line_model_and_the_harness_sample_count(
+    workspace: Path,
+) -> None:
+    """By default a run captures stacks and module ranges: the accumulation loop of micro-batch 1 is named
+    with the line that calls backward(), the model it runs, and the micro-batch from the harness counter."""
+    pytest.importorskip("torch")
+    operator_policy(f'[execution]\n\n[[execution.allow]]\nscript = {json.dumps(TINY)}\ncode = "any"\n')
+    args = {
+        "mode": "run",
+        "command": [PY, TINY, "--steps", "8", "--batch", "1", "--accumulation", "16"],
+        "skip_first": 1,
+        "warmup": 1,
+        "active": 3,
+        "timeout_s": 300,
+    }
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        result = await client.call_tool("profile_segment", args)
+    assert not result.is_error, result.content
+    out = result.structured_content
+    assert out is not None and out["state"] == "executed", out
+    (rank,) = out["ranks"]
+    code = rank["code"]
+    assert code["stacks"] and code["modules"] and code["backward_passes_per_step"] == 16
+    assert code["samples_per_step"] == 16
+    found = [f for f in out["findings"][:3] if f["wall"] == "small_micro_batch"]
+    assert found, [(f["wall"], f["summary"]) for f in out["findings"]]
+    (f,) = found
+    assert f["figures"]["micro_batch"] == 1
+    assert "16 backward() passes of 1 sample(s) per optimizer step" in f["summary"]
+    assert "tiny_train.py:" in f["code"][0]["location"] and f["code"][0]["location"].endswith(" main")
+    # The model each pass runs (the module with the most forward time: the model or its loss module).
+    assert f["code"][1]["module"] in ("Sequential", "CrossEntropyLoss"), f["code"]
+    assert any(c["module_path"] == "Sequential" for c in code["phases"]["forward"])

@@ -337,7 +337,7 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                 result = await rt.run_command(request, ev)
                 host_load = sampler.stop()
                 exit_code = result.exit_code
-                fingerprint = await anyio.to_thread.run_sync(_measured, run_dir / "records")
+                fingerprint, samples = await anyio.to_thread.run_sync(_measured, run_dir / "records")
                 traces = sorted((run_dir / "traces").glob("rank*.pt.trace.json*"))
                 if not result.succeeded:
                     failure = f"the training command failed: {result.summary()}"
@@ -350,6 +350,8 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                     profiles = await analyze_paths(traces, inp, rt)
                     for p in profiles:
                         p.host_load = host_load
+                        if p.code is not None:
+                            p.code.samples_per_step = samples.get(p.rank)
                     trace_artifacts = await _keep_traces(ev, traces, rt)
                     files = [
                         TraceFile(path=a, bytes=(rt.workspace / a).stat().st_size, rank=p.rank)
@@ -404,16 +406,22 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
     )
 
 
-def _measured(record_dir: Path) -> dict[str, str | None]:
-    """Rank 0's measured environment from the harness records of the profiled run, when it wrote one."""
+def _measured(record_dir: Path) -> tuple[dict[str, str | None], dict[int, float]]:
+    """Rank 0's measured environment from the harness records of the profiled run, when it wrote one, and
+    each rank's samples per step (the harness's DataLoader counter: the median over steps that counted)."""
     from perfgate.benchmarking import load_records
     from perfgate.benchmarking.errors import RecordError
 
     try:
         found = load_records(record_dir)
     except (RecordError, OSError):
-        return {}
-    return measured_environment(found.records[0]) if found.records else {}
+        return {}, {}
+    samples: dict[int, float] = {}
+    for record in found.records:
+        counted = sorted(n for n in record.steps.samples if n)
+        if counted:
+            samples[record.rank] = float(counted[len(counted) // 2])
+    return (measured_environment(found.records[0]) if found.records else {}), samples
 
 
 SPEC = ToolSpec(

@@ -55,6 +55,7 @@ _BACKWARD = "autograd::engine::evaluate_function"
 _MIN_ITERATIONS = 4
 _MAX_BODY = 256
 _MAX_LOOP_OPS = 200_000
+_LOOP_STEPS = 2
 _TOP = 3
 
 
@@ -64,8 +65,10 @@ def nearest(parent: Ints, target: npt.NDArray[np.bool_]) -> I64:
     Pointer jumping: ``hit[i]`` is the nearest target on the path above ``i`` up to and including
     ``up[i]``; each pass lets unresolved rows jump to ``up[up[i]]``, doubling the path they have checked.
     """
+    hit = np.full(parent.size, -1, np.int64)
+    if not target.any():
+        return hit
     up = parent.astype(np.int64)
-    hit = np.full(up.size, -1, np.int64)
     has = up >= 0
     hit[has] = np.where(target[up[has]], up[has], -1)
     active = np.flatnonzero((hit < 0) & has)
@@ -185,9 +188,26 @@ class _Index:
         file, line, func = self.frames[int(self.names[row])]
         return f"{file}:{line} {func}"
 
-    def site_of(self, frame: int, row: int) -> CodeSite:
+    def module_of(self, frames: I64, rows: I64) -> I64:
+        """The module of each owner frame (the one whose code the line is in); for a frame outside every
+        module (a training loop calling a model built of library modules), the outermost module around
+        the row: the model that line runs."""
+        inside = self.inner_module[np.maximum(frames, 0)]
+        own = np.where(frames >= 0, inside, -1)
+        outer = self.inner_module[rows]
+        while True:
+            up = np.where(outer >= 0, self.inner_module[np.maximum(outer, 0)], -1)
+            more = up >= 0
+            if not more.any():
+                break
+            outer = np.where(more, up, outer)
+        return np.where(own >= 0, own, outer)
+
+    def site_of(self, frame: int, row: int, module: int | None = None) -> CodeSite:
         """The `CodeSite` of an owner frame row (or -1) for a representative attributed ``row``."""
-        module = int(self.inner_module[frame]) if frame >= 0 else int(self.inner_module[row])
+        if module is None:
+            module = int(self.module_of(np.array([frame]), np.array([row]))[0])
+        in_module = frame >= 0 and self.inner_module[frame] >= 0
         chain: list[str] = []
         m = module
         while m >= 0 and len(chain) < 12:
@@ -206,7 +226,7 @@ class _Index:
         region_name = self.p.table.names[int(self.names[region])] if region >= 0 else None
         if location is not None:
             file_line, func = location.split(" ", 1)
-            label = f"{cls_name}.{func} ({file_line})" if cls_name else f"{func} ({file_line})"
+            label = f"{cls_name}.{func} ({file_line})" if in_module else f"{func} ({file_line})"
         elif cls_name is not None:
             label = f"{cls_name} ({path})"
         else:
@@ -219,7 +239,7 @@ class _Index:
         if rows.size == 0:
             return []
         frames = self.owner_frame(rows)
-        modules = np.where(frames >= 0, self.inner_module[np.maximum(frames, 0)], self.inner_module[rows])
+        modules = self.module_of(frames, rows)
         key_frame = np.where(frames >= 0, self.names[np.maximum(frames, 0)], -1).astype(np.int64)
         key_module = np.where(modules >= 0, self.names[np.maximum(modules, 0)], -1).astype(np.int64)
         key_region = self.inner_region[rows]
@@ -232,7 +252,7 @@ class _Index:
         for u in int_list(np.argsort(-sums, kind="stable")[:k]):
             if sums[u] <= 0 or (uniq[u] < 0).all():
                 continue
-            site = self.site_of(int(frames[first[u]]), int(rows[first[u]]))
+            site = self.site_of(int(frames[first[u]]), int(rows[first[u]]), int(modules[first[u]]))
             site.us_per_step = float(sums[u]) / per_step
             site.share = float(sums[u]) / total if total > 0 else 0.0
             out.append(site)
@@ -318,7 +338,7 @@ def find_loops(
     out: list[tuple[int, int, int]] = []
     for body in range(1, min(max_body, n // min_iterations) + 1):
         same = names[body:] == names[:-body]
-        if not same.any():
+        if np.count_nonzero(same) < body * (min_iterations - 1):
             continue
         edges = np.diff(np.concatenate([[0], same.astype(np.int8), [0]]))
         starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
@@ -333,13 +353,16 @@ def find_loops(
     return out
 
 
-def _loops(ix: _Index, rows: I64, steps: list[tuple[float, float]], per_step: int) -> list[OpLoop]:
-    """Loops of each in-window step's top-level ops (all threads, in time order), summed over steps by
-    body and owner."""
+def _loops(ix: _Index, rows: I64, steps: list[tuple[float, float]]) -> list[OpLoop]:
+    """Loops of the top-level ops (all threads, in time order) of the window's first `_LOOP_STEPS` steps,
+    per step, by body and owner."""
     p = ix.p
     ts, end, dur = ix.ts, ix.end, p.cpu.f("dur")
     order = rows[np.argsort(ts[rows], kind="stable")]
     found: dict[tuple[tuple[int, ...], str | None], OpLoop] = {}
+    # Loops repeat step after step: the first steps of the window tell (the search is O(ops x bodies)).
+    steps = steps[:_LOOP_STEPS]
+    per_step = len(steps)
     for lo, hi in steps:
         step_rows = order[(ts[order] >= lo) & (ts[order] < hi)][:_MAX_LOOP_OPS]
         seq = ix.names[step_rows]
@@ -387,7 +410,9 @@ def _backward_passes(
     """backward() calls per step: runs of top-level autograd nodes separated by grad-mode forward ops."""
     p = ix.p
     names = p.table.names
-    backward_ids = np.array([i for i, n in enumerate(names) if n.startswith(_BACKWARD)], np.int64)
+    # Autograd nodes: their evaluate_function ranges and the node ops themselves (which some traces
+    # write beside the range rather than inside it).
+    backward_ids = np.array([i for i, n in enumerate(names) if phase_of_name(n) == "backward"], np.int64)
     ts = ix.ts
     rows = np.flatnonzero(top & (ts >= lo) & (ts < hi))
     if backward_ids.size == 0 or rows.size == 0:
@@ -459,7 +484,7 @@ def code_view(p: Prepared) -> CodeView | None:
     short = top_rows[dur[top_rows] < SHORT_OP_US]
     short_sites = ix.attribute(short, dur[short], per_step) if stacks or has_modules else []
     bounds = _step_bounds(p, lo, hi)
-    loops = _loops(ix, np.flatnonzero(top & window), bounds, per_step)
+    loops = _loops(ix, np.flatnonzero(top & window), bounds)
     passes = _backward_passes(ix, top, lo, hi, per_step)
     # Autograd nodes run inside backward(): their innermost user frame is the line that called it.
     backward_site = sites["backward"][0] if "backward" in sites else None

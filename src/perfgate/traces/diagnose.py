@@ -344,6 +344,7 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
                 )
             )  # fmt: skip
         passes = view.backward_passes_per_step if view is not None else None
+        samples = view.samples_per_step if view is not None else None
         if passes is not None and passes >= THRESHOLDS["small_micro_batch_passes"]:
             overhead = (1.0 - 1.0 / passes) * at_stake
             if share(at_stake) >= THRESHOLDS["small_micro_batch"]:
@@ -353,12 +354,15 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
                 out.append(
                     _finding(
                         "small_micro_batch", p.rank, step, overhead,
-                        f"rank {p.rank}: {_where(code)}{passes:g} backward() passes per optimizer step, "
+                        f"rank {p.rank}: {_where(code)}{passes:g} backward() passes"
+                        + (f" of {samples / passes:g} sample(s)" if samples else "")
+                        + " per optimizer step, "
                         f"{host.top_level_ops_per_step:g} top-level ops per step (median "
                         f"{host.top_level_op_p50_us:.1f} us): the same global batch as one pass would cut the "
                         "per-call overhead" + ("" if code else hint),
                         {"backward_passes_per_step": passes, "tiny_op_and_gap_us_per_step": at_stake,
-                         "step_us": step},
+                         "step_us": step}
+                        | ({"samples_per_step": samples, "micro_batch": samples / passes} if samples else {}),
                         [o.name for o in p.top_self_ops[:3]], "medium",
                         "backward passes counted as runs of autograd nodes between forward ops; the bound is "
                         "the time in tiny ops and gaps all passes but one would no longer spend",

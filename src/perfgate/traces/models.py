@@ -370,6 +370,10 @@ class CodeView(BaseModel):
         description="backward() calls per optimizer step, from runs of autograd nodes between forward ops."
     )
     backward_site: CodeSite | None = Field(description="The user line that calls backward().")
+    samples_per_step: float | None = Field(
+        default=None,
+        description="Samples per optimizer step from the harness's DataLoader counter (profile_segment runs).",
+    )
     no_grad_call_us_per_step: float | None = Field(
         default=None,
         description="Per step: time inside the calls that run only no-grad ops (an evaluation function), "

@@ -7,6 +7,7 @@ from itertools import pairwise
 import numpy as np
 import numpy.typing as npt
 
+from perfgate.traces._group import unique_values
 from perfgate.traces._memory import release_for
 from perfgate.traces._np import int_list
 from perfgate.traces.models import FlopsSummary, OpStats
@@ -258,6 +259,10 @@ def top_ops(p: Prepared, k: int, *, by: str = "total") -> list[OpStats]:
     for step_id in int_list(np.flatnonzero(counts > 0)):
         if "ProfilerStep" in p.table.names[step_id]:
             ranked[step_id] = -1.0
+    if "python_function" in p.table.cats:
+        # Python frames (with_stack) are callers, not ops: perfgate.traces.code attributes ops to them.
+        python = cpu.i("cat") == p.table.cats.index("python_function")
+        ranked[unique_values(names[python])] = -1.0
     out: list[OpStats] = []
     for u in int_list(np.argsort(-ranked, kind="stable")[:k]):
         if ranked[u] < 0:
