@@ -11,9 +11,16 @@ from pathlib import Path
 import pytest
 
 from perfgate.benchmarking import BenchmarkError
-from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path, wrap_command
+from perfgate.benchmarking.launch import (
+    ENTRY_SOURCE,
+    harness_entry,
+    harness_pythonpath,
+    prepare_harness_path,
+    wrap_command,
+)
 
-H = ["-m", "perfgate.harness", "--"]
+ENTRY = Path("/trust/harness/0123456789abcdef/perfgate-harness.py")
+H = [str(ENTRY), "--"]
 
 
 @pytest.mark.parametrize(
@@ -24,7 +31,9 @@ H = ["-m", "perfgate.harness", "--"]
             ["/usr/bin/python3.11", "-u", "-X", "dev", "train.py"],
             ["/usr/bin/python3.11", "-u", "-X", "dev", *H, "train.py"],
         ),
+        (["python", "-uXdev", "train.py"], ["python", "-uXdev", *H, "train.py"]),
         (["python", "-m", "pkg.train", "-m", "x"], ["python", *H, "-m", "pkg.train", "-m", "x"]),
+        (["python", "-um", "pkg.train"], ["python", "-u", *H, "-m", "pkg.train"]),
         (
             ["torchrun", "--nproc-per-node", "2", "--standalone", "train.py", "--steps", "3"],
             ["torchrun", "--nproc-per-node", "2", "--standalone", *H, "train.py", "--steps", "3"],
@@ -34,17 +43,17 @@ H = ["-m", "perfgate.harness", "--"]
             ["torchrun", "--nproc_per_node=8", *H, "-m", "pkg.train"],
         ),
         (
-            ["python", "-m", "torch.distributed.run", "--nnodes", "1", "train.py"],
-            ["python", "-m", "torch.distributed.run", "--nnodes", "1", *H, "train.py"],
+            ["torchrun", "--virtual-local-rank", "evil.py", "train.py"],
+            ["torchrun", "--virtual-local-rank", *H, "evil.py", "train.py"],
         ),
         (
-            ["python", "-m", "perfgate.harness", "--", "t.py"],
-            ["python", "-m", "perfgate.harness", "--", "t.py"],
+            ["python", "-m", "torch.distributed.run", "--nnodes", "1", "train.py"],
+            ["python", "-m", "torch.distributed.run", "--nnodes", "1", *H, "train.py"],
         ),
     ],
 )
 def test_commands_are_wrapped_with_the_harness(argv: list[str], expected: list[str]) -> None:
-    assert wrap_command(argv) == expected
+    assert wrap_command(argv, ENTRY) == expected
 
 
 @pytest.mark.parametrize(
@@ -55,11 +64,16 @@ def test_commands_are_wrapped_with_the_harness(argv: list[str], expected: list[s
         (["python"], "no script"),
         (["torchrun", "--nproc-per-node", "2"], "no training script"),
         (["torchrun", "--no-python", "bash", "x.sh"], "non-Python"),
+        (["torchrun", "--virt", "evil.py", "train.py"], "spell the option out"),
+        (["torchrun", "--standalone=1", "train.py"], "not one perfgate knows"),
+        (["python", "-Z", "train.py"], "not one perfgate knows"),
+        (["python", "-m", "perfgate.harness", "--", "t.py"], "already names perfgate's harness"),
+        (["python", "/x/perfgate-harness.py", "--", "t.py"], "already names perfgate's harness"),
     ],
 )
 def test_unwrappable_commands_say_what_to_do(argv: list[str], fragment: str) -> None:
     with pytest.raises(BenchmarkError, match=fragment):
-        wrap_command(argv)
+        wrap_command(argv, ENTRY)
 
 
 def test_the_copy_of_perfgate_is_importable_without_the_installed_package(tmp_path: Path) -> None:
@@ -80,7 +94,8 @@ def test_the_copy_of_perfgate_is_importable_without_the_installed_package(tmp_pa
 
 
 def test_an_edited_harness_copy_is_replaced_before_it_runs(tmp_path: Path) -> None:
-    """The copy lives in the agent-writable workspace: an edited timing harness must never run."""
+    """An edited timing harness, entry or a start-up file anywhere in the copy never runs (the copy is in
+    the trust root; the check stands should anything else write there)."""
     target = prepare_harness_path(harness_pythonpath(tmp_path))
     window = target / "perfgate" / "harness" / "window.py"
     honest = window.read_bytes()
@@ -88,6 +103,14 @@ def test_an_edited_harness_copy_is_replaced_before_it_runs(tmp_path: Path) -> No
     (target / "perfgate" / "sitecustomize.py").write_text("print('planted')\n")
     assert prepare_harness_path(harness_pythonpath(tmp_path)) == target
     assert window.read_bytes() == honest and not (target / "perfgate" / "sitecustomize.py").exists()
+    for planted in ("sitecustomize.py", "evil.pth", "usercustomize.py"):
+        (target / planted).write_text("import os; os.system('touch /tmp/owned')\n")
+        assert prepare_harness_path(harness_pythonpath(tmp_path)) == target
+        assert not (target / planted).exists()
+    entry = harness_entry(target)
+    entry.write_text(entry.read_text() + "\nprint('planted')\n")
+    prepare_harness_path(target)
+    assert entry.read_text() == ENTRY_SOURCE
 
 
 def test_calls_racing_to_replace_an_edited_copy_never_remove_the_fresh_one(

@@ -18,6 +18,7 @@ from _trust import any_code_rules, operator_policy
 from perfgate.evidence import Ledger
 from perfgate.server import build_server
 from perfgate.tools._runtime import ServerConfig
+from perfgate.trust import TrustRoot
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -132,7 +133,7 @@ async def test_cancel_stops_the_run_and_its_process_group(allowed: Path) -> None
     args = paced(steps=100000, step_ms=20, measure_steps=50000, timeout_s=300)
     started = await call(allowed, "run_benchmark_window", args)
     run_id = started["run_id"]
-    run_dir = allowed / ".perfgate" / "detached" / run_id
+    run_dir = TrustRoot.locate().workspace_dir(allowed) / "detached" / run_id
     _wait_launched(run_dir)
     supervisor = int((run_dir / "supervisor.pid").read_text())
     out = await call(allowed, "benchmark_run", {"action": "cancel", "run_id": run_id})
@@ -246,7 +247,7 @@ async def test_racing_result_calls_record_a_run_once(allowed: Path, monkeypatch:
     assert [r.id for r in windows] == [outs[0]["evidence_id"]]
 
     # A result.json that holds no id is refused with what to do, never taken as "not recorded yet".
-    (allowed / ".perfgate" / "detached" / run_id / "result.json").write_text("")
+    (TrustRoot.locate().workspace_dir(allowed) / "detached" / run_id / "result.json").write_text("")
     async with Client(build_server(ServerConfig.create(allowed))) as client:
         res = await client.call_tool("benchmark_run", {"action": "result", "run_id": run_id})
     assert res.is_error and "move the file aside" in res.content[0].text  # type: ignore[union-attr]
@@ -258,7 +259,7 @@ async def test_a_detached_run_of_the_same_input_is_refused_while_one_runs(allowe
     empties it before a launch and copies it after): the second is refused while the first holds it."""
     args = paced(steps=100000, step_ms=20, measure_steps=50000, timeout_s=300)
     run_id = (await call(allowed, "run_benchmark_window", args))["run_id"]
-    run_dir = allowed / ".perfgate" / "detached" / run_id
+    run_dir = TrustRoot.locate().workspace_dir(allowed) / "detached" / run_id
     _wait_launched(run_dir)  # its supervisor holds the folder by now
     started = [run_id]
     try:
@@ -266,7 +267,7 @@ async def test_a_detached_run_of_the_same_input_is_refused_while_one_runs(allowe
             second = await client.call_tool("run_benchmark_window", args)
         started += [second.structured_content["run_id"]] if second.structured_content else []
         assert second.is_error and "same input is in progress" in second.content[0].text  # type: ignore[union-attr]
-        assert len(list((allowed / ".perfgate" / "detached").iterdir())) == 1
+        assert len(list((TrustRoot.locate().workspace_dir(allowed) / "detached").iterdir())) == 1
     finally:
         for started_id in started:
             await call(allowed, "benchmark_run", {"action": "cancel", "run_id": started_id})

@@ -151,15 +151,21 @@ def test_rules_match_the_users_command_inside_the_harness_wrapper(tmp_path: Path
         f'[execution]\n[[execution.allow]]\nscript = "train.py"\nsha256 = "{digest}"\nargv = ["python"]\n',
     )
     policy = load_policy(tmp_path)
-    wrapped = ("python", "-m", "perfgate.harness", "--", "train.py", "--steps", "5")
+    entry = "/state/harness/0123456789abcdef/perfgate-harness.py"
+    wrapped = ("python", entry, "--", "train.py", "--steps", "5")
     assert user_argv(wrapped) == ("python", "train.py", "--steps", "5")
     assert policy.match(req(tmp_path, *wrapped)) is not None
     assert policy.match(req(tmp_path, "python", "train.py")) is not None
-    torchrun = ("torchrun", "--nproc-per-node=2", "-m", "perfgate.harness", "--", "train.py")
+    torchrun = ("torchrun", "--nproc-per-node=2", entry, "--", "train.py")
     assert command_target(torchrun) == Target("script", "train.py")
+    # `-m perfgate.harness` imports a perfgate/ folder of the working directory first: not the user's
+    # command alone, so no rule about train.py matches it
+    module_form = ("python", "-m", "perfgate.harness", "--", "train.py")
+    assert command_target(module_form) == Target("module", "perfgate.harness")
+    assert policy.match(req(tmp_path, *module_form)) is None
     # Another script the agent wrote, even under the harness, is not allowed...
     (tmp_path / "evil.py").write_text("print('x')\n")
-    assert policy.match(req(tmp_path, "python", "-m", "perfgate.harness", "--", "evil.py")) is None
+    assert policy.match(req(tmp_path, "python", entry, "--", "evil.py")) is None
     # ...nor the allowed script once edited: the pin no longer matches.
     script.write_text("print('v2')\n")
     assert policy.match(req(tmp_path, *wrapped)) is None
@@ -264,10 +270,11 @@ def test_the_readme_allowlist_example_allows_its_named_script_and_nothing_else(t
     write_policy(tmp_path, body)
     policy = load_policy(tmp_path)
     (rule,) = policy.allow
-    wrapped = ("python", "-m", "perfgate.harness", "--warmup-steps", "5", "--", "train.py", "--steps", "9")
+    entry = "/state/harness/0123456789abcdef/perfgate-harness.py"
+    wrapped = ("python", entry, "--warmup-steps", "5", "--", "train.py", "--steps", "9")
     assert policy.match(req(tmp_path, *wrapped)) is rule
     (tmp_path / "other.py").write_text("print('x')\n")
-    assert policy.match(req(tmp_path, "python", "-m", "perfgate.harness", "--", "other.py")) is None
+    assert policy.match(req(tmp_path, "python", entry, "--", "other.py")) is None
     assert policy.match(req(tmp_path, "python", "-c", "print(1)")) is None
     script.write_text("print('v2')\n")  # the named script, edited: no longer the pinned content
     assert policy.match(req(tmp_path, *wrapped)) is None

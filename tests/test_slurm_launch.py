@@ -116,7 +116,7 @@ async def test_a_two_rank_gloo_job_through_slurm_gives_per_rank_evidence(
     assert {"rank0.json", "rank1.json"} <= {n.removeprefix("launch0_") for n in names}
     record = Ledger(workspace).get(out["evidence_id"])
     assert record is not None and record.command is not None
-    assert record.command[1:3] == ["-m", "perfgate.execution.slurm"]
+    assert record.command[1:4] == ["-P", "-m", "perfgate.execution.slurm"]
     (job,) = jobs
     assert job is not None and _squeue(job) == ""  # the allocation was released
 

@@ -21,6 +21,7 @@ from perfgate.server import build_server
 from perfgate.tools import profile_segment
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
 from perfgate.tools.profile_segment import ProfileSegmentInput, ProfileSegmentOutput, run
+from perfgate.trust import TrustRoot
 
 pytestmark = pytest.mark.anyio
 
@@ -219,7 +220,8 @@ async def test_run_mode_profiles_a_tiny_cpu_training_and_flags_it_profiled(works
     assert rank["steps"] is not None and len(rank["steps"]["steps"]) == 2
     assert any("profiler overhead" in w for w in out["warnings"])
     record = Ledger(workspace).get(out["evidence_id"])
-    assert record is not None and record.profiled is True and "perfgate.harness" in (record.command or [])
+    assert record is not None and record.profiled is True
+    assert any(t.endswith("/perfgate-harness.py") for t in record.command or [])
     # the same provenance block as a benchmark window: what ran, and what the process measured
     assert out["provenance"]["argv"] == args["command"] and out["provenance"]["env_changes"] == []
     assert out["provenance"]["code"]["unknown_reason"]  # the test workspace is no git checkout
@@ -238,7 +240,7 @@ async def test_a_run_of_the_same_input_is_refused_while_one_holds_its_folder(wor
     args = {"mode": "run", "command": [PY, TINY, "--steps", "50"], "timeout_s": 120}
     inp = ProfileSegmentInput.model_validate(args)
     key = hashlib.sha256(json.dumps(inp.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
-    run_dir = workspace / ".perfgate" / "profile-runs" / key
+    run_dir = TrustRoot.locate().workspace_dir(workspace) / "profile-runs" / key
     with hold_run_dir(run_dir, wait=False):  # what a run in progress (another call, another server) holds
         async with Client(build_server(ServerConfig.create(workspace))) as client:
             result = await client.call_tool("profile_segment", args)

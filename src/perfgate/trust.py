@@ -5,7 +5,9 @@ or what counts as evidence lives there. The trust root is two per-user directori
 
 - state (``$PERFGATE_STATE_DIR``, else ``$XDG_STATE_HOME/perfgate``, else ``~/.local/state/perfgate``):
   ``keys/`` (the signing key: records and approvals carry an HMAC under it), and per workspace
-  ``workspaces/<id>/`` with the approvals database, the ledger anchor and the list of running commands;
+  ``workspaces/<id>/`` with the approvals database, the ledger anchor, the list of running commands and
+  the records, logs and traces of the runs going on; ``harness/<digest>/`` (the harness entry and a copy of
+  perfgate the runs import) and ``pycache/`` (the runs' compiled bytecode);
 - config (``$PERFGATE_CONFIG_DIR``, else ``$XDG_CONFIG_HOME/perfgate``, else ``~/.config/perfgate``):
   ``policy.toml``, the operator's execution policy (``$PERFGATE_POLICY`` or ``--policy`` names another
   file).
@@ -240,6 +242,12 @@ class TrustRoot:
         key = self.key()  # another process's key got there first
         assert key is not None
         return key
+
+    @property
+    def pycache_dir(self) -> Path:
+        """Where the interpreters of perfgate's runs read and write compiled bytecode
+        (``PYTHONPYCACHEPREFIX``): never a ``__pycache__`` folder the agent can write."""
+        return self.state_dir / "pycache"
 
     # ------------------------------------------------------------------ per-workspace state
 

@@ -1,8 +1,9 @@
 """Detached runs: an approved command run by a supervisor process that outlives the tool call and the server.
 
 `start` writes the run's manifest (the approved request, the number of launches, where the harness
-writes its records) into ``<state>/detached/<run_id>/`` and starts ``python -m
-perfgate.execution.detached <run_dir>`` in a new session, outside the server's process registry: a
+writes its records) into ``<state>/detached/<run_id>/``, with ``<state>`` the workspace's folder in the
+trust root (the agent can neither edit the manifest nor replace the logs and records the result is read
+from), and starts ``python -m perfgate.execution.detached <run_dir>`` in a new session, outside the server's process registry: a
 client disconnect or a server restart does not stop it. The supervisor runs the launches one after
 another, each in its own process group with the request's timeout, keeps each launch's logs and
 records in the run directory, and keeps ``status.json`` current (atomically replaced). `cancel` sends
@@ -109,8 +110,12 @@ def start(
         directory / "status.json", {"state": "starting", "launch": 0, "launches": launches, "exit_codes": []}
     )
     log = (directory / "supervisor.log").open("ab")
+    # Started in its own folder (in the trust root), never in the server's working directory: ``-m`` puts
+    # the working directory first on the import path, and this perfgate's folder comes right after it.
+    package_parent = str(Path(__file__).resolve().parents[2])
     proc = subprocess.Popen(
         [sys.executable, "-m", "perfgate.execution.detached", str(directory)],
+        cwd=directory,
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
@@ -118,7 +123,8 @@ def start(
         close_fds=True,
         env={
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),  # the supervisor imports this perfgate
+            # the supervisor imports this perfgate
+            "PYTHONPATH": os.pathsep.join([package_parent, *(p for p in sys.path if p)]),
             _RESTORE: json.dumps({"PYTHONPATH": os.environ.get("PYTHONPATH")}),  # launches get the server's
         },
     )

@@ -16,6 +16,7 @@ the protocol layer calls them from a worker thread.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -30,6 +31,7 @@ from perfgate.execution.approvals import ApprovalStatus, ApprovalStore
 from perfgate.execution.audit import Decision, How, record_decision
 from perfgate.execution.policy import ExecutionPolicy
 from perfgate.execution.request import CommandRequest
+from perfgate.execution.target import harness_entries
 
 __all__ = ["ApprovalGate", "ConsentForm", "Grant", "approve_command"]
 
@@ -120,7 +122,7 @@ class ApprovalGate:
         Raises:
             ToolError: timeout above the maximum, or a working directory outside the allowed roots.
         """
-        problems = self.policy.limit_violations(request)
+        problems = self.policy.limit_violations(request) + self._foreign_harness(request)
         if problems:
             raise ToolError(
                 "this command cannot run here: "
@@ -128,6 +130,24 @@ class ApprovalGate:
                 + f" (operator policy: {self.policy.describe_source()})\n"
                 "next: change the request to fit those limits, or ask the user to change the policy"
             )
+
+    def _without_own_env(self, request: CommandRequest) -> CommandRequest:
+        """``request`` less the variables perfgate sets itself with its own values (the bytecode cache in
+        the trust root): the operator's ``allow_env`` is about what the agent sets."""
+        own = {"PYTHONPYCACHEPREFIX": str(self.ledger.trust.pycache_dir)}
+        env = {k: v for k, v in request.env.items() if own.get(k) != v}
+        return request if len(env) == len(request.env) else request.model_copy(update={"env": env})
+
+    def _foreign_harness(self, request: CommandRequest) -> list[str]:
+        """A harness entry file that is not the server's own copy in the trust root: approval would show
+        the command without it (as it shows perfgate's), while that file, anyone's code, runs first."""
+        own = (self.ledger.trust.state_dir / "harness").resolve()
+        return [
+            f"argv names {token!r}, which is not perfgate's harness (perfgate inserts its own: give the "
+            "training command alone)"
+            for token in harness_entries(request.argv)
+            if not os.path.isabs(token) or Path(token).resolve().parent.parent != own
+        ]
 
     def expire_due(self) -> list[str]:
         """Expire overdue approvals and record each expiry; returns the evidence ids written."""
@@ -157,7 +177,7 @@ class ApprovalGate:
         """
         self.expire_due()
         self.check_limits(request)
-        rule = self.policy.match(request)
+        rule = self.policy.match(self._without_own_env(request))
         if rule is not None:
             who = f"operator policy {self.policy.describe_source()}"
             evidence_id = record_decision(

@@ -9,8 +9,11 @@ only the request whose digest that call's gate approved.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -26,6 +29,7 @@ from perfgate.execution.executor import (
     CommandResult,
     ExecLimits,
     ProcessRegistry,
+    StreamCapture,
     execute,
     resolve_program,
 )
@@ -107,13 +111,25 @@ class ExecutionService:
         self.gate = gate
         # Orphans of our commands are re-parented to us, not to init, so they stay findable.
         self.subreaper = become_subreaper()
-        run_list = RunList(trust.workspace_dir(self.workspace) / "runs.json")
+        self.private_dir = trust.workspace_dir(self.workspace).resolve()
+        run_list = RunList(self.private_dir / "runs.json")
         self.registry = ProcessRegistry(run_list)
         self.leftovers = run_list.stop_leftovers()
         if self.leftovers:
             record_cleanup(ledger, self.leftovers)
         # Last resort when the interpreter exits without running the lifespan's cleanup.
         atexit.register(self.registry.kill_all)
+
+    @contextlib.contextmanager
+    def scratch(self) -> Generator[Path]:
+        """A fresh private folder in this workspace's trust root folder, removed afterwards."""
+        parent = self.private_dir / "scratch"
+        parent.mkdir(mode=0o700, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(dir=parent))
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     async def aclose(self) -> None:
         """Stop every process group still running (TERM, then KILL after the grace period)."""
@@ -210,11 +226,20 @@ class CommandRunner:
         )
 
     async def run(
-        self, request: CommandRequest, artifacts: ArtifactSink, *, label: str = ""
+        self,
+        request: CommandRequest,
+        artifacts: ArtifactSink,
+        *,
+        label: str = "",
+        log_dir: Path | None = None,
     ) -> CommandResult:
         """Run ``request`` after checking it is the approved one; logs go to ``{label}stdout.log`` etc.
 
-        Progress is reported as elapsed seconds out of the timeout, with lines seen and the last line.
+        The output is captured where only the operator can write (``log_dir``, or a temporary folder in
+        the trust root), without secrets, then copied to the artifacts: the copy in the workspace is for
+        people, the private file is what figures are read from (``result.stdout.path`` when ``log_dir`` is
+        given; with a temporary folder the paths are the artifacts'). Progress is reported as elapsed
+        seconds out of the timeout, with lines seen and the last line.
 
         Raises:
             UnapprovedCommandError: ``request`` is not the request this call's gate approved.
@@ -247,23 +272,43 @@ class CommandRunner:
                 + (f"; last: {line}" if line else ""),
             )
 
-        try:
-            result = await execute(
-                request,
-                stdout_path=artifacts.path(f"{label}stdout.log"),
-                stderr_path=artifacts.path(f"{label}stderr.log"),
-                limits=self._service.limits,
-                on_progress=on_progress,
-                registry=self._service.registry,
-            )
-        except CommandError as exc:
-            raise ToolError(
-                f"{exc}. Fix argv or cwd and call again (a changed command needs a new approval)."
-            ) from exc
-        result = await anyio.to_thread.run_sync(_scrub_result, result, request)
+        with contextlib.ExitStack() as stack:
+            folder = log_dir if log_dir is not None else stack.enter_context(self._service.scratch())
+            names = (f"{label}stdout.log", f"{label}stderr.log")
+            try:
+                result = await execute(
+                    request,
+                    stdout_path=folder / names[0],
+                    stderr_path=folder / names[1],
+                    limits=self._service.limits,
+                    on_progress=on_progress,
+                    registry=self._service.registry,
+                )
+            except CommandError as exc:
+                raise ToolError(
+                    f"{exc}. Fix argv or cwd and call again (a changed command needs a new approval)."
+                ) from exc
+            result = await anyio.to_thread.run_sync(_scrub_result, result, request)
+            published = await anyio.to_thread.run_sync(_publish, result, artifacts, names)
+            if log_dir is None:
+                result = published
         return result.model_copy(
             update={"approved_how": self.grant.how.value, "approval_evidence_id": self.grant.evidence_id}
         )
+
+
+def _publish(result: CommandResult, artifacts: ArtifactSink, names: tuple[str, str]) -> CommandResult:
+    """Copy the captured logs to the record's artifacts; the result with the artifacts' paths."""
+    streams: dict[str, StreamCapture] = {}
+    for key, capture, name in (("stdout", result.stdout, names[0]), ("stderr", result.stderr, names[1])):
+        target = artifacts.path(name)
+        source = Path(capture.path)
+        if source.is_file():
+            shutil.copyfile(source, target)
+        else:
+            target.write_bytes(b"")
+        streams[key] = capture.model_copy(update={"path": str(target)})
+    return result.model_copy(update=streams)
 
 
 def _scrub_result(result: CommandResult, request: CommandRequest) -> CommandResult:

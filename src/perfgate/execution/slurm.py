@@ -88,7 +88,10 @@ def time_limit_minutes(timeout_s: float) -> int:
 
 def submission_argv(resources: SlurmResources, command: Sequence[str]) -> list[str]:
     """The request argv of a Slurm launch of ``command`` (already harness-wrapped)."""
-    return [sys.executable, "-m", SLURM_MODULE, *resources.options(), "--", *command]
+    # -P (Python 3.11+; -I before): ``-m`` would put the run's working directory first on the import
+    # path, and a ``perfgate/`` folder there would run in place of this launcher.
+    isolated = "-P" if sys.version_info >= (3, 11) else "-I"
+    return [sys.executable, isolated, "-m", SLURM_MODULE, *resources.options(), "--", *command]
 
 
 def job_ids_in(text: str) -> list[str]:

@@ -1,38 +1,47 @@
 """What a command is: the user's command inside the harness wrapper, and the script or module it runs.
 
-Tools wrap training commands as ``python -m perfgate.harness -- train.py ARGS`` (or the torchrun form).
-Approvals and allowlist rules must be about what the user's command runs, not about the wrapper: a rule
-for ``python -m perfgate.harness *`` would allow every script the agent can write. `user_argv` removes the
+Tools wrap training commands as ``python ENTRY -- train.py ARGS`` (or the torchrun form), with ENTRY the
+harness entry file in the trust root. Approvals and allowlist rules must be about what the user's command
+runs, not about the wrapper: a rule for ``python ENTRY *`` would allow every script the agent can write. `user_argv` removes the
 wrapper; `command_target` names the script or module the command runs.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from perfgate.execution.launcher import (
+    TORCHRUN_MODULES,
+    LauncherError,
+    TorchrunCommand,
+    is_python,
+    parse_python,
+    parse_torchrun,
+)
+
 __all__ = [
+    "HARNESS_ENTRY",
     "HARNESS_MODULE",
     "SLURM_MODULE",
     "Target",
     "command_target",
     "files_named",
+    "harness_entries",
     "is_slurm_submission",
     "user_argv",
 ]
 
 HARNESS_MODULE = "perfgate.harness"
+HARNESS_ENTRY = "perfgate-harness.py"
+"""The file perfgate starts the harness from (``python <trust root>/harness/<digest>/perfgate-harness.py
+[options] -- train.py``): a path in the trust root, so nothing in the run's directory is imported first."""
 SLURM_MODULE = "perfgate.execution.slurm"
 """perfgate's Slurm launcher (`perfgate.execution.slurm`): ``python -m perfgate.execution.slurm [resources] --
 CMD`` runs CMD as a Slurm job's ranks."""
-_PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
-_PY_VALUE_OPTS = {"-X", "-W", "--check-hash-based-pycs"}
-_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
-_TORCHRUN_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
 _SHELLS = {"sh", "bash", "zsh", "dash"}
 
 
@@ -60,68 +69,57 @@ def is_slurm_submission(argv: Sequence[str]) -> bool:
     return any(argv[i] == "-m" and argv[i + 1] == SLURM_MODULE for i in range(len(argv) - 1))
 
 
+def harness_entries(argv: Sequence[str]) -> list[str]:
+    """The tokens of ``argv`` (past the program) that name a harness entry file; the gate refuses a
+    request where one is not the server's own (`perfgate.execution.gate`)."""
+    return [t for t in argv[1:] if os.path.basename(t) == HARNESS_ENTRY]
+
+
 def user_argv(argv: Sequence[str]) -> tuple[str, ...]:
     """``argv`` without perfgate's wrappers: the Slurm launcher (``python -m perfgate.execution.slurm
-    [resources] --``) and the harness (``-m perfgate.harness [options] --``)."""
+    [resources] --``) and the harness entry (``ENTRY [options] --``).
+
+    ``python -m perfgate.harness`` stays: a ``perfgate/`` folder in the working directory would be
+    imported in its place, so what it runs is not the user's script alone, and a human sees it.
+    """
     tokens = list(argv)
-    if len(tokens) > 3 and tokens[1:3] == ["-m", SLURM_MODULE] and "--" in tokens:
+    if is_slurm_submission(tokens) and "--" in tokens:
         tokens = tokens[tokens.index("--") + 1 :]
-    for i in range(len(tokens) - 1):
-        if tokens[i] == "-m" and tokens[i + 1] == HARNESS_MODULE:
-            rest = tokens[i + 2 :]
+    for i in range(1, len(tokens)):
+        if os.path.basename(tokens[i]) == HARNESS_ENTRY:
+            rest = tokens[i + 1 :]
             if "--" in rest:
                 rest = rest[rest.index("--") + 1 :]
             return (*tokens[:i], *rest)
     return tuple(tokens)
 
 
-def _is_python(program: str) -> bool:
-    return bool(_PYTHON.match(os.path.basename(program)))
-
-
-def _python_target(args: Sequence[str]) -> Target | None:
-    i = 0
-    while i < len(args):
-        tok = args[i]
-        if tok == "-m":
-            return Target("module", args[i + 1]) if i + 1 < len(args) else None
-        if tok == "-c":
-            return None
-        if not tok.startswith("-") or tok == "-":
-            return Target("script", tok)
-        i += 2 if tok in _PY_VALUE_OPTS else 1
-    return None
-
-
-def _torchrun_target(args: Sequence[str]) -> Target | None:
-    i = 0
-    module = False
-    while i < len(args):
-        tok = args[i]
-        if not tok.startswith("-"):
-            return Target("module", tok) if module else Target("script", tok)
-        if tok in ("-m", "--module"):
-            module = True
-            i += 1
-        elif tok in _TORCHRUN_FLAGS or (tok.startswith("--") and "=" in tok):
-            i += 1
-        else:
-            i += 2
-    return None
+def _torchrun_target(command: TorchrunCommand) -> Target | None:
+    if command.target is None or command.no_python:
+        return Target("program", command.target) if command.target is not None else None
+    return Target("module" if command.module else "script", command.target)
 
 
 def command_target(argv: Sequence[str]) -> Target | None:
-    """The script or module the user's command runs (harness removed), or None when it cannot be told."""
+    """The script or module the user's command runs (harness removed), or None when it cannot be told.
+
+    The launcher's options are read by `perfgate.execution.launcher`, the reader the launch uses too; a
+    command whose options it cannot read has no target (no rule matches it; a human sees the argv).
+    """
     user = user_argv(argv)
     program = os.path.basename(user[0])
-    if _is_python(user[0]):
-        target = _python_target(user[1:])
-        if target is not None and target.kind == "module" and target.name in _TORCHRUN_MODULES:
-            rest = list(user[1:])
-            return _torchrun_target(rest[rest.index(target.name) + 1 :])
-        return target
-    if program == "torchrun":
-        return _torchrun_target(user[1:])
+    try:
+        if is_python(user[0]):
+            parsed = parse_python(user)
+            if parsed.mode == "module" and parsed.target in TORCHRUN_MODULES:
+                return _torchrun_target(parse_torchrun((), parsed.args))
+            if parsed.mode in ("script", "module") and parsed.target is not None:
+                return Target(parsed.mode, parsed.target)
+            return None
+        if program == "torchrun":
+            return _torchrun_target(parse_torchrun((), user[1:]))
+    except LauncherError:
+        return None
     if program in _SHELLS:
         positional = [t for t in user[1:] if not t.startswith("-")]
         return Target("script", positional[0]) if positional else None

@@ -117,17 +117,36 @@ class ToolRuntime:
     def workspace(self) -> Path:
         return self.config.workspace
 
+    @property
+    def private_dir(self) -> Path:
+        """This workspace's folder in the trust root (``state/workspaces/<id>``): where a run's records,
+        logs and traces are written while it runs, out of the agent's reach.
+
+        Raises:
+            TrustRootError: the trust root cannot be written.
+        """
+        # resolved: the server's link-refusing file operations walk it (links on it are the operator's)
+        return self.ledger.trust.workspace_dir(self.workspace).resolve()
+
     async def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Send a progress notification to the client (a no-op when it did not ask for progress)."""
         await self.report(done, total, message)
 
     async def run_command(
-        self, request: CommandRequest, evidence: EvidenceBuilder, *, label: str = ""
+        self,
+        request: CommandRequest,
+        evidence: EvidenceBuilder,
+        *,
+        label: str = "",
+        log_dir: Path | None = None,
     ) -> CommandResult:
         """Run the command this call was approved for; its logs become artifacts of ``evidence``.
 
-        ``request`` must equal what the spec's ``command`` function returned for this input. Output goes
-        to ``{label}stdout.log`` / ``{label}stderr.log``; progress is reported while it runs. A non-zero
+        ``request`` must equal what the spec's ``command`` function returned for this input. The server
+        captures the output in a private folder (``log_dir``, a folder of `private_dir` the caller holds,
+        or a temporary one) and then copies it to the artifacts ``{label}stdout.log`` /
+        ``{label}stderr.log``; ``result.stdout.path`` is the private copy when ``log_dir`` is given: read
+        figures from there, never from the workspace. Progress is reported while it runs. A non-zero
         exit is a result (``exit_code``, ``signal``, ``timed_out``), not an exception: record it as
         ``failed`` evidence, with ``command=result.argv, exit_code=result.exit_code``.
 
@@ -137,7 +156,7 @@ class ToolRuntime:
         """
         if self.commands is None:
             raise UnapprovedCommandError(f"{self.tool} declares no ToolSpec.command; it cannot run commands")
-        return await self.commands.run(request, evidence, label=label)
+        return await self.commands.run(request, evidence, label=label, log_dir=log_dir)
 
     async def start_detached(
         self, request: CommandRequest, *, launches: int, record_dir: str | None, meta: dict[str, Any]
@@ -151,7 +170,7 @@ class ToolRuntime:
         if self.commands is None:
             raise UnapprovedCommandError(f"{self.tool} declares no ToolSpec.command; it cannot run commands")
         return await self.commands.start_detached(
-            request, self.ledger.state_dir, launches=launches, record_dir=record_dir, meta=meta
+            request, self.private_dir, launches=launches, record_dir=record_dir, meta=meta
         )
 
     async def plot(

@@ -86,9 +86,15 @@ class BenchmarkRunOutput(BaseModel):
 
 def _directory(rt: ToolRuntime, run_id: str) -> Path:
     try:
-        return detached.run_dir(rt.ledger.state_dir, run_id)
+        return detached.run_dir(rt.private_dir, run_id)
     except detached.RunNotFoundError as exc:
         raise ToolError(f"{exc}; start one with run_benchmark_window(..., detach=true)") from exc
+
+
+def _private(directory: Path, launch: int) -> tuple[Path, Path]:
+    """A launch's records and stdout log as the supervisor kept them, in the trust root: what the
+    figures are read from (the copies in the record's artifacts are for people)."""
+    return directory / f"launch{launch}_records", directory / f"launch{launch}_stdout.log"
 
 
 def _manifest(directory: Path) -> dict[str, Any]:
@@ -261,7 +267,7 @@ async def _result_once(
 
     scrub = Scrubber.for_values(request.env, request.argv)
 
-    async def launch_once(launch: int, label: str) -> tuple[int | None, str | None, Path]:
+    async def launch_once(launch: int, label: str) -> tuple[int | None, str | None, Path, Path]:
         for stream in ("stdout", "stderr"):
             src = directory / f"launch{launch}_{stream}.log"
             if src.is_file():  # kept as artifacts without the secrets the command was given or printed
@@ -270,7 +276,7 @@ async def _result_once(
                 await anyio.to_thread.run_sync(scrub_file, target, scrub)
         if launch >= len(exit_codes):
             why = "the run was cancelled" if st["state"] == "cancelled" else f"the run is {st['state']}"
-            return None, f"{why} before this launch finished", directory / f"launch{launch}_records"
+            return None, f"{why} before this launch finished", *_private(directory, launch)
         code = exit_codes[launch]
         failure: str | None = None
         if launch in timed_out:
@@ -279,7 +285,7 @@ async def _result_once(
             failure = f"exited with status {code}"
         if failure is not None and st["state"] == "cancelled":
             failure = "cancelled (" + failure + ")"
-        return code, failure, directory / f"launch{launch}_records"
+        return code, failure, *_private(directory, launch)
 
     raw = manifest["meta"].get("provenance")
     provenance = rbw.RunProvenance.model_validate(raw) if isinstance(raw, dict) else None

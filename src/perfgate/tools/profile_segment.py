@@ -23,7 +23,13 @@ from pydantic import BaseModel, Field, model_validator
 
 from perfgate._statefs import fresh_dir, make_dirs, remove_tree
 from perfgate.benchmarking import BenchmarkError
-from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path, wrap_command
+from perfgate.benchmarking.launch import (
+    harness_entry,
+    harness_pythonpath,
+    launch_env,
+    prepare_harness_path,
+    wrap_command,
+)
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.request import CommandRequest
@@ -113,7 +119,8 @@ class ProfileSegmentInput(TraceAnalysisFields):
     harness_on_path: Annotated[
         bool,
         Field(
-            description="run: put a copy of perfgate on PYTHONPATH for a training interpreter that lacks it."
+            description="run: also put perfgate's copy on PYTHONPATH (for a script that imports perfgate "
+            "itself); the harness always starts from that copy."
         ),
     ] = False
     external_layers: Annotated[
@@ -184,7 +191,8 @@ class ProfileSegmentOutput(BaseModel):
 def _run_dir(inp: ProfileSegmentInput, rt: ToolRuntime) -> Path:
     # Deterministic in the input: the approved request must be identical on every gate round.
     key = hashlib.sha256(json.dumps(inp.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
-    return rt.ledger.state_dir / "profile-runs" / key
+    # In the trust root: the harness writes its records and traces where the agent cannot replace them.
+    return rt.private_dir / "profile-runs" / key
 
 
 def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
@@ -198,8 +206,11 @@ def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
     if inp.mode != "run":
         return None
     assert inp.command is not None
+    state = rt.ledger.trust.state_dir
+    copy = harness_pythonpath(state)
     try:
-        argv = wrap_command(inp.command)
+        argv = wrap_command(inp.command, harness_entry(copy))
+        env = launch_env(dict(inp.env), rt.ledger.trust.pycache_dir, copy if inp.harness_on_path else None)
     except BenchmarkError as exc:
         raise ToolError(str(exc)) from exc
     cwd = rt.resolve_path(inp.cwd, kind="dir")
@@ -219,12 +230,7 @@ def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
     # Timing windows are not the point of this run: one measured step keeps the harness satisfied and
     # the schedule decides when the harness stops the script.
     cfg = HarnessConfig(record_dir=str(run_dir / "records"), warmup_steps=0, measure_steps=1, profile=profile)
-    env = dict(inp.env)
     env.update(cfg.to_env())
-    if inp.harness_on_path:
-        path = str(harness_pythonpath(rt.ledger.state_dir))
-        existing = inp.env.get("PYTHONPATH")
-        env["PYTHONPATH"] = path if not existing else f"{path}:{existing}"
     steps = profile.total_steps
     return CommandRequest(
         argv=tuple(argv),
@@ -322,10 +328,9 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
             files = []
             profiled = True
             try:
-                if inp.harness_on_path:
-                    await anyio.to_thread.run_sync(
-                        prepare_harness_path, harness_pythonpath(rt.ledger.state_dir)
-                    )
+                await anyio.to_thread.run_sync(
+                    prepare_harness_path, harness_pythonpath(rt.ledger.trust.state_dir)
+                )
                 from perfgate.traces.hostload import HostLoadSampler
 
                 assert inp.command is not None
@@ -334,7 +339,7 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                 )
                 sampler = HostLoadSampler()
                 sampler.start()
-                result = await rt.run_command(request, ev)
+                result = await rt.run_command(request, ev, log_dir=run_dir)
                 host_load = sampler.stop()
                 exit_code = result.exit_code
                 fingerprint, samples = await anyio.to_thread.run_sync(_measured, run_dir / "records")

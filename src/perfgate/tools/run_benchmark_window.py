@@ -23,7 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from perfgate._statefs import fresh_dir, remove_tree
 from perfgate.benchmarking import BenchmarkError, Contract, RecordError, check_contract
 from perfgate.benchmarking.contract import check_observed
-from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path, wrap_command
+from perfgate.benchmarking.launch import (
+    harness_entry,
+    harness_pythonpath,
+    launch_env,
+    prepare_harness_path,
+    wrap_command,
+)
 from perfgate.benchmarking.logparse import compile_pattern, log_window, parse_step_log
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
@@ -123,8 +129,9 @@ class RunBenchmarkWindowInput(BaseModel):
         Field(
             min_length=1,
             description="Training command as an argv list, e.g. ['python', 'train.py', '--steps', '200'] or "
-            "['torchrun', '--nproc-per-node', '8', 'train.py']. With timing='harness' it is run under "
-            "`python -m perfgate.harness`; the script should run at least warmup + measure optimizer steps.",
+            "['torchrun', '--nproc-per-node', '8', 'train.py']. With timing='harness' perfgate puts its harness in "
+            "front of the script (give the command alone); the script should run at least warmup + measure "
+            "optimizer steps.",
         ),
     ]
     cwd: Annotated[str, Field(description="Working directory, relative to the workspace.")] = "."
@@ -180,8 +187,9 @@ class RunBenchmarkWindowInput(BaseModel):
     harness_on_path: Annotated[
         bool,
         Field(
-            description="Put a copy of perfgate on PYTHONPATH for a training interpreter that lacks it "
-            "(otherwise `pip install perfgate` there)."
+            description="Put perfgate's copy on PYTHONPATH, for a script that imports perfgate itself "
+            "(timing='explicit') in an interpreter that lacks it (otherwise `pip install perfgate` there). "
+            "timing='harness' starts the harness from that copy anyway."
         ),
     ] = False
     reason: Annotated[
@@ -405,7 +413,9 @@ def tensor_dumps(rt: ToolRuntime, launch: int, records: list[RankRecord]) -> lis
 def _run_dir(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> Path:
     # Deterministic in the input: the approved request must be identical on every gate round.
     key = hashlib.sha256(json.dumps(inp.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
-    return rt.ledger.state_dir / "bench-runs" / key
+    # In the trust root: the harness writes its records where only the operator can write, so the agent
+    # cannot replace them while the run goes on (nor plant links that the run's cleanup would follow).
+    return rt.private_dir / "bench-runs" / key
 
 
 def _windows_per_launch(inp: RunBenchmarkWindowInput) -> int:
@@ -424,14 +434,19 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
     """
     from perfgate.harness import HarnessConfig
 
+    state = rt.ledger.trust.state_dir
+    copy = harness_pythonpath(state)
     try:
         contract = Contract(
             dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes)
         )
         problems = check_contract(contract)
-        argv = wrap_command(inp.command) if inp.timing == "harness" else list(inp.command)
+        argv = (
+            wrap_command(inp.command, harness_entry(copy)) if inp.timing == "harness" else list(inp.command)
+        )
         if inp.timing == "log":
             compile_pattern(inp.log_pattern or "")
+        env = launch_env(dict(inp.env), rt.ledger.trust.pycache_dir, copy if inp.harness_on_path else None)
     except BenchmarkError as exc:
         raise ToolError(str(exc)) from exc
     global_batch = contract.invariants.get("global_batch")
@@ -446,7 +461,6 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
             "the contract is inconsistent: " + "; ".join(problems) + ". Fix the contract and call again."
         )
     cwd = rt.resolve_path(inp.cwd, kind="dir")
-    env = dict(inp.env)
     if inp.timing != "log":
         cfg = HarnessConfig(
             record_dir=str(_run_dir(inp, rt) / "records"),
@@ -462,13 +476,9 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
         # Bound to the approval: the human sees which lines will be read as step times, and a changed
         # pattern needs a new approval. The launched program ignores this variable.
         env[LOG_PATTERN_ENV] = inp.log_pattern or ""
-    if inp.harness_on_path:
-        path = str(harness_pythonpath(rt.ledger.state_dir))
-        existing = inp.env.get("PYTHONPATH")
-        env["PYTHONPATH"] = path if not existing else f"{path}:{existing}"
     launches = 1 if inp.same_process else inp.repeats
     if inp.launcher == "slurm":
-        steering = sorted(k for k in inp.env if k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "PET_")))
+        steering = sorted(k for k in inp.env if k.startswith(("SLURM_", "SALLOC_", "SBATCH_")))
         if steering:
             raise ToolError(
                 f"env sets {', '.join(steering)}: Slurm and torchrun read these as job options; give resources "
@@ -603,14 +613,15 @@ def _collect_records(
     return found.records, found.problems
 
 
-LaunchFn = Callable[[int, str], Awaitable[tuple[int | None, str | None, Path]]]
-"""``(launch index, log label) -> (exit code, failure text or None, folder holding its rank records)``."""
+LaunchFn = Callable[[int, str], Awaitable[tuple[int | None, str | None, Path, Path]]]
+"""``(launch index, log label) -> (exit code, failure text or None, folder holding its rank records, its
+stdout log)``: both in the trust root, where the agent cannot write; never the copies in the workspace."""
 
 
 async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWindowOutput:
     request = command(inp, rt)
-    if inp.harness_on_path:
-        await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.state_dir))
+    if inp.timing == "harness" or inp.harness_on_path:
+        await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.trust.state_dir))
     if inp.detach:
         return await _start_detached(inp, rt, request)
     run_dir = _run_dir(inp, rt)
@@ -643,17 +654,20 @@ async def _run_blocking(
     ev = rt.evidence()
     provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
     record_dir = run_dir / "records"
-    fresh_dir(run_dir)  # the server's own folder: what the agent planted at its name is removed, never followed
+    fresh_dir(
+        run_dir
+    )  # the server's own folder: what the agent planted at its name is removed, never followed
 
     host_loads: list[HostLoad] = []
 
-    async def launch_once(launch: int, label: str) -> tuple[int | None, str | None, Path]:
+    async def launch_once(launch: int, label: str) -> tuple[int | None, str | None, Path, Path]:
         fresh_dir(record_dir)
         sampler = HostLoadSampler()
         sampler.start()
-        result = await rt.run_command(request, ev, label=label)
+        result = await rt.run_command(request, ev, label=label, log_dir=run_dir)
         host_loads.append(sampler.stop())
-        return result.exit_code, None if result.succeeded else _launch_failure(result), record_dir
+        failure = None if result.succeeded else _launch_failure(result)
+        return result.exit_code, failure, record_dir, Path(result.stdout.path)
 
     try:
         return await measure(inp, rt, request, ev, launch_once, provenance, host_loads=host_loads)
@@ -698,7 +712,7 @@ async def measure(
     try:
         for launch in range(launches):
             label = f"launch{launch}_" if launches > 1 else ""
-            exit_code, launch_failure, record_dir = await launch_once(launch, label)
+            exit_code, launch_failure, record_dir, stdout_log = await launch_once(launch, label)
             if launch < len(host_loads):
                 busy = busy_neighbour(host_loads[launch])
                 if busy is not None:
@@ -709,7 +723,7 @@ async def measure(
                 raise _Failure(f"launch {launch}: {launch_failure}")
             if inp.timing == "log":
                 # Parsing and record reading are CPU-bound: off the event loop, cancellable.
-                got = await anyio.to_thread.run_sync(_log_windows, inp, ev.path(f"{label}stdout.log"))
+                got = await anyio.to_thread.run_sync(_log_windows, inp, stdout_log)
                 world = 1
             else:
                 records, problems = await anyio.to_thread.run_sync(_collect_records, ev, record_dir, launch)
