@@ -206,6 +206,16 @@ def _hash_file_into(h: Any, path: Path) -> None:
         h.update(f"unreadable:{exc.errno}".encode())
 
 
+def _text(path: Path) -> str:
+    """A code file's text for its imports ("" when unreadable or larger than code gets)."""
+    try:
+        if path.stat().st_size > _MAX_HASH_BYTES:
+            return ""
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def _tree_state(workspace: Path) -> CodeState:
     h = hashlib.sha256(b"tree\n")
     count = 0
@@ -233,8 +243,10 @@ def code_state(
 ) -> CodeState:
     """The workspace's code state: git commit, dirty diff and untracked code files, or a tree digest.
 
-    Untracked files count only when they are code (`CODE_SUFFIXES`) and not ignored by git, and
-    ``.perfgate/`` never counts, so what a run writes (records, checkpoints, logs) does not change it.
+    Untracked files count only when they are code (`CODE_SUFFIXES`), not ignored by git, and importable
+    by the run (`perfgate.envprobe.codefiles`: next to tracked code, a package, or imported by code that
+    counts), and ``.perfgate/`` never counts, so what a run writes (records, checkpoints, logs) and the
+    agent's scratch folders (notes, copies) do not change it.
     """
     snap, _reason = git_snapshot(workspace, env=env, timeout_s=timeout_s)
     if snap is None:
@@ -250,18 +262,31 @@ def code_state(
         timeout_s,
         {**base_env, **_GIT_ENV},
     )
+    tracked = _git(git, workspace, ["ls-files", "-z"], timeout_s, {**base_env, **_GIT_ENV})
     untracked = 0
     notes = list(snap.notes)
-    if listed.ok:
-        for rel in sorted(listed.stdout.split("\0")):
-            if not rel or rel.startswith(_STATE_DIR) or Path(rel).suffix not in CODE_SUFFIXES:
-                continue
+    if listed.ok and tracked.ok:
+        from perfgate.envprobe.codefiles import untracked_code
+
+        tracked_dirs = {""} | {
+            "/".join(Path(rel).parts[:i])
+            for rel in tracked.stdout.split("\0")
+            if rel
+            for i in range(1, len(Path(rel).parts))
+        }
+        candidates = [
+            rel
+            for rel in listed.stdout.split("\0")
+            if rel and not rel.startswith(_STATE_DIR) and Path(rel).suffix in CODE_SUFFIXES
+        ]
+        for rel in untracked_code(candidates, tracked_dirs, snap.diff, lambda rel: _text(workspace / rel)):
             untracked += 1
             h.update(rel.encode() + b"\0")
             _hash_file_into(h, workspace / rel)
             h.update(b"\n")
     else:
-        notes.append(f"untracked files could not be listed: {listed.describe_failure()}")
+        failed = listed if not listed.ok else tracked
+        notes.append(f"untracked files could not be listed: {failed.describe_failure()}")
     return CodeState(
         "git",
         h.hexdigest(),

@@ -2,8 +2,8 @@
 
 `bind_code` adds a `CodeBinding` to a request: the sha256 of every file its argv names (the script or
 module the harness will run, config files given as arguments) and the workspace's code state (git commit
-plus uncommitted changes and untracked code files, or a digest of the code files when the workspace is
-not a repository). The binding is part of the request's digest, so editing the approved script, committing
+plus uncommitted changes and the untracked code files a run can import, see `perfgate.envprobe.codefiles`,
+or a digest of the code files when the workspace is not a repository). The binding is part of the request's digest, so editing the approved script, committing
 something else or adding a module the script imports needs a new approval. The gate binds when it decides,
 and the runner binds again right before it starts the process: a change in between is refused.
 """
