@@ -181,3 +181,19 @@ def test_module_ranges_name_modules_by_their_place_in_the_model_and_close_when_f
     assert ranges._local.stack == []  # pyright: ignore[reportPrivateUsage]
     model[0](torch.randn(2, 4))
     assert len(opened) == 5
+
+
+def test_one_backward_per_step_is_no_micro_batch_finding() -> None:
+    # The per-sample job runs one backward() per step: its many tiny ops are host overhead, not a loop of
+    # micro-batches.
+    report = analyze_traces([CODE / "per_sample.json.gz"])
+    view = report.ranks[0].code
+    assert view is not None and view.backward_passes_per_step == 1
+    assert all(f.wall != "small_micro_batch" for f in report.findings)
+
+
+def test_autograd_node_ops_written_beside_their_range_do_not_split_a_backward_pass(hta_traces: Path) -> None:
+    # This A100 trace writes node ops (AddBackward0) next to, not inside, their evaluate_function range:
+    # one backward() per step all the same.
+    view = analyze_traces([hta_traces / "trace_diff_control_control.json.gz"]).ranks[0].code
+    assert view is not None and view.backward_passes_per_step == 1

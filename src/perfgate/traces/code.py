@@ -1,15 +1,17 @@
 """Which code owns a step's time: the nn.Module, the Python source line, the record_function range.
 
 torch.profiler's Python tracer (``with_stack=True``) writes each Python call as a ``python_function``
-event named ``file.py(N): func`` (N is the first line of the function's code; a comprehension is code
-of its own, so a list comprehension is named by its own line), ``<built-in ...>`` for C functions, and
+event named ``file.py(N): func`` (N is the first line of the function's code, or for a frame already
+running when tracing starts the line it was at; a comprehension is code of its own, so a list
+comprehension is named by its own line), ``<built-in ...>`` for C functions, and
 ``nn.Module: Class_K`` around each module call (K numbers the instances of a class). The harness adds
 ``nn.Module: qualified.name (Class)`` ranges (record_function) when it captures with modules, which
 also name modules without stacks. ``with_modules`` itself adds nothing to eager-mode traces.
 
 An op's *owner* is its innermost enclosing user frame (a file outside torch, perfgate and the standard
-library, not a built-in) and the innermost module around that frame; its *call site* is the innermost
-user frame outside every module (the training loop's line). A record_function range the user opened
+library, not a built-in) and the module whose code that frame is (for a frame outside every module,
+the outermost module around the op: the model the line runs); its *call site* is the innermost user
+frame outside every module (the training loop's line). A record_function range the user opened
 (any ``user_annotation`` but torch's step, optimizer and DataLoader ranges and module ranges) is named
 as the *region*.
 
@@ -51,7 +53,6 @@ _LIBRARIES = frozenset({"torch", "perfgate", "functorch", "triton", "torchgen"})
     sys.stdlib_module_names
 )
 _TORCH_RANGES = ("ProfilerStep#", "Optimizer.", "Optimizer#", "enumerate(DataLoader)", MODULE_PREFIX)
-_BACKWARD = "autograd::engine::evaluate_function"
 _MIN_ITERATIONS = 4
 _MAX_BODY = 256
 _MAX_LOOP_OPS = 200_000
@@ -384,7 +385,7 @@ def _loops(ix: _Index, rows: I64, steps: list[tuple[float, float]]) -> list[OpLo
                 iterations=iterations / per_step,
                 us_per_step=span / per_step,
                 op_p50_us=float(np.median(dur[members])),
-                backward=all(p.table.names[i].startswith(_BACKWARD) for i in body_ids),
+                backward=all(phase_of_name(p.table.names[i]) == "backward" for i in body_ids),
                 owner=owner,
             )
     return sorted(found.values(), key=lambda loop: -loop.us_per_step)

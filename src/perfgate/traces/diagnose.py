@@ -371,18 +371,23 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
                 )  # fmt: skip
     if dev and p.idle is not None and p.span_us > 0:
         host_wait = p.idle.host_wait_us / per_step
+        launch_loop = _tiny_loop(view)
+        launch_code = [launch_loop.owner] if launch_loop is not None and launch_loop.owner is not None else []
+        launch_code += [c for c in (view.short_ops if view is not None else []) if c not in launch_code]
+        launch_code = launch_code[:_TOP_SITES]
         if p.idle.host_wait_us / p.span_us >= THRESHOLDS["host_overhead"]:
             out.append(
                 _finding(
                     "host_overhead", p.rank, step, host_wait,
-                    f"rank {p.rank}: the device idles {_ms(host_wait)} per step waiting for launches "
-                    f"({p.idle.host_wait_us / p.span_us:.0%} of its span); {p.idle.host_bound_steps} of "
-                    f"{p.idle.steps_checked} steps host-bound",
+                    f"rank {p.rank}: {_loop_text(_tiny_loop(view), launch_code)}the device idles "
+                    f"{_ms(host_wait)} per step waiting for launches ({p.idle.host_wait_us / p.span_us:.0%} of its "
+                    f"span); {p.idle.host_bound_steps} of {p.idle.steps_checked} steps host-bound"
+                    + ("" if launch_code else hint),
                     {"host_wait_us_per_step": host_wait, "idle_fraction": p.idle_fraction or 0.0,
                      "launches_per_step": p.launch.launches_per_step or 0.0},
                     [o.name for o in p.top_self_ops[:3]], "high",
                     "idle gaps ended by kernels whose launch call started after the device went idle",
-                    view.short_ops[:_TOP_SITES] if view is not None else (),
+                    launch_code,
                 )
             )  # fmt: skip
     if dev:
