@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field, ValidationError
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, EvidenceState, Ledger, canonical_json
 from perfgate.redaction import Scrubber
 from perfgate.tools._adapter import compact_schema, inline_refs
+from perfgate.tools._catalog import CatalogTool
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
 
 MFU_ARGS: dict[str, Any] = {
@@ -262,8 +263,9 @@ async def test_the_sdk_validates_only_what_is_not_a_dump_of_the_output_model(
         checked.append(model)
         return real(self, model)
 
-    monkeypatch.setattr(FuncMetadata, "_output_adapter", counting)
     async with Client(server, mode="auto") as client:
+        await client.call_tool("compute_mfu", MFU_ARGS)  # the first call builds the tool from its module
+        monkeypatch.setattr(FuncMetadata, "_output_adapter", counting)
         result = await client.call_tool("compute_mfu", MFU_ARGS)  # the client validates it (schema)
     assert not result.is_error and checked == []
     tool = PerfgateTool.for_function(
@@ -324,12 +326,17 @@ def test_the_pre_parse_shortcut_gives_what_the_sdk_gives(arguments: dict[str, An
 _TOOL: list[Any] = []
 
 
+def _real(tool: Any) -> Any:
+    """The tool a listed one runs as: a catalog tool's is built from its module (on its first call)."""
+    return tool.loaded() if isinstance(tool, CatalogTool) else tool
+
+
 def _compute_mfu_tool(build: Any) -> Any:
     if not _TOOL:
         import tempfile
 
         server = build(ServerConfig.create(Path(tempfile.mkdtemp(prefix="perfgate-test-"))))
-        _TOOL.extend(server._tool_manager.list_tools())  # pyright: ignore[reportPrivateUsage]
+        _TOOL.extend(map(_real, server._tool_manager.list_tools()))  # pyright: ignore[reportPrivateUsage]
     return next(t for t in _TOOL if t.name == "compute_mfu")
 
 
@@ -374,8 +381,10 @@ def test_served_output_schemas_accept_exactly_what_the_sdk_schemas_accept(server
     same values as the schema the SDK generated (with its ``$defs``)."""
     tools = server._tool_manager.list_tools()  # pyright: ignore[reportPrivateUsage]
     compared = 0
-    for tool in tools:
+    for listed in tools:
+        tool = _real(listed)
         meta = tool.fn_metadata
+        assert listed.output_schema == meta.output_schema, tool.name  # the catalog serves the code's
         if meta.output_schema is None:
             continue
         original = FuncMetadata(arg_model=meta.arg_model, output_model=meta.output_model).output_schema
@@ -807,7 +816,7 @@ async def test_arguments_validated_once_give_the_two_step_messages(workspace: Pa
     from perfgate.tools import registered_specs
 
     server = build_server(ServerConfig.create(workspace))
-    tools = {t.name: t for t in server._tool_manager.list_tools()}  # pyright: ignore[reportPrivateUsage]
+    tools = {t.name: _real(t) for t in server._tool_manager.list_tools()}  # pyright: ignore[reportPrivateUsage]
     cases: list[tuple[str, dict[str, Any]]] = [
         ("compute_mfu", {**MFU_ARGS, "device": None, "precision": None}),
         ("compute_mfu", {**MFU_ARGS, "peak_tflops": -1}),

@@ -124,7 +124,9 @@ async def test_a_crash_in_a_tool_reaches_the_agent_as_a_sentence(
     monkeypatch.setattr(
         server_module, "registered_specs", lambda read_only: [dataclasses.replace(mfu, run=crash)]
     )
-    server = build_server(ServerConfig.create(workspace))
+    server = build_server(
+        ServerConfig.create(workspace), catalog=False
+    )  # the registered specs, not the catalog
     async with Client(server) as client:
         result = await client.call_tool("compute_mfu", MFU_ARGS)
     text = _text(result)

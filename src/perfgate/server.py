@@ -1,18 +1,26 @@
-"""Build the MCP server: tools from the registry, the skill as resources and prompts, state in the lifespan."""
+"""Build the MCP server: tools from the registry, the skill as resources and prompts, state in the lifespan.
+
+The shipped tools are registered from the generated catalog (`perfgate.tools._catalog`): a tool's module
+is imported when the tool is first called, so start-up does not pay for every tool's models.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.tools import Tool
 from mcp.types import ToolAnnotations
 
+import perfgate.tools
 from perfgate import __version__
-from perfgate.tools import registered_specs
-from perfgate.tools._adapter import AppState, PerfgateTool, make_tool_function
-from perfgate.tools._runtime import ServerConfig
+from perfgate.tools import registered_specs, shipped_registry
+from perfgate.tools._catalog import catalog_tools
+from perfgate.tools._config import ServerConfig
+from perfgate.tools._state import AppState
 
 __all__ = ["INSTRUCTIONS", "build_server"]
 
@@ -33,8 +41,32 @@ def _state(ctx: Context) -> AppState:
     return state
 
 
-def build_server(config: ServerConfig) -> MCPServer[AppState]:
-    """A fully registered server for ``config`` (not yet running)."""
+def _tool(spec: Any) -> Tool:
+    """The registered form of a tool module's ``SPEC``."""
+    from perfgate.tools._adapter import PerfgateTool, make_tool_function
+
+    return PerfgateTool.for_function(
+        make_tool_function(spec, _state),
+        name=spec.name,
+        title=spec.title,
+        description=spec.description,
+        annotations=ToolAnnotations(
+            read_only_hint=spec.read_only,
+            destructive_hint=spec.destructive,
+            idempotent_hint=spec.idempotent,
+            open_world_hint=spec.open_world,
+        ),
+        structured_output=True,
+    )
+
+
+def build_server(config: ServerConfig, *, catalog: bool = True) -> MCPServer[AppState]:
+    """A fully registered server for ``config`` (not yet running).
+
+    With ``catalog`` (and the shipped registry) the tools are listed from the generated catalog and their
+    modules imported on first call; otherwise every tool module is imported and registered now (what
+    `perfgate schemas` generates the catalog from).
+    """
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[AppState]) -> AsyncGenerator[AppState]:
@@ -44,22 +76,12 @@ def build_server(config: ServerConfig) -> MCPServer[AppState]:
         finally:
             await state.aclose()  # stop any command still running: no orphan outlives the server
 
-    tools = [
-        PerfgateTool.for_function(
-            make_tool_function(spec, _state),
-            name=spec.name,
-            title=spec.title,
-            description=spec.description,
-            annotations=ToolAnnotations(
-                read_only_hint=spec.read_only,
-                destructive_hint=spec.destructive,
-                idempotent_hint=spec.idempotent,
-                open_world_hint=spec.open_world,
-            ),
-            structured_output=True,
-        )
-        for spec in registered_specs(config.read_only)
-    ]
+    # The catalog describes the shipped registry as `registered_specs` reads it; a registry or reader
+    # replaced (tests add or swap tools) is registered as given.
+    shipped = shipped_registry() and registered_specs is perfgate.tools.registered_specs
+    tools = catalog_tools(config.read_only, _tool) if catalog and shipped else None
+    if tools is None:
+        tools = [_tool(spec) for spec in registered_specs(config.read_only)]
     server: MCPServer[AppState] = MCPServer(
         "perfgate",
         title="perfgate",

@@ -16,20 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from perfgate._lazy import lazy_exports
-from perfgate.envprobe.models import (
-    Backend,
-    ContainerProvenance,
-    Device,
-    EnvironmentSummary,
-    Fingerprint,
-    FingerprintDifference,
-    GitProvenance,
-    Provenance,
-    SystemDevice,
-    SystemTool,
-    Unavailable,
-    Visibility,
-)
 from perfgate.envprobe.redact import REDACTED, Redactor, is_secret_name
 from perfgate.envprobe.visibility import count_listed, visibility  # eager: the function shadows its module
 
@@ -43,6 +29,20 @@ if TYPE_CHECKING:
         sanitize_probe_log,
     )
     from perfgate.envprobe.fingerprint import FINGERPRINT_VERSION, compare_fingerprints, make_fingerprint
+    from perfgate.envprobe.models import (
+        Backend,
+        ContainerProvenance,
+        Device,
+        EnvironmentSummary,
+        Fingerprint,
+        FingerprintDifference,
+        GitProvenance,
+        Provenance,
+        SystemDevice,
+        SystemTool,
+        Unavailable,
+        Visibility,
+    )
     from perfgate.envprobe.probe import (
         ProbeOutput,
         is_server_interpreter,
@@ -93,9 +93,26 @@ __all__ = [
     "visibility",
 ]
 
-# Probing, system tools, provenance and assembly load on first use (a collect_env call): the models,
-# redaction and visibility above are all the server needs at start-up.
+# The models, probing, system tools, provenance and assembly load on first use (a collect_env call):
+# redaction (the server's log filter) and visibility above are all a server needs at start-up.
 _LAZY: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "Backend",
+            "ContainerProvenance",
+            "Device",
+            "EnvironmentSummary",
+            "Fingerprint",
+            "FingerprintDifference",
+            "GitProvenance",
+            "Provenance",
+            "SystemDevice",
+            "SystemTool",
+            "Unavailable",
+            "Visibility",
+        ),
+        "perfgate.envprobe.models",
+    ),
     "SCHEMA_VERSION": "perfgate.envprobe.collect",
     "Assembled": "perfgate.envprobe.collect",
     "assemble": "perfgate.envprobe.collect",

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from perfgate.envprobe.models import Visibility
+if TYPE_CHECKING:
+    from perfgate.envprobe.models import Visibility
 
 __all__ = ["GOVERNING_VARIABLES", "count_listed", "visibility"]
 
@@ -101,6 +103,8 @@ def visibility(
         notes.append(
             "no system tool listed the host's devices, so the process's view could not be cross-checked."
         )
+    from perfgate.envprobe.models import Visibility  # the models load with their first use
+
     return Visibility(
         env=dict(env),
         governing_variable=governing,

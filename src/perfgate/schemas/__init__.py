@@ -1,7 +1,9 @@
 """Generated JSON Schemas of every tool (checked in; `perfgate schemas --check` fails on drift).
 
-Files: ``<tool>.input.json``, ``<tool>.output.json`` and ``tools_list.json`` (the exact ``tools/list``
-answer of a default server: names, order, descriptions, schemas, annotations); and, outside this folder,
+Files: ``<tool>.input.json``, ``<tool>.output.json``, ``tools_list.json`` (the exact ``tools/list``
+answer of a default server: names, order, descriptions, schemas, annotations) and ``tools_index.json``
+(each tool's module, and whether it runs commands or writes), from which a server lists its tools
+without importing them (`perfgate.tools._catalog`); and, outside this folder,
 the skill's contract vocabulary reference, rendered from the vocabulary the code checks.
 """
 
@@ -28,15 +30,22 @@ async def _tools_list() -> list[dict[str, Any]]:
     from perfgate.tools._runtime import ServerConfig
 
     with tempfile.TemporaryDirectory() as tmp:
-        server = build_server(ServerConfig.create(Path(tmp)))
+        server = build_server(ServerConfig.create(Path(tmp)), catalog=False)
         tools = await server.list_tools()
     return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
 
 
 def render_schemas() -> dict[str, str]:
     """File name -> content for every generated schema file."""
+    from perfgate.tools import registered_specs
+
     tools = anyio.run(_tools_list)
     files = {"tools_list.json": _dump(tools)}
+    index = [
+        {"name": s.name, "module": s.run.__module__, "runs_commands": s.runs_commands, "writes": s.writes}
+        for s in registered_specs(read_only=False)
+    ]
+    files["tools_index.json"] = _dump(index)
     for tool in tools:
         files[f"{tool['name']}.input.json"] = _dump(tool["inputSchema"])
         files[f"{tool['name']}.output.json"] = _dump(tool.get("outputSchema"))

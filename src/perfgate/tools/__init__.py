@@ -1,45 +1,65 @@
-"""The ordered tool registry: the server registers exactly these, in this order."""
+"""The ordered tool registry: the server registers exactly these, in this order.
+
+The tool modules (their models, their domain packages) load on first use of ``REGISTRY`` or of a module,
+not with this package: a server started from the generated catalog (`perfgate.tools._catalog`) imports a
+tool's module only when that tool is first called.
+"""
 
 from __future__ import annotations
 
-from perfgate.tools import (
-    analyze_trace,
-    audit_samples,
-    benchmark_run,
-    check_training_health,
-    collect_env,
-    compare_benchmarks,
-    compare_tensors,
-    compute_mfu,
-    estimate_flops,
-    import_benchmark,
-    plan_parallel_layout,
-    profile_segment,
-    record_decision,
-    run_benchmark_window,
-)
-from perfgate.tools._spec import AnySpec, ToolSpec
+import importlib
+import sys
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["REGISTRY", "ToolSpec", "registered_specs"]
+if TYPE_CHECKING:
+    from perfgate.tools._spec import AnySpec, ToolSpec
 
-REGISTRY: tuple[AnySpec, ...] = (
-    collect_env.SPEC,
-    run_benchmark_window.SPEC,
-    benchmark_run.SPEC,
-    import_benchmark.SPEC,
-    compare_benchmarks.SPEC,
-    check_training_health.SPEC,
-    profile_segment.SPEC,
-    analyze_trace.SPEC,
-    estimate_flops.SPEC,
-    compute_mfu.SPEC,
-    compare_tensors.SPEC,
-    audit_samples.SPEC,
-    plan_parallel_layout.SPEC,
-    record_decision.SPEC,
+    REGISTRY: tuple[AnySpec, ...]
+
+__all__ = ["REGISTRY", "TOOL_MODULES", "ToolSpec", "registered_specs", "shipped_registry"]
+
+TOOL_MODULES: tuple[str, ...] = (
+    "collect_env",
+    "run_benchmark_window",
+    "benchmark_run",
+    "import_benchmark",
+    "compare_benchmarks",
+    "check_training_health",
+    "profile_segment",
+    "analyze_trace",
+    "estimate_flops",
+    "compute_mfu",
+    "compare_tensors",
+    "audit_samples",
+    "plan_parallel_layout",
+    "record_decision",
 )
+"""The tool modules of ``perfgate.tools``, in registry order; each defines ``SPEC``."""
+
+
+def _shipped() -> tuple[AnySpec, ...]:
+    return tuple(importlib.import_module(f"{__name__}.{m}").SPEC for m in TOOL_MODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "REGISTRY":
+        value: Any = _shipped()
+    elif name == "ToolSpec":
+        from perfgate.tools._spec import ToolSpec as value
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def shipped_registry() -> bool:
+    """Whether ``REGISTRY`` is the shipped one: never loaded, or loaded and not replaced (tests add tools
+    to it); only then does the generated catalog describe the tools a server registers."""
+    registry = globals().get("REGISTRY")
+    return registry is None or registry == _shipped()
 
 
 def registered_specs(read_only: bool) -> list[AnySpec]:
     """The specs a server exposes: read-only servers drop tools that run commands or write decisions."""
-    return [s for s in REGISTRY if not (read_only and (s.runs_commands or s.writes))]
+    registry: tuple[AnySpec, ...] = sys.modules[__name__].REGISTRY
+    return [s for s in registry if not (read_only and (s.runs_commands or s.writes))]

@@ -11,10 +11,8 @@ import base64
 import functools
 import inspect
 import logging
-import sys
 from typing import Annotated, Any, cast
 
-import anyio.to_thread
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
@@ -23,35 +21,17 @@ from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
 
 from perfgate.errors import ToolError
-from perfgate.evidence import Ledger
-from perfgate.execution.service import ExecutionService
 from perfgate.tools._answer import answer_text
 from perfgate.tools._failures import argument_message, crash_message, field_errors
 from perfgate.tools._gating import APPROVAL_PARAM, PREPARED_PARAM, gate_parameters, settle
 from perfgate.tools._lean import lean_schema
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
+from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import AnySpec
+from perfgate.tools._state import AppState
 
 __all__ = ["AppState", "PerfgateTool", "make_tool_function", "validation_message"]
 
 logger = logging.getLogger(__name__)
-
-
-class AppState:
-    """Server-lifetime state, created in the server lifespan."""
-
-    def __init__(self, config: ServerConfig) -> None:
-        self.config = config
-        self.ledger = Ledger(config.workspace, config.trust)
-        self.execution = ExecutionService(config.workspace, self.ledger)
-
-    async def aclose(self) -> None:
-        """Stop command process groups still running, and the trace reader's kept worker (call when the
-        lifespan ends)."""
-        await self.execution.aclose()
-        traces_pool = sys.modules.get("perfgate.traces.pool")  # never imported: nothing was read
-        if traces_pool is not None:
-            await anyio.to_thread.run_sync(traces_pool.release_workers)
 
 
 def validation_message(tool: str, exc: ValidationError, model: type[BaseModel]) -> str:

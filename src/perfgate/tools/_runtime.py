@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 import anyio.to_thread
 from pydantic import BaseModel
 
-from perfgate._deadline import ParseLimits
 from perfgate._statefs import make_dirs, write_file
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, Ledger
@@ -24,7 +23,7 @@ from perfgate.evidence._writer import run_in_ledger_thread
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.service import CommandRunner, UnapprovedCommandError
-from perfgate.trust import TrustRoot
+from perfgate.tools._config import ServerConfig
 
 __all__ = ["EvidenceBuilder", "ProgressFn", "ServerConfig", "ToolRuntime"]
 
@@ -34,35 +33,6 @@ OutT = TypeVar("OutT", bound=BaseModel)
 
 async def _no_progress(progress: float, total: float | None, message: str | None) -> None:
     return None
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """Server-wide settings fixed at start-up (from the command line), shared by every call."""
-
-    workspace: Path
-    read_only: bool = False
-    read_roots: tuple[Path, ...] = ()
-    trust: TrustRoot = field(default_factory=TrustRoot.locate)
-    limits: ParseLimits = field(default_factory=ParseLimits.from_env)
-    """Parsing deadline and trace event cap (``perfgate serve --parse-deadline-s/--max-trace-events``)."""
-
-    @classmethod
-    def create(
-        cls,
-        workspace: Path,
-        read_only: bool = False,
-        read_roots: Sequence[Path] = (),
-        trust: TrustRoot | None = None,
-        limits: ParseLimits | None = None,
-    ) -> ServerConfig:
-        return cls(
-            workspace=workspace.resolve(),
-            read_only=read_only,
-            read_roots=tuple(p.resolve() for p in read_roots),
-            trust=trust or TrustRoot.locate(),
-            limits=limits or ParseLimits.from_env(),
-        )
 
 
 @dataclass
