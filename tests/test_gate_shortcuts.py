@@ -352,3 +352,385 @@ async def test_a_code_change_is_compared_and_kept_through_the_real_comparison(
         shown = await _show(client, exp, [{"id": out["evidence_id"], "role": "comparison"}])
         assert _gate(shown, "declared_change")["status"] == "passed"
         assert _gate(shown, "comparison")["status"] == "passed"
+
+
+# --- item 3: the batch is measured even without a DataLoader ---------------------------------------------
+
+TRAIN = """
+import argparse
+import torch
+p = argparse.ArgumentParser()
+p.add_argument("--batch", type=int, default=32)
+p.add_argument("--accumulation", type=int, default=2)
+p.add_argument("--use", type=int, default=0)
+args = p.parse_args()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+loss_fn = torch.nn.CrossEntropyLoss()  # a module without parameters: not the model
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+micro = args.batch // args.accumulation
+data, labels = torch.randn(4096, 8), torch.randint(0, 4, (4096,))
+i = 0
+for step in range(100000):
+    for _ in range(args.accumulation):
+        at = i % 4000
+        x, y = data[at : at + micro], labels[at : at + micro]
+        i += micro
+        xb, yb = (x[: args.use], y[: args.use]) if args.use else (x, y)  # train on part of the batch
+        loss_fn(model(xb), yb).backward()
+    opt.step()
+    opt.zero_grad()
+    with torch.no_grad():
+        model(torch.randn(100, 8))  # evaluation: not training samples
+"""
+
+
+def _contract(accumulation: int, global_batch: int | None = 32) -> dict[str, Any]:
+    invariants: dict[str, Any] = {"model": "mlp", "dataset": "synthetic", "precision": "fp32"}
+    if global_batch is None:  # a contract silent about the batch
+        return {"invariants": invariants, "execution": {"world_size": 1}}
+    return {
+        "invariants": {**invariants, "global_batch": global_batch},
+        "execution": {"microbatch": 32 // accumulation, "accumulation": accumulation, "world_size": 1},
+    }
+
+
+async def _launch(client: Client, args: list[str], contract: dict[str, Any]) -> dict[str, Any]:
+    import sys
+
+    result = await client.call_tool(
+        "run_benchmark_window",
+        {
+            "command": [sys.executable, "train.py", *args],
+            "warmup_steps": 2,
+            "measure_steps": 4,
+            "repeats": 1,
+            "timeout_s": 120,
+            "contract": contract,
+        },
+    )
+    assert result.structured_content is not None, _text(result)
+    return result.structured_content
+
+
+@pytest.mark.slow
+async def test_the_batch_reaching_the_model_is_measured_and_compared(server: Any, workspace: Path) -> None:
+    import sys
+
+    from _trust import any_code_rules, operator_policy
+
+    (workspace / "train.py").write_text(TRAIN)
+    operator_policy(
+        "[execution]\n"
+        + any_code_rules([sys.executable, "-m", "perfgate.harness"], [sys.executable, "train.py"])
+    )
+    async with Client(server) as client:
+        base = await _launch(client, [], _contract(2))
+        # measured without a DataLoader: two micro-batches of 16 reach the model per optimizer step
+        assert (base["measured_batch"], base["batch_source"]) == (32, "model_inputs"), base["warnings"]
+        # the honest change: one micro-batch of 32, the same global batch, declared as execution settings
+        honest = await _launch(client, ["--accumulation", "1"], _contract(1))
+        assert honest["measured_batch"] == 32
+        # the same samples reach the model in the same order, however they are split into micro-batches
+        assert honest["sample_streams"] == base["sample_streams"] != [None]
+        compared = await client.call_tool(
+            "compare_benchmarks",
+            {
+                "baseline": [base["evidence_id"]],
+                "candidate": [honest["evidence_id"]],
+                "declared_changes": ["microbatch", "accumulation"],
+            },
+        )
+        assert compared.structured_content is not None
+        assert compared.structured_content["status"] == "comparable", compared.structured_content["reasons"]
+        # training on half of each batch, under the same declared contract: the window contradicts it
+        lying = await _launch(client, ["--use", "8"], _contract(2))
+        assert lying["state"] == "failed" and lying["measured_batch"] == 16
+        assert "contradicts its contract" in lying["failure_reason"]
+        # the same, with a contract that no longer states the batch: the comparison refuses the sides
+        quiet = [await _launch(client, args, _contract(2, None)) for args in ([], ["--use", "8"])]
+        compared = await client.call_tool(
+            "compare_benchmarks",
+            {
+                "baseline": [quiet[0]["evidence_id"]],
+                "candidate": [quiet[1]["evidence_id"]],
+                "declared_changes": ["argv"],
+            },
+        )
+        out = compared.structured_content
+        assert out is not None and out["status"] == "incomparable"
+        assert any(r.startswith("measured.global_batch changed (32 -> 16)") for r in out["reasons"]), out[
+            "reasons"
+        ]
+        assert (
+            quiet[0]["sample_streams"] != quiet[1]["sample_streams"]
+        )  # another data path, seen by the harness
+
+
+async def test_a_semantic_option_on_the_command_line_is_a_semantic_change_whatever_was_declared(
+    server: Any, workspace: Path
+) -> None:
+    from perfgate.evidence import Ledger
+
+    ledger = Ledger(workspace)
+    async with Client(server) as client:
+        for option, declared, classification in (
+            (["--batch", "16"], ["argv"], "semantic"),
+            (["--global-batch=16"], ["accumulation"], "semantic"),
+            (["--lr", "0.2"], ["code", "argv"], "semantic"),
+            (["--seq-len", "256"], [], "semantic"),
+            (["--epochs", "3"], ["argv"], "semantic"),
+            (["--batch", "16"], ["global_batch"], "declared_semantic"),
+        ):
+            base = [
+                _series_window(ledger, ["python", "train.py", "--batch", "32", "--lr", "0.1"], i)
+                for i in range(3)
+            ]
+            cand = [
+                _series_window(ledger, ["python", "train.py", "--batch", "32", "--lr", "0.1", *option], i)
+                for i in range(3)
+            ]
+            result = await client.call_tool(
+                "compare_benchmarks", {"baseline": base, "candidate": cand, "declared_changes": declared}
+            )
+            out = result.structured_content
+            assert out is not None, _text(result)
+            flags = [d for d in out["differences"] if d["field"].startswith("argv.")]
+            assert [d["classification"] for d in flags] == [classification], (option, out["differences"])
+            if classification == "semantic":
+                assert out["status"] == "incomparable"
+                assert any(
+                    "that is a training_change, never an equivalent speedup" in r for r in out["reasons"]
+                )
+            else:
+                assert out["status"] == "comparable", out["reasons"]
+
+
+def _series_window(ledger: Any, command: list[str], launch: int) -> str:
+    """A launched window as run_benchmark_window records it (its step series artifact included)."""
+    import json
+
+    from perfgate.benchmarking.series import SERIES_NAME, SERIES_SCHEMA
+    from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
+
+    eid = Ledger.new_id()
+    series = {
+        "schema": SERIES_SCHEMA,
+        "version": 1,
+        "windows": [
+            {
+                "launch": 0,
+                "index": 0,
+                "host_step_s": [0.01 * (1 + 0.01 * i + 0.002 * launch) for i in range(6)],
+            }
+        ],
+    }
+    (ledger.artifact_dir(eid) / SERIES_NAME).write_text(json.dumps(series))
+    ledger.append(
+        EvidenceDraft(
+            id=eid,
+            tool="run_benchmark_window",
+            state=EvidenceState.EXECUTED,
+            inputs={"command": command, "contract": {"invariants": INVARIANTS, "execution": {}}},
+            result={
+                "evidence_id": eid,
+                "peak_memory_bytes": 1000,
+                "environment_fingerprint": {"device": "cpu", "torch": "2.13.0"},
+                "windows": [{"launch": launch, "index": 0}],
+                "measured_batch": 64,
+                "batch_source": "model_inputs",
+            },
+            artifact_names=[SERIES_NAME],
+        )
+    )
+    return eid
+
+
+# --- item 4: the data path is measured --------------------------------------------------------------------
+
+
+def _streams_window(ev: Evidence, streams: list[str | None]) -> str:
+    """A window as a harness that read each launch's sample stream records it."""
+    from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
+
+    base = ev.ledger.get(ev.window(launches=list(range(len(streams)))))
+    assert base is not None
+    eid = Ledger.new_id()
+    (ev.ledger.artifact_dir(eid) / "series.json").write_bytes(b"[10.0, 10.1]")
+    ev.ledger.append(
+        EvidenceDraft(
+            id=eid,
+            tool=base.tool,
+            state=EvidenceState.EXECUTED,
+            inputs=dict(base.inputs),
+            result={**base.result, "evidence_id": eid, "sample_streams": streams},
+            artifact_names=["series.json"],
+        )
+    )
+    return eid
+
+
+@pytest.mark.parametrize(
+    ("base_streams", "cand_streams", "file_change", "audit_needed"),
+    [
+        (["s1", "s1", "s1"], ["s2", "s2", "s2"], None, True),  # other inputs reached the model
+        (["s1", "s1", "s1"], ["s1", "s1", "s1"], "data/loader.py", True),  # the data-loading code changed
+        (["s1", "s1", "s1"], ["s1", "s1", "s1"], "model.py", False),  # same inputs, model code changed
+        (["s1", "s2", "s3"], ["s4", "s4", "s4"], None, False),  # the baseline's stream is not reproducible
+        ([None, None, None], [None, None, None], None, False),  # not read (no warm-up): nothing to say
+    ],
+)
+async def test_touches_data_is_implied_by_what_the_sides_ran(
+    server: Any,
+    workspace: Path,
+    base_streams: list[str | None],
+    cand_streams: list[str | None],
+    file_change: str | None,
+    audit_needed: bool,
+) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client)  # touches_data left false
+        base = [_streams_window(ev, [s]) for s in base_streams]
+        cand = [_streams_window(ev, [s]) for s in cand_streams]
+        differences = (
+            [{"field": f"file:{file_change}", "kind": "file", "classification": "declared_execution"}]
+            if file_change
+            else []
+        )
+        links = [
+            {"id": ev.env(), "role": "environment"},
+            {"id": ev.comparison(base, cand, differences=differences), "role": "comparison"},
+            {"id": ev.tensors(base=base, cand=cand), "role": "correctness"},
+        ]
+        result = await _keep(client, exp, links)
+        if not audit_needed:
+            assert not result.is_error, _text(result)
+            assert _gate(result, "sample_audit")["status"] == "not_applicable"
+            return
+        text = _text(result)
+        assert result.is_error and "sample_audit" in text and "touches_data was not declared" in text
+        assert "next: audit_samples(" in text
+        # the refusal's next step, taken, clears the gate
+        audit = ev.add("audit_samples", "passed", {"status": "ok"}, {"observed": "samples"})
+        kept = await _keep(client, exp, [{"id": audit, "role": "audit"}])
+        assert not kept.is_error, _text(kept)
+
+
+# --- item 5: every refusal's next step clears its gate ------------------------------------------------------
+
+
+async def _follow_gate(
+    client: Client, ev: Evidence, gate: str, broken: dict[str, Any], call: str, fixed: dict[str, Any]
+) -> None:
+    """``broken`` fails ``gate`` with a next step naming ``call``; attaching ``fixed`` (what that call
+    returns) to the same experiment makes the gate pass or name another reason."""
+    before = _gate(await _show(client, broken["exp"], broken["links"]), gate)
+    assert before["status"] == "failed", before
+    assert before["satisfy_with"] and call in before["satisfy_with"], before["satisfy_with"]
+    exp = fixed.get("exp", broken["exp"])
+    shown = await _show(client, exp, fixed["links"])
+    assert shown.structured_content is not None, _text(shown)
+    gates = {g["name"]: g for g in shown.structured_content["gates"]}
+    after = gates.get(gate, {"status": "not_applicable"})  # e.g. no classification gate for a training change
+    assert after["status"] in ("passed", "not_applicable") or after["reason"] != before["reason"], after
+
+
+async def test_each_refusal_names_a_call_that_clears_its_gate(server: Any, workspace: Path) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        # environment: collect_env(), then attach it
+        exp = await _open(client)
+        links, _ = _honest(ev)
+        await _follow_gate(
+            client,
+            ev,
+            "environment",
+            {"exp": exp, "links": _drop(links, "environment")},
+            "collect_env()",
+            {"links": [{"id": ev.env(), "role": "environment"}]},
+        )
+        # comparison: compare_benchmarks(...), then attach it
+        exp = await _open(client)
+        links, ids = _honest(ev)
+        await _follow_gate(
+            client,
+            ev,
+            "comparison",
+            {"exp": exp, "links": _drop(links, "comparison")},
+            "compare_benchmarks(",
+            {"links": [{"id": ev.comparison(ids["base"], ids["cand"]), "role": "comparison"}]},
+        )
+        # candidate_after_open: measure the candidate now, then compare
+        early = [ev.window() for _ in range(3)]
+        exp = await _open(client)
+        links, ids = _honest(ev)
+        stale = ev.comparison(ids["base"], early)
+        await _follow_gate(
+            client,
+            ev,
+            "candidate_after_open",
+            {"exp": exp, "links": [*_drop(links, "comparison"), {"id": stale, "role": "comparison"}]},
+            "run_benchmark_window(...) for the candidate now",
+            {
+                "links": [
+                    {"id": ev.comparison(ids["base"], [ev.window() for _ in range(3)]), "role": "comparison"}
+                ]
+            },
+        )
+        # correctness looser than declared: compare_tensors at the declared tolerance
+        exp = await _open(client)
+        links, ids = _honest(ev)
+        loose = ev.tensors(atol=1e-4, base=ids["base"], cand=ids["cand"])
+        exp_loose = await _open(client)
+        await _follow_gate(
+            client,
+            ev,
+            "correctness",
+            {"exp": exp_loose, "links": [*_drop(links, "correctness"), {"id": loose, "role": "correctness"}]},
+            "compare_tensors(reference=..., candidate=..., atol=1e-05, rtol=1e-05)",
+            {"exp": exp, "links": links},
+        )
+        # classification: a declared semantic change in a system_optimization -> open a training_change
+        exp = await _open(client, changed_variable="precision")
+        links, ids = _honest(ev)
+        semantic = [{"field": "contract.invariants.precision", "classification": "declared_semantic"}]
+        comp = ev.comparison(ids["base"], ids["cand"], declared=["precision"], differences=semantic)
+        training = await _open(client, classification="training_change", changed_variable="precision")
+        cand = [ev.window() for _ in range(3)]
+        comp_after = ev.comparison(ids["base"], cand, declared=["precision"], differences=semantic)
+        await _follow_gate(
+            client,
+            ev,
+            "classification",
+            {"exp": exp, "links": [*_drop(links, "comparison"), {"id": comp, "role": "comparison"}]},
+            "classification='training_change'",
+            {"exp": training, "links": [{"id": comp_after, "role": "comparison"}]},
+        )
+        # task_quality: check_training_health(...), then attach it
+        health = _health(ev, cand[0], ids["base"][0], loss_last=2.0, loss_last_ratio=1.0)
+        await _follow_gate(
+            client,
+            ev,
+            "task_quality",
+            {"exp": training, "links": []},
+            "check_training_health(evidence_id=<candidate window>",
+            {"links": [{"id": health, "role": "quality"}]},
+        )
+        # topology: compare per device
+        exp = await _open(client, changed_variable="world_size")
+        links, ids = _honest(ev)
+        total = ev.comparison(
+            ids["base"], ids["cand"], declared=["world_size"], actual_changes=["world_size"]
+        )
+        per_device = ev.comparison(
+            ids["base"], ids["cand"], declared=["world_size"], actual_changes=["world_size"], per_device=True
+        )
+        await _follow_gate(
+            client,
+            ev,
+            "topology",
+            {"exp": exp, "links": [*_drop(links, "comparison"), {"id": total, "role": "comparison"}]},
+            "per_device=true",
+            {"links": [{"id": per_device, "role": "comparison"}]},
+        )

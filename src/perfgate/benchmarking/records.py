@@ -65,6 +65,8 @@ class StepColumns(msgspec.Struct, frozen=True):
     backward_ns: list[_Ns]
     samples: list[_Bytes | None]
     tokens: list[_Bytes | None]
+    model_samples: list[_Bytes | None] = msgspec.field(default_factory=list[_Bytes | None])
+    """Samples that reached the top-level module's forward per step (empty from a harness without it)."""
 
 
 class WindowRecord(msgspec.Struct, frozen=True):
@@ -145,6 +147,8 @@ class RankRecord(msgspec.Struct, frozen=True):
     metrics: dict[Annotated[str, msgspec.Meta(max_length=100)], float] = msgspec.field(
         default_factory=dict[str, float]
     )
+    sample_stream: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    """Digest of the inputs of the first training forwards of the warm-up (the data path), when read."""
 
 
 @dataclass(frozen=True)
@@ -194,7 +198,12 @@ def read_record(path: Path) -> RankRecord:
         record.steps.step_time_ns,
         record.steps.data_wait_ns,
     )
-    if any(len(c) != n for c in columns) or len(record.steps.samples) != n or len(record.steps.tokens) != n:
+    if (
+        any(len(c) != n for c in columns)
+        or len(record.steps.samples) != n
+        or len(record.steps.tokens) != n
+        or len(record.steps.model_samples) not in (0, n)
+    ):
         raise RecordError(f"{path}: step columns disagree with steps.count={n} (the file is corrupt)")
     if record.rank >= record.world_size:
         raise RecordError(

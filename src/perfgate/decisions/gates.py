@@ -647,19 +647,24 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
                 _na("correctness", "a training change alters numerics by design; task quality decides")
             )
             gates.append(_quality_gate(exp, ev))
-    if exp.touches_data:
-        gates.append(
-            _passed_by(
-                exp,
-                ev,
-                "audit",
-                "audit_samples",
-                "sample_audit",
-                "audit_samples(observed=..., expected_range=[...]), then " + _attach(exp, "audit"),
-            )
+    implied = _implied_data_change(exp, ev)
+    if exp.touches_data or implied:
+        audit = _passed_by(
+            exp,
+            ev,
+            "audit",
+            "audit_samples",
+            "sample_audit",
+            "audit_samples(observed=..., expected_range=[...]), then " + _attach(exp, "audit"),
         )
+        if implied and not exp.touches_data:
+            # measured, not declared: the reason says why the audit applies
+            audit.reason = f"{audit.reason} (required: {'; '.join(implied)}; touches_data was not declared)"
+        gates.append(audit)
     else:
-        gates.append(_na("sample_audit", "the change does not touch data loading or sharding"))
+        gates.append(
+            _na("sample_audit", "the change does not touch data loading or sharding (declared and measured)")
+        )
     gates.append(_runs_finished_gate(exp, ev))
     report = ledger.verify()
     gates.append(
@@ -689,6 +694,16 @@ def _runs_finished_gate(exp: Experiment, ev: _Evidence) -> Gate:
         "benchmark_run(action='wait', run_id=...) until the run ends, then benchmark_run(action='result', "
         "run_id=...); cite the record it returns, not the start record",
     )
+
+
+def _implied_data_change(exp: Experiment, ev: _Evidence) -> list[str]:
+    """Why the latest attached comparison shows a data-path change, whatever the experiment declared."""
+    from perfgate.decisions.data_path import data_path_changes
+
+    comparisons = [
+        r for i in exp.ids("comparison") if (r := ev.get(i)) is not None and r.tool == "compare_benchmarks"
+    ]
+    return data_path_changes(comparisons[-1], ev.get) if comparisons else []
 
 
 def _new_baseline_gate(exp: Experiment, ev: _Evidence) -> Gate:

@@ -12,7 +12,14 @@ Probes, each installed at most once per process and routed to whichever window i
 * wrappers around ``torch.amp.GradScaler.scale`` / ``step``: the unscaled loss, and scaler steps that
   did not reach the optimizer (an AMP overflow skipped the update);
 * a wrapper around ``torch.save``: a checkpoint written inside a measured window is named in the
-  record's notes (its time stays in the window: it is the script's own work).
+  record's notes (its time stays in the window: it is the script's own work);
+* the samples that reach the model: a global forward pre-hook finds the top-level module (the first
+  module with trainable parameters called, with gradients enabled, outside any other module's forward),
+  then steps aside for a hook on that module alone, which adds the leading dimension of each call's
+  first tensor input (every micro-batch of an accumulated step) to the step. A batch measured without a
+  DataLoader; a loss module (no parameters) and evaluation under ``no_grad`` are not counted. Before the
+  first window, the same hook digests the first rows of those inputs (the launch's sample stream: the
+  data path, whatever micro-batches carried it).
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ _data_loader_patched = False
 _backward_patched = False
 _save_patched = False
 _scaler_patched = False
+_forward_probe: list[Any] = []
+"""The global discovery hooks while no top-level module is known, then the one module hook."""
+_forward_depth = 0
 
 
 def active_window() -> Window | None:
@@ -56,6 +66,7 @@ def activate(window: Window, *, data_wait: bool = True, backward: bool = True) -
         _patch_backward(torch)
         _patch_grad_scaler(torch)
     _patch_save(torch)
+    _probe_forward(torch)
 
 
 def deactivate(window: Window) -> None:
@@ -82,11 +93,17 @@ def _on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
 
 def batch_size(batch: object) -> int | None:
     """Leading dimension of the first tensor in a (nested) batch, or ``None`` if there is none."""
-    item: Any = batch  # an arbitrary user batch: tensors, sequences, mappings
+    item = _first_tensor(batch)
+    shape: Any = getattr(item, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) else None
+
+
+def _first_tensor(batch: object) -> Any:
+    """The first object with a ``shape`` in a (nested) batch: tensors, sequences, mappings; else None."""
+    item: Any = batch  # an arbitrary user batch
     for _ in range(8):  # bounded descent into nested containers
-        shape: Any = getattr(item, "shape", None)
-        if shape is not None:
-            return int(shape[0]) if len(shape) else None
+        if getattr(item, "shape", None) is not None:
+            return item
         if isinstance(item, (list, tuple)):
             seq = cast("Sequence[Any]", item)
             if not seq:
@@ -195,3 +212,65 @@ def _patch_grad_scaler(torch: Any) -> None:
     scaler_cls.scale = scale
     scaler_cls.step = step
     _scaler_patched = True
+
+
+def _probe_forward(torch: Any) -> None:
+    """Install the discovery hooks once (see the module docstring)."""
+    global _forward_depth
+    if _forward_probe:
+        return
+    module_api: Any = getattr(getattr(getattr(torch, "nn", None), "modules", None), "module", None)
+    register_pre = getattr(module_api, "register_module_forward_pre_hook", None)
+    register_post = getattr(module_api, "register_module_forward_hook", None)
+    if register_pre is None or register_post is None:
+        return
+    _forward_depth = 0
+
+    def enter(module: Any, args: tuple[Any, ...]) -> None:
+        global _forward_depth
+        _forward_depth += 1
+        if _forward_depth != 1 or not torch.is_grad_enabled() or not _trains(module):
+            return
+        # found: count this call, then hand over to a hook on this module alone (the global hooks run for
+        # every submodule call, a cost the measured steps should not carry)
+        _count_forward(module, args)
+        for handle in _forward_probe:
+            handle.remove()
+        _forward_probe.clear()
+        _forward_probe.append(module.register_forward_pre_hook(_count_forward))
+
+    def leave(module: Any, args: Any, output: Any) -> None:
+        global _forward_depth
+        _forward_depth = max(0, _forward_depth - 1)
+
+    _forward_probe.append(register_pre(enter))
+    _forward_probe.append(register_post(leave, always_call=True))
+
+
+def _trains(module: Any) -> bool:
+    return any(p.requires_grad for p in module.parameters())
+
+
+def _count_forward(module: Any, args: tuple[Any, ...]) -> None:
+    window = _active
+    if window is None or not sys.modules["torch"].is_grad_enabled():
+        return
+    window.add_model_samples(batch_size(args))
+    wanted = window.stream_rows_wanted()
+    if wanted:
+        window.add_stream(*_input_rows(args, wanted))
+
+
+def _input_rows(args: tuple[Any, ...], wanted: int) -> tuple[str, bytes | None, int]:
+    """(dtype and per-row shape, bytes, rows) of up to ``wanted`` leading rows of a forward's first tensor
+    input, read to the host; bytes None when there is no tensor or it cannot be read."""
+    item = _first_tensor(args)
+    if item is None or not hasattr(item, "detach") or not len(item.shape):
+        return "", None, 0
+    torch = sys.modules["torch"]
+    try:
+        rows = item[:wanted].detach().to("cpu").contiguous()
+        data = bytes(rows.reshape(-1).view(torch.uint8).numpy().tobytes())
+    except (RuntimeError, TypeError, ValueError):
+        return "", None, 0
+    return f"{item.dtype}:{tuple(item.shape[1:])}", data, int(rows.shape[0])

@@ -21,6 +21,7 @@ kept, and named in the record's notes.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import itertools
 import math
 import os
@@ -42,6 +43,10 @@ from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path, 
 __all__ = ["Window", "WindowComplete", "report_metric"]
 
 _now = time.perf_counter_ns
+
+STREAM_ROWS = 64
+"""Input rows (samples) of the first training forwards of the warm-up that make up a launch's sample stream
+digest: the data path a comparison's sides share when their digests agree."""
 
 # One tuple per step: (end_ns, data_wait_ns, backward_ns, samples, tokens).
 _Step = tuple[int, int, int, "int | None", "int | None"]
@@ -146,6 +151,13 @@ class Window:
         self._cur_wait = 0
         self._cur_backward = 0
         self._cur_samples: int | None = None
+        self._cur_model_samples: int | None = None
+        self._model_samples: list[int | None] = []
+        """Per step: samples that reached the top-level module's forward (every micro-batch)."""
+        self._inputs = hashlib.blake2b(digest_size=16)
+        self._inputs_read = 0
+        self._inputs_known = True
+        self._inputs_header: str = ""
         # training health: scalar losses of the open window's steps, kept on the device until its edge
         self._losses: list[tuple[int, Any]] = []
         self._scaled_id: int | None = None
@@ -325,6 +337,8 @@ class Window:
         self._cur_wait = 0
         self._cur_backward = 0
         self._cur_samples = None
+        self._model_samples.append(None if self._cur_model_samples == -1 else self._cur_model_samples)
+        self._cur_model_samples = None
         if self._scaler_steps:
             self._count_skips(n)
 
@@ -343,6 +357,33 @@ class Window:
         self._cur_wait += wait_ns
         if samples is not None:
             self._cur_samples = samples if self._cur_samples is None else self._cur_samples + samples
+
+    def add_model_samples(self, samples: int | None) -> None:
+        """Called by the forward hook with the leading dimension of one top-level forward's input; a call
+        whose input has none makes the step's count unknown (-1 until the step ends)."""
+        if samples is None or self._cur_model_samples == -1:
+            self._cur_model_samples = -1
+        else:
+            self._cur_model_samples = (self._cur_model_samples or 0) + samples
+
+    def stream_rows_wanted(self) -> int:
+        """How many more input rows (samples) the forward hook should digest: the first ``STREAM_ROWS`` of
+        training, before any window is measured (reading the input back to the host costs a sync)."""
+        if self._open is not None or self._windows or not self._inputs_known:
+            return 0
+        return max(0, STREAM_ROWS - self._inputs_read)
+
+    def add_stream(self, header: str, data: bytes | None, rows: int) -> None:
+        """The next ``rows`` input rows' bytes, in order; ``header`` (dtype and per-row shape) is digested
+        when it changes, so the digest does not depend on how the rows were split into micro-batches."""
+        if data is None:
+            self._inputs_known = False
+            return
+        if header != self._inputs_header:
+            self._inputs.update(header.encode())
+            self._inputs_header = header
+        self._inputs.update(data)
+        self._inputs_read += rows
 
     def add_backward(self, elapsed_ns: int) -> None:
         """Called by the backward hook with the host time one ``backward()`` call took."""
@@ -466,6 +507,7 @@ class Window:
                 "backward_ns": [s[2] for s in self._steps],
                 "samples": [s[3] for s in self._steps],
                 "tokens": [s[4] for s in self._steps],
+                "model_samples": list(self._model_samples),
             },
             "windows": list(self._windows),
             "other_optimizer_steps": self._other_optimizer_steps,
@@ -475,6 +517,7 @@ class Window:
             "runtime_env": self._runtime_env,
             "tensor_dumps": list(self._dumps),
             "metrics": dict(self._metrics),
+            "sample_stream": self._inputs.hexdigest() if self._inputs_read and self._inputs_known else None,
         }
 
     # ------------------------------------------------------------------ internals
@@ -519,6 +562,8 @@ class Window:
         self._cur_wait = 0
         self._cur_backward = 0
         self._cur_samples = None
+        self._model_samples.append(None if self._cur_model_samples == -1 else self._cur_model_samples)
+        self._cur_model_samples = None
         if self._scaler_steps:
             self._count_skips(n)
         if is_edge:

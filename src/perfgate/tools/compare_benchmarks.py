@@ -23,7 +23,7 @@ from perfgate.benchmarking.protocol import (
     window_protocol,
 )
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
-from perfgate.benchmarking.vocabulary import canonical_key, vocabulary_name, vocabulary_problems
+from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key, vocabulary_name, vocabulary_problems
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState
 from perfgate.evidence.access import as_dict
@@ -327,7 +327,10 @@ def _differences(
             for i in range(max(len(b_list), len(c_list)))
             if i >= len(b_list) or i >= len(c_list) or b_list[i] != c_list[i]
         ]
-        ok = _ARGV in names or execution_changed
+        semantic_flags = _semantic_flag_differences(b_list, c_list, declared)
+        out.extend(semantic_flags)
+        # a changed semantic flag explains its own tokens, declared or not (its difference says which)
+        ok = _ARGV in names or execution_changed or bool(semantic_flags)
         if _ARGV in names:
             used.add(_ARGV)
         out.append(
@@ -420,6 +423,11 @@ def _differences(
                     "purpose, else re-run both sides in one environment",
                 )
             )
+    batch = _batch_difference(base, cand, declared)
+    if isinstance(batch, str):
+        unverified.append(batch)
+    elif batch is not None:
+        out.append(batch)
     return out, unverified, used
 
 
@@ -460,6 +468,34 @@ def _protocol_differences(base: EvidenceRecord, cand: EvidenceRecord, names: set
             )
         )
     return out
+
+
+def _batch_difference(
+    base: EvidenceRecord, cand: EvidenceRecord, declared: list[str]
+) -> Difference | str | None:
+    """The global batch the harness measured on each side: a Difference when it changed (semantic, whatever
+    the contracts say), what could not be compared when a side has no measurement, None when equal."""
+    b_batch, c_batch = base.result.get("measured_batch"), cand.result.get("measured_batch")
+    if not isinstance(b_batch, int) or not isinstance(c_batch, int):
+        missing = [
+            side for side, v in (("baseline", b_batch), ("candidate", c_batch)) if not isinstance(v, int)
+        ]
+        return (
+            f"measured global batch ({' and '.join(missing)}: batch_source unverified, imported, or measured before "
+            "perfgate counted the samples reaching the model)"
+        )
+    if b_batch == c_batch:
+        return None
+    declared_here = "global_batch" in {vocabulary_name(d) for d in declared}
+    return Difference(
+        field="measured.global_batch",
+        kind="measured",
+        baseline=b_batch,
+        candidate=c_batch,
+        classification="declared_semantic" if declared_here else "semantic",
+        note="samples per optimizer step the harness counted reaching the model (or from the DataLoader), "
+        f"{base.result.get('batch_source')} vs {cand.result.get('batch_source')}",
+    )
 
 
 def _contract(record: EvidenceRecord) -> Contract:
@@ -528,7 +564,68 @@ def _side_reasons(side: str, records: list[EvidenceRecord]) -> list[str]:
     observed = {str(sorted(_observed(r).items())) for r in records}
     if len(observed) > 1:
         reasons.append(f"{side} windows ran on different devices or world sizes")
+    batches = {b for r in records if isinstance(b := r.result.get("measured_batch"), int)}
+    if len(batches) > 1:
+        reasons.append(
+            f"{side} windows measured different global batches ({', '.join(map(str, sorted(batches)))} samples per "
+            "optimizer step): they are not one workload"
+        )
     return reasons
+
+
+def argv_options(tokens: list[str]) -> dict[str, str]:
+    """Command-line options as name -> value: ``--lr 0.1``, ``--lr=0.1``, ``--train.batch-size 8`` (the last
+    dotted segment, ``-`` as ``_``, lower case); an option followed by another option is a switch ('true')."""
+    out: dict[str, str] = {}
+    for i, token in enumerate(tokens):
+        if not token.startswith("-") or token.lstrip("-") == "" or _is_number(token):
+            continue
+        flag, eq, value = token.partition("=")
+        name = flag.lstrip("-").replace("-", "_").lower().rsplit(".", 1)[-1]
+        if not eq:
+            following = tokens[i + 1] if i + 1 < len(tokens) else None
+            value = (
+                following
+                if following is not None and (not following.startswith("-") or _is_number(following))
+                else "true"
+            )
+        out[name] = value
+    return out
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _semantic_flag_differences(b_argv: list[str], c_argv: list[str], declared: list[str]) -> list[Difference]:
+    """Options named by a semantic vocabulary key (``--batch``, ``--lr``, ``--seq-len``, ``--epochs``, ...)
+    whose value differs: a semantic change whatever else was declared (declared by its vocabulary name it
+    is a training change, comparable but never an equivalent speedup)."""
+    b_opts, c_opts = argv_options(b_argv), argv_options(c_argv)
+    names = {vocabulary_name(d) for d in declared} | {
+        term.name for d in declared if (term := VOCABULARY.get(canonical_key(d))) is not None
+    }
+    out: list[Difference] = []
+    for flag in sorted(set(b_opts) | set(c_opts)):
+        term = VOCABULARY.get(canonical_key(flag))
+        if term is None or term.cls != "semantic" or b_opts.get(flag) == c_opts.get(flag):
+            continue
+        declared_here = vocabulary_name(flag) in names or term.name in names
+        out.append(
+            Difference(
+                field=f"argv.{flag}",
+                kind="argv",
+                baseline=b_opts.get(flag),
+                candidate=c_opts.get(flag),
+                classification="declared_semantic" if declared_here else "semantic",
+                note=f"a command-line option naming the semantic key {term.name!r} ({term.meaning}) changed",
+            )
+        )
+    return out
 
 
 def argv_degrees(argv: Any) -> dict[str, str]:
@@ -614,15 +711,13 @@ def _difference_reasons(declared: list[str], diff: ContractDiff, differences: li
     happened |= {d.kind for d in differences if d.kind in (_CODE, _ARGV)}
     happened |= {_CODE for d in differences if d.kind == "file"}
     for d in differences:
-        if d.kind in ("env", "measured"):
-            from perfgate.benchmarking.vocabulary import VOCABULARY
-
+        if d.kind in ("env", "measured") or d.field.startswith("argv."):  # argv.<option>: a semantic option
             term = VOCABULARY.get(canonical_key(d.field.split(".", 1)[1]))
             if term is not None:
                 happened.add(term.name)
     for name in sorted(set(declared)):
         key = canonical_key(name[4:] if name.lower().startswith("env:") else name)
-        if key not in happened and name not in diff.actual_changes:
+        if key not in happened and vocabulary_name(key) not in happened and name not in diff.actual_changes:
             reasons.append(f"declared change {name!r} did not happen (same value on both sides)")
     return reasons
 

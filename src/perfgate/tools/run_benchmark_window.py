@@ -359,6 +359,23 @@ class RunBenchmarkWindowOutput(BaseModel):
     step_series_artifact: str | None = Field(description="Artifact with every window's per-step times.")
     artifacts: list[str]
     contract_problems: list[str] = Field(description="Where the run contradicted the declared contract.")
+    measured_batch: int | None = Field(
+        default=None,
+        description="Global samples per optimizer step measured by the harness over the measured steps: the "
+        "leading dimension of the top-level module's inputs (every micro-batch), else the DataLoader batches; "
+        "null: unverified (see batch_source). compare_benchmarks refuses sides that differ in it.",
+    )
+    sample_streams: list[str | None] = Field(
+        default_factory=list[str | None],
+        description="Per launch: a digest of the inputs of the first training forwards of the warm-up, over "
+        "all ranks (null: not read, e.g. no warm-up). Sides whose launches agree within each side but differ "
+        "between them changed the data path: the keep then needs a sample audit.",
+    )
+    batch_source: Literal["model_inputs", "data_loader", "unverified"] | None = Field(
+        default=None,
+        description="Where measured_batch comes from; 'unverified': neither a top-level module's forward nor a "
+        "DataLoader batch was seen on every measured step (the batch is only what was declared).",
+    )
     environment_fingerprint: dict[str, str | None]
     provenance: RunProvenance | None = Field(
         default=None, description="What ran: argv, env changes, code state, digests of files argv names."
@@ -708,6 +725,7 @@ async def measure(
     contract_problems: list[str] = []
     host_loads = [] if host_loads is None else host_loads
     dumps: list[TensorDump] = []
+    streams: list[str | None] = []
     reported: dict[str, float] = {}
     try:
         for launch in range(launches):
@@ -732,6 +750,7 @@ async def measure(
                 first_launch = first_launch or records
                 all_records.extend(records)
                 dumps.extend(tensor_dumps(rt, launch, records))
+                streams.append(_launch_stream(records))
                 reported = (
                     {k: v for k, v in records[0].metrics.items() if math.isfinite(v)} if records else {}
                 )
@@ -746,8 +765,17 @@ async def measure(
     summary: RunSummary | None = (
         summarize_run([w for _, w in windows]) if windows and failure is None else None
     )
+    batch: tuple[int | None, Literal["model_inputs", "data_loader", "unverified"]] | None = None
     if summary is not None and world is not None:
         measured = _measured_samples_per_step(first_launch, inp)
+        batch = _measured_batch(first_launch, inp, measured)
+        if measured is None:
+            measured = batch[0]
+        elif batch[0] is not None and batch[0] != measured:
+            warnings.append(
+                f"the top-level module's inputs held {batch[0]} samples per optimizer step, but the DataLoader "
+                f"delivered {measured}: measured_batch is what reached the model"
+            )
         device = first_record.device if first_record is not None else None
         contract_problems = check_observed(
             contract,
@@ -767,8 +795,9 @@ async def measure(
             failure = "the run contradicts its contract: " + "; ".join(contract_problems)
         elif measured is None and inp.timing != "log":
             warnings.append(
-                "samples per optimizer step were not measured (no DataLoader batches seen): throughput and the "
-                "global batch rest on what was declared"
+                "global batch unverified: no DataLoader batch and no forward of a module with trainable "
+                "parameters was seen on every measured step, so throughput and the global batch rest on what "
+                "was declared; compare_benchmarks names it as unverified"
             )
     if not dumps and provenance is not None and any(r.stop_reason == "window_complete" for r in all_records):
         from perfgate.benchmarking.dumps import unreached_dump_warning
@@ -798,6 +827,9 @@ async def measure(
         out.warnings.append("training health: " + "; ".join(out.health.findings[:3]))
     _attach_nodes(out, first_launch)
     out.contract_problems = contract_problems
+    out.sample_streams = streams
+    if batch is not None:
+        out.measured_batch, out.batch_source = batch
     out.provenance = provenance
     out.step_series_artifact = series_name
     out.host_load = host_loads
@@ -881,6 +913,37 @@ def _measured_samples_per_step(records: list[RankRecord], inp: RunBenchmarkWindo
             return None
         totals.add(sum(v or 0 for v in column))
     return totals.pop() if len(totals) == 1 else None
+
+
+def _launch_stream(records: list[RankRecord]) -> str | None:
+    """One launch's sample stream: every rank's digest in rank order, or None when a rank has none."""
+    import hashlib
+
+    ranks = sorted(records, key=lambda r: r.rank)
+    if not ranks or any(r.sample_stream is None for r in ranks):
+        return None
+    if len(ranks) == 1:
+        return ranks[0].sample_stream
+    return hashlib.blake2b("|".join(str(r.sample_stream) for r in ranks).encode(), digest_size=16).hexdigest()
+
+
+def _measured_batch(
+    records: list[RankRecord], inp: RunBenchmarkWindowInput, loader: int | None
+) -> tuple[int | None, Literal["model_inputs", "data_loader", "unverified"]]:
+    """Global samples per optimizer step that reached the model (summed over ranks and micro-batches), when
+    every rank counted every measured step alike; else the DataLoader's count; else unverified."""
+    if records and inp.timing != "log":
+        start = inp.warmup_steps
+        steps = min(r.steps.count for r in records)
+        columns = [r.steps.model_samples for r in records]
+        if all(len(c) >= steps for c in columns) and steps > start:
+            totals = {sum(c[j] or 0 for c in columns) for j in range(start, steps)}
+            known = all(c[j] is not None for c in columns for j in range(start, steps))
+            if known and len(totals) == 1 and (total := totals.pop()) > 0:
+                return total, "model_inputs"
+    if loader is not None:
+        return loader, "data_loader"
+    return None, "unverified"
 
 
 def _provenance(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder) -> RunProvenance:
