@@ -12,6 +12,7 @@ import pytest
 from mcp import Client
 
 from _trust import any_code_rules, operator_policy
+from perfgate.benchmarking.protocol import IMPORTED_FIELDS, LAUNCHED_FIELDS
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.server import build_server
 from perfgate.tools._runtime import ServerConfig
@@ -149,6 +150,7 @@ async def test_each_protocol_field_changed_on_one_side_is_refused_by_name_unless
     (diff,) = [d for d in out["differences"] if d["kind"] == "protocol"]
     assert (diff["field"], diff["classification"]) == (f"protocol.{field}", "undeclared")
     defaults = IMPORTED if tool == "import_benchmark" else LAUNCHED
+    assert (IMPORTED_FIELDS if tool == "import_benchmark" else LAUNCHED_FIELDS)[field] in diff["note"]
     assert (diff["baseline"], diff["candidate"]) == ({**defaults, **before}[field], after[field])
     assert any(r.startswith(f"protocol.{field} differs") and "not declared" in r for r in out["reasons"])
     # declared as protocol.<field>, the same pair compares

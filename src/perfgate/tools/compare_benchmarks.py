@@ -159,8 +159,8 @@ class Difference(BaseModel):
     ] = Field(
         description="declared_execution: covered by declared_changes and allowed; declared_semantic: a "
         "declared change of what is learned (comparable, but only a training_change can be kept on it); "
-        "declared_protocol: a measurement-boundary field (warm-up, measured steps, timing, ...) declared by "
-        "its name; undeclared or semantic: the comparison is incomparable."
+        "declared_protocol: a measurement-boundary field (warm-up, measured steps, timing, ...) declared as "
+        "'protocol.<field>'; undeclared or semantic: the comparison is incomparable."
     )
     note: str
 
@@ -431,9 +431,6 @@ def _differences(
     return out, unverified, used
 
 
-_PROTOCOL_MEANING = {**LAUNCHED_FIELDS, **IMPORTED_FIELDS, **MEASURED_FIELDS}
-
-
 def _protocol(record: EvidenceRecord) -> dict[str, Any]:
     return window_protocol(record.inputs, record.result, imported=record.tool == IMPORT_TOOL)
 
@@ -448,6 +445,7 @@ def _protocol_differences(base: EvidenceRecord, cand: EvidenceRecord, names: set
     if base.tool != cand.tool:
         return []
     b_proto, c_proto = _protocol(base), _protocol(cand)
+    meaning = {**(IMPORTED_FIELDS if base.tool == IMPORT_TOOL else LAUNCHED_FIELDS), **MEASURED_FIELDS}
     out: list[Difference] = []
     for key in changed_fields(b_proto, c_proto):
         declared = f"protocol.{key}" in names
@@ -458,7 +456,7 @@ def _protocol_differences(base: EvidenceRecord, cand: EvidenceRecord, names: set
                 baseline=_short(b_proto.get(key)),
                 candidate=_short(c_proto.get(key)),
                 classification="declared_protocol" if declared else "undeclared",
-                note=f"the measurement boundary moved ({_PROTOCOL_MEANING.get(key, key)})"
+                note=f"the measurement boundary moved ({meaning.get(key, key)})"
                 + (
                     ": declared"
                     if declared
