@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from _trust import operator_policy
+from perfgate.envprobe.provenance import code_state
 from perfgate.execution.binding import bind_code
 from perfgate.execution.policy import (
     AllowRule,
@@ -146,16 +147,19 @@ def test_rules_match_the_users_command_inside_the_harness_wrapper(tmp_path: Path
     script = tmp_path / "train.py"
     script.write_text("print('v1')\n")
     digest = hashlib.sha256(script.read_bytes()).hexdigest()
+    state = code_state(tmp_path).digest
     write_policy(
         tmp_path,
-        f'[execution]\n[[execution.allow]]\nscript = "train.py"\nsha256 = "{digest}"\nargv = ["python"]\n',
+        f'[execution]\n[[execution.allow]]\nscript = "train.py"\nsha256 = "{digest}"\ncode_state = "{state}"\n'
+        'argv = ["python"]\n',
     )
     policy = load_policy(tmp_path)
     entry = "/state/harness/0123456789abcdef/perfgate-harness.py"
     wrapped = ("python", entry, "--", "train.py", "--steps", "5")
     assert user_argv(wrapped) == ("python", "train.py", "--steps", "5")
-    assert policy.match(req(tmp_path, *wrapped)) is not None
-    assert policy.match(req(tmp_path, "python", "train.py")) is not None
+    assert policy.match(bind_code(req(tmp_path, *wrapped), tmp_path)) is not None
+    assert policy.match(bind_code(req(tmp_path, "python", "train.py"), tmp_path)) is not None
+    assert policy.match(req(tmp_path, *wrapped)) is None  # a request not bound to its code matches no pin
     torchrun = ("torchrun", "--nproc-per-node=2", entry, "--", "train.py")
     assert command_target(torchrun) == Target("script", "train.py")
     # `-m perfgate.harness` imports a perfgate/ folder of the working directory first: not the user's
@@ -168,7 +172,7 @@ def test_rules_match_the_users_command_inside_the_harness_wrapper(tmp_path: Path
     assert policy.match(req(tmp_path, "python", entry, "--", "evil.py")) is None
     # ...nor the allowed script once edited: the pin no longer matches.
     script.write_text("print('v2')\n")
-    assert policy.match(req(tmp_path, *wrapped)) is None
+    assert policy.match(bind_code(req(tmp_path, *wrapped), tmp_path)) is None
     assert "changed since the operator pinned it" in (policy.allow[0].why_not(req(tmp_path, *wrapped)) or "")
 
 
@@ -266,15 +270,54 @@ def test_the_readme_allowlist_example_allows_its_named_script_and_nothing_else(t
     script.write_text("print('v1')\n")
     digest = hashlib.sha256(script.read_bytes()).hexdigest()
     body, placeholders = re.subn(r"<`perfgate policy pin train.py`>", digest, block)
-    assert placeholders == 1
+    body, states = re.subn(r"<printed with it>", code_state(tmp_path).digest, body)
+    assert placeholders == 1 and states == 1
     write_policy(tmp_path, body)
     policy = load_policy(tmp_path)
     (rule,) = policy.allow
     entry = "/state/harness/0123456789abcdef/perfgate-harness.py"
     wrapped = ("python", entry, "--warmup-steps", "5", "--", "train.py", "--steps", "9")
-    assert policy.match(req(tmp_path, *wrapped)) is rule
+    assert policy.match(bind_code(req(tmp_path, *wrapped), tmp_path)) is rule
     (tmp_path / "other.py").write_text("print('x')\n")
     assert policy.match(req(tmp_path, "python", entry, "--", "other.py")) is None
     assert policy.match(req(tmp_path, "python", "-c", "print(1)")) is None
     script.write_text("print('v2')\n")  # the named script, edited: no longer the pinned content
     assert policy.match(req(tmp_path, *wrapped)) is None
+
+
+def test_a_pin_binds_the_code_state_so_an_imported_module_edited_and_committed_asks_a_human(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 38: a pinned rule checked only the script's hash, so a module it imports, edited and committed,
+    ran unasked. `perfgate policy pin` now prints the code state too, and a rule without one is refused."""
+    import subprocess
+
+    from perfgate.cli import main as cli_main
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "train.py").write_text("import helper\nhelper.step()\n")
+    (tmp_path / "helper.py").write_text("def step():\n    pass\n")
+    git("add", ".")
+    git("commit", "-qm", "v1")
+    assert cli_main(["policy", "pin", "train.py", "--workspace", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    rule = printed.split("\n", 1)[1]
+    assert "code_state = " in rule
+    write_policy(tmp_path, "[execution]\n" + rule + 'argv = ["python"]\n')
+    policy = load_policy(tmp_path)
+    wrapped = ("python", "/state/harness/0123456789abcdef/perfgate-harness.py", "--", "train.py")
+    assert policy.match(bind_code(req(tmp_path, *wrapped), tmp_path)) is not None
+    (tmp_path / "helper.py").write_text("def step():\n    import os; os.system('id')\n")
+    git("commit", "-qam", "v2")  # train.py's hash is unchanged
+    bound = bind_code(req(tmp_path, *wrapped), tmp_path)
+    assert policy.match(bound) is None
+    assert "code changed since the operator pinned" in (policy.allow[0].why_not(bound) or "")
+    # a rule that pins the file alone would let that happen: it is refused, saying what to add
+    write_policy(tmp_path, "[execution]\n" + rule.replace("code_state", "# code_state"))
+    with pytest.raises(PolicyError, match="code_state"):
+        load_policy(tmp_path)

@@ -145,6 +145,7 @@ def test_the_selftest_passes_on_each_present_accelerator(kind: str, tmp_path: Pa
 @pytest.mark.parametrize("device", ["cpu", "cuda", "musa"])
 def test_the_selftest_pre_approves_exactly_its_own_commands(tmp_path: Path, device: str) -> None:
     from perfgate.execution import load_policy
+    from perfgate.execution.binding import bind_code
     from perfgate.execution.request import CommandRequest
     from perfgate.selftest import _commands, _write_workspace  # pyright: ignore[reportPrivateUsage]
     from perfgate.trust import TrustRoot
@@ -157,7 +158,7 @@ def test_the_selftest_pre_approves_exactly_its_own_commands(tmp_path: Path, devi
         request = CommandRequest(
             argv=tuple(argv), cwd=tmp_path, env={**env, **(extra_env or {})}, timeout_s=600
         )
-        return policy.match(request) is not None
+        return policy.match(bind_code(request, tmp_path)) is not None
 
     commands = [argv for _, argv in _commands(device, quick=True)]
     assert len(commands) == (6 if device == "cpu" else 7)  # torchrun only where devices may be 2+

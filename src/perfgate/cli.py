@@ -276,8 +276,15 @@ def _cmd_policy(args: argparse.Namespace) -> int:
             print(f"perfgate: {path} is not a file", file=sys.stderr)
             return 2
         rel = path.resolve().relative_to(workspace) if workspace in path.resolve().parents else path.resolve()
-        print(f"# add to {trust.policy_file}")
-        print(f'[[execution.allow]]\nscript = "{rel}"\nsha256 = "{file_sha256(path)}"')
+        from perfgate.envprobe.provenance import code_state
+
+        state = code_state(workspace)
+        print(
+            f"# add to {trust.policy_file}; code_state: {state.short()} (any other code state asks a human)"
+        )
+        print(
+            f'[[execution.allow]]\nscript = "{rel}"\nsha256 = "{file_sha256(path)}"\ncode_state = "{state.digest}"'
+        )
         return 0
     print(f"trust root: {trust.describe()}")
     for found in workspace_policy_files(workspace):

@@ -16,7 +16,8 @@ never obeyed: the agent could have written it. When one holds an ``[execution]``
     [[execution.allow]]
     script = "train.py"              # the script the command runs (relative to the workspace), or
                                      # module = "pkg.train"
-    sha256 = "9f2c..."               # that file's content (`perfgate policy pin train.py` prints it); or
+    sha256 = "9f2c..."               # that file's content (`perfgate policy pin train.py` prints it), and
+    code_state = "41d0..."           # the workspace's code state it was pinned in (printed with it); or
                                      # code = "any" to allow whatever the file holds when it runs
     argv = ["python", "train.py", "*"]  # optional: patterns for the user's command, one per token
     env = ["OMP_NUM_THREADS"]        # extra keys this rule lets the run set
@@ -24,8 +25,10 @@ never obeyed: the agent could have written it. When one holds an ``[execution]``
 
 Rules are about the user's command, not perfgate's wrapper: ``python -m perfgate.harness -- train.py``
 is matched as ``python train.py``. A rule matches a request when its argv patterns match the command's
-leading tokens, the command runs the rule's script or module, that file has the pinned sha256 (unless the
-rule says ``code = "any"``), and every environment variable the request sets is allowed. A rule must pin
+leading tokens, the command runs the rule's script or module, that file has the pinned sha256 and the
+workspace the pinned code state (git commit, changes and untracked code files: a module the script
+imports, edited and committed, is another code state), unless the rule says ``code = "any"``, and every
+environment variable the request sets is allowed. A rule must pin
 its code or opt out explicitly; a request that matches no rule goes to a human, and the limits (timeout,
 working directory) bind every request whoever approves it.
 """
@@ -61,7 +64,7 @@ DEFAULT_ALLOW_ENV = ("PERFGATE_*",)
 """perfgate's own harness variables; nothing else reads them."""
 
 _POLICY_KEYS = {"max_timeout_s", "cwd_roots", "allow_env", "allow", "pending_ttl_s", "grant_ttl_s"}
-_RULE_KEYS = {"argv", "env", "exact", "name", "script", "module", "sha256", "code"}
+_RULE_KEYS = {"argv", "env", "exact", "name", "script", "module", "sha256", "code_state", "code"}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -97,6 +100,7 @@ class AllowRule:
     script: Path | None = None
     module: str | None = None
     sha256: str | None = None
+    code_state: str | None = None
     any_code: bool = False
 
     def label(self) -> str:
@@ -137,6 +141,14 @@ class AllowRule:
             found = target.file(request.cwd)
             if found is None or file_sha256(found) != self.sha256:
                 return f"{target.name} changed since the operator pinned it (sha256 {self.sha256[:12]})"
+        if self.code_state is not None and (
+            request.code is None or request.code.workspace != self.code_state
+        ):
+            state = request.code.summary if request.code is not None else "not bound"
+            return (
+                f"the workspace's code changed since the operator pinned {target.name} (code state "
+                f"{self.code_state[:12]}; now {state})"
+            )
         return None
 
 
@@ -225,7 +237,7 @@ def _rule(raw: object, index: int, source: Path, workspace: Path) -> AllowRule:
     exact, name, script, module = (
         table.get(k, d) for k, d in (("exact", False), ("name", ""), ("script", None), ("module", None))
     )
-    sha256, code = table.get("sha256"), table.get("code")
+    sha256, code, code_state = table.get("sha256"), table.get("code"), table.get("code_state")
     if not isinstance(exact, bool) or not isinstance(name, str):
         raise PolicyError(f"{where}: exact must be true/false and name a string")
     if (script is not None and not isinstance(script, str)) or (
@@ -242,6 +254,15 @@ def _rule(raw: object, index: int, source: Path, workspace: Path) -> AllowRule:
         raise PolicyError(f"{where}.sha256 must be 64 hex digits (`perfgate policy pin FILE` prints it)")
     if sha256 is not None and script is None and module is None:
         raise PolicyError(f"{where}: sha256 pins the script or module; name one")
+    if code_state is not None and (
+        not isinstance(code_state, str) or not _SHA256.fullmatch(code_state.lower())
+    ):
+        raise PolicyError(f"{where}.code_state must be 64 hex digits (`perfgate policy pin FILE` prints it)")
+    if sha256 is not None and code_state is None:
+        raise PolicyError(
+            f"{where} pins the file but not the workspace's code state, so a module it imports could change "
+            'unasked: add code_state = "<digest>" (`perfgate policy pin FILE` prints both lines)'
+        )
     if code not in (None, "any", "pinned"):
         raise PolicyError(f'{where}.code must be "any" (no pin) or "pinned" (with sha256)')
     if sha256 is None and code != "any":
@@ -261,6 +282,7 @@ def _rule(raw: object, index: int, source: Path, workspace: Path) -> AllowRule:
         script=script_path,
         module=module if isinstance(module, str) else None,
         sha256=sha256.lower() if isinstance(sha256, str) else None,
+        code_state=code_state.lower() if isinstance(code_state, str) else None,
         any_code=code == "any",
     )
 

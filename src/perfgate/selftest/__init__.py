@@ -116,9 +116,9 @@ class SelftestResult:
         return 0 if self.passed else 1
 
 
-def _policy(rules: list[tuple[str, list[str], bool]], script_sha256: str) -> str:
+def _policy(rules: list[tuple[str, list[str], bool]], script_sha256: str, code_state: str) -> str:
     """Rules on the user's command (perfgate's harness wrapper is not part of what a rule matches), each
-    pinned to the bundled job's content."""
+    pinned to the bundled job's content and the temporary workspace's code state."""
     from perfgate.execution.target import user_argv
 
     lines = [
@@ -134,6 +134,7 @@ def _policy(rules: list[tuple[str, list[str], bool]], script_sha256: str) -> str
             f"name = {json.dumps(name)}",
             f"script = {json.dumps(SCRIPT)}",
             f"sha256 = {json.dumps(script_sha256)}",
+            f"code_state = {json.dumps(code_state)}",
             "argv = [" + ", ".join(json.dumps(glob.escape(tok)) for tok in user_argv(argv)) + "]",
             f"exact = {'true' if exact else 'false'}",
             "",
@@ -551,7 +552,9 @@ def _write_workspace(workspace: Path, device: str, quick: bool) -> Path:
     rules = [(name, argv, True) for name, argv in _commands(device, quick)]
     policy = Path(tempfile.mkdtemp(prefix="perfgate-selftest-policy-")) / "policy.toml"
     digest = hashlib.sha256((workspace / SCRIPT).read_bytes()).hexdigest()
-    policy.write_text(_policy(rules, digest), encoding="utf-8")
+    from perfgate.envprobe.provenance import code_state
+
+    policy.write_text(_policy(rules, digest, code_state(workspace).digest), encoding="utf-8")
     return policy
 
 
