@@ -56,3 +56,28 @@ async def test_no_refusals_next_line_repeats_a_phrase(server: Any, workspace: Pa
     line = _next_line(_text(result))
     assert repeated_phrases(line) == [], line
     assert "decide" in line or "revert" in line  # the way out is still offered
+
+
+def _lead(text: str) -> str:
+    """The lines before the answer's JSON."""
+    return text.split("\nresult", 1)[0]
+
+
+async def test_the_lead_lines_give_the_ids_and_paths_the_next_call_takes(
+    server: Any, workspace: Path
+) -> None:
+    async with Client(server) as client:
+        opened = await client.call_tool(
+            "record_decision",
+            {
+                "action": "open",
+                "hypothesis": "more loader workers hide data waits",
+                "classification": "system_optimization",
+                "changed_variable": "num_workers",
+            },
+        )
+    assert opened.structured_content is not None
+    lead = _lead(_text(opened))
+    assert f"experiment_id={opened.structured_content['experiment_id']}" in lead
+    assert "decisions_md=.perfgate/decisions.md" in lead
+    assert opened.structured_content["evidence_id"] in lead.splitlines()[0]

@@ -4,7 +4,8 @@ Every tool's full result goes to ``structuredContent`` (validated against its ou
 ledger. The text content is what most agent hosts put into the model's context, and it stays there for
 the rest of the session, so it is sized on purpose:
 
-1. lead lines: the state and evidence id, the headline figures (verdict, speedup, step time, the top
+1. lead lines: the state and evidence id, every other id or path a next call takes (experiment, detached
+   run, decision log, step series), the headline figures (verdict, speedup, step time, the top
    findings, ...) and the next call, from the tool's own ``brief`` when it has one;
 2. the result as compact JSON (no indentation, floats to 4 significant digits, empty fields dropped),
    shortened until the whole text fits `TEXT_BUDGET_CHARS`: long lists keep their first items and say
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -166,6 +168,24 @@ def _generic_lead(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+_HANDLE = re.compile(r"(_id|_path|_md|_artifact)$")
+"""Top-level fields naming what a next call takes (an experiment, a detached run, a file to read)."""
+
+
+def _handles(result: dict[str, Any], lead: str) -> list[str]:
+    """``name=value`` of each id or path the lead lines do not already give (the evidence id is in the
+    head)."""
+    return [
+        f"{key}={value}"
+        for key, value in result.items()
+        if key != "evidence_id"
+        and _HANDLE.search(key)
+        and isinstance(value, str)
+        and value
+        and value not in lead
+    ]
+
+
 def answer_text(
     tool: str, output: BaseModel, brief: Brief | None = None, *, result: dict[str, Any] | None = None
 ) -> str:
@@ -177,6 +197,9 @@ def answer_text(
     if result.get("evidence_id"):
         head += f", evidence {result['evidence_id']}"
     lead = [head, *(brief(output) if brief is not None else _generic_lead(result))]
+    handles = _handles(result, "\n".join(lead))
+    if handles:
+        lead.insert(1, "for the next call: " + "; ".join(handles))
     warnings: Sequence[Any] = result.get("warnings") or []
     if warnings:
         lead.append(f"warnings ({len(warnings)}): " + " | ".join(str(w)[:200] for w in warnings[:2]))
