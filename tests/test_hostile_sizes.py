@@ -44,7 +44,9 @@ async def _with_another_call(client: Client, tool: str, args: dict[str, Any]) ->
         results["hostile"] = await client.call_tool(tool, args)
 
     async def other() -> None:
-        results["other"] = await client.call_tool("record_decision", {"action": "show", "experiment_id": "exp-x"})
+        results["other"] = await client.call_tool(
+            "record_decision", {"action": "show", "experiment_id": "exp-x"}
+        )
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(hostile)

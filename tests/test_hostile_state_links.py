@@ -79,7 +79,9 @@ def _paced_args() -> dict[str, Any]:
     }
 
 
-async def test_links_at_the_run_folder_and_its_lock_touch_nothing_outside(workspace: Path, outside: Path) -> None:
+async def test_links_at_the_run_folder_and_its_lock_touch_nothing_outside(
+    workspace: Path, outside: Path
+) -> None:
     """``bench-runs/<key>`` linked to a folder elsewhere (the run would empty and refill ``records/`` there,
     then remove it) and ``<key>.lock`` linked to a missing file elsewhere (the lock would create it): the run
     goes ahead in a folder of its own and nothing outside changes."""
@@ -124,7 +126,14 @@ async def test_a_linked_artifact_folder_receives_no_evidence(workspace: Path, ou
         artifacts.rename(workspace / "moved-away")
         artifacts.symlink_to(outside, target_is_directory=True)
         result = await client.call_tool(
-            "import_benchmark", {"paths": ["logs/nanogpt.log"], "format": "nanogpt", "warmup_steps": 10, "windows": 1, "world_size": 8}
+            "import_benchmark",
+            {
+                "paths": ["logs/nanogpt.log"],
+                "format": "nanogpt",
+                "warmup_steps": 10,
+                "windows": 1,
+                "world_size": 8,
+            },
         )
     assert _snapshot(outside) == before
     assert result.is_error and "symbolic link" in _text(result), _text(result)
@@ -186,4 +195,6 @@ def test_a_planted_lock_file_is_replaced_by_the_servers_own(tmp_path: Path, outs
             assert st.st_nlink == 1 and st.st_ino != (outside / "precious.txt").stat().st_ino
         finally:
             os.close(fd)
-    assert (outside / "precious.txt").stat().st_nlink == 1 and (outside / "precious.txt").read_text() == "keep me\n"
+    assert (outside / "precious.txt").stat().st_nlink == 1 and (
+        outside / "precious.txt"
+    ).read_text() == "keep me\n"

@@ -190,8 +190,9 @@ class ToolRuntime:
         roots = (self.workspace, *self.config.read_roots)
         if not any(resolved == root or root in resolved.parents for root in roots):
             allowed = ", ".join(str(r) for r in roots)
+            # Where it leads is not said: a refusal naming files outside would tell which exist.
             raise ToolError(
-                f"path {raw[:200]!r} resolves to {str(resolved)[:200]}, outside the workspace ({allowed})\n"
+                f"path {raw[:200]!r} leads outside the workspace ({allowed})\n"
                 "next: copy the file into the workspace (links are not followed out of it), or ask the operator "
                 "to start the server with --read-root for that folder"
             )

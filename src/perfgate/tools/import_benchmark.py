@@ -8,7 +8,6 @@ compare_benchmarks and the keep gates accept it as windows and say it is importe
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import re
 import shutil
@@ -23,6 +22,7 @@ from perfgate.benchmarking.contract import check_observed
 from perfgate.benchmarking.logformats import FORMATS, LogFormat, compile_user_pattern, parse_log
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
+from perfgate.tools._glob import GlobRefused, expand, has_magic, shown
 from perfgate.tools._health import TrainingHealth, health_model
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
@@ -218,12 +218,14 @@ class ImportBenchmarkOutput(BaseModel):
 def _expand(rt: ToolRuntime, raw: list[str]) -> list[Path]:
     found: list[Path] = []
     for item in raw:
-        if any(c in item for c in "*?["):
-            base = item if Path(item).is_absolute() else str(rt.workspace / item)
-            matches = sorted(glob.glob(base, recursive=True))
+        if has_magic(item):
+            try:
+                matches = expand(item, rt.workspace, (rt.workspace, *rt.config.read_roots), limit=MAX_FILES)
+            except GlobRefused as exc:
+                raise ToolError(str(exc)) from exc
             if not matches:
-                raise ToolError(f"no file matches {item!r} (relative to the workspace {rt.workspace})")
-            found += [rt.resolve_path(m, kind="file") for m in matches if Path(m).is_file()]
+                raise ToolError(f"no file matches {shown(item)} (relative to the workspace {rt.workspace})")
+            found += [rt.resolve_path(str(m), kind="file") for m in matches if m.is_file()]
         else:
             found.append(rt.resolve_path(item, kind="file"))
         if len(found) > MAX_FILES:
@@ -435,7 +437,7 @@ async def run(inp: ImportBenchmarkInput, rt: ToolRuntime) -> ImportBenchmarkOutp
     from perfgate.benchmarking import summarize_run
     from perfgate.benchmarking.series import SERIES_NAME, series_document
 
-    paths = _expand(rt, inp.paths)
+    paths = await anyio.to_thread.run_sync(_expand, rt, inp.paths)  # a walk of the workspace: off the loop
     if inp.environment_id is not None:
         env = await rt.load(inp.environment_id)
         if env.tool != "collect_env":
