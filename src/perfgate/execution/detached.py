@@ -199,12 +199,15 @@ def cancel(directory: Path) -> bool:
 def _scancel_jobs(directory: Path) -> bool:
     """``scancel`` the Slurm jobs a launch of this run announced (its launcher is gone with the
     supervisor, so nothing else would release them); True when there was one."""
+    from perfgate._loglines import capped_lines
     from perfgate.execution.slurm import job_ids_in
 
     jobs: list[str] = []
     for log in sorted(directory.glob("launch*_stderr.log")):
-        with contextlib.suppress(OSError):
-            jobs.extend(job_ids_in(log.read_text(encoding="utf-8", errors="replace")))
+        with contextlib.suppress(OSError), log.open(encoding="utf-8", errors="replace") as fh:
+            for line in capped_lines(fh):
+                jobs.extend(job_ids_in(line))
+    jobs = list(dict.fromkeys(jobs))
     if jobs and shutil.which("scancel"):
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(["scancel", *jobs], capture_output=True, timeout=30, check=False)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from perfgate._loglines import capped_lines
 from perfgate.benchmarking import BenchmarkError, Contract, check_contract
 from perfgate.benchmarking.contract import check_observed
 from perfgate.benchmarking.logformats import FORMATS, LogFormat, compile_user_pattern, parse_log
@@ -301,7 +302,7 @@ def _read_logs(inp: ImportBenchmarkInput, paths: list[Path]) -> _Read:
     for rank, path in sorted(zip(ranks, paths, strict=True)):
         with path.open(encoding="utf-8", errors="replace") as fh:
             parsed = parse_log(
-                fh,
+                capped_lines(fh),
                 fmt,
                 pattern=pattern,
                 mean_since_previous=inp.interval_mean,

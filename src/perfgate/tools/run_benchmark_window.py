@@ -20,6 +20,7 @@ import anyio.from_thread
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from perfgate._loglines import capped_lines
 from perfgate._statefs import fresh_dir, remove_tree
 from perfgate.benchmarking import BenchmarkError, Contract, RecordError, check_contract
 from perfgate.benchmarking.contract import check_observed
@@ -579,7 +580,7 @@ def _log_windows(inp: RunBenchmarkWindowInput, stdout: Path) -> list[WindowSumma
 
     pattern = compile_pattern(inp.log_pattern or "")
     with stdout.open(encoding="utf-8", errors="replace") as fh:
-        entries = parse_step_log(fh, pattern, check=anyio.from_thread.check_cancelled)
+        entries = parse_step_log(capped_lines(fh), pattern, check=anyio.from_thread.check_cancelled)
     out: list[WindowSummary] = []
     for k in range(_windows_per_launch(inp)):
         window = log_window(entries, inp.warmup_steps + k * inp.measure_steps, inp.measure_steps)
@@ -671,9 +672,8 @@ async def _run_blocking(
     ev = rt.evidence()
     provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
     record_dir = run_dir / "records"
-    fresh_dir(
-        run_dir
-    )  # the server's own folder: what the agent planted at its name is removed, never followed
+    # The server's own folder: what the agent planted at its name is removed, never followed.
+    fresh_dir(run_dir)
 
     host_loads: list[HostLoad] = []
 

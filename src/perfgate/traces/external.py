@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from perfgate._loglines import capped_lines
 from perfgate.traces.classify import Category, classify_device
 from perfgate.traces.errors import TraceFormatError
 
@@ -180,7 +181,7 @@ def import_summary_csv(path: Path) -> SummaryTable:
         OSError: the file cannot be read.
     """
     with path.open(encoding="utf-8", errors="replace", newline="") as fh:
-        lines = [line for line in fh if line.strip() and not line.startswith("#")]
+        lines = [line for line in capped_lines(fh) if line.strip() and not line.startswith("#")]
     # Exports may start with a banner line before the CSV header.
     start = next((i for i, line in enumerate(lines) if "Total Time" in line or "Time (%)" in line), None)
     if start is None:

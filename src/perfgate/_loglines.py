@@ -1,0 +1,26 @@
+"""Lines of a log read with a cap on each: a file with no newline never becomes one giant string.
+
+``for line in file`` holds a whole line in memory, and a training log is the run's (or the agent's) to
+write: 2 GiB without a newline grew the server past 3 GiB. Readers of logs take `capped_lines` instead: a
+line longer than `MAX_LINE_CHARS` is cut to its first `MAX_LINE_CHARS` characters (what a step line needs
+is at its start) and the rest of it is read past in bounded pieces, never kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TextIO
+
+__all__ = ["MAX_LINE_CHARS", "capped_lines"]
+
+MAX_LINE_CHARS = 1 << 16
+"""Longest line a log reader looks at (64 Ki characters; a step line is a few hundred)."""
+
+
+def capped_lines(fh: TextIO, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
+    """The lines of ``fh`` (with their newline), each cut to at most ``limit`` characters."""
+    while line := fh.readline(limit):
+        if len(line) == limit and not line.endswith("\n"):
+            while (rest := fh.readline(limit)) and not rest.endswith("\n"):
+                pass  # the rest of an over-long line: read past it, a piece at a time
+        yield line
