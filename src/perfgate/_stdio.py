@@ -27,6 +27,8 @@ import anyio
 from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 
+from perfgate._wire import guarded
+
 __all__ = ["ClientGone", "run_stdio"]
 
 _LINE_LIMIT = 64 << 20
@@ -189,14 +191,14 @@ async def _loop_streams() -> AsyncGenerator[tuple[_Lines, _Out] | None]:
 
 async def serve_stdio(server: MCPServer[Any]) -> None:
     """``server.run_stdio_async()``, through the loop's own pipe transports where `_loop_streams` can."""
+    lowlevel = server._lowlevel_server  # pyright: ignore[reportPrivateUsage]  # as run_stdio_async
     async with _loop_streams() as streams:
-        if streams is None:
-            await server.run_stdio_async()
-            return
-        stdin, stdout = streams
-        lowlevel = server._lowlevel_server  # pyright: ignore[reportPrivateUsage]  # as run_stdio_async
+        # The SDK's own streams where the loop cannot serve the pipes (its run_stdio_async, guarded).
+        stdin, stdout = streams if streams is not None else (None, None)
         async with stdio_server(cast("Any", stdin), cast("Any", stdout)) as (read_stream, write_stream):
-            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+            # Unreadable lines and over-long ids answered, errors bounded (`perfgate._wire`).
+            guarded_read, guarded_write = guarded(read_stream, write_stream)
+            await lowlevel.run(guarded_read, guarded_write, lowlevel.create_initialization_options())
 
 
 class ClientGone(Exception):
