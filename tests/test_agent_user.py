@@ -278,3 +278,48 @@ open({str(ledger.head_path)!r}, "w").write(f"{{seq}} {{prev}}\\n")
     peek = agent.run(["/bin/sh", "-c", f"cat {trust_root.key_dir / 'current'}"])
     assert peek.returncode != 0
     assert hashlib.sha256(b"").hexdigest() and json.dumps({}) == "{}" and sqlite3.sqlite_version
+
+
+async def test_links_the_agent_plants_in_perfgate_change_nothing_outside(
+    agent: Agent, agent_workspace: Path
+) -> None:
+    """Issue 38: links the agent plants in ``.perfgate/`` (the lock of the decisions, the artifact folder)
+    pointing into a directory only the operator may read and write: the operator's server refuses or
+    replaces them, and nothing in that directory is created, written or removed."""
+    ws = agent_workspace
+    secret = Path(tempfile.mkdtemp(prefix="pg-operator-only-"))  # 0700, the operator's
+    try:
+        (secret / "precious.txt").write_text("keep me\n")
+        before = sorted((p.name, p.read_bytes()) for p in secret.iterdir())
+        Ledger(ws)  # the server made .perfgate/ first; what is in the workspace is the agent's to edit
+        logs = ws / "logs"
+        logs.mkdir()
+        shutil.copy(Path(__file__).parent / "fixtures" / "logs" / "nanogpt.log", logs / "nanogpt.log")
+        _give_to_agent(ws, agent)
+        state = ws / ".perfgate"
+        lock = agent.py(
+            f"import os; os.symlink({str(secret / 'made-by-the-lock')!r}, {str(state / 'decisions.lock')!r})"
+        )
+        assert lock.returncode == 0, lock.stderr
+        swap = (  # once the server runs (at start-up it refuses a linked artifact folder outright)
+            "import os\n"
+            f"os.rename({str(state / 'artifacts')!r}, {str(ws / 'artifacts-away')!r})\n"
+            f"os.symlink({str(secret)!r}, {str(state / 'artifacts')!r})\n"
+        )
+        args = {
+            "paths": ["logs/nanogpt.log"],
+            "format": "nanogpt",
+            "warmup_steps": 10,
+            "windows": 1,
+            "world_size": 8,
+        }
+        async with Client(build_server(ServerConfig.create(ws))) as client:
+            shown = await client.call_tool("record_decision", {"action": "show", "experiment_id": "exp-nope"})
+            swapped = agent.py(swap)
+            assert swapped.returncode == 0, swapped.stderr
+            imported = await client.call_tool("import_benchmark", args)
+        assert shown.is_error and "no experiment" in shown.content[0].text  # type: ignore[union-attr]
+        assert imported.is_error and "symbolic link" in imported.content[0].text  # type: ignore[union-attr]
+        assert sorted((p.name, p.read_bytes()) for p in secret.iterdir()) == before
+    finally:
+        shutil.rmtree(secret, ignore_errors=True)
