@@ -173,3 +173,24 @@ async def test_a_refused_contract_names_the_vocabulary_resource_and_the_resource
     assert [s for s in VOCABULARY if s not in words] == []
     described = [t.name for t in tools if VOCABULARY_URI in (t.description or "")]
     assert {"run_benchmark_window", "import_benchmark", "compare_benchmarks"} <= set(described)
+
+
+def test_command_line_degrees_are_read_through_the_vocabulary() -> None:
+    from perfgate.tools.compare_benchmarks import argv_degrees
+
+    argv = ["python", "train.py", "--tensor-model-parallel-size", "2", "--pp_degree=3", "--lr", "1"]
+    argv += [
+        "--parallelism.expert_parallel_degree",
+        "4",
+        "--cp-size",
+        "2",
+        "--data-parallel-shard-degree",
+        "8",
+    ]
+    assert argv_degrees(argv) == {
+        "tensor_parallel": "2",
+        "pipeline_parallel": "3",
+        "expert_parallel": "4",
+        "context_parallel": "2",
+        "data_parallel": "8",
+    }

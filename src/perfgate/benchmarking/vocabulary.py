@@ -210,13 +210,20 @@ _TERMS: tuple[Term, ...] = (
         "data_parallel",
         "execution",
         "data-parallel degree",
-        ("dp", "dp_size", "data_parallel_size", "data_parallel_degree"),
+        ("dp", "dp_size", "dp_degree", "data_parallel_size", "data_parallel_degree"),
     ),
     Term(
         "tensor_parallel",
         "execution",
         "tensor-parallel degree",
-        ("tp", "tp_size", "tensor_parallel_size", "tensor_parallel_degree", "tensor_model_parallel_size"),
+        (
+            "tp",
+            "tp_size",
+            "tp_degree",
+            "tensor_parallel_size",
+            "tensor_parallel_degree",
+            "tensor_model_parallel_size",
+        ),
     ),
     Term(
         "pipeline_parallel",
@@ -225,6 +232,7 @@ _TERMS: tuple[Term, ...] = (
         (
             "pp",
             "pp_size",
+            "pp_degree",
             "pipeline_parallel_size",
             "pipeline_parallel_degree",
             "pipeline_model_parallel_size",
@@ -234,13 +242,20 @@ _TERMS: tuple[Term, ...] = (
         "context_parallel",
         "execution",
         "context-parallel degree",
-        ("cp", "cp_size", "context_parallel_size", "context_parallel_degree"),
+        ("cp", "cp_size", "cp_degree", "context_parallel_size", "context_parallel_degree"),
     ),
     Term(
         "expert_parallel",
         "execution",
         "expert-parallel degree",
-        ("ep", "ep_size", "expert_parallel_size", "expert_parallel_degree", "expert_model_parallel_size"),
+        (
+            "ep",
+            "ep_size",
+            "ep_degree",
+            "expert_parallel_size",
+            "expert_parallel_degree",
+            "expert_model_parallel_size",
+        ),
     ),
     Term("sequence_parallel", "execution", "sequence parallelism", ()),
     Term(

@@ -51,57 +51,15 @@ _TOPOLOGY = (
     "expert_parallel",
 )
 _OBSERVED_INVARIANTS = ("device_kind", "device_name")
-_DEGREE_FLAGS: dict[str, frozenset[str]] = {
-    "tensor_parallel": frozenset(
-        {
-            "tp",
-            "tp_size",
-            "tp_degree",
-            "tensor_parallel",
-            "tensor_parallel_size",
-            "tensor_parallel_degree",
-            "tensor_model_parallel_size",
-        }
-    ),
-    "pipeline_parallel": frozenset(
-        {
-            "pp",
-            "pp_size",
-            "pp_degree",
-            "pipeline_parallel",
-            "pipeline_parallel_size",
-            "pipeline_parallel_degree",
-            "pipeline_model_parallel_size",
-        }
-    ),
-    "context_parallel": frozenset(
-        {"cp", "cp_size", "cp_degree", "context_parallel", "context_parallel_size", "context_parallel_degree"}
-    ),
-    "expert_parallel": frozenset(
-        {
-            "ep",
-            "ep_size",
-            "ep_degree",
-            "expert_parallel",
-            "expert_parallel_size",
-            "expert_parallel_degree",
-            "expert_model_parallel_size",
-        }
-    ),
-    "data_parallel": frozenset(
-        {
-            "dp",
-            "dp_size",
-            "data_parallel",
-            "data_parallel_size",
-            "data_parallel_degree",
-            "data_parallel_shard_degree",
-            "data_parallel_replicate_degree",
-        }
-    ),
+_DEGREES = ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel", "data_parallel")
+_FLAG_ONLY_DEGREES = {
+    "data_parallel_shard_degree": "data_parallel",
+    "data_parallel_replicate_degree": "data_parallel",
 }
-"""Command-line options that set a parallel degree (Megatron, torchtitan's --parallelism.*, common short
-forms), normalized: leading dashes dropped, '-' as '_', the last dotted segment."""
+"""torchtitan's two data-parallel options (FSDP shard and replicate degrees): no contract key, but each
+sets a data-parallel degree. Every other option is read through the vocabulary (``--tp``,
+``--tensor-model-parallel-size``, ``--parallelism.pipeline_parallel_degree`` name their entries), normalized:
+leading dashes dropped, '-' as '_', the last dotted segment."""
 Verdict = Literal["improved", "regressed", "within_noise", "insufficient_launches", "incomparable"]
 
 
@@ -638,9 +596,9 @@ def argv_degrees(argv: Any) -> dict[str, str]:
         name = flag.lstrip("-").replace("-", "_").lower().rsplit(".", 1)[-1]
         if not eq:
             value = tokens[i + 1] if i + 1 < len(tokens) else ""
-        for key, names in _DEGREE_FLAGS.items():
-            if name in names and value.lstrip("-").isdigit():
-                out[key] = value
+        key = _FLAG_ONLY_DEGREES.get(name) or vocabulary_name(name)
+        if key in _DEGREES and value.lstrip("-").isdigit():
+            out[key] = value
     return out
 
 
