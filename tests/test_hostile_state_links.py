@@ -198,3 +198,25 @@ def test_a_planted_lock_file_is_replaced_by_the_servers_own(tmp_path: Path, outs
     assert (outside / "precious.txt").stat().st_nlink == 1 and (
         outside / "precious.txt"
     ).read_text() == "keep me\n"
+
+
+def test_perfgate_report_never_writes_through_a_linked_report_folder(
+    workspace: Path, outside: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The operator's ``perfgate report`` writes ``.perfgate/report`` by default: a link planted there makes
+    it refuse with what to do, not write its pages where the link leads."""
+    from perfgate.cli import main as cli_main
+    from perfgate.evidence import Ledger
+
+    Ledger(workspace)
+    (workspace / ".perfgate" / "report").symlink_to(outside, target_is_directory=True)
+    before = _snapshot(outside)
+    assert cli_main(["report", "all", "--workspace", str(workspace)]) == 2
+    err = capsys.readouterr().err
+    assert "symbolic link" in err and "next: remove the link, or pass --out" in err
+    assert _snapshot(outside) == before
+    # The operator's own --out is taken where it leads.
+    assert (
+        cli_main(["report", "all", "--workspace", str(workspace), "--out", str(workspace / "elsewhere")]) == 0
+    )
+    assert (workspace / "elsewhere" / "index.html").is_file()

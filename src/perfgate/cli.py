@@ -333,18 +333,24 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from perfgate._safeopen import UnsafeFileError
     from perfgate.report.html import write_report
 
     ledger = _existing_ledger(args)
     if ledger is None:
         return 2
-    out: Path = args.out or ledger.state_dir / "report"
+    # The operator's --out is taken where it leads; the default is in the agent-writable .perfgate/, where
+    # a link is refused (write_report follows none).
+    out: Path = args.out.resolve() if args.out else ledger.state_dir / "report"
     try:
         written = write_report(ledger, args.experiment, out)
     except KeyError:
         _fail(
             f"no experiment {args.experiment!r}", "`perfgate report all` writes every experiment and an index"
         )
+        return 2
+    except UnsafeFileError as exc:
+        _fail(exc.strerror or str(exc), "remove the link, or pass --out to write the report elsewhere")
         return 2
     for path in written:
         print(path)

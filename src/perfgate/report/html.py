@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from perfgate._statefs import make_dirs, write_file
 from perfgate.decisions.experiments import Experiment, load_experiments
 from perfgate.decisions.gates import evaluate_keep, window_fingerprint
 from perfgate.evidence import EvidenceRecord, Ledger
@@ -171,20 +172,25 @@ def render_index(experiments: list[Experiment]) -> str:
 def write_report(ledger: Ledger, which: str, out: Path) -> list[Path]:
     """Write ``<id>.html`` for one experiment (or every one for ``all``) plus ``index.html``.
 
+    ``out`` is a resolved path, written following no link (`perfgate._statefs`): the default,
+    ``.perfgate/report``, is the agent's to replace with a link, which must not make the operator's
+    ``perfgate report`` write elsewhere.
+
     Raises:
         KeyError: ``which`` names no experiment.
+        perfgate._safeopen.UnsafeFileError: ``out`` or a folder above it is a link.
     """
     experiments = load_experiments(ledger)
     if which != "all" and which not in experiments:
         raise KeyError(which)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     chosen = list(experiments.values()) if which == "all" else [experiments[which]]
     written: list[Path] = []
     for exp in chosen:
         path = out / f"{exp.id}.html"
-        path.write_text(render_experiment_page(ledger, exp), encoding="utf-8")
+        write_file(path, render_experiment_page(ledger, exp).encode())
         written.append(path)
     index = out / "index.html"
-    index.write_text(render_index(list(experiments.values())), encoding="utf-8")
+    write_file(index, render_index(list(experiments.values())).encode())
     written.append(index)
     return written
