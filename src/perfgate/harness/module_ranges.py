@@ -34,10 +34,11 @@ class ModuleRanges:
 
         if self._handles:
             return
-        self._handles = [
-            module.register_module_forward_pre_hook(self._enter),
-            module.register_module_forward_hook(self._exit, always_call=True),
-        ]
+        try:
+            post = module.register_module_forward_hook(self._exit, always_call=True)
+        except TypeError:  # torch before 2.1: a forward that raises leaves its range to `remove`
+            post = module.register_module_forward_hook(self._exit)
+        self._handles = [module.register_module_forward_pre_hook(self._enter), post]
 
     def remove(self) -> None:
         """Remove the hooks and close the ranges this thread left open (a step that ended mid-forward)."""
@@ -65,7 +66,8 @@ class ModuleRanges:
         stack: list[Any] | None = getattr(self._local, "stack", None)
         if stack is None:
             stack = self._local.stack = []
-        if torch.compiler.is_compiling():
+        compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+        if compiling is not None and compiling():
             # Inside a graph being compiled a range would be traced (or break the graph): the profile
             # must see the program the job runs, so compiled regions stay unnamed.
             stack.append(None)
