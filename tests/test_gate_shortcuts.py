@@ -734,3 +734,42 @@ async def test_each_refusal_names_a_call_that_clears_its_gate(server: Any, works
             "per_device=true",
             {"links": [{"id": per_device, "role": "comparison"}]},
         )
+
+
+@pytest.mark.slow
+def test_an_inference_loop_leaves_the_batch_unverified_and_stops_looking(tmp_path: Path) -> None:
+    """No training forward in a whole window: no batch from the model, and the global discovery hooks are
+    removed so that later windows do not pay for them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "infer.py"
+    script.write_text(
+        "import torch\n"
+        "import perfgate.harness.hooks as hooks\n"
+        "from perfgate.harness import Window\n"
+        "model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)])\n"
+        "window = Window()\n"
+        "for _ in range(12):\n"
+        "    with window.step(samples=4), torch.no_grad():\n"
+        "        model(torch.randn(4, 8))\n"
+        "print('discovery hooks left:', len(hooks._forward_probe))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PERFGATE_")}
+    argv = [
+        sys.executable,
+        "-m",
+        "perfgate.harness",
+        "--record-dir",
+        str(tmp_path / "rec"),
+        "--timing",
+        "explicit",
+    ]
+    argv += ["--warmup-steps", "2", "--measure-steps", "3", "--windows", "2", "--finish", "--", str(script)]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "discovery hooks left: 0" in out.stdout
+    record = json.loads((tmp_path / "rec" / "rank0.json").read_text())
+    assert set(record["steps"]["model_samples"]) == {None} and record["sample_stream"] is None

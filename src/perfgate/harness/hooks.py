@@ -41,6 +41,7 @@ _data_loader_patched = False
 _backward_patched = False
 _save_patched = False
 _scaler_patched = False
+_forward_probed = False
 _forward_probe: list[Any] = []
 """The global discovery hooks while no top-level module is known, then the one module hook."""
 _forward_depth = 0
@@ -216,8 +217,8 @@ def _patch_grad_scaler(torch: Any) -> None:
 
 def _probe_forward(torch: Any) -> None:
     """Install the discovery hooks once (see the module docstring)."""
-    global _forward_depth
-    if _forward_probe:
+    global _forward_depth, _forward_probed
+    if _forward_probed:
         return
     module_api: Any = getattr(getattr(getattr(torch, "nn", None), "modules", None), "module", None)
     register_pre = getattr(module_api, "register_module_forward_pre_hook", None)
@@ -229,14 +230,18 @@ def _probe_forward(torch: Any) -> None:
     def enter(module: Any, args: tuple[Any, ...]) -> None:
         global _forward_depth
         _forward_depth += 1
+        window = _active
+        if window is not None and window.windows_done:
+            # a whole window passed without a training forward (an inference loop, say): stop looking, so
+            # the global hooks cost no later window anything
+            _remove_probe()
+            return
         if _forward_depth != 1 or not torch.is_grad_enabled() or not _trains(module):
             return
         # found: count this call, then hand over to a hook on this module alone (the global hooks run for
         # every submodule call, a cost the measured steps should not carry)
         _count_forward(module, args)
-        for handle in _forward_probe:
-            handle.remove()
-        _forward_probe.clear()
+        _remove_probe()
         _forward_probe.append(module.register_forward_pre_hook(_count_forward))
 
     def leave(module: Any, args: Any, output: Any) -> None:
@@ -245,6 +250,13 @@ def _probe_forward(torch: Any) -> None:
 
     _forward_probe.append(register_pre(enter))
     _forward_probe.append(register_post(leave, always_call=True))
+    _forward_probed = True
+
+
+def _remove_probe() -> None:
+    for handle in _forward_probe:
+        handle.remove()
+    _forward_probe.clear()
 
 
 def _trains(module: Any) -> bool:

@@ -366,6 +366,11 @@ class Window:
         else:
             self._cur_model_samples = (self._cur_model_samples or 0) + samples
 
+    @property
+    def windows_done(self) -> int:
+        """Measured windows closed so far in this process."""
+        return len(self._windows)
+
     def stream_rows_wanted(self) -> int:
         """How many more input rows (samples) the forward hook should digest: the first ``STREAM_ROWS`` of
         training, before any window is measured (reading the input back to the host costs a sync)."""
