@@ -220,3 +220,24 @@ def test_perfgate_report_never_writes_through_a_linked_report_folder(
         cli_main(["report", "all", "--workspace", str(workspace), "--out", str(workspace / "elsewhere")]) == 0
     )
     assert (workspace / "elsewhere" / "index.html").is_file()
+
+
+def test_an_artifact_copied_in_replaces_a_link_at_its_name_and_never_writes_through_it(
+    workspace: Path, outside: Path
+) -> None:
+    """Artifacts copied into a record's folder (logs, records, imported sources) are written aside and
+    renamed over the name: a link planted at the name is replaced, the file it names is left alone."""
+    import io
+
+    from perfgate.evidence import Ledger
+    from perfgate.tools._runtime import EvidenceBuilder
+
+    ev = EvidenceBuilder(
+        id=Ledger.new_id(), tool="t", dir=Ledger(workspace).artifact_dir("ev-x"), started_at=""
+    )
+    target = ev.path("launch0_stdout.log")
+    target.symlink_to(outside / "precious.txt")
+    before = _snapshot(outside)
+    assert ev.copy_in("launch0_stdout.log", io.BytesIO(b"step 1\n" * 300_000)) == target
+    assert _snapshot(outside) == before
+    assert not target.is_symlink() and target.read_bytes() == b"step 1\n" * 300_000

@@ -26,6 +26,7 @@ import errno
 import os
 import secrets
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from perfgate._safeopen import UnsafeFileError
@@ -189,8 +190,9 @@ def fresh_dir(path: Path) -> None:
         os.close(parent)
 
 
-def write_file(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with a new file holding ``data`` (written aside, then renamed over it).
+def write_file(path: Path, data: bytes | Iterable[bytes], *, mode: int = 0o644) -> None:
+    """Replace ``path`` with a new file holding ``data`` (or its blocks, in order: a copy in bounded
+    memory), written aside in the walked folder, then renamed over the name.
 
     Raises:
         UnsafeFileError: a folder on the way is a symbolic link.
@@ -202,7 +204,8 @@ def write_file(path: Path, data: bytes, *, mode: int = 0o644) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode, dir_fd=parent)
         try:
             with os.fdopen(fd, "wb", closefd=False) as out:
-                out.write(data)
+                for block in [data] if isinstance(data, bytes) else data:
+                    out.write(block)
         finally:
             os.close(fd)
         os.replace(tmp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)

@@ -11,7 +11,7 @@ import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import anyio.to_thread
 from pydantic import BaseModel
@@ -64,6 +64,12 @@ class EvidenceBuilder:
     def write_bytes(self, name: str, data: bytes) -> Path:
         path = self.path(name)
         write_file(path, data)  # never through a link planted at the name or on the way
+        return path
+
+    def copy_in(self, name: str, source: BinaryIO) -> Path:
+        """Artifact ``name`` holding what is left to read of ``source``, written as `write_bytes` writes."""
+        path = self.path(name)
+        write_file(path, iter(lambda: source.read(1 << 20), b""))
         return path
 
 

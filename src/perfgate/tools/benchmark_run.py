@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
 
@@ -271,8 +270,8 @@ async def _result_once(
         for stream in ("stdout", "stderr"):
             src = directory / f"launch{launch}_{stream}.log"
             if src.is_file():  # kept as artifacts without the secrets the command was given or printed
-                target = ev.path(f"{label}{stream}.log")
-                shutil.copyfile(src, target)
+                with src.open("rb") as source:
+                    target = ev.copy_in(f"{label}{stream}.log", source)
                 await anyio.to_thread.run_sync(scrub_file, target, scrub)
         if launch >= len(exit_codes):
             why = "the run was cancelled" if st["state"] == "cancelled" else f"the run is {st['state']}"

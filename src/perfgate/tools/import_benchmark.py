@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -18,6 +17,7 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfgate._loglines import capped_lines
+from perfgate._safeopen import open_file
 from perfgate.benchmarking import BenchmarkError, Contract, check_contract
 from perfgate.benchmarking.contract import check_observed
 from perfgate.benchmarking.logformats import FORMATS, LogFormat, compile_user_pattern, parse_log
@@ -261,7 +261,8 @@ def _sources(
         digest, size = file_digest(p)
         copied = size <= COPY_LIMIT_BYTES and len(paths) <= 64
         if copied:
-            shutil.copyfile(p, ev.path(f"source{i}_{re.sub(r'[^A-Za-z0-9._-]', '_', p.name)}"))
+            with open_file(p) as source:  # the confined path, no link followed: what was checked is copied
+                ev.copy_in(f"source{i}_{re.sub(r'[^A-Za-z0-9._-]', '_', p.name)}", source)
         out.append(
             SourceFile(
                 path=rt.relative(p),

@@ -627,7 +627,8 @@ def _collect_records(
     except RecordError as exc:
         raise _Failure(str(exc)) from exc
     for path in sorted(record_dir.glob("rank*.json")):
-        shutil.copyfile(path, ev.path(f"launch{launch}_{path.name}"))
+        with path.open("rb") as source:
+            ev.copy_in(f"launch{launch}_{path.name}", source)
     return found.records, found.problems
 
 
