@@ -773,3 +773,25 @@ def test_an_inference_loop_leaves_the_batch_unverified_and_stops_looking(tmp_pat
     assert "discovery hooks left: 0" in out.stdout
     record = json.loads((tmp_path / "rec" / "rank0.json").read_text())
     assert set(record["steps"]["model_samples"]) == {None} and record["sample_stream"] is None
+
+
+@pytest.mark.parametrize(("override_atol", "blocked"), [(1e-3, True), (0.0, False)])
+async def test_a_looser_per_key_override_is_looser_than_a_failed_check(
+    server: Any, workspace: Path, override_atol: float, blocked: bool
+) -> None:
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client, tolerance={"atol": 1e-5, "rtol": 1e-5})
+        links, ids = _honest(ev)
+        failed = ev.tensors(passed=False, atol=1e-5, rtol=1e-5, base=ids["base"], cand=ids["cand"])
+        override = [{"pattern": "*.bias", "atol": override_atol, "rtol": 0.0}]
+        check = ev.tensors(atol=1e-5, rtol=1e-5, base=ids["base"], cand=ids["cand"], overrides=override)
+        gate = _gate(
+            await _show(client, exp, [*_drop(links, "correctness"), {"id": check, "role": "correctness"}]),
+            "correctness",
+        )
+    if blocked:  # (also looser than the declared tolerance: both named)
+        assert gate["status"] == "failed" and f"looser than the failed check {failed}" in gate["reason"]
+        assert "override '*.bias' atol=0.001" in gate["reason"]
+    else:
+        assert gate["status"] == "passed", gate["reason"]

@@ -344,8 +344,13 @@ def _looser_than(good: EvidenceRecord, bad: EvidenceRecord) -> list[str]:
             loose.append(f"{flag}=true")
     if g_in.get("integers_exact") is False and b_in.get("integers_exact") is not False:
         loose.append("integers_exact=false")
-    if as_list(g_in.get("overrides")) and not as_list(b_in.get("overrides")):
-        loose.append("per-key overrides")
+    if b_tol is not None and not as_list(b_in.get("overrides")):
+        for o in map(as_dict, as_list(g_in.get("overrides"))):
+            o_atol, o_rtol = o.get("atol"), o.get("rtol")
+            if (isinstance(o_atol, (int, float)) and o_atol > b_tol[0]) or (
+                isinstance(o_rtol, (int, float)) and o_rtol > b_tol[1]
+            ):
+                loose.append(f"override {o.get('pattern')!r} atol={o_atol}, rtol={o_rtol}")
     return loose
 
 
