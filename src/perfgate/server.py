@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -21,6 +21,9 @@ from perfgate.tools import registered_specs, shipped_registry
 from perfgate.tools._catalog import catalog_tools
 from perfgate.tools._config import ServerConfig
 from perfgate.tools._state import AppState
+
+if TYPE_CHECKING:
+    from perfgate.tools._spec import AnySpec
 
 __all__ = ["INSTRUCTIONS", "build_server"]
 
@@ -41,7 +44,7 @@ def _state(ctx: Context) -> AppState:
     return state
 
 
-def _tool(spec: Any) -> Tool:
+def _tool(spec: AnySpec) -> Tool:
     """The registered form of a tool module's ``SPEC``."""
     from perfgate.tools._adapter import PerfgateTool, make_tool_function
 
