@@ -64,6 +64,9 @@ def test_a_batch_declared_in_framework_spellings_is_cross_checked() -> None:
     wrong = Contract({"batch_size": 64}, {"micro_batch_size": 8, "data_parallel_size": 4})
     (problem,) = check_contract(wrong)
     assert "global_batch 64 != microbatch 8 x accumulation 1 x data_parallel 4 = 32" in problem
+    assert VOCABULARY_URI in problem  # every contract refusal names where the keys are explained
+    with pytest.raises(ContractError, match="vocabulary"):
+        check_contract(Contract({"global_batch": "64"}, {"microbatch": 8, "world_size": 8}))
 
 
 def test_two_spellings_of_one_entry_merge_when_equal_and_are_refused_when_not() -> None:

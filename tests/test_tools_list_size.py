@@ -17,9 +17,10 @@ from perfgate.tools._lean import lean_schema
 
 pytestmark = pytest.mark.anyio
 
-MODEL_FACING_BUDGET = 56_000
+MODEL_FACING_BUDGET = 58_000
 """Bytes of tools/list without output schemas (names, titles, descriptions, input schemas, annotations):
-what a client puts in the model's context. 62,763 before input schemas were made lean."""
+what a client puts in the model's context. 62,763 before input schemas were made lean, 55,206 after (on
+05d93cb); the issue's goal is 20,000, which needs shorter tool and field descriptions (see the README)."""
 
 PROBES: list[Any] = [None, True, 0, 1, -1, 0.5, 2**40, "", "x", "auto", [], [1], ["a"], {}, {"a": 1}]
 

@@ -79,7 +79,9 @@ def _positive_int(section: Mapping[str, Any], key: str, where: str) -> int | Non
         return None
     value = section[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ContractError(f"contract.{where}.{key} must be a positive integer, got {value!r}")
+        raise ContractError(
+            f"contract.{where}.{key} must be a positive integer, got {value!r} (the vocabulary: {VOCABULARY_URI})"
+        )
     return value
 
 
@@ -111,9 +113,18 @@ def check_contract(contract: Contract) -> list[str]:
     execution setting. ``invariants.global_batch`` must equal ``execution.microbatch x accumulation x data-parallel size``
     whenever any of them is declared (accumulation defaults to 1 only when the rest is complete).
 
+    Every refusal ends by naming the vocabulary resource, where the keys and their meanings are.
+
     Raises:
         ContractError: a batch or parallelism entry is not a positive integer.
     """
+    problems = _problems(contract)
+    if problems and not any(VOCABULARY_URI in p for p in problems):
+        problems[-1] += f" (the vocabulary: {VOCABULARY_URI})"
+    return problems
+
+
+def _problems(contract: Contract) -> list[str]:
     problems: list[str] = vocabulary_problems(contract.invariants, contract.execution, contract.classes)
     overlap = sorted(set(contract.invariants) & set(contract.execution))
     if overlap:
