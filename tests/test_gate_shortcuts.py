@@ -795,3 +795,65 @@ async def test_a_looser_per_key_override_is_looser_than_a_failed_check(
         assert "override '*.bias' atol=0.001" in gate["reason"]
     else:
         assert gate["status"] == "passed", gate["reason"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "audit_needed"),
+    [
+        # input normalization dropped, in train.py itself
+        (
+            "-tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(m, s)])\n+tf = transforms.ToTensor()\n",
+            True,
+        ),
+        (
+            "-loader = DataLoader(ds, batch_size=32, shuffle=True)\n+loader = DataLoader(ds, batch_size=32)\n",
+            True,
+        ),
+        ("-        return self.fc(x)\n+        return self.fc(x).relu()\n", False),  # model code only
+    ],
+)
+async def test_a_data_loading_edit_in_the_recorded_diff_implies_touches_data(
+    server: Any, workspace: Path, edit: str, audit_needed: bool
+) -> None:
+    from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
+
+    ev = Evidence(workspace)
+    diff = f"diff --git a/train.py b/train.py\n--- a/train.py\n+++ b/train.py\n@@ -10,1 +10,1 @@\n{edit}"
+
+    def window(with_diff: bool) -> str:
+        base = ev.ledger.get(ev.window())
+        assert base is not None
+        eid = Ledger.new_id()
+        (ev.ledger.artifact_dir(eid) / "series.json").write_bytes(b"[10.0, 10.1]")
+        names = ["series.json"]
+        if with_diff:
+            (ev.ledger.artifact_dir(eid) / "code.diff").write_text(diff)
+            names.append("code.diff")
+        ev.ledger.append(
+            EvidenceDraft(
+                id=eid,
+                tool=base.tool,
+                state=EvidenceState.EXECUTED,
+                inputs=dict(base.inputs),
+                result={**base.result, "evidence_id": eid},
+                artifact_names=names,
+            )
+        )
+        return eid
+
+    async with Client(server) as client:
+        exp = await _open(client, changed_variable="code")
+        base = [window(False) for _ in range(3)]
+        cand = [window(True) for _ in range(3)]
+        code = [{"field": "code", "kind": "code", "classification": "declared_execution"}]
+        links = [
+            {"id": ev.env(), "role": "environment"},
+            {"id": ev.comparison(base, cand, declared=["code"], differences=code), "role": "comparison"},
+            {"id": ev.tensors(base=base, cand=cand), "role": "correctness"},
+        ]
+        gate = _gate(await _show(client, exp, links), "sample_audit")
+    if audit_needed:
+        assert gate["status"] == "failed"
+        assert "the code diff edits data loading or preprocessing in train.py" in gate["reason"]
+    else:
+        assert gate["status"] == "not_applicable", gate["reason"]

@@ -703,7 +703,7 @@ def _implied_data_change(exp: Experiment, ev: _Evidence) -> list[str]:
     comparisons = [
         r for i in exp.ids("comparison") if (r := ev.get(i)) is not None and r.tool == "compare_benchmarks"
     ]
-    return data_path_changes(comparisons[-1], ev.get) if comparisons else []
+    return data_path_changes(comparisons[-1], ev.get, ev.ledger.workspace) if comparisons else []
 
 
 def _new_baseline_gate(exp: Experiment, ev: _Evidence) -> Gate:
