@@ -80,11 +80,15 @@ def test_an_eval_pass_names_the_model_and_the_line_that_runs_it() -> None:
     assert (site.module, site.module_path) == ("Net", "Net")
     assert site.location == f"code_jobs.py:{site_line('eval_model')} forward"
     assert site.call_site == f"code_jobs.py:{site_line('eval_call')} evaluate"
+    assert site.region == "validation"  # the user's record_function range around the pass
     assert f.summary.startswith(f"rank 0: Net.forward (code_jobs.py:{site_line('eval_model')}), called from")
 
 
 def test_a_data_loader_wait_names_the_dataset_code_it_runs() -> None:
-    f = named(findings("slow_loader"), "input_pipeline")
+    found = findings("slow_loader")
+    f = named(found, "input_pipeline")
+    # The Dataset's own ops run without grad inside the fetch: data loading, not an evaluation pass.
+    assert all(g.wall != "evaluation_in_step" for g in found)
     line = site_line("slow_loader")
     assert f.code[0].location == f"code_jobs.py:{line} __getitem__"
     assert f.code[0].share > 0.9 and f"__getitem__ (code_jobs.py:{line})" in f.summary
@@ -138,6 +142,8 @@ def test_frames_and_modules_are_read_from_their_event_names() -> None:
         "perfgate/harness/hooks.py(134): timed_backward",
         "<built-in method tanh of Tensor object at 0x7f>",
         "/usr/lib/python3.11/json/decoder.py(337): decode",
+        "/work/.perfgate/state/harness/b6ac98a0/perfgate/harness/hooks.py(151): timed_backward",
+        "/opt/conda/pkgs/torch/nn/modules/module.py(1782): _call_impl",
     ):
         assert user_frame(library) is None, library
     assert module_names("nn.Module: GatedMix_0") == ("GatedMix", None)

@@ -49,9 +49,8 @@ MISSING_STACKS = (
 STACK_HINT = "capture with with_stack=true to name the module and line"
 MODULE_PREFIX = "nn.Module: "
 _FRAME = re.compile(r"^(?P<file>[^<][^(]*)\((?P<line>\d+)\): (?P<func>.+)$")
-_LIBRARIES = frozenset({"torch", "perfgate", "functorch", "triton", "torchgen"}) | frozenset(
-    sys.stdlib_module_names
-)
+_PACKAGES = frozenset({"torch", "perfgate", "functorch", "triton", "torchgen"})
+_LIBRARIES = _PACKAGES | frozenset(sys.stdlib_module_names)
 _TORCH_RANGES = ("ProfilerStep#", "Optimizer.", "Optimizer#", "enumerate(DataLoader)", MODULE_PREFIX)
 _MIN_ITERATIONS = 4
 _MAX_BODY = 256
@@ -87,8 +86,14 @@ def user_frame(name: str) -> tuple[str, str, str] | None:
     if match is None:
         return None
     file = match["file"].replace("\\", "/")
-    head = file.split("/", 1)[0].removesuffix(".py")
-    if head in _LIBRARIES or "site-packages/torch/" in file or "/lib/python" in file:
+    parts = file.split("/")
+    # A library by its top module (relative names), or by a package folder anywhere in an absolute path
+    # (a copy of perfgate's harness on PYTHONPATH, a torch outside site-packages).
+    if (
+        parts[0].removesuffix(".py") in _LIBRARIES
+        or not _PACKAGES.isdisjoint(parts[:-1])
+        or "/lib/python" in file
+    ):
         return None
     return file, match["line"], match["func"]
 
@@ -459,9 +464,10 @@ def code_view(p: Prepared) -> CodeView | None:
     no_grad_us: float | None = None
     if stacks or has_modules:
         named = {ph: np.isin(name_ids, np.array(ids, np.int64)) for ph, ids in phase_ids.items()}
-        unnamed = ~np.isin(
-            name_ids[top_rows], np.array([i for ids in phase_ids.values() for i in ids], np.int64)
-        )
+        any_named = np.isin(name_ids, np.array([i for ids in phase_ids.values() for i in ids], np.int64))
+        # Ops inside a named range (a DataLoader fetch, the optimizer) belong to that phase, as in
+        # `host_breakdown`: not to the forward or no-grad pass.
+        unnamed = ~any_named[top_rows] & (nearest(ix.op_parent, any_named)[top_rows] < 0)
         grad = cpu.i("grad")[top_rows] == 1
         no_grad_rows = top_rows[unnamed & ~grad]
         no_grad_us = _pure_frames_us(ix, no_grad_rows, top_rows[grad], lo, hi) / per_step if stacks else None
