@@ -65,9 +65,10 @@ class DemoResult:
     evidence: dict[str, str]
 
 
-def _policy(python: str, script_sha256: str) -> str:
-    """Allowlist the demo's own launches only: its train.py, pinned to the bundled content, run by the
-    interpreter in use (the harness wrapper is not part of what a rule matches)."""
+def _policy(python: str, script_sha256: str, code_state: str) -> str:
+    """Allowlist the demo's own launches only: its train.py, pinned to the bundled content and to the
+    workspace's code state, run by the interpreter in use (the harness wrapper is not part of what a rule
+    matches)."""
     return (
         "# Written by `perfgate demo` for its own temporary workspace.\n"
         "[execution]\n"
@@ -77,6 +78,7 @@ def _policy(python: str, script_sha256: str) -> str:
         'name = "the demo training script"\n'
         f'script = "{SCRIPT}"\n'
         f'sha256 = "{script_sha256}"\n'
+        f'code_state = "{code_state}"\n'
         f"argv = [{json.dumps(python)}]\n"
     )
 
@@ -329,7 +331,9 @@ def run_demo(workspace: Path | None = None, say: Callable[[str], None] = print) 
     # The allowlist is operator configuration: it lives outside the workspace, like a real one.
     policy = Path(tempfile.mkdtemp(prefix="perfgate-demo-policy-")) / "policy.toml"
     digest = hashlib.sha256((workspace / SCRIPT).read_bytes()).hexdigest()
-    policy.write_text(_policy(sys.executable, digest), encoding="utf-8")
+    from perfgate.envprobe.provenance import code_state
+
+    policy.write_text(_policy(sys.executable, digest, code_state(workspace).digest), encoding="utf-8")
     say(
         f"perfgate demo in {workspace} (the allowlist for its own {SCRIPT}, pinned by sha256, is in {policy})"
     )
