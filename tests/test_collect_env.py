@@ -8,8 +8,11 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -452,3 +455,41 @@ async def test_a_hanging_probe_is_killed_at_its_timeout_and_keeps_what_it_saw(
     assert out["summary"]["python_version"] == platform.python_version()
     assert out["summary"]["packages"]["torch"] == importlib.metadata.version("torch")
     assert {"item": "probe", "reason": "the probe stopped during: import torch"} in out["unavailable"]
+
+
+async def test_a_probe_log_replaced_in_the_workspace_mid_run_is_not_what_the_record_says(
+    workspace: Path, mode: str, with_collect_env: None
+) -> None:
+    # The agent's move: while the server's own probe runs, a thread replaces every probe log it finds
+    # under .perfgate/ with a copy claiming another Python. The facts must come from the server's own
+    # capture, which the agent cannot reach.
+    real = subprocess.run(
+        [sys.executable, str(probe_script())], capture_output=True, text=True, check=True, timeout=300
+    ).stdout
+    forged = re.sub(r'"version": "3[.][0-9.]*"', '"version": "0.0.1"', real)
+    assert forged != real
+    done = threading.Event()
+
+    def forge() -> None:
+        seen: set[Path] = set()
+        while not done.is_set():
+            for log in workspace.glob(".perfgate/artifacts/*/probe_stdout.log"):
+                if log not in seen:
+                    aside = log.with_name("forged.tmp")
+                    aside.write_text(forged)
+                    os.replace(aside, log)
+                    seen.add(log)
+            time.sleep(0.001)
+
+    forger = threading.Thread(target=forge, daemon=True)
+    forger.start()
+    try:
+        async with Client(build_server(ServerConfig.create(workspace)), mode=mode) as client:
+            result = await client.call_tool(TOOL, {"system_tools": False})
+    finally:
+        done.set()
+        forger.join(timeout=10)
+    assert not result.is_error, text(result)
+    out = result.structured_content
+    assert out is not None and out["state"] == "executed", out
+    assert out["summary"]["python_version"] == platform.python_version()

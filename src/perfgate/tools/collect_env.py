@@ -5,11 +5,13 @@ The probing and assembly code is imported where it is used, to keep server start
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
@@ -211,19 +213,21 @@ def _host_facts(workspace: Path, env: dict[str, str], system_tools: bool) -> _Ho
 
 
 async def _run_probe(
-    request: CommandRequest, gated: bool, ev: EvidenceBuilder, rt: ToolRuntime
+    request: CommandRequest, gated: bool, ev: EvidenceBuilder, rt: ToolRuntime, folder: Path
 ) -> CommandResult:
+    """Run the probe with its output captured in ``folder`` (private: in the trust root), which is what
+    the facts are parsed from; the record's artifacts get copies, for people."""
     if gated:
-        return await rt.run_command(request, ev, label="probe_")
+        return await rt.run_command(request, ev, label="probe_", log_dir=folder)
 
     async def progress(p: CommandProgress) -> None:
         await rt.progress(p.elapsed_s, request.timeout_s, f"probe: {p.elapsed_s:.0f} s; {p.last_line[:120]}")
 
     try:
-        return await execute(
+        result = await execute(
             request,
-            stdout_path=ev.path("probe_stdout.log"),
-            stderr_path=ev.path("probe_stderr.log"),
+            stdout_path=folder / "probe_stdout.log",
+            stderr_path=folder / "probe_stderr.log",
             limits=ExecLimits(kill_grace_s=2.0),
             on_progress=progress,
             # registered, so a server shutting down mid-probe stops it too
@@ -231,6 +235,22 @@ async def _run_probe(
         )
     except CommandError as exc:
         raise ToolError(f"{exc}; the server's own interpreter could not start the probe") from exc
+    for name in ("probe_stdout.log", "probe_stderr.log"):
+        with (folder / name).open("rb") as source:
+            ev.copy_in(name, source)
+    return result
+
+
+@contextlib.contextmanager
+def _private_folder(rt: ToolRuntime) -> Generator[Path]:
+    """A fresh folder in this workspace's trust-root folder (the agent cannot write there), removed after."""
+    parent = rt.private_dir / "scratch"
+    parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="probe-", dir=parent))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _read_head(path: Path, limit: int) -> str:
@@ -309,20 +329,22 @@ async def run(inp: CollectEnvInput, rt: ToolRuntime) -> CollectEnvOutput:
             facts.git_reason = "not queried: the host queries failed"
         facts_box.append(facts)
 
-    async def probe_task() -> None:
-        try:
-            probe_box.append(await _run_probe(request, gated_request is not None, ev, rt))
-        except ToolError as exc:
-            errors.append(exc)
+    with _private_folder(rt) as folder:
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(host)
-        tg.start_soon(probe_task)
-    if errors:
-        raise errors[0]
+        async def probe_task() -> None:
+            try:
+                probe_box.append(await _run_probe(request, gated_request is not None, ev, rt, folder))
+            except ToolError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(host)
+            tg.start_soon(probe_task)
+        if errors:
+            raise errors[0]
+        # The facts come from the server's own capture, never from the copy in the workspace.
+        probe = parse_probe_output(_read_head(folder / "probe_stdout.log", _MAX_PROBE_OUTPUT_BYTES))
     facts, result = facts_box[0], probe_box[0]
-
-    probe = parse_probe_output(_read_head(ev.path("probe_stdout.log"), _MAX_PROBE_OUTPUT_BYTES))
     learn_host(redactor, probe)
     raw_container: Any = probe.sections.get("container")
     container, container_missing = container_provenance(
