@@ -454,6 +454,15 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
 
     state = rt.ledger.trust.state_dir
     copy = harness_pythonpath(state)
+    if inp.launcher == "slurm":
+        # Said before launch_env's refusal of PET_* (which names no Slurm way to give them).
+        steering = sorted(k for k in inp.env if k.startswith(("SLURM_", "SALLOC_", "SBATCH_", "PET_")))
+        if steering:
+            raise ToolError(
+                f"env sets {', '.join(steering)}: Slurm and torchrun read these as job options; give resources "
+                "through slurm={nodes, ntasks_per_node, cpus_per_task, gres, partition} and the time limit "
+                "through timeout_s, so the approval shows them as the submission"
+            )
     try:
         contract = Contract(
             dict(inp.contract.invariants), dict(inp.contract.execution), dict(inp.contract.classes)
@@ -496,13 +505,6 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
         env[LOG_PATTERN_ENV] = inp.log_pattern or ""
     launches = 1 if inp.same_process else inp.repeats
     if inp.launcher == "slurm":
-        steering = sorted(k for k in inp.env if k.startswith(("SLURM_", "SALLOC_", "SBATCH_")))
-        if steering:
-            raise ToolError(
-                f"env sets {', '.join(steering)}: Slurm and torchrun read these as job options; give resources "
-                "through slurm={nodes, ntasks_per_node, cpus_per_task, gres, partition} and the time limit "
-                "through timeout_s, so the approval shows them as the submission"
-            )
         path = inp.env.get("PATH", os.environ.get("PATH", os.defpath))
         missing = [p for p in ("salloc", "srun", "scancel", "squeue") if shutil.which(p, path=path) is None]
         if missing:
