@@ -25,6 +25,7 @@ from _trust import any_code_rules, operator_policy
 from perfgate.evidence import Ledger
 from perfgate.server import build_server
 from perfgate.tools._runtime import ServerConfig
+from perfgate.trust import TrustRoot
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -165,7 +166,8 @@ async def test_cancel_of_a_detached_slurm_run_scancels_the_job(workspace: Path, 
     }
     started = await call(workspace, "run_benchmark_window", args, Human())
     run_id = started["run_id"]
-    stderr = workspace / ".perfgate" / "detached" / run_id / "launch0_stderr.log"
+    # the server captures a detached run's logs in the trust root (the workspace copy comes at the end)
+    stderr = TrustRoot.locate().workspace_dir(workspace) / "detached" / run_id / "launch0_stderr.log"
     deadline = time.monotonic() + 120
     job = None
     while job is None or len(_processes_mentioning(str(loop))) < 2:

@@ -611,6 +611,10 @@ def load_split(
             try:
                 part = later.result()
             except BrokenProcessPool as exc:
+                if share.cells[_WORKER_AT] == -1:
+                    # It died before it began its part: a kept worker that died while idle, in the moment
+                    # before its pool noticed (alive() passed). Nothing of the read is lost: read in one piece.
+                    return None
                 raise TraceError(
                     f"{path}: the worker reading its second half died (killed for memory?); capture a "
                     "shorter window"
