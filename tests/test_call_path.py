@@ -798,7 +798,7 @@ def _two_step_message(tool: Any, spec: Any, arguments: dict[str, Any]) -> str | 
     try:
         kwargs = FuncMetadata.validate_arguments(tool.fn_metadata, arguments)
     except ValidationError as exc:
-        return argument_message(spec.name, field_errors(exc, tool.parameters))
+        return argument_message(spec.name, field_errors(exc, tool.documented))
     try:
         spec.input_model.model_validate(kwargs)
     except ValidationError as exc:  # refused inside the tool body: the SDK names the tool first

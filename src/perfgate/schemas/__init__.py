@@ -3,8 +3,9 @@
 Files: ``<tool>.input.json``, ``<tool>.output.json``, ``tools_list.json`` (the exact ``tools/list``
 answer of a default server: names, order, descriptions, schemas, annotations) and ``tools_index.json``
 (each tool's module, and whether it runs commands or writes), from which a server lists its tools
-without importing them (`perfgate.tools._catalog`); and, outside this folder,
-the skill's contract vocabulary reference, rendered from the vocabulary the code checks.
+without importing them (`perfgate.tools._catalog`); and, outside this folder, the skill's contract
+vocabulary reference, rendered from the vocabulary the code checks, and each tool's reference page
+(``references/tool-<name>.md``), rendered from its documented schemas.
 """
 
 from __future__ import annotations
@@ -36,28 +37,44 @@ async def _tools_list() -> list[dict[str, Any]]:
 
 
 def render_schemas() -> dict[str, str]:
-    """File name -> content for every generated schema file."""
+    """File name -> content for every generated schema file.
+
+    ``<tool>.input.json`` is the documented input schema (with every field's description), which the
+    server validates with; tools/list carries its listed form (`perfgate.tools._lean.listed_schema`).
+    """
+    from perfgate.server import tool_for
     from perfgate.tools import registered_specs
 
     tools = anyio.run(_tools_list)
+    specs = registered_specs(read_only=False)
     files = {"tools_list.json": _dump(tools)}
     index = [
         {"name": s.name, "module": s.run.__module__, "runs_commands": s.runs_commands, "writes": s.writes}
-        for s in registered_specs(read_only=False)
+        for s in specs
     ]
     files["tools_index.json"] = _dump(index)
-    for tool in tools:
-        files[f"{tool['name']}.input.json"] = _dump(tool["inputSchema"])
+    for spec, tool in zip(specs, tools, strict=True):
+        files[f"{tool['name']}.input.json"] = _dump(tool_for(spec).documented)
         files[f"{tool['name']}.output.json"] = _dump(tool.get("outputSchema"))
     return files
 
 
-def _elsewhere() -> dict[Path, str]:
-    """Generated files outside this folder: path -> content."""
+def _elsewhere(files: dict[str, str]) -> dict[Path, str]:
+    """Generated files outside this folder (the vocabulary and each tool's skill reference), from the
+    schema files ``files``: path -> content."""
     from perfgate.benchmarking.vocabulary import render_vocabulary
-    from perfgate.skills.catalog import reference
+    from perfgate.skills.catalog import reference, tool_reference
+    from perfgate.tools import registered_specs
+    from perfgate.tools._reference import render_tool_reference
 
-    return {reference("vocabulary").path: render_vocabulary()}
+    out = {reference("vocabulary").path: render_vocabulary()}
+    listed = {t["name"]: t for t in json.loads(files["tools_list.json"])}
+    for spec in registered_specs(read_only=False):
+        page = tool_reference(spec.name)
+        if page is not None:
+            documented = json.loads(files[f"{spec.name}.input.json"])
+            out[page.path] = render_tool_reference(page.title, listed[spec.name], documented, spec.details)
+    return out
 
 
 def write_schemas() -> list[Path]:
@@ -66,7 +83,7 @@ def write_schemas() -> list[Path]:
     for stale in SCHEMA_DIR.glob("*.json"):
         if stale.name not in files:
             stale.unlink()
-    targets = {SCHEMA_DIR / name: content for name, content in files.items()} | _elsewhere()
+    targets = {SCHEMA_DIR / name: content for name, content in files.items()} | _elsewhere(files)
     for path, content in targets.items():
         path.write_text(content, encoding="utf-8")
     return list(targets)
@@ -76,7 +93,7 @@ def check_schemas() -> list[str]:
     """Differences between the checked-in files and freshly generated ones (empty when in sync)."""
     files = render_schemas()
     drift: list[str] = []
-    targets = {SCHEMA_DIR / name: content for name, content in files.items()} | _elsewhere()
+    targets = {SCHEMA_DIR / name: content for name, content in files.items()} | _elsewhere(files)
     for path, content in targets.items():
         name = path.name if path.parent == SCHEMA_DIR else str(path.relative_to(SCHEMA_DIR.parent))
         if not path.exists():

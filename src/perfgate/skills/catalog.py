@@ -15,10 +15,12 @@ __all__ = [
     "SKILL_FILE",
     "SKILL_NAME",
     "SKILL_URI",
+    "TOOL_REFERENCE_PREFIX",
     "URI_PREFIX",
     "Reference",
     "reference",
     "skill_files",
+    "tool_reference",
 ]
 
 SKILL_NAME = "perfgate"
@@ -50,7 +52,7 @@ class Reference:
         return SKILL_DIR / self.relative_path
 
 
-REFERENCES: tuple[Reference, ...] = (
+_TOPICS: tuple[Reference, ...] = (
     Reference(
         "measurement",
         "Measurement and timing windows",
@@ -113,6 +115,35 @@ REFERENCES: tuple[Reference, ...] = (
         "Which candidate each finding suggests, its guard, and the evidence level behind each lesson.",
     ),
 )
+
+
+TOOL_REFERENCE_PREFIX = "tool-"
+
+
+def _tool_references() -> tuple[Reference, ...]:
+    from perfgate.tools import TOOL_MODULES
+
+    return tuple(
+        Reference(
+            f"{TOOL_REFERENCE_PREFIX}{name}",
+            f"Tool {name}",
+            f"Every input of {name} (type, default, bounds, meaning), what it is for, and its answer's fields.",
+        )
+        for name in TOOL_MODULES
+    )
+
+
+REFERENCES: tuple[Reference, ...] = (*_TOPICS, *_tool_references())
+"""The topics above, then one generated page per tool (``perfgate schemas`` writes them from the code):
+tools/list carries no field descriptions, these pages carry them all."""
+
+
+def tool_reference(tool: str) -> Reference | None:
+    """The generated page of the shipped tool ``tool`` (None for a tool perfgate does not ship)."""
+    for ref in REFERENCES:
+        if ref.name == f"{TOOL_REFERENCE_PREFIX}{tool}":
+            return ref
+    return None
 
 
 def reference(name: str) -> Reference:

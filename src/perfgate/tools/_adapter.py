@@ -18,13 +18,13 @@ from mcp.server.mcpserver.exceptions import UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult, ImageContent, TextContent
-from pydantic import BaseModel, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, WithJsonSchema
 
 from perfgate.errors import ToolError
 from perfgate.tools._answer import answer_text
 from perfgate.tools._failures import argument_message, crash_message, field_errors
 from perfgate.tools._gating import APPROVAL_PARAM, PREPARED_PARAM, gate_parameters, settle
-from perfgate.tools._lean import lean_schema
+from perfgate.tools._lean import inline_refs, lean_schema, listed_schema
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import AnySpec
 from perfgate.tools._state import AppState
@@ -116,55 +116,6 @@ def compact_schema(schema: Any) -> Any:
     return node
 
 
-_ANNOTATIONS = frozenset(
-    {"title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly"}
-)
-_DEF_PREFIX = "#/$defs/"
-
-
-def inline_refs(schema: Any) -> Any:
-    """``schema`` with every ``$ref`` to one of its ``$defs`` replaced by the definition itself, and no
-    ``$defs`` left; unchanged when a definition refers to itself (a recursive model).
-
-    The same values validate. A client that checks every result against the output schema resolves each
-    ``$ref`` it meets through its reference registry, once per list item: for a result with a list of
-    models that lookup costs about as much as validating the items themselves. Output models refer to
-    most definitions once, so the schema barely grows.
-    """
-    if not isinstance(schema, dict):
-        return schema
-    root = cast("dict[str, Any]", schema)
-    if not isinstance(root.get("$defs"), dict):
-        return root
-    defs = cast("dict[str, Any]", root["$defs"])
-
-    class _Recursive(Exception):
-        pass
-
-    def expand(node: Any, within: frozenset[str]) -> Any:
-        if isinstance(node, list):
-            return [expand(v, within) for v in cast("list[Any]", node)]
-        if not isinstance(node, dict):
-            return node
-        items = cast("dict[str, Any]", node)
-        ref = items.get("$ref")
-        if isinstance(ref, str) and ref.startswith(_DEF_PREFIX) and ref[len(_DEF_PREFIX) :] in defs:
-            name = ref[len(_DEF_PREFIX) :]
-            if name in within:
-                raise _Recursive
-            target = cast("dict[str, Any]", expand(defs[name], within | {name}))
-            rest = {k: expand(v, within) for k, v in items.items() if k != "$ref"}
-            if set(rest) & set(target) <= _ANNOTATIONS:  # siblings that only annotate: the field's win
-                return {**target, **rest}
-            return {"allOf": [target], **rest}
-        return {k: expand(v, within) for k, v in items.items() if not (node is root and k == "$defs")}
-
-    try:
-        return expand(root, frozenset())
-    except _Recursive:
-        return root
-
-
 class PerfgateTool(Tool):
     """A registered tool whose failures all reach the agent as sentences.
 
@@ -174,11 +125,19 @@ class PerfgateTool(Tool):
     traceback still goes to the server log) instead of a bare "Error executing tool X".
     """
 
+    _documented: dict[str, Any] = PrivateAttr(default_factory=dict[str, Any])
+
+    @property
+    def documented(self) -> dict[str, Any]:
+        """The input schema with every field's description (``parameters`` is the listed one)."""
+        return self._documented
+
     @classmethod
     def for_function(cls, fn: Any, **kwargs: Any) -> PerfgateTool:
         tool = cls.from_function(fn, **kwargs)
         assert isinstance(tool, PerfgateTool)
-        tool.parameters = {**lean_schema(tool.parameters), "additionalProperties": False}
+        tool._documented = {**lean_schema(tool.parameters), "additionalProperties": False}
+        tool.parameters = listed_schema(tool._documented)
         meta = tool.fn_metadata
         tool.fn_metadata = _Metadata(
             arg_model=meta.arg_model,
@@ -207,7 +166,7 @@ class PerfgateTool(Tool):
             except ValidationError as found:
                 exc = found
         if exc is not None:
-            lines += field_errors(exc, self.parameters)
+            lines += field_errors(exc, self._documented)
         return ToolError(argument_message(self.name, lines)) if lines else None
 
     async def run(self, arguments: dict[str, Any], context: Any, convert_result: bool = False) -> Any:

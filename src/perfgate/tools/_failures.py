@@ -91,10 +91,26 @@ def _phrase(err: ErrorDetails) -> str:
     return msg[0].lower() + msg[1:] if msg else msg
 
 
+_DESCRIBED_CHARS = 400
+
+
+def _described(nodes: list[Mapping[str, Any]], schema: Mapping[str, Any]) -> str:
+    """The documentation of the field at ``nodes`` (its own, else its type's), on one line."""
+    for node in nodes:
+        for candidate in (node, *_branches(node, schema)):
+            text = candidate.get("description")
+            if isinstance(text, str) and text.strip():
+                line = " ".join(text.split())
+                return line if len(line) <= _DESCRIBED_CHARS else line[: _DESCRIBED_CHARS - 3] + "..."
+    return ""
+
+
 def field_errors(exc: ValidationError, schema: Mapping[str, Any]) -> list[str]:
-    """One line per field: the path, what is wrong in words, allowed values or fields, what was sent."""
+    """One line per field: the path, what is wrong in words, allowed values or fields, what was sent, and
+    the field's documentation from ``schema`` (tools/list carries none)."""
     grouped: dict[str, list[str]] = {}
     got: dict[str, Any] = {}
+    about: dict[str, str] = {}
     for err in exc.errors(include_url=False):
         if err["type"] == "extra_forbidden" and err["loc"]:
             # The unknown key names no property: report it under its holder, with the holder's fields.
@@ -104,8 +120,10 @@ def field_errors(exc: ValidationError, schema: Mapping[str, Any]) -> list[str]:
             phrase = "unknown field" + (f"; allowed here: {', '.join(allowed)}" if allowed else "")
             grouped.setdefault(f"{holder}.{key}" if holder else key, []).append(phrase)
             continue
-        path, _ = _walk(err["loc"], schema)
+        path, nodes = _walk(err["loc"], schema)
         where = path or "input"
+        if path and where not in about:
+            about[where] = _described(nodes, schema)
         phrase = _phrase(err)
         if phrase not in grouped.setdefault(where, []):
             grouped[where].append(phrase)
@@ -116,15 +134,22 @@ def field_errors(exc: ValidationError, schema: Mapping[str, Any]) -> list[str]:
         line = f"{where}: {' or '.join(phrases)}"
         if where in got:
             line += f" (got {_shown(got[where])})"
+        if about.get(where):
+            line += f". {where.rsplit('.', 1)[-1]}: {about[where]}"
         lines.append(line)
     return lines
 
 
 def argument_message(tool: str, lines: Iterable[str]) -> str:
-    """The argument error an agent reads: what is wrong per field, then what to do."""
+    """The argument error an agent reads: what is wrong per field, then what to do (and, for a shipped
+    tool, where every field of it is documented)."""
+    from perfgate.skills.catalog import tool_reference
+
     body = list(lines)
     head = f"{tool}: {len(body)} invalid argument{'s' if len(body) != 1 else ''}"
-    return "\n".join([head, *(f"- {line}" for line in body), f"Fix these and call {tool} again."])
+    ref = tool_reference(tool)
+    fields = f" (every field: {ref.uri})" if ref is not None else ""
+    return "\n".join([head, *(f"- {line}" for line in body), f"Fix these and call {tool} again{fields}."])
 
 
 _ERRNO_ADVICE = {

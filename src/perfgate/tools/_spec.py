@@ -33,6 +33,10 @@ class ToolSpec(Generic[InT, OutT]):
     before the tool body (possibly once per protocol round), and the body may run only that request,
     through ``rt.run_command``.
 
+    ``description`` is what tools/list carries, in every turn of the client's context: what the tool is
+    for and when to call it, in a sentence or two. ``details`` (the tool's skill reference page, with every
+    field's description) has the rest.
+
     ``brief`` returns the few lines that lead the text an agent reads (headline figures, the next call);
     without it the common fields lead (see `perfgate.tools._answer`).
     """
@@ -51,6 +55,7 @@ class ToolSpec(Generic[InT, OutT]):
     writes: bool = False
     command: Callable[[InT, ToolRuntime], CommandRequest | None] | None = None
     brief: Callable[[OutT], list[str]] | None = None
+    details: str = ""
 
     def __post_init__(self) -> None:
         assert self.runs_commands == (self.command is not None), (

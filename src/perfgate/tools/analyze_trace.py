@@ -155,6 +155,10 @@ SPEC = ToolSpec(
     name="analyze_trace",
     title="Analyze PyTorch profiler traces",
     description=(
+        "Read existing PyTorch profiler traces (files or per-rank folders): where step time goes, findings "
+        "naming the module and file:line, a diff against a baseline profile. Runs nothing."
+    ),
+    details=(
         "Read existing PyTorch profiler (Kineto) traces — .json/.json.gz files or a folder of per-rank "
         "traces; CUDA, ROCm, MUSA, MTIA, XPU or CPU-only — and report where step time goes, per rank: "
         "host phases (data loading, forward, backward, optimizer, no-grad passes, collectives incl. gloo, "

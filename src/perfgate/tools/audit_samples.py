@@ -232,6 +232,10 @@ SPEC = ToolSpec(
     name="audit_samples",
     title="Audit sample ids (data coverage)",
     description=(
+        "Check recorded sample ids cover each epoch as the sampler should: missing, extra, duplicated across "
+        "ranks or workers, padding, set_epoch, resume replays. Needed when data loading changes."
+    ),
+    details=(
         "Check from recorded sample ids that every epoch covered the dataset as the sampler should: per "
         "epoch, missing and extra ids, duplicates within the epoch and across ranks/workers (who saw "
         "them), DistributedSampler padding (checked to be exactly ceil(N/R)*R - N), drop_last, ranks that "

@@ -348,6 +348,10 @@ SPEC = ToolSpec(
     name="benchmark_run",
     title="Follow a detached benchmark run",
     description=(
+        "Follow a run_benchmark_window(detach=true) run by run_id: status, wait, result (records its window "
+        "evidence) or cancel. Works after a reconnect or a server restart."
+    ),
+    details=(
         "Status, wait (progress notifications while it runs), result or cancel of a run started with "
         "run_benchmark_window(detach=true), by run_id. Works after the client reconnects and after the server "
         "restarts. 'result' records the same run_benchmark_window evidence the blocking call would; 'cancel' stops "

@@ -225,6 +225,10 @@ SPEC = ToolSpec(
     name="check_training_health",
     title="Check training health (task-quality evidence)",
     description=(
+        "Pass/fail training health of a window or imported run: finite losses, no unexplained skipped steps, "
+        "enough steps, loss against a baseline. Attach it in role 'quality'."
+    ),
+    details=(
         "Pass/fail training health of a run_benchmark_window or import_benchmark record: losses visible and "
         "finite, no NaN iterations, no unexplained skipped iterations (AMP-overflow skips optional), at least "
         "min_steps measured, and with a baseline the final loss and loss trend within a declared tolerance. The "

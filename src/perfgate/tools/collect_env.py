@@ -436,6 +436,10 @@ SPEC = ToolSpec(
     name="collect_env",
     title="Collect the training environment",
     description=(
+        "Record the training environment as evidence: packages, accelerator and driver, devices, switches and "
+        "git state, as the training interpreter sees them. Call it first; cite its environment_id."
+    ),
+    details=(
         "Record the training environment as evidence, as the training interpreter sees it from inside its own "
         "process: Python, OS, CPU, memory; package versions (torch, torch_musa, triton, flash-attn, "
         "transformer-engine, megatron-core, deepspeed, ...); the accelerator backend (cuda, musa, rocm, xpu, cpu), "

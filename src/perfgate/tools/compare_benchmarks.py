@@ -866,6 +866,10 @@ SPEC = ToolSpec(
     name="compare_benchmarks",
     title="Compare benchmark windows (A/B)",
     description=(
+        "A/B of baseline and candidate windows: speedup with a 95% interval and a verdict; refuses undeclared "
+        "differences. A keep needs it. Setting names: skill://perfgate/references/vocabulary.md"
+    ),
+    details=(
         "Compare baseline and candidate run_benchmark_window (or import_benchmark) evidence: speedup of "
         "pooled throughput with a 95% interval over launches and steps, and a verdict (improved / regressed "
         "/ within_noise; insufficient_launches with fewer than 2 separate launches a side). Refuses "

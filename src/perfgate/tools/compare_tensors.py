@@ -654,6 +654,10 @@ SPEC = ToolSpec(
     name="compare_tensors",
     title="Compare tensors (numeric parity)",
     description=(
+        "Numeric parity of candidate and reference tensors (safetensors, NPZ/NPY, sharded folders) within "
+        "declared atol/rtol: a keep's correctness evidence. Dump them with perfgate.harness.dump_tensors."
+    ),
+    details=(
         "Check that a candidate's tensors (outputs, losses, gradients, activations or weights) agree with a "
         "reference within tolerances you declare for the task: |candidate - reference| <= atol + rtol * "
         "|reference|, as torch.testing.assert_close, computed in float64. Reads safetensors (bfloat16 and "

@@ -385,6 +385,10 @@ SPEC = ToolSpec(
     name="compute_mfu",
     title="Compute MFU / HFU",
     description=(
+        "MFU or HFU from per-device FLOPs per step and measured step times against a sourced peak; pass "
+        "window_id and flops_id evidence. An unknown device needs peak_tflops."
+    ),
+    details=(
         "Compute model FLOP utilization (MFU), hardware FLOP utilization (HFU) or profiler-attributed "
         "utilization from per-device FLOPs per optimizer step and measured step times, against a sourced "
         "dense peak for the device and precision. Use after run_benchmark_window (step time) and "

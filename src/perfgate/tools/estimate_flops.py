@@ -120,6 +120,10 @@ SPEC = ToolSpec(
     name="estimate_flops",
     title="Estimate model FLOPs per step",
     description=(
+        "Model (and, with recompute, hardware) FLOPs per optimizer step of a dense or MoE decoder "
+        "transformer, megatron or palm convention; pass devices for the per-device figure compute_mfu takes."
+    ),
+    details=(
         "Compute model FLOPs (and hardware FLOPs with recomputation) per optimizer step for a dense or MoE "
         "decoder transformer, under a named convention: 'megatron' (matches Megatron-LM's TFLOP/s/GPU) or "
         "'palm' (6N + 12·L·H·Q·T). Returns a per-component breakdown, the formula and parameter counts. Use it "

@@ -573,6 +573,10 @@ SPEC = ToolSpec(
     name="import_benchmark",
     title="Import windows from an existing log or benchmark file",
     description=(
+        "Turn an existing training log or benchmark JSON into window evidence without re-running: step times, "
+        "memory, training health. Contract keys: skill://perfgate/references/vocabulary.md"
+    ),
+    details=(
         "Turn a training log perfgate did not launch (Megatron, nanoGPT, torchtitan, or your regex; one file per "
         "rank allowed) or seed benchmark JSON (schema 1/2) into window evidence labelled 'imported', without "
         "re-running anything: warm-up skipped, steps cut into windows, world size and memory from the log, and "

@@ -233,6 +233,10 @@ SPEC = ToolSpec(
     name="plan_parallel_layout",
     title="Plan a parallel layout",
     description=(
+        "Check that a TP/CP/DP/PP (MoE ETP/EP/EDP) layout is legal and fits per-GPU memory, or search the "
+        "layouts that fit. A plan, not a measurement."
+    ),
+    details=(
         "Before queueing a multi-GPU job: check that a Megatron-style layout (attention TP x CP x DP x PP, MoE "
         "ETP x EP x EDP x PP) is legal for the model and world size, and estimate memory per GPU (weights, "
         "grads, sharded optimizer states, activations per recompute policy, in-flight pipeline micro-batches, "

@@ -433,6 +433,10 @@ SPEC = ToolSpec(
     name="profile_segment",
     title="Profile a training segment / analyze traces",
     description=(
+        "Profile a short segment of the training command with torch.profiler (needs approval; never "
+        "throughput evidence): findings name the module and file:line owning step time."
+    ),
+    details=(
         "Capture where step time goes, per rank. For traces that already exist use analyze_trace (read-only; "
         "mode='analyze' here does the same). mode='run' launches the training command under the harness with torch.profiler "
         "on a short schedule (needs approval) and analyzes the traces it writes; that evidence is flagged "

@@ -327,6 +327,10 @@ SPEC = ToolSpec(
     name="record_decision",
     title="Record an experiment and its decision",
     description=(
+        "Open an experiment, attach evidence ids by role, decide keep, revert, inconclusive or blocked. A "
+        "keep is refused until the ledger holds what it needs; 'show' lists what is missing."
+    ),
+    details=(
         "Record optimization experiments and gate their decisions on ledger evidence. 'open' one per "
         "change (hypothesis, classification, the one changed variable), 'attach' evidence ids by role "
         "(environment, baseline, candidate, comparison, correctness, profile, audit, quality, note), then "

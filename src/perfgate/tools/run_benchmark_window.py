@@ -1122,6 +1122,10 @@ SPEC = ToolSpec(
     name="run_benchmark_window",
     title="Time steady-state training windows",
     description=(
+        "Time steady-state training windows of a command (needs approval): step time, throughput, memory and "
+        "noise per rank; repeats>=3 for a decision. Contract keys: skill://perfgate/references/vocabulary.md"
+    ),
+    details=(
         "Launch the training command (needs approval) and time steady-state windows of optimizer steps per "
         "rank: warm-up excluded, device synchronized only at window edges, one window per launch times "
         "`repeats`. Returns median/p95 step time, IQR noise, global throughput over the slowest rank's "
