@@ -173,3 +173,16 @@ async def test_a_read_only_server_lists_less_and_names_the_same_pages(workspace:
     for tool in tools:
         page = tool_reference(tool.name)
         assert page is not None and page.uri in uris
+
+
+def test_data_inside_a_schema_keeps_its_own_description_and_title_keys() -> None:
+    from perfgate.tools._lean import listed_schema
+
+    data = {"description": "a value, not a doc", "title": "T"}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"const": data, "title": "A", "description": "doc"}, "b": {"enum": [data, None]}},
+        "additionalProperties": False,
+    }
+    listed = listed_schema(lean_schema(schema))
+    assert listed["properties"] == {"a": {"const": data}, "b": {"enum": [data]}}

@@ -28,6 +28,8 @@ _SCHEMA_MAPS = frozenset({"properties", "$defs", "patternProperties"})
 """Keywords whose value maps names to schemas: the names are field names, never keywords."""
 _NOT_MERGED = frozenset({"$ref", "const", "anyOf", "oneOf", "allOf", "not"})
 _NULL: dict[str, Any] = {"type": "null"}
+_DATA = frozenset({"const", "enum", "default", "examples"})
+"""Keywords whose value is data (a description key inside it is the data's own)."""
 
 
 def lean_schema(schema: Any) -> Any:
@@ -43,6 +45,8 @@ def lean_schema(schema: Any) -> Any:
             node[key] = {name: lean_schema(v) for name, v in cast("dict[str, Any]", value).items()}
         elif (key == "title" and isinstance(value, str)) or (key == "default" and value is None):
             continue
+        elif key in _DATA:
+            node[key] = value
         else:
             node[key] = lean_schema(value)
     options = node.get("anyOf")
@@ -88,6 +92,8 @@ def _listed(schema: Any) -> Any:
             continue  # true is the default; false is enforced by the server (see the module docstring)
         elif key == "default" and _uninformative_default(value):
             continue
+        elif key in _DATA:
+            node[key] = value
         else:
             node[key] = _listed(value)
     options = node.get("anyOf")
