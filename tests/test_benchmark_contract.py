@@ -89,3 +89,15 @@ def test_repeated_windows_of_one_side_must_share_a_contract() -> None:
     assert same_contract([_c({"m": 1}), _c({"m": 2})]) == [
         "invariants.m differs between windows of the same side"
     ]
+
+
+def test_a_global_batch_declared_alone_is_left_to_the_measured_batch() -> None:
+    """Without microbatch there is no product to check; the run holds global_batch to what it measures."""
+    assert check_contract(_c({"global_batch": 32, "model": "m"}, {})) == []
+    assert check_contract(_c({"global_batch": 32}, {"world_size": 2, "accumulation": 2})) == []
+    (problem,) = check_contract(_c({"global_batch": 32}, {"microbatch": 8, "accumulation": 2}))
+    assert "declare execution.data_parallel (or execution.world_size)" in problem
+    from perfgate.benchmarking.contract import check_observed
+
+    (observed,) = check_observed(_c({"global_batch": 32}, {}), world_size=1, samples_per_step=64)
+    assert "declares global_batch 32 but the ranks processed 64" in observed

@@ -111,7 +111,8 @@ def check_contract(contract: Contract) -> list[str]:
 
     Every key must be in the vocabulary or classified in ``classes``, and no semantic key may be an
     execution setting. ``invariants.global_batch`` must equal ``execution.microbatch x accumulation x data-parallel size``
-    whenever any of them is declared (accumulation defaults to 1 only when the rest is complete).
+    whenever ``microbatch`` is declared (accumulation defaults to 1 only when the rest is complete); without
+    it, a declared global_batch is checked against the batch the run measures (`check_observed`).
 
     Every refusal ends by naming the vocabulary resource, where the keys and their meanings are.
 
@@ -134,7 +135,10 @@ def _problems(contract: Contract) -> list[str]:
     micro = _positive_int(exe, "microbatch", "execution")
     accumulation = _positive_int(exe, "accumulation", "execution")
     dp = data_parallel_size(exe)
-    if global_batch is None and micro is None:
+    if micro is None:
+        # No product to check: a declared global_batch is held to the batch a run measures, accumulation to
+        # the backward passes it counts, world_size to its ranks (check_observed); compare_benchmarks
+        # compares the sides' measured batches.
         return problems
     missing = [
         name

@@ -496,7 +496,9 @@ def render_vocabulary() -> str:
         "that contradicts the vocabulary is refused.",
         f"- Required invariants for a keep: {', '.join(f'`{k}`' for k in REQUIRED_INVARIANTS)}.",
         "- Checked: `global_batch` = `microbatch` x `accumulation` x `data_parallel` (or `world_size` / the "
-        "model-parallel degrees) whenever any of them is declared.",
+        "model-parallel degrees) whenever `microbatch` is declared. A run checks what it can measure: "
+        "`global_batch` against the samples per optimizer step, `accumulation` against the backward() passes, "
+        "`world_size` against the ranks; so `global_batch` alone is enough.",
         "",
         "| key | class | meaning | synonyms (stored as the key) | members (distinct keys of this kind) |",
         "|---|---|---|---|---|",
