@@ -264,7 +264,11 @@ def test_each_tool_row_names_exactly_the_states_that_tool_can_set() -> None:
     problems: list[str] = []
     checked = 0
     for spec in REGISTRY:
-        rows = [line for line in table.splitlines() if f"| `{spec.name}` |" in line]
+        rows = [
+            line
+            for line in table.splitlines()
+            if f"| [`{spec.name}`](references/tool-{spec.name}.md) |" in line
+        ]
         assert len(rows) == 1, f"SKILL.md's tool table needs one row for {spec.name}"
         said = {w for w in re.findall(r"[a-z_]+", rows[0].rsplit("|", 2)[-2].lower()) if w in _STATES}
         module = SRC / "tools" / f"{spec.name}.py"

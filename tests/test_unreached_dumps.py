@@ -41,10 +41,11 @@ CONTRACT = {
 }
 
 
-async def _window(client: Client, script: str) -> dict[str, Any]:
+async def _window(client: Client, script: str, **more: Any) -> dict[str, Any]:
     result = await client.call_tool(
         "run_benchmark_window",
         {
+            **more,
             "command": [PY, script],
             "warmup_steps": 2,
             "measure_steps": 3,
@@ -81,3 +82,16 @@ async def test_a_dump_after_the_last_window_is_named_with_where_to_move_it(works
     # a dump in the warm-up is reached and recorded, and nothing is said of the unreached one
     assert [d["path"] for d in early["tensor_dumps"]] == ["early.safetensors"]
     assert not [w for w in early["warnings"] if "dump_tensors" in w]
+
+
+async def test_each_labelled_run_dumps_to_a_file_of_its_own(workspace: Path) -> None:
+    """One line of code, two runs, two files: {label} and {rank} in the path are filled in by the harness."""
+    script = SCRIPT.replace('"early.safetensors"', '"captures/{label}-r{rank}.safetensors"')
+    (workspace / "labelled.py").write_text(script.replace("EARLY", "True"))
+    operator_policy("[execution]\n" + any_code_rules([PY, "labelled.py"]))
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        base = await _window(client, "labelled.py", label="base line/1")
+        cand = await _window(client, "labelled.py", label="candidate")
+    assert [d["path"] for d in base["tensor_dumps"]] == ["captures/base_line_1-r0.safetensors"]
+    assert [d["path"] for d in cand["tensor_dumps"]] == ["captures/candidate-r0.safetensors"]
+    assert (workspace / "captures" / "base_line_1-r0.safetensors").is_file()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import sys
 import time
@@ -163,13 +164,18 @@ def dump_tensors(
     Shapes and dtypes are kept exactly (bfloat16 and float8 included); torch tensors may live on any
     device and are copied to the host one at a time. Parent folders are created. Returns the path.
 
+    ``{label}``, ``{launch}`` and ``{rank}`` in ``path`` become the run's label (run_benchmark_window's
+    ``label``, in file-name characters; ``unlabelled`` outside a labelled run), the launch id and the rank,
+    so one line of code gives the baseline's and the candidate's runs a file each:
+    ``dump_tensors("captures/{label}.safetensors", ...)``.
+
     Raises:
         TypeError: a name is not a string, or a value's dtype or layout has no safetensors encoding.
         ValueError: a name is reserved.
     """
     window = hooks.active_window()
     started = time.perf_counter_ns()
-    target = Path(path)
+    target = _expand(os.fspath(path), window.config.label if window is not None else None)
     try:
         digest, size = _dump(target, mapping, metadata)
     finally:
@@ -178,6 +184,25 @@ def dump_tensors(
     if window is not None:
         window.tensors_dumped(os.path.realpath(target), digest, size)
     return target
+
+
+_FIELDS = re.compile(r"\{(label|launch|rank)\}")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _expand(path: str, label: str | None) -> Path:
+    """``path`` with its ``{label}``, ``{launch}`` and ``{rank}`` filled in (see `dump_tensors`)."""
+    values = {
+        "label": (label, "unlabelled"),
+        "launch": (os.environ.get("PERFGATE_LAUNCH_ID"), "0"),
+        "rank": (os.environ.get("RANK"), "0"),
+    }
+
+    def fill(match: re.Match[str]) -> str:
+        value, otherwise = values[match.group(1)]
+        return _UNSAFE.sub("_", value or "").strip("._")[:64] or otherwise
+
+    return Path(_FIELDS.sub(fill, path))
 
 
 def _dump(target: Path, mapping: Mapping[str, Any], metadata: Mapping[str, str] | None) -> tuple[str, int]:

@@ -93,7 +93,12 @@ class RecordDecisionInput(BaseModel):
         ),
     ] = None
     changed_variable: Annotated[
-        str | None, Field(description="open: the one setting or code path changed.")
+        str | None,
+        Field(
+            description="open: the one thing changed, as compare_benchmarks' declared_changes will name it: an "
+            "execution setting of the vocabulary (e.g. 'workers', 'microbatch'), or 'code' for an edit of the "
+            "code alone (a vectorized loop, a fused op)."
+        ),
     ] = None
     touches_data: Annotated[
         bool,

@@ -176,7 +176,11 @@ class RunBenchmarkWindowInput(BaseModel):
         int | None, Field(ge=1, description="Global tokens per optimizer step (all ranks).")
     ] = None
     label: Annotated[
-        str | None, Field(description="Free-form label, e.g. 'baseline' or 'bf16-autocast'.")
+        str | None,
+        Field(
+            description="Free-form label, e.g. 'baseline' or 'candidate'; dump_tensors fills {label} in its path "
+            "with it, so the two sides' runs write a file each from one line of code."
+        ),
     ] = None
     contract: Annotated[
         BenchmarkContract,
