@@ -81,3 +81,18 @@ async def test_the_lead_lines_give_the_ids_and_paths_the_next_call_takes(
     assert f"experiment_id={opened.structured_content['experiment_id']}" in lead
     assert "decisions_md=.perfgate/decisions.md" in lead
     assert opened.structured_content["evidence_id"] in lead.splitlines()[0]
+
+
+def test_an_artifact_name_is_not_offered_for_the_next_call() -> None:
+    from pydantic import BaseModel
+
+    from perfgate.tools._answer import answer_text
+
+    class Out(BaseModel):
+        evidence_id: str = "ev-1"
+        state: str = "executed"
+        experiment_id: str = "exp-2"
+        step_series_artifact: str = "step_series.json"
+
+    lead = _lead(answer_text("t", Out()))
+    assert "experiment_id=exp-2" in lead and "step_series" not in lead

@@ -57,6 +57,8 @@ def test_a_per_sample_loop_is_named_by_its_module_line_and_iterations() -> None:
     )
     assert f.figures["loop_iterations_per_step"] == 64
     assert "batched tensor ops" in f.candidate
+    # the owner carries the loop's time, not zeros: the loop is most of the finding's time at stake
+    assert owner.us_per_step > 0 and 0.3 < owner.share <= 1.0, (owner.us_per_step, owner.share)
 
 
 def test_a_micro_batch_accumulation_loop_counts_its_backward_passes_and_names_the_line() -> None:

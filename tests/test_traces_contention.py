@@ -130,3 +130,19 @@ async def test_a_capture_beside_a_burner_names_host_contention_before_op_level_f
     at = walls.index("host_contention")
     assert all(i > at for i, wall in enumerate(walls) if wall in _OP_LEVEL), walls
     assert "host load during capture: other processes" in result.content[0].text  # type: ignore[union-attr]
+
+
+def test_the_next_line_opens_a_hypothesis_on_the_jobs_own_wall_not_the_hosts() -> None:
+    """The host's contention ranks first, but it is no change to the job: the next call names the first
+    wall the job owns and says the figures are inflated; a report of contention alone says to quiet the host."""
+    from perfgate.tools._traces import trace_brief
+
+    report = _with_load("tiny_ops", _load(other=2.0, job=2.0))
+    assert report.findings[0].wall == "host_contention"
+    (next_line,) = [
+        line for line in trace_brief(report.ranks, None, report.findings, "ev-1") if "next" in line
+    ]
+    assert "the host was busy" in next_line and 'hypothesis="host_overhead: ...")' in next_line
+    alone = [f for f in report.findings if f.wall == "host_contention"]
+    (quiet,) = [line for line in trace_brief(report.ranks, None, alone, "ev-1") if line.startswith("next")]
+    assert "hypothesis" not in quiet and "quiet the host" in quiet

@@ -168,8 +168,9 @@ def _generic_lead(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-_HANDLE = re.compile(r"(_id|_path|_md|_artifact)$")
-"""Top-level fields naming what a next call takes (an experiment, a detached run, a file to read)."""
+_HANDLE = re.compile(r"(_id|_path|_md)$")
+"""Top-level fields naming what a next call takes (an experiment, a detached run, a file to read); an
+artifact's name inside the record's folder is no argument of any tool."""
 
 
 def _handles(result: dict[str, Any], lead: str) -> list[str]:

@@ -221,11 +221,22 @@ def trace_brief(
                 f"slowest rank {skew.slowest_rank}: busy {_ms(slow.busy_us)} per step "
                 f"(spread {_ms(skew.busy_spread_us or 0.0)}; busy = step minus excess collective wait)"
             )
-    if findings:
-        top = findings[0]
+    # The host's contention is no change to the job: the next change is the first wall the job owns.
+    contended = any(f.wall == "host_contention" for f in findings)
+    top = next((f for f in findings if f.wall != "host_contention"), None)
+    if top is not None:
         lines.append(
-            f'next: record_decision(action="open", hypothesis="{top.wall}: ...") for one change, '
+            (
+                "next (the host was busy: op times are inflated; a quiet host gives truer figures): "
+                if contended
+                else "next: "
+            )
+            + f'record_decision(action="open", hypothesis="{top.wall}: ...") for one change, '
             "run_benchmark_window before and after; then analyze_trace(trace_paths=[<new traces>], "
             f'baseline_evidence_id="{evidence_id}") shows whether the wall moved'
+        )
+    elif contended:
+        lines.append(
+            "next: quiet the host (or pin the job and the other processes to disjoint CPUs) and profile again"
         )
     return lines

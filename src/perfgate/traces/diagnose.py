@@ -321,7 +321,7 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
         at_stake = host.short_top_level_op_us_per_step + other
         if many and tiny and share(at_stake) >= THRESHOLDS["host_overhead"] and not dev:
             loop = _tiny_loop(view)
-            code = [loop.owner] if loop is not None and loop.owner is not None else []
+            code = _loop_site(loop, at_stake)
             code += [
                 c
                 for c in (view.short_ops if view is not None else [])
@@ -372,7 +372,7 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
     if dev and p.idle is not None and p.span_us > 0:
         host_wait = p.idle.host_wait_us / per_step
         launch_loop = _tiny_loop(view)
-        launch_code = [launch_loop.owner] if launch_loop is not None and launch_loop.owner is not None else []
+        launch_code = _loop_site(launch_loop, host_wait)
         launch_code += [c for c in (view.short_ops if view is not None else []) if c not in launch_code]
         launch_code = launch_code[:_TOP_SITES]
         if p.idle.host_wait_us / p.span_us >= THRESHOLDS["host_overhead"]:
@@ -581,6 +581,14 @@ def diagnose(ranks: Sequence[RankProfile], skew: RankSkew | None) -> list[Findin
         if first_op < at:
             ranked.insert(first_op, ranked.pop(at))
     return ranked
+
+
+def _loop_site(loop: OpLoop | None, at_stake_us: float) -> list[CodeSite]:
+    """The code that owns ``loop``, with the loop's time per step and its share of the finding's time."""
+    if loop is None or loop.owner is None:
+        return []
+    share = min(1.0, loop.us_per_step / at_stake_us) if at_stake_us > 0 else 0.0
+    return [loop.owner.model_copy(update={"us_per_step": loop.us_per_step, "share": share})]
 
 
 def _host_contention(ranks: Sequence[RankProfile]) -> Finding | None:
