@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import json
 import zlib
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from mcp import Client
 
 from perfgate import server as server_module
 from perfgate.evidence import Ledger
+from perfgate.schemas import SCHEMA_DIR
 from perfgate.server import build_server
 from perfgate.tools import REGISTRY
 from perfgate.tools._failures import crash_message
@@ -44,7 +46,9 @@ async def test_a_misspelled_argument_is_refused_by_name_and_records_nothing(
     assert lines[0] == "compute_mfu: 1 invalid argument"
     assert lines[1].startswith("- peak_tflop: unknown field; this tool takes: buckets, device,")
     assert "peak_tflops" in lines[1]
-    assert lines[-1] == "Fix these and call compute_mfu again."
+    assert lines[-1] == (
+        "Fix these and call compute_mfu again (every field: skill://perfgate/references/tool-compute_mfu.md)."
+    )
     assert Ledger(workspace).records() == []
 
 
@@ -86,10 +90,14 @@ def _objects(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
 
 
 async def test_every_object_in_every_input_schema_refuses_unknown_fields(server: Any) -> None:
+    """The documented schema the server validates with refuses unknown keys in every object; tools/list
+    says so at the top level (nested objects leave it to the server's refusal by name, which
+    test_tools_list_size tests)."""
     async with Client(server) as client:
         tools = (await client.list_tools()).tools
     for tool in tools:
-        objects = _objects(tool.input_schema)
+        assert tool.input_schema.get("additionalProperties") is False, tool.name
+        objects = _objects(json.loads((SCHEMA_DIR / f"{tool.name}.input.json").read_text()))
         assert objects, tool.name
         for path, obj in objects:
             assert obj.get("additionalProperties") is False, f"{tool.name}{path or '/'}"
