@@ -4,6 +4,7 @@ only where the server still refuses, and every field's description is served and
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -86,6 +87,7 @@ def test_a_lean_input_schema_accepts_exactly_what_the_full_one_accepts(name: str
             assert whole.is_valid(value) == trimmed.is_valid(value), (prop, value)
 
 
+@functools.cache
 def _documented() -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     """Each tool's (documented, listed) input schema, as the server registers them."""
     out: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}

@@ -20,6 +20,7 @@ an unknown key there as at the top level, by name, with the keys allowed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 __all__ = ["inline_refs", "lean_schema", "listed_schema"]
@@ -32,23 +33,40 @@ _DATA = frozenset({"const", "enum", "default", "examples"})
 """Keywords whose value is data (a description key inside it is the data's own)."""
 
 
-def lean_schema(schema: Any) -> Any:
-    """``schema`` without derived titles and null defaults, and with nullable ``anyOf`` pairs as one type
-    list (see the module docstring)."""
+def _rewrite(
+    schema: Any, drop: Callable[[str, Any], bool], finish: Callable[[dict[str, Any]], dict[str, Any]]
+) -> Any:
+    """``schema`` rebuilt bottom-up: in every schema node, the keywords ``drop(key, value)`` names are left
+    out and ``finish`` rewrites the node last. Field names (keys of `_SCHEMA_MAPS`) and data (`_DATA`)
+    are never taken for keywords."""
     if isinstance(schema, list):
-        return [lean_schema(v) for v in cast("list[Any]", schema)]
+        return [_rewrite(v, drop, finish) for v in cast("list[Any]", schema)]
     if not isinstance(schema, dict):
         return schema
     node: dict[str, Any] = {}
     for key, value in cast("dict[str, Any]", schema).items():
         if key in _SCHEMA_MAPS and isinstance(value, dict):
-            node[key] = {name: lean_schema(v) for name, v in cast("dict[str, Any]", value).items()}
-        elif (key == "title" and isinstance(value, str)) or (key == "default" and value is None):
+            node[key] = {name: _rewrite(v, drop, finish) for name, v in cast("dict[str, Any]", value).items()}
+        elif drop(key, value):
             continue
         elif key in _DATA:
             node[key] = value
         else:
-            node[key] = lean_schema(value)
+            node[key] = _rewrite(value, drop, finish)
+    return finish(node)
+
+
+def lean_schema(schema: Any) -> Any:
+    """``schema`` without derived titles and null defaults, and with nullable ``anyOf`` pairs as one type
+    list (see the module docstring)."""
+    return _rewrite(schema, _derived, _nullable_pair)
+
+
+def _derived(key: str, value: Any) -> bool:
+    return (key == "title" and isinstance(value, str)) or (key == "default" and value is None)
+
+
+def _nullable_pair(node: dict[str, Any]) -> dict[str, Any]:
     options = node.get("anyOf")
     if isinstance(options, list) and len(cast("list[Any]", options)) == 2 and _NULL in options:
         (other,) = [o for o in cast("list[Any]", options) if o != _NULL]
@@ -66,36 +84,26 @@ def lean_schema(schema: Any) -> Any:
 
 def listed_schema(documented: dict[str, Any]) -> dict[str, Any]:
     """The part of ``documented`` (a `lean_schema`) that ``tools/list`` sends (see the module docstring)."""
-    top = cast("dict[str, Any]", _listed(inline_refs(documented)))
+    top = cast("dict[str, Any]", _rewrite(inline_refs(documented), _unlisted, _without_null))
     if documented.get("additionalProperties") is False:
         top["additionalProperties"] = False
     return top
 
 
-def _uninformative_default(value: Any) -> bool:
-    """A default a caller learns nothing from: nothing, off, empty, or a nested object's own defaults."""
-    return value is None or value is False or value == "" or isinstance(value, (dict, list))
+def _unlisted(key: str, value: Any) -> bool:
+    """Descriptions; ``additionalProperties`` true (the default) or false (the server enforces it); a
+    default a caller learns nothing from (nothing, off, empty, or a nested object's own defaults)."""
+    if key == "description":
+        return isinstance(value, str)
+    if key == "additionalProperties":
+        return isinstance(value, bool)
+    return key == "default" and (
+        value is None or value is False or value == "" or isinstance(value, (dict, list))
+    )
 
 
-def _listed(schema: Any) -> Any:
-    if isinstance(schema, list):
-        return [_listed(v) for v in cast("list[Any]", schema)]
-    if not isinstance(schema, dict):
-        return schema
-    node: dict[str, Any] = {}
-    for key, value in cast("dict[str, Any]", schema).items():
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            node[key] = {name: _listed(v) for name, v in cast("dict[str, Any]", value).items()}
-        elif key == "description" and isinstance(value, str):
-            continue
-        elif key == "additionalProperties" and isinstance(value, bool):
-            continue  # true is the default; false is enforced by the server (see the module docstring)
-        elif key == "default" and _uninformative_default(value):
-            continue
-        elif key in _DATA:
-            node[key] = value
-        else:
-            node[key] = _listed(value)
+def _without_null(node: dict[str, Any]) -> dict[str, Any]:
+    """``node`` with ``null`` taken out of its options, types and enum (an optional field is left out)."""
     options = node.get("anyOf")
     if isinstance(options, list) and _NULL in options:
         rest = [o for o in cast("list[Any]", options) if o != _NULL]
