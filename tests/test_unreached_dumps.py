@@ -95,3 +95,28 @@ async def test_each_labelled_run_dumps_to_a_file_of_its_own(workspace: Path) -> 
     assert [d["path"] for d in base["tensor_dumps"]] == ["captures/base_line_1-r0.safetensors"]
     assert [d["path"] for d in cand["tensor_dumps"]] == ["captures/candidate-r0.safetensors"]
     assert (workspace / "captures" / "base_line_1-r0.safetensors").is_file()
+
+
+async def test_a_global_batch_declared_alone_is_held_to_the_batch_the_run_measures(workspace: Path) -> None:
+    """The contract no longer asks for microbatch and data_parallel beside global_batch: the run itself
+    refuses a global_batch its model did not see (8 samples reach it per step, 16 are declared)."""
+    (workspace / "plain.py").write_text(SCRIPT.replace("EARLY", "False"))
+    operator_policy("[execution]\n" + any_code_rules([PY, "plain.py"]))
+    contract = {
+        "invariants": {"model": "linear", "dataset": "randn", "precision": "fp32", "global_batch": 16}
+    }
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        result = await client.call_tool(
+            "run_benchmark_window",
+            {
+                "command": [PY, "plain.py"],
+                "warmup_steps": 2,
+                "measure_steps": 3,
+                "repeats": 1,
+                "contract": contract,
+            },
+        )
+    out = result.structured_content
+    assert out is not None and out["measured_batch"] == 8
+    assert out["state"] == "failed"
+    assert any("declares global_batch 16 but the ranks processed 8" in p for p in out["contract_problems"])
