@@ -17,11 +17,18 @@ whatever folder they are in.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterable
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
-__all__ = ["imported_names", "untracked_code"]
+__all__ = [
+    "IMPORTABLE_SUFFIXES",
+    "MAX_IMPORTABLE_FILES",
+    "importable_files",
+    "imported_names",
+    "untracked_code",
+]
 
 _IMPORT = re.compile(
     r"^\s*(?:from\s+([A-Za-z_]\w*)|import\s+([\w.]+(?:\s+as\s+\w+)?(?:\s*,\s*[\w.]+(?:\s+as\s+\w+)?)*))", re.M
@@ -90,3 +97,49 @@ def _in_package(path: PurePosixPath, tracked_dirs: set[str], present: set[str]) 
             return True
         folder = folder.parent
     return False
+
+
+IMPORTABLE_SUFFIXES = frozenset({".py", ".pyc", ".pyo", ".pth", ".so", ".pyd", ".pyx", ".pxd"})
+"""Files Python can import or run at start-up: sources, bytecode (sourceless ``.pyc`` included), ``.pth``
+files and extension modules (``x.cpython-311-x86_64-linux-gnu.so`` ends in ``.so``)."""
+MAX_IMPORTABLE_FILES = 5000
+"""`importable_files` stops listing after this many files and says so in its notes."""
+MAX_IMPORTABLE_DEPTH = 24
+"""Folders deeper than this below the workspace are not walked (noted)."""
+_NOT_USER_CODE = frozenset({".git", ".perfgate", "__pycache__", "node_modules"})
+
+
+def importable_files(
+    root: Path, suffixes: frozenset[str] = IMPORTABLE_SUFFIXES, max_files: int = MAX_IMPORTABLE_FILES
+) -> tuple[list[str], list[str]]:
+    """Every file under ``root`` with one of ``suffixes``, tracked by git or not, ignored or not.
+
+    Returns (root-relative posix paths, sorted; notes on what was left out). Not walked: ``.git``,
+    perfgate's ``.perfgate``, ``__pycache__`` (perfgate moves the bytecode cache out of the workspace),
+    ``node_modules``, hidden folders and virtual environments (a folder holding ``pyvenv.cfg``): installed
+    packages, not the user's code. Folder links are not followed; a file link is listed (its target runs).
+    """
+    found: list[str] = []
+    notes: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        rel_dir = here.relative_to(root)
+        if len(rel_dir.parts) >= MAX_IMPORTABLE_DEPTH:
+            if dirnames:
+                notes.append(
+                    f"folders below {rel_dir.as_posix()} are deeper than {MAX_IMPORTABLE_DEPTH}: not read"
+                )
+            dirnames[:] = []
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if d not in _NOT_USER_CODE and not d.startswith(".") and not (here / d / "pyvenv.cfg").is_file()
+        )
+        for name in sorted(filenames):
+            if PurePosixPath(name).suffix not in suffixes:
+                continue
+            if len(found) >= max_files:
+                notes.append(f"more than {max_files} importable files: the rest are not listed")
+                return sorted(found), notes
+            found.append((rel_dir / name).as_posix())
+    return sorted(found), notes
