@@ -124,6 +124,25 @@ async def test_a_nanogpt_log_excludes_eval_and_checkpoint_iterations(logs: Path)
     assert out["health"]["verdict"] == "healthy"
 
 
+async def test_a_world_size_the_contract_declares_is_used_when_the_log_does_not_say(logs: Path) -> None:
+    # nanoGPT's log states no world size: the declared one is taken (and said to be declared), no warning
+    args: dict[str, Any] = {
+        "paths": ["logs/nanogpt.log"],
+        "format": "nanogpt",
+        "warmup_steps": 10,
+        "windows": 1,
+    }
+    declared = {**args, "contract": {"invariants": {"model": "gpt2"}, "execution": {"world_size": 8}}}
+    out = await call(logs.parent, "import_benchmark", declared)
+    assert out["world_size"] == 8 and out["failure_reason"] is None
+    assert "declared in the contract" in out["world_size_source"]
+    assert not any("world size is unknown" in w for w in out["warnings"])
+    # without the declaration the warning stays, and names both ways to give it
+    bare = await call(logs.parent, "import_benchmark", args)
+    assert bare["world_size"] is None
+    assert any("declare execution.world_size" in w for w in bare["warnings"])
+
+
 async def test_a_torchtitan_log_derives_step_time_from_tps(logs: Path) -> None:
     out = await call(
         logs.parent,

@@ -327,10 +327,16 @@ def _read_logs(inp: ImportBenchmarkInput, paths: list[Path]) -> _Read:
         world, source = inp.world_size, "given by the caller"
     if world is None and len(paths) > 1:
         world, source = len(paths), f"{len(paths)} per-rank log files"
+    declared = inp.contract.execution.get("world_size")
+    if world is None and isinstance(declared, int) and not isinstance(declared, bool) and declared >= 1:
+        # the contract's word, not an observation: the source says so
+        world, source = declared, "declared in the contract (execution.world_size); the log does not say"
     if world is not None and len(paths) > 1 and len(paths) > world:
         raise BenchmarkError(f"{len(paths)} per-rank files but the world size is {world}")
     if world is None:
-        warnings.append("the world size is unknown (the log does not say): pass world_size")
+        warnings.append(
+            "the world size is unknown (the log does not say): pass world_size or declare execution.world_size"
+        )
 
     def first(attr: str) -> int | None:
         return next((getattr(p, attr) for _, p in parsed_by_rank if getattr(p, attr) is not None), None)
