@@ -87,9 +87,16 @@ class HarnessConfig:
             raise ConfigError("progress_every must be >= 0")
 
     @property
+    def guard_steps(self) -> int:
+        """Steps timed after the last window (none for a profile): steady-state steps the server compares the
+        windows with, so work the script does differently while it is measured shows (see
+        :mod:`perfgate.benchmarking.corroborate`)."""
+        return 0 if self.profile is not None else max(3, -(-self.measure_steps // 4))
+
+    @property
     def total_steps(self) -> int:
-        """Optimizer steps after which every requested window (and profile) is complete."""
-        steps = self.warmup_steps + self.measure_steps * self.windows
+        """Optimizer steps after which every requested window, its guard steps (and profile) are complete."""
+        steps = self.warmup_steps + self.measure_steps * self.windows + self.guard_steps
         if self.profile is not None:
             steps = max(steps, self.profile.total_steps)
         return steps

@@ -39,6 +39,7 @@ from perfgate.harness._rank import RankInfo, rank_from_env
 from perfgate.harness.config import ENV_PREFIX, HarnessConfig, ProfileConfig
 from perfgate.harness.device import DeviceBackend, detect_backend
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path, stream_record, write_record
+from perfgate.harness.ticks import TickWriter
 
 __all__ = ["Window", "WindowComplete", "report_metric"]
 
@@ -134,6 +135,7 @@ class Window:
         asked = _state.launcher_active() or os.environ.get(ENV_PREFIX + "STOP") is not None
         self.stop = stop if stop is not None else (cfg.stop and asked)
         self.rank: RankInfo = rank_from_env()
+        self._ticks = TickWriter(self.rank.rank)
         from perfgate.harness._node import node_facts
 
         self._node = node_facts()
@@ -253,7 +255,7 @@ class Window:
             restart + k * cfg.measure_steps for k in range(remaining + 1)
         }
         self._total = max(
-            restart + remaining * cfg.measure_steps,
+            restart + remaining * cfg.measure_steps + cfg.guard_steps,
             cfg.profile.total_steps if cfg.profile is not None else 0,
         )
         self._notes.append(
@@ -307,6 +309,8 @@ class Window:
         self._activate_probes()
         self._begun = True
         self._first_start_ns = start_ns
+        if start_ns != self._origin_ns:  # a backdated start was not seen as it happened: no tick for it
+            self._ticks.tick(0)
         if self.config.warmup_steps == 0:
             self._first_start_ns = self._start_window(0, synced=False, start_ns=start_ns)
         self._schedule_next()
@@ -325,6 +329,7 @@ class Window:
             self._special_boundary(n, samples, tokens)
             return
         t = _now()
+        self._ticks.tick(n)
         self._count = n
         events = self._events
         if events is not None:
@@ -448,6 +453,7 @@ class Window:
 
         hooks.deactivate(self)
         self._run_deferred()
+        self._ticks.close()
         return self._write()
 
     def __enter__(self) -> Window:
@@ -558,6 +564,7 @@ class Window:
             t = _now()
         elif events is not None:
             events[n - self._event_base].record()
+        self._ticks.tick(n)
         self._count = n
         if samples is None:
             samples = self._fixed_samples if self._fixed_samples is not None else self._cur_samples

@@ -24,6 +24,7 @@ from perfgate._loglines import capped_lines
 from perfgate._statefs import fresh_dir, remove_tree
 from perfgate.benchmarking import BenchmarkError, Contract, RecordError, check_contract
 from perfgate.benchmarking.contract import check_observed
+from perfgate.benchmarking.corroborate import TimingCheck, corroborate_launch
 from perfgate.benchmarking.launch import (
     harness_entry,
     harness_pythonpath,
@@ -37,6 +38,8 @@ from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.slurm import SlurmResources, submission_argv, time_limit_minutes
+from perfgate.execution.ticks import LaunchTicks, TickListener
+from perfgate.harness.ticks import TICKS_ENV
 from perfgate.quoting import file_text
 from perfgate.report.plots import step_times_png
 from perfgate.tools._health import TrainingHealth, health_model
@@ -406,6 +409,12 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="Task-quality metrics the run reported with perfgate.harness.report_metric (rank 0 of the "
         "last launch): check_training_health offers them as eval:<name>.",
     )
+    timing_checks: list[TimingCheck] = Field(
+        default_factory=list[TimingCheck],
+        description="Per launch: the harness's figures checked against the server's own observation (its "
+        "clock on each step boundary as it arrived, the launch's duration) and the windows against the steady "
+        "steps around them. A launch that is untrusted or measurement_dependent supports no keep.",
+    )
     profiled: bool = False
     run_id: str | None = Field(
         default=None, description="Detached runs: the id for benchmark_run (status, wait, result, cancel)."
@@ -438,6 +447,11 @@ def _run_dir(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> Path:
     # In the trust root: the harness writes its records where only the operator can write, so the agent
     # cannot replace them while the run goes on (nor plant links that the run's cleanup would follow).
     return rt.private_dir / "bench-runs" / key
+
+
+def ticks_path(run_dir: Path) -> Path:
+    """The FIFO the harness sends step boundaries to (named in the request's env, so it is approved)."""
+    return run_dir / "ticks"
 
 
 def _windows_per_launch(inp: RunBenchmarkWindowInput) -> int:
@@ -503,6 +517,8 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
             label=inp.label,
         )
         env.update(cfg.to_env())
+        if inp.launcher != "slurm":  # srun's nodes cannot reach this machine's FIFO
+            env[TICKS_ENV] = str(ticks_path(_run_dir(inp, rt)))
     else:
         # Bound to the approval: the human sees which lines will be read as step times, and a changed
         # pattern needs a new approval. The launched program ignores this variable.
@@ -683,18 +699,25 @@ async def _run_blocking(
     fresh_dir(run_dir)
 
     host_loads: list[HostLoad] = []
+    observed: dict[int, LaunchTicks] = {}
+    listen = TICKS_ENV in request.env
 
     async def launch_once(launch: int, label: str) -> tuple[int | None, str | None, Path, Path]:
         fresh_dir(record_dir)
         sampler = HostLoadSampler()
         sampler.start()
-        result = await rt.run_command(request, ev, label=label, log_dir=run_dir)
+        with TickListener(ticks_path(run_dir)) if listen else contextlib.nullcontext() as listener:
+            result = await rt.run_command(request, ev, label=label, log_dir=run_dir)
+        if listener is not None:
+            observed[launch] = listener.ticks
         host_loads.append(sampler.stop())
         failure = None if result.succeeded else _launch_failure(result)
         return result.exit_code, failure, record_dir, Path(result.stdout.path)
 
     try:
-        return await measure(inp, rt, request, ev, launch_once, provenance, host_loads=host_loads)
+        return await measure(
+            inp, rt, request, ev, launch_once, provenance, host_loads=host_loads, observed=observed
+        )
     finally:
         remove_tree(run_dir)
 
@@ -708,11 +731,13 @@ async def measure(
     provenance: RunProvenance | None,
     run_id: str | None = None,
     host_loads: list[HostLoad] | None = None,
+    observed: dict[int, LaunchTicks] | None = None,
 ) -> RunBenchmarkWindowOutput:
     """Run (or collect) every launch through ``launch_once``, summarise the windows and commit the record.
 
     The blocking call and a detached run's result both end here, so their evidence has the same form.
-    ``host_loads`` is filled by ``launch_once`` (one per launch) where the launches run here.
+    ``host_loads`` is filled by ``launch_once`` (one per launch) where the launches run here; ``observed``
+    (launch -> the server's stamps of its step boundaries) too, where the request named a tick FIFO.
     """
     from perfgate.benchmarking import summarize_run
     from perfgate.benchmarking.series import SERIES_NAME, series_document
@@ -734,6 +759,7 @@ async def measure(
     dumps: list[TensorDump] = []
     streams: list[str | None] = []
     reported: dict[str, float] = {}
+    checks: list[TimingCheck] = []
     try:
         for launch in range(launches):
             label = f"launch{launch}_" if launches > 1 else ""
@@ -753,6 +779,8 @@ async def measure(
             else:
                 records, problems = await anyio.to_thread.run_sync(_collect_records, ev, record_dir, launch)
                 got = _harness_windows(inp, records, problems)
+                ticks = observed.get(launch) if observed is not None else None
+                checks.append(corroborate_launch(launch, records, ticks))
                 first_record = first_record or records[0]
                 first_launch = first_launch or records
                 all_records.extend(records)
@@ -828,7 +856,16 @@ async def measure(
         await rt.plot(
             ev, "step_times.png", lambda: step_times_png(by_rank, inp.warmup_steps, title), key=True
         )
+    distrusted = [
+        f"launch {c.launch}: {c.status}, {c.consistency}: {'; '.join(c.reasons[:2])}"
+        for c in checks
+        if c.blocks_keep
+    ]
+    if distrusted:
+        # first: these figures cannot support a keep, whatever else the answer says
+        warnings.insert(0, "timing not corroborated, no keep can rest on this run: " + " | ".join(distrusted))
     out = _output(inp, ev, rt, summary, windows, world, first_record, exit_code, failure, warnings)
+    out.timing_checks = checks
     out.health = _health(all_records) if summary is not None else None
     if out.health is not None and out.health.verdict == "unhealthy":
         out.warnings.append("training health: " + "; ".join(out.health.findings[:3]))

@@ -1,0 +1,230 @@
+"""Check what a launch's harness records say against what the server observed of the launch itself.
+
+The harness times steps from inside the training process, where the code under test can rebind its
+clock or skip work only while it is measured. Two checks keep such figures from supporting a keep:
+
+1. **Clock.** Every step boundary reached the server as it happened and was stamped there
+   (:mod:`perfgate.execution.ticks`). For each rank, the span the record reports from its first to its
+   last observed boundary, and each window's elapsed time, must match the server's stamps of the same
+   boundaries within ``ABS_SLACK_NS + REL_SLACK x span``. The slack covers the stamping thread's wake-up on
+   a busy host; a clock bent by more than 5 % shows on any window longer than ~0.5 s. A boundary observed
+   twice, or a record that ends after the last observed boundary with most of its steps never seen, is
+   tampering or a lost channel: the timing is not corroborated.
+2. **Consistency.** The harness keeps timing steps after the last window (guard steps) and times the
+   warm-up. The windows' median step must not be faster than the median of these neighbours by more
+   than ``max(CONSISTENCY_MARGIN, 3 x the windows' IQR/median)``: work that the script skips only while it
+   is measured makes its windows faster than the steps around them. (One-sided: a window slower than
+   its neighbours is periodic work or load, reported elsewhere.)
+
+A launch without observations (a Slurm launch, whose boundaries do not reach this machine as they happen,
+or an older record) is ``unobserved``: its figures stand on the harness's word, and the answer says so.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from perfgate.benchmarking.records import RankRecord
+from perfgate.execution.ticks import LaunchTicks
+
+__all__ = [
+    "ABS_SLACK_NS",
+    "CONSISTENCY_MARGIN",
+    "REL_SLACK",
+    "TimingCheck",
+    "corroborate_launch",
+]
+
+ABS_SLACK_NS = 25_000_000
+"""Disagreement always allowed between a record and the server's stamps: a stamping thread that waits for
+the interpreter lock or a core on a busy 2-core host (observed up to ~10 ms), with margin."""
+REL_SLACK = 0.05
+"""Disagreement allowed in proportion to the span compared."""
+CONSISTENCY_MARGIN = 0.25
+"""Windows at most this much faster than their neighbouring steady steps (median), or 3x their own spread."""
+MIN_NEIGHBOURS = 3
+MIN_COVERAGE = 0.9
+"""Share of a rank's boundaries that must have been observed for its timing to count as corroborated."""
+
+Status = Literal["corroborated", "untrusted", "unobserved"]
+Consistency = Literal["consistent", "measurement_dependent", "unverified"]
+
+
+class TimingCheck(BaseModel):
+    """One launch's harness figures checked against the server's own observation of the launch."""
+
+    launch: int = Field(description="Launch index within the run.")
+    status: Status = Field(
+        description="corroborated: every rank's reported times match the server's stamps of the same step "
+        "boundaries; untrusted: they disagree beyond the bound, a boundary arrived twice, or most were never "
+        "seen (no keep can rest on this launch); unobserved: no stamps (Slurm launch), the harness's word only."
+    )
+    consistency: Consistency = Field(
+        description="consistent: the measured windows' median step matches the steady steps around them "
+        "(warm-up tail and guard steps after the last window); measurement_dependent: the windows are "
+        "faster than those steps beyond noise (work done differently while measured: no keep); unverified: "
+        "too few neighbouring steps to tell."
+    )
+    reasons: list[str] = Field(default_factory=list[str], description="Why, for each finding.")
+    launch_duration_ms: float | None = Field(
+        default=None, description="The launch's wall time as the server measured it (start to exit)."
+    )
+    server_span_ms: float | None = Field(
+        default=None, description="First to last observed step boundary on the server's clock (slowest rank)."
+    )
+    reported_span_ms: float | None = Field(
+        default=None, description="The same boundaries' span as the harness record reports it."
+    )
+    clock_ratio: float | None = Field(
+        default=None, description="server_span_ms / reported_span_ms: 1.0 when the record's clock is true."
+    )
+    boundaries_observed: int = Field(
+        default=0, description="Step boundaries stamped by the server, all ranks."
+    )
+    boundaries_reported: int = Field(default=0, description="Step boundaries the records report, all ranks.")
+    neighbour_ratio: float | None = Field(
+        default=None,
+        description="Median neighbouring steady step / median measured step (slowest rank); above 1 means the "
+        "windows ran faster than the steps around them.",
+    )
+    head_ms: float | None = Field(default=None, description="Launch start to the first observed boundary.")
+    tail_ms: float | None = Field(default=None, description="Last observed boundary to the launch's end.")
+
+    @property
+    def blocks_keep(self) -> bool:
+        return self.status == "untrusted" or self.consistency == "measurement_dependent"
+
+
+def _bound(span_ns: int) -> float:
+    return ABS_SLACK_NS + REL_SLACK * span_ns
+
+
+def _boundary_times(record: RankRecord) -> dict[int, int]:
+    """Boundary -> the record's time of it (ns from the record's origin): boundary b ends step b - 1."""
+    steps = record.steps
+    times = {b + 1: end for b, end in enumerate(steps.end_ns)}
+    if steps.start_ns:
+        times[0] = steps.start_ns[0]
+    return times
+
+
+def _clock(record: RankRecord, stamps: dict[int, int], reasons: list[str]) -> tuple[bool, int, int]:
+    """Check one rank; returns (agrees, server span, reported span) over its observed boundaries."""
+    reported = _boundary_times(record)
+    common = sorted(b for b in stamps if b in reported)
+    if len(common) < 2:
+        reasons.append(
+            f"rank {record.rank}: {len(common)} of {len(reported)} step boundaries reached the server"
+        )
+        return False, 0, 0
+    ok = True
+    if len(common) < MIN_COVERAGE * (len(reported) - 1):  # boundary 0 is not always sent (backdated start)
+        reasons.append(
+            f"rank {record.rank}: only {len(common)} of {len(reported)} step boundaries reached the server "
+            "(the channel was closed or flooded from inside the process)"
+        )
+        ok = False
+    first, last = common[0], common[-1]
+    server = stamps[last] - stamps[first]
+    said = reported[last] - reported[first]
+    if abs(server - said) > _bound(max(server, said)):
+        reasons.append(
+            f"rank {record.rank}: steps {first}-{last} took {server / 1e6:.1f} ms on the server's clock but "
+            f"{said / 1e6:.1f} ms by the record (x{server / max(said, 1):.2f}): the process's clock or its "
+            "step boundaries were bent"
+        )
+        ok = False
+    for w in record.windows:
+        a, b = w.first_step, w.last_step + 1
+        if a in stamps and b in stamps:
+            seen = stamps[b] - stamps[a]
+            if abs(seen - w.elapsed_ns) > _bound(max(seen, w.elapsed_ns)):
+                reasons.append(
+                    f"rank {record.rank}: window {w.index} took {seen / 1e6:.1f} ms on the server's clock but "
+                    f"{w.elapsed_ns / 1e6:.1f} ms by the record"
+                )
+                ok = False
+        else:
+            reasons.append(f"rank {record.rank}: window {w.index}'s edges never reached the server")
+            ok = False
+    return ok, server, said
+
+
+def _neighbour_ratio(record: RankRecord) -> tuple[float | None, float]:
+    """(median neighbouring steady step / median measured step, the windows' IQR/median) for one rank."""
+    times = record.steps.step_time_ns
+    measured: list[int] = []
+    for w in record.windows:
+        measured.extend(times[w.first_step : w.last_step + 1])
+    if not measured or not record.windows:
+        return None, 0.0
+    last = max(w.last_step for w in record.windows)
+    first = min(w.first_step for w in record.windows)
+    # the second half of the warm-up (its start holds compilation and caches) and every guard step
+    neighbours = list(times[first // 2 : first]) + list(times[last + 1 :])
+    if len(neighbours) < MIN_NEIGHBOURS:
+        return None, 0.0
+    mid = statistics.median(measured)
+    if mid <= 0:
+        return None, 0.0
+    spread = 0.0
+    if len(measured) >= 4:
+        q = statistics.quantiles(measured, n=4)
+        spread = (q[2] - q[0]) / mid
+    return statistics.median(neighbours) / mid, spread
+
+
+def corroborate_launch(launch: int, records: Sequence[RankRecord], ticks: LaunchTicks | None) -> TimingCheck:
+    """Check one launch's records against the server's observation of it (``None``: nothing observed)."""
+    check = TimingCheck(launch=launch, status="unobserved", consistency="unverified")
+    reasons = check.reasons
+    check.boundaries_reported = sum(r.steps.count + 1 for r in records)
+    # consistency first: it needs no observation
+    worst: float | None = None
+    for r in records:
+        ratio, spread = _neighbour_ratio(r)
+        if ratio is None:
+            continue
+        worst = ratio if worst is None else max(worst, ratio)
+        if ratio > 1 + max(CONSISTENCY_MARGIN, 3 * spread):
+            check.consistency = "measurement_dependent"
+            reasons.append(
+                f"rank {r.rank}: the measured windows' median step is {ratio:.2f}x faster than the steady steps "
+                "around them (warm-up tail and guard steps): the script works differently while it is measured"
+            )
+        elif check.consistency == "unverified":
+            check.consistency = "consistent"
+    if worst is None:
+        reasons.append("too few steady steps around the windows to compare them with (run more steps)")
+    check.neighbour_ratio = None if worst is None else round(worst, 4)
+    if ticks is None:
+        return check
+    check.launch_duration_ms = ticks.duration_ns / 1e6
+    check.boundaries_observed = sum(len(s) for s in ticks.stamps.values())
+    ok = True
+    if ticks.duplicates or ticks.dropped:
+        reasons.append(
+            f"{ticks.duplicates} step boundaries arrived twice and {ticks.dropped} lines were not boundaries: something "
+            "in the process wrote to the server's channel"
+        )
+        ok = False
+    spans: list[tuple[int, int]] = []
+    for r in records:
+        agrees, server, said = _clock(r, ticks.stamps.get(r.rank, {}), reasons)
+        ok = ok and agrees
+        spans.append((server, said))
+    all_stamps = [t for s in ticks.stamps.values() for t in s.values()]
+    if all_stamps:
+        check.head_ms = (min(all_stamps) - ticks.started_ns) / 1e6
+        check.tail_ms = (ticks.ended_ns - max(all_stamps)) / 1e6
+    server, said = max(spans, default=(0, 0))
+    if said > 0:
+        check.server_span_ms = server / 1e6
+        check.reported_span_ms = said / 1e6
+        check.clock_ratio = round(server / said, 4)
+    check.status = "corroborated" if ok and records else "untrusted"
+    return check
