@@ -69,6 +69,7 @@ class Evidence:
         launches: list[int] | None = None,
         tensor_dumps: list[dict[str, Any]] | None = None,
         provenance: dict[str, Any] | None = None,
+        timing_checks: list[dict[str, Any]] | None = None,
     ) -> str:
         windows = [{"launch": launch, "index": i} for i, launch in enumerate(launches or [0])]
         return self.add(
@@ -89,6 +90,7 @@ class Evidence:
                 if tensor_dumps is None
                 else tensor_dumps,
                 **({"provenance": provenance} if provenance is not None else {}),
+                **({"timing_checks": timing_checks} if timing_checks is not None else {}),
             },
             {
                 "command": ["python", "train.py"],

@@ -283,3 +283,44 @@ def test_stamps_survive_the_detached_supervisors_file() -> None:
     back = LaunchTicks.from_json(ticks.to_json())
     assert back == ticks
     assert LaunchTicks.from_json({"stamps": "x"}) is None
+
+
+# --- the keep gate reads each compared window's checks ------------------------------------------------------
+
+
+def _check(status: str, consistency: str) -> dict[str, Any]:
+    return {"launch": 0, "status": status, "consistency": consistency, "reasons": [f"{status} {consistency}"]}
+
+
+@pytest.mark.parametrize(
+    ("status", "consistency", "kept"),
+    [
+        ("corroborated", "consistent", True),
+        ("unobserved", "unverified", True),  # a Slurm launch: the harness's word, said so in the gate
+        ("untrusted", "consistent", False),
+        ("corroborated", "measurement_dependent", False),
+    ],
+)
+async def test_the_keep_refuses_windows_the_server_contradicts(
+    server: Any, workspace: Path, status: str, consistency: str, kept: bool
+) -> None:
+    from test_record_decision import Evidence, _drop, _honest, _keep, _open, _text
+
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client)
+        links, ids = _honest(ev)
+        cand = [ev.window(timing_checks=[_check(status, consistency)]) for _ in range(3)]
+        comp = ev.comparison(ids["base"], cand)
+        correct = ev.tensors(base=ids["base"], cand=cand)
+        links = [
+            *_drop(_drop(links, "comparison"), "correctness"),
+            {"id": comp, "role": "comparison"},
+            {"id": correct, "role": "correctness"},
+        ]
+        result = await _keep(client, exp, links)
+    text = _text(result)
+    assert result.is_error is (not kept), text
+    if not kept:
+        assert "trusted_timing" in text and f"{status}, {consistency}" in text
+        assert "re-run the candidate with run_benchmark_window" in text

@@ -397,7 +397,46 @@ def _comparison_gates(exp: Experiment, ev: _Evidence, fewer_reason: str | None) 
     else:
         gates = [_gate("comparison", True, f"improved: speedup {figure}", [latest.id])]
     gates += _binding_gates(exp, latest, ev)
-    return gates + _window_gates(exp, latest, ev, fewer_reason)
+    return [*gates, *_window_gates(exp, latest, ev, fewer_reason), _timing_gate(exp, latest, ev)]
+
+
+def _timing_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:
+    """Every compared window's launch was corroborated by the server's own observation (or not observed at
+    all, as for a Slurm launch or imported log), and its windows ran like the steady steps around them."""
+    ids = [*str_list(comparison.inputs.get("baseline")), *str_list(comparison.inputs.get("candidate"))]
+    bad: list[str] = []
+    unobserved: list[str] = []
+    for wid in ids:
+        record = ev.get(wid)
+        if record is None or record.tool != "run_benchmark_window":
+            continue
+        for raw in as_list(record.result.get("timing_checks")):
+            check = as_dict(raw)
+            status, consistency = check.get("status"), check.get("consistency")
+            if status == "untrusted" or consistency == "measurement_dependent":
+                why = "; ".join(str_list(check.get("reasons"))[:2])
+                bad.append(f"{wid} launch {check.get('launch')}: {status}, {consistency} ({why})")
+            elif status == "unobserved":
+                unobserved.append(wid)
+    if bad:
+        return _gate(
+            "trusted_timing",
+            False,
+            "the server's observation contradicts the harness: " + " | ".join(bad),
+            ids,
+            "remove what changes the harness's clock or works differently while measured (see the approval's "
+            "diff), re-run the candidate with run_benchmark_window, then compare_benchmarks again and "
+            + _attach(exp, "comparison"),
+        )
+    if unobserved:
+        return _gate(
+            "trusted_timing",
+            True,
+            f"no contradiction; {len(set(unobserved))} window record(s) were not observed by the server (Slurm "
+            "launches): their times are the harness's word",
+            ids,
+        )
+    return _gate("trusted_timing", True, "the server's own clock corroborates every compared launch", ids)
 
 
 def _binding_gates(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> list[Gate]:
