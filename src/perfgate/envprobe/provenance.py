@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from perfgate.envprobe.models import ContainerProvenance
+from perfgate.envprobe.ownfiles import is_own_path, own_pathspecs
 from perfgate.envprobe.systools import RawRun, run_fixed
 
 __all__ = ["CODE_SUFFIXES", "CodeState", "GitSnapshot", "code_state", "container_provenance", "git_snapshot"]
@@ -97,6 +98,8 @@ def git_snapshot(
             return None, f"the workspace {workspace} is not inside a git repository"
         return None, f"git could not read the workspace: {reason}"
     root = top.stdout.strip()
+    # perfgate's own files (the ledger, a harness copy) are never the user's code, committed or not
+    own = own_pathspecs(root, workspace)
     notes: list[str] = []
     head = _git(git, workspace, ["rev-parse", "--verify", "-q", "HEAD"], timeout_s, git_env)
     commit = head.stdout.strip() if head.ok and head.stdout.strip() else None
@@ -107,7 +110,7 @@ def git_snapshot(
     status = _git(
         git,
         workspace,
-        ["status", "--porcelain=v1", "-z", "--untracked-files=normal"],
+        ["status", "--porcelain=v1", "-z", "--untracked-files=normal", "--", *own],
         timeout_s,
         git_env,
     )
@@ -129,7 +132,7 @@ def git_snapshot(
         diff_run = _git(
             git,
             workspace,
-            ["diff", "--binary", "--no-ext-diff", "--no-textconv", "HEAD"],
+            ["diff", "--binary", "--no-ext-diff", "--no-textconv", "HEAD", "--", *own],
             timeout_s,
             git_env,
         )
@@ -226,6 +229,8 @@ def _tree_state(workspace: Path) -> CodeState:
             path = Path(dirpath) / name
             if path.suffix not in CODE_SUFFIXES or path.is_symlink():
                 continue
+            if is_own_path(path.relative_to(workspace).as_posix()):
+                continue
             count += 1
             if count > _MAX_TREE_FILES:
                 notes.append(f"more than {_MAX_TREE_FILES} code files: the rest are not bound")
@@ -277,7 +282,7 @@ def code_state(
         candidates = [
             rel
             for rel in listed.stdout.split("\0")
-            if rel and not rel.startswith(_STATE_DIR) and Path(rel).suffix in CODE_SUFFIXES
+            if rel and not is_own_path(rel) and Path(rel).suffix in CODE_SUFFIXES
         ]
         for rel in untracked_code(candidates, tracked_dirs, snap.diff, lambda rel: _text(workspace / rel)):
             untracked += 1

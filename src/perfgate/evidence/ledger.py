@@ -607,6 +607,10 @@ class Ledger:
         self.head_path = self.state_dir / "HEAD"
         self.artifact_root = self.state_dir / "artifacts"
         make_dirs(self.artifact_root)  # and the state folder: refused when either is a planted link
+        ignore = self.state_dir / ".gitignore"
+        if not os.path.lexists(ignore):
+            # nothing here is the user's code: `git add -A` leaves it out (an existing file is the user's)
+            write_file(ignore, b"# perfgate's state: evidence, artifacts, reports\n*\n")
         self._key: tuple[SigningKey | None, tuple[int, ...] | None] = (None, None)
         """The key last read, and what identified its file then (one value: threads replace it whole)."""
         self.key_error: TrustRootError | None = None
