@@ -1,4 +1,4 @@
-"""compute_mfu: model/hardware FLOP utilization from measured step times and a sourced peak."""
+"""compute_mfu: model/hardware FLOP utilization from measured step times and a sourced or measured peak."""
 
 from __future__ import annotations
 
@@ -6,12 +6,21 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.evidence.access import as_dict
-from perfgate.hardware.peaks import PeakLookupError, Precision, lookup_peak
+from perfgate.hardware.device_peak import (
+    MEASURED_CAVEAT,
+    Peak,
+    RunDevice,
+    is_this_cpu,
+    peak_for,
+    precision_of,
+)
+from perfgate.hardware.peaks import PeakLookupError, Precision, find_device, lookup_peak
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
@@ -121,12 +130,17 @@ class ComputeMfuInput(BaseModel):
     ]
     device: Annotated[
         str | None,
-        Field(description="Device name matched against the peak table, e.g. 'H100 SXM', 'MTT S4000'."),
+        Field(
+            description="Device name matched against the peak table, e.g. 'H100 SXM', 'MTT S4000'; 'cpu' for "
+            "this machine's CPU (its peak is measured). Leave out with window_id buckets: the device the runs "
+            "recorded is used."
+        ),
     ] = None
     precision: Annotated[
         Precision | None,
         Field(
-            description="Precision whose dense peak is the denominator: fp32, tf32, bf16, fp16, fp8, int8."
+            description="Precision whose dense peak is the denominator: fp32, tf32, bf16, fp16, fp8, int8. Leave "
+            "out with window_id buckets to use the runs' contract precision."
         ),
     ] = None
     peak_tflops: Annotated[
@@ -144,9 +158,11 @@ class ComputeMfuInput(BaseModel):
 
     @model_validator(mode="after")
     def _peak_given(self) -> ComputeMfuInput:
-        if self.peak_tflops is None and (self.device is None or self.precision is None):
+        from_runs = any(b.window_id is not None for b in self.buckets)
+        if self.peak_tflops is None and not from_runs and (self.device is None or self.precision is None):
             raise ValueError(
-                "give device and precision (to look up the peak table) or an explicit peak_tflops"
+                "give device and precision (to look up the peak table), a window_id (the run's device and "
+                "precision are used) or an explicit peak_tflops"
             )
         return self
 
@@ -177,8 +193,14 @@ class ComputeMfuOutput(BaseModel):
         description="Per device: sum(flops_per_step * steps) / sum(step_time_s * steps) over all buckets "
         "(total FLOPs / total time, never a mean of per-bucket ratios); utilization is this over the peak."
     )
-    peak_tflops: float
-    peak_source: str
+    peak_tflops: float | None = Field(description="The peak per device; null when unavailable.")
+    peak_basis: Literal["datasheet", "measured", "explicit", "unavailable"] = Field(
+        description="'datasheet': the sourced table; 'measured': this machine's CPU, by perfgate's matmul probe "
+        "(an achievable-GEMM rate, below the theoretical peak); 'explicit': the caller's peak_tflops; "
+        "'unavailable': no peak (utilization_reason says why)."
+    )
+    peak_source: str | None
+    device: str | None = Field(description="The device whose peak was used (from the runs unless given).")
     precision: str | None
     total_flops: float
     total_time_s: float
@@ -188,12 +210,12 @@ class ComputeMfuOutput(BaseModel):
 
 
 def utilization(
-    buckets: list[_Resolved], peak_tflops: float
-) -> tuple[float, float, float, float, list[BucketResult]]:
+    buckets: list[_Resolved], peak_tflops: float | None
+) -> tuple[float, float | None, float, float, list[BucketResult]]:
     """Aggregate achieved TFLOP/s as total FLOPs / total time (never a mean of per-bucket ratios).
 
     Returns (achieved_tflops, ratio, total_flops, total_time_s, per-bucket results); ratio may exceed 1
-    on bad inputs.
+    on bad inputs, and is None (per bucket too) without a peak.
     """
     total_flops = math.fsum(b.flops_per_step * b.weight for b in buckets)
     total_time = math.fsum(b.step_time_s * b.weight for b in buckets)
@@ -207,12 +229,20 @@ def utilization(
             flops_id=b.flops_id,
             window_id=b.window_id,
             achieved_tflops=b.flops_per_step / b.step_time_s / 1e12,
-            utilization=(b.flops_per_step / b.step_time_s / 1e12) / peak_tflops,
+            utilization=None
+            if peak_tflops is None
+            else (b.flops_per_step / b.step_time_s / 1e12) / peak_tflops,
             time_share=b.step_time_s * b.weight / total_time,
         )
         for b in buckets
     ]
-    return achieved, achieved / peak_tflops, total_flops, total_time, per_bucket
+    return (
+        achieved,
+        None if peak_tflops is None else achieved / peak_tflops,
+        total_flops,
+        total_time,
+        per_bucket,
+    )
 
 
 _WINDOW_TOOLS = ("run_benchmark_window", "import_benchmark")
@@ -298,41 +328,157 @@ async def _resolve(b: Bucket, inp: ComputeMfuInput, rt: ToolRuntime, warnings: l
     return _Resolved(b.name, flops, step_time, b.weight, b.flops_id, b.window_id)
 
 
-async def run(inp: ComputeMfuInput, rt: ToolRuntime) -> ComputeMfuOutput:
-    warnings: list[str] = []
+async def _run_devices(inp: ComputeMfuInput, rt: ToolRuntime) -> list[tuple[str, RunDevice, object]]:
+    """Per window_id bucket: (id, the device its run recorded, its contract's precision invariant)."""
+    out: list[tuple[str, RunDevice, object]] = []
+    for b in inp.buckets:
+        if b.window_id is None:
+            continue
+        w = await rt.load(b.window_id)
+        fingerprint = as_dict(w.result.get("environment_fingerprint"))
+        ranks = w.result.get("ranks")
+        first = as_dict(ranks[0]) if isinstance(ranks, list) and ranks else {}
+        threads = fingerprint.get("num_threads")
+        kind, name = fingerprint.get("device_kind"), fingerprint.get("device_name")
+        version = fingerprint.get("torch_version")
+        device = RunDevice(
+            kind=kind if isinstance(kind, str) else None,
+            name=name if isinstance(name, str) else None,
+            hostname=host if isinstance(host := first.get("hostname"), str) else None,
+            threads=int(threads) if isinstance(threads, str) and threads.isdigit() else None,
+            torch_version=version if isinstance(version, str) else None,
+        )
+        invariants = as_dict(as_dict(as_dict(w.inputs).get("contract")).get("invariants"))
+        out.append((b.window_id, device, invariants.get("precision")))
+    return out
+
+
+def _precision(inp: ComputeMfuInput, runs: list[tuple[str, RunDevice, object]]) -> Precision:
+    """The given precision, else the one every run's contract declares.
+
+    Raises:
+        ToolError: none given and the runs declare none the peak table knows, or declare different ones.
+    """
+    if inp.precision is not None:
+        return inp.precision
+    declared: dict[str, Precision | None] = {str(p): precision_of(p) for _, _, p in runs}
+    known: set[Precision | None] = set(declared.values())
+    if len(known) == 1 and None not in known:
+        found = known.pop()
+        assert found is not None
+        return found
+    shown = ", ".join(sorted(declared)) or "nothing"
+    raise ToolError(
+        f"give precision (fp32, tf32, bf16, fp16, fp8, int8): the runs' contracts declare {shown}, which names "
+        "no single one of them"
+    )
+
+
+def _device(inp: ComputeMfuInput, runs: list[tuple[str, RunDevice, object]]) -> RunDevice:
+    """The device to take the peak of: the runs' own, or the one given when it is the runs' device.
+
+    Raises:
+        ToolError: the runs ran on different devices, record none and none is given, or ran on another
+            device than the one given.
+    """
+    recorded = {(d.kind, d.name, d.hostname): (i, d) for i, d, _ in runs if d.kind is not None}
+    if len({(k, n) for k, n, _ in recorded}) > 1:
+        seen = "; ".join(f"{i}: {d.label}" for i, d in recorded.values())
+        raise ToolError(
+            f"the windows ran on different devices ({seen}): compute each device's MFU in its own call"
+        )
+    run = next(iter(recorded.values()))[1] if recorded else None
+    if inp.device is None:
+        if run is None:
+            raise ToolError(
+                "the windows record no device (imported logs do not): pass device and precision, or peak_tflops"
+            )
+        return run
+    if is_this_cpu(inp.device):
+        if run is not None and run.kind != "cpu":
+            raise ToolError(
+                f"device {inp.device!r} is a CPU but window {next(iter(recorded.values()))[0]} ran on "
+                f"{run.label}: leave device out to use the run's"
+            )
+        return run or RunDevice(kind="cpu", name=None)
+    if run is not None:
+        mismatch = run.kind == "cpu"
+        if not mismatch and run.name is not None:
+            try:
+                mismatch = find_device(inp.device) is not find_device(run.name)
+            except PeakLookupError:
+                mismatch = False  # the table lookup of the given name refuses it below
+        if mismatch:
+            raise ToolError(
+                f"window {next(iter(recorded.values()))[0]} ran on {run.label}, not {inp.device!r}: leave device "
+                "out to use the run's (a CPU's peak is measured on this machine)"
+            )
+    return RunDevice(kind=run.kind if run else None, name=inp.device)
+
+
+async def _peak(inp: ComputeMfuInput, rt: ToolRuntime, warnings: list[str]) -> tuple[Peak, Precision | None]:
+    """The denominator: the caller's peak_tflops, the table's, or this machine's measured CPU peak.
+
+    Raises:
+        ToolError: no precision or device can be settled, or the table has no figure for the device.
+    """
+    runs = await _run_devices(inp, rt)
     if inp.peak_tflops is not None:
-        peak = inp.peak_tflops
-        source = "explicit peak_tflops supplied by the caller"
-        if inp.device and inp.precision:
+        peak = Peak(
+            inp.peak_tflops, "explicit", "explicit peak_tflops supplied by the caller", inp.device or ""
+        )
+        if inp.device and inp.precision and not is_this_cpu(inp.device):
             try:
                 table_peak, row = lookup_peak(inp.device, inp.precision)
             except PeakLookupError:
                 pass
             else:
-                if not math.isclose(table_peak, peak, rel_tol=1e-3):
+                if not math.isclose(table_peak, inp.peak_tflops, rel_tol=1e-3):
                     warnings.append(
-                        f"peak_tflops={peak:g} differs from the table's {table_peak:g} for {row.name} "
+                        f"peak_tflops={inp.peak_tflops:g} differs from the table's {table_peak:g} for {row.name} "
                         f"{inp.precision} ({row.source}); the explicit value was used."
                     )
-    else:
-        assert inp.device is not None
-        assert inp.precision is not None
-        try:
-            peak, row = lookup_peak(inp.device, inp.precision)
-        except PeakLookupError as exc:
-            raise ToolError(str(exc)) from exc
-        source = f"{row.name}, {inp.precision}, {row.basis}: {row.source}"
+        return peak, inp.precision
+    precision = _precision(inp, runs)
+    device = _device(inp, runs)
+    try:
+        peak = await anyio.to_thread.run_sync(
+            peak_for, device, precision, rt.ledger.trust.state_dir.resolve()
+        )
+    except PeakLookupError as exc:
+        hint = (
+            " For this machine's CPU pass device='cpu', or give a window_id and leave device out: its peak is "
+            "measured."
+            if inp.device is not None and "not in the peak table" in str(exc)
+            else ""
+        )
+        raise ToolError(str(exc) + hint) from exc
+    if peak.measured is not None:
+        warnings.append(MEASURED_CAVEAT)
+        if device.torch_version is not None and device.torch_version != peak.measured.key.torch_version:
+            warnings.append(
+                f"the run used torch {device.torch_version}; the peak was measured with the server's torch "
+                f"{peak.measured.key.torch_version}"
+            )
+    return peak, precision
 
+
+async def run(inp: ComputeMfuInput, rt: ToolRuntime) -> ComputeMfuOutput:
+    warnings: list[str] = []
     names = [b.name for b in inp.buckets]
     if len(set(names)) != len(names):
         raise ToolError("bucket names must be unique; merge or rename the duplicated buckets")
     resolved = [await _resolve(b, inp, rt, warnings) for b in inp.buckets]
+    found, precision = await _peak(inp, rt, warnings)
+    peak = found.tflops
 
     achieved, ratio, total_flops, total_time, per_bucket = utilization(resolved, peak)
     metric = _METRIC[inp.flops_kind]
     reason: str | None = None
     value: float | None = ratio
-    if ratio > 1.0:
+    if ratio is None:
+        reason = f"no peak for {found.device}: {found.reason}"
+    elif ratio > 1.0:
         value = None
         reason = (
             f"achieved {achieved:.4g} TFLOP/s exceeds the peak {peak:g}: the FLOPs, the step time or the "
@@ -344,19 +490,19 @@ async def run(inp: ComputeMfuInput, rt: ToolRuntime) -> ComputeMfuOutput:
             "profiler-attributed FLOPs count only the ops the profiler knows (matmul, 2D conv): this is not "
             "MFU; use estimate_flops for model FLOPs."
         )
-    if inp.training_precision and inp.precision and inp.training_precision != inp.precision:
-        if _PRECISION_BITS[inp.training_precision] < _PRECISION_BITS[inp.precision]:
+    if inp.training_precision and precision and inp.training_precision != precision:
+        if _PRECISION_BITS[inp.training_precision] < _PRECISION_BITS[precision]:
             warnings.append(
-                f"the run used {inp.training_precision} but the denominator is the {inp.precision} peak: the "
-                f"figure is relative to {inp.precision} and overstates utilization of the hardware's "
+                f"the run used {inp.training_precision} but the denominator is the {precision} peak: the "
+                f"figure is relative to {precision} and overstates utilization of the hardware's "
                 f"{inp.training_precision} capability; report it as such, not as MFU."
             )
         else:
             warnings.append(
-                f"the run used {inp.training_precision} but the denominator is the {inp.precision} peak, which "
+                f"the run used {inp.training_precision} but the denominator is the {precision} peak, which "
                 "the run could never reach: use the peak of the precision actually used."
             )
-    if value is not None and inp.flops_kind == "model" and ratio < 0.01:
+    if value is not None and inp.flops_kind == "model" and value < 0.01:
         warnings.append(
             "utilization under 1%: check that flops_per_step is per device and per optimizer step"
         )
@@ -364,14 +510,16 @@ async def run(inp: ComputeMfuInput, rt: ToolRuntime) -> ComputeMfuOutput:
     ev = rt.evidence()
     out = ComputeMfuOutput(
         evidence_id=ev.id,
-        state=EvidenceState.EXECUTED,
+        state=EvidenceState.UNAVAILABLE if peak is None else EvidenceState.EXECUTED,
         metric=metric,
         utilization=value,
         utilization_reason=reason,
         achieved_tflops=achieved,
         peak_tflops=peak,
-        peak_source=source,
-        precision=inp.precision,
+        peak_basis=found.basis,
+        peak_source=found.source,
+        device=found.device or None,
+        precision=precision,
         total_flops=total_flops,
         total_time_s=total_time,
         buckets=per_bucket,
@@ -385,16 +533,21 @@ SPEC = ToolSpec(
     name="compute_mfu",
     title="Compute MFU / HFU",
     description=(
-        "MFU or HFU from per-device FLOPs per step and measured step times against a sourced peak; pass "
-        "window_id and flops_id evidence. An unknown device needs peak_tflops."
+        "MFU or HFU from per-device FLOPs per step and measured step times against a sourced peak (a CPU's is "
+        "measured here); pass window_id and flops_id evidence: the run's device is used. An unknown device "
+        "needs peak_tflops."
     ),
     details=(
         "Compute model FLOP utilization (MFU), hardware FLOP utilization (HFU) or profiler-attributed "
         "utilization from per-device FLOPs per optimizer step and measured step times, against a sourced "
         "dense peak for the device and precision. Use after run_benchmark_window (step time) and "
         "estimate_flops (FLOPs): pass their evidence ids (window_id, flops_id) so the figure names what it came "
-        "from. Bucket weights: steps, or samples + global_batch. Mixed shapes aggregate as total FLOPs / total time. Unknown devices or "
-        "precisions are refused: pass peak_tflops."
+        "from; the device (and precision, threads) the runs recorded is then used, so leave device out. A CPU's "
+        "peak is measured once per machine by a short matmul probe (fp32, bf16; cached per CPU model, cores, "
+        "torch version and threads) and named as measured: an achievable-GEMM rate, so utilization reads higher "
+        "than against a datasheet; when it cannot be measured the evidence is unavailable with the reason. "
+        "Bucket weights: steps, or samples + global_batch. Mixed shapes aggregate as total FLOPs / total time. "
+        "Unknown accelerators or precisions are refused: pass peak_tflops."
     ),
     input_model=ComputeMfuInput,
     output_model=ComputeMfuOutput,
