@@ -112,6 +112,9 @@ async def test_a_detached_two_rank_run_survives_restarts_and_matches_the_blockin
     assert {k: detached[k] for k in same} == {k: blocking[k] for k in same}
     assert detached["health"]["verdict"] == blocking["health"]["verdict"] == "healthy"
     assert [r["rank"] for r in detached["ranks"]] == [0, 1]
+    # the supervisor stamped both ranks' step boundaries as the server does for a blocking run
+    for out in (detached, blocking):
+        assert [c["status"] for c in out["timing_checks"]] == ["corroborated"], out["timing_checks"]
 
     def names(out: dict[str, Any]) -> list[str]:
         return sorted(Path(a).name for a in out["artifacts"])

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from perfgate._statefs import fresh_dir, remove_tree, write_file
+from perfgate.execution.launches import launch_variables, next_launch_id
+from perfgate.execution.ticks import TickListener
 
 __all__ = ["DETACHED_DIR", "RunNotFoundError", "cancel", "main", "read_status", "run_dir", "start"]
 
@@ -257,14 +259,17 @@ class _Supervisor:
         if record_dir:
             fresh_dir(Path(record_dir))
         label = f"launch{k}_"
+        ticks_fifo = m["env"].get("PERFGATE_TICKS")  # the harness's step boundaries, stamped here
         with (
             (self.dir / f"{label}stdout.log").open("wb") as out,
             (self.dir / f"{label}stderr.log").open("wb") as err,
+            TickListener(Path(ticks_fifo)) if ticks_fifo else contextlib.nullcontext() as listener,
         ):
             self.proc = subprocess.Popen(
                 m["argv"],
                 cwd=m["cwd"],
-                env=_launch_env(m["env"]),
+                # the workspace's next launch id (its trust-root folder holds this run's folder)
+                env={**_launch_env(m["env"]), **launch_variables(next_launch_id(self.dir.parents[1]))},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
@@ -280,6 +285,8 @@ class _Supervisor:
                     break
                 time.sleep(0.1)
             self._stop_group()  # anything the command left behind in its group
+        if listener is not None:
+            _write_json(self.dir / f"{label}ticks.json", listener.stop().to_json())
         code = self.proc.returncode
         if record_dir:
             target = self.dir / f"launch{k}_records"

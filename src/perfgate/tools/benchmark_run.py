@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution import detached
+from perfgate.execution.ticks import LaunchTicks
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
 from perfgate.tools.run_benchmark_window import RunBenchmarkWindowInput, RunBenchmarkWindowOutput
@@ -261,6 +262,7 @@ async def _result_once(
     ev = wrt.evidence()
     exit_codes: list[int | None] = list(st.get("exit_codes", []))
     timed_out: list[int] = list(st.get("timed_out", []))
+    observed = _observed(directory, len(exit_codes))
 
     from perfgate.redaction import Scrubber, scrub_file
 
@@ -289,7 +291,9 @@ async def _result_once(
     raw = manifest["meta"].get("provenance")
     provenance = rbw.RunProvenance.model_validate(raw) if isinstance(raw, dict) else None
     # the code state was captured at launch; its diff artifact stays with the start record
-    out = await rbw.measure(window_inp, wrt, request, ev, launch_once, provenance, run_id=inp.run_id)
+    out = await rbw.measure(
+        window_inp, wrt, request, ev, launch_once, provenance, run_id=inp.run_id, observed=observed
+    )
     # Whole or not at all: a reader never sees a part of it (the lock orders the writers).
     write_private(directory / "result.json", json.dumps({"evidence_id": out.evidence_id}).encode())
     return status.model_copy(
@@ -367,3 +371,17 @@ SPEC = ToolSpec(
     writes=True,
     brief=_brief,
 )
+
+
+def _observed(directory: Path, launches: int) -> dict[int, LaunchTicks]:
+    """The supervisor's stamps of each launch's step boundaries (absent for a Slurm or log-timed run)."""
+    out: dict[int, LaunchTicks] = {}
+    for k in range(launches):
+        path = directory / f"launch{k}_ticks.json"
+        try:
+            ticks = LaunchTicks.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # never written (the launch did not run): unobserved
+        if ticks is not None:
+            out[k] = ticks
+    return out
