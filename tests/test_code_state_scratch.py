@@ -1,5 +1,5 @@
-"""What counts as code for the state that binds a run: tracked files and the untracked code a run can
-import, never the agent's scratch (notes, copies, outputs under a folder no code imports)."""
+"""What counts as code for the state that binds a run: tracked files, every file Python can import, and
+untracked configs a run reaches; never scratch that cannot run (notes, outputs)."""
 
 from __future__ import annotations
 
@@ -31,16 +31,24 @@ def test_import_names_are_the_top_level_modules() -> None:
     assert imported_names(source) >= {"a", "c", "d", "g"}
 
 
-def test_scratch_in_untracked_or_ignored_folders_leaves_the_code_state_alone(repo: Path) -> None:
+def test_scratch_that_cannot_run_leaves_the_code_state_alone(repo: Path) -> None:
     before = code_state(repo).digest
     (repo / "notes").mkdir()
-    (repo / "notes" / "plan.py").write_text("# what I will try\n")
-    (repo / "notes" / "train_copy.py").write_text("print('copy')\n")
+    (repo / "notes" / "plan.md").write_text("# what I will try\n")
     (repo / "outputs").mkdir()
-    (repo / "outputs" / "run.yaml").write_text("lr: 1\n")
+    (repo / "outputs" / "run.yaml").write_text("lr: 1\n")  # ignored, and no Python file
     (repo / "notes.md").write_text("scratch\n")
     after = code_state(repo)
     assert after.digest == before and after.untracked_code_files == 0
+
+
+def test_a_python_file_in_any_folder_is_code_since_python_can_import_it(repo: Path) -> None:
+    # `import notes.plan` finds notes/ as a namespace package from the run's directory: it can run.
+    before = code_state(repo).digest
+    (repo / "notes").mkdir()
+    (repo / "notes" / "plan.py").write_text("# what I will try\n")
+    after = code_state(repo)
+    assert after.digest != before and after.uncommitted.keys() == {"notes/plan.py"} and after.dirty
 
 
 def test_untracked_code_a_run_can_import_changes_the_code_state(repo: Path) -> None:
@@ -61,18 +69,14 @@ def test_untracked_code_a_run_can_import_changes_the_code_state(repo: Path) -> N
     assert code_state(repo).digest != edited
 
 
-def test_a_folder_becomes_code_once_code_that_counts_imports_it(repo: Path) -> None:
+def test_an_untracked_config_becomes_code_once_code_that_counts_imports_its_folder(repo: Path) -> None:
     (repo / "scratch").mkdir()
-    (repo / "scratch" / "tweak.py").write_text("T = 1\n")
+    (repo / "scratch" / "tweak.yaml").write_text("t: 1\n")
     untouched = code_state(repo)
     assert untouched.untracked_code_files == 0
-    # the tracked script now imports the namespace folder: its files are code from here on
+    # the tracked script now imports the namespace folder: its configs are code from here on
     (repo / "train.py").write_text("import model\nfrom scratch.tweak import T\nprint(T)\n")
     imported = code_state(repo)
     assert imported.untracked_code_files == 1
-    (repo / "scratch" / "tweak.py").write_text("T = 2\n")
+    (repo / "scratch" / "tweak.yaml").write_text("t: 2\n")
     assert code_state(repo).digest != imported.digest
-    # and through an untracked module that counts (a new script beside the tracked one)
-    (repo / "train.py").write_text("import model\nprint(1)\n")
-    (repo / "train_fast.py").write_text("import scratch.tweak\n")
-    assert code_state(repo).untracked_code_files == 2

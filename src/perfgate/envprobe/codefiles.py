@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable
+import shutil
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
 __all__ = [
     "IMPORTABLE_SUFFIXES",
     "MAX_IMPORTABLE_FILES",
+    "import_roots",
     "importable_files",
     "imported_names",
+    "is_virtualenv",
+    "resolve_program",
     "untracked_code",
 ]
 
@@ -118,6 +122,8 @@ def importable_files(
     perfgate's ``.perfgate``, ``__pycache__`` (perfgate moves the bytecode cache out of the workspace),
     ``node_modules``, hidden folders and virtual environments (a folder holding ``pyvenv.cfg``): installed
     packages, not the user's code. Folder links are not followed; a file link is listed (its target runs).
+    ``__pycache__`` is safe to leave out: runs get ``PYTHONPYCACHEPREFIX`` in the trust root, so Python
+    never reads bytecode there, and it never loads a sourceless file from it.
     """
     found: list[str] = []
     notes: list[str] = []
@@ -133,7 +139,7 @@ def importable_files(
         dirnames[:] = sorted(
             d
             for d in dirnames
-            if d not in _NOT_USER_CODE and not d.startswith(".") and not (here / d / "pyvenv.cfg").is_file()
+            if d not in _NOT_USER_CODE and not d.startswith(".") and not is_virtualenv(here / d)
         )
         for name in sorted(filenames):
             if PurePosixPath(name).suffix not in suffixes:
@@ -143,3 +149,43 @@ def importable_files(
                 return sorted(found), notes
             found.append((rel_dir / name).as_posix())
     return sorted(found), notes
+
+
+def is_virtualenv(folder: Path) -> bool:
+    """A virtual environment (``pyvenv.cfg``) with nothing importable at its top: a ``pyvenv.cfg`` planted
+    in a package folder (beside its ``__init__.py`` or a module) does not hide that package."""
+    if not (folder / "pyvenv.cfg").is_file():
+        return False
+    try:
+        return not any(
+            entry.name == "__init__.py" or PurePosixPath(entry.name).suffix in IMPORTABLE_SUFFIXES
+            for entry in os.scandir(folder)
+        )
+    except OSError:
+        return False
+
+
+def import_roots(workspace: Path, cwd: Path, script: Path | None, env: Mapping[str, str]) -> list[Path]:
+    """The folders inside ``workspace`` a run imports from, resolved, in the order Python searches them:
+    the script's folder (or ``cwd`` for ``-m``), ``cwd``, and each ``PYTHONPATH`` entry of the run's
+    ``env`` (relative entries against ``cwd``). Folders outside the workspace are left out."""
+    root = workspace.resolve()
+    candidates = [script.parent if script is not None else cwd, cwd]
+    candidates += [Path(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    found: list[Path] = []
+    for candidate in candidates:
+        path = (cwd / candidate).resolve()
+        if path.is_relative_to(root) and path not in found:
+            found.append(path)
+    return found
+
+
+def resolve_program(name: str, cwd: Path, path_value: str | None) -> Path | None:
+    """The file a launch runs for program ``name``: a name with a slash against ``cwd``, a bare name on
+    ``path_value`` (the run's ``PATH``; ``os.defpath`` when None). Not resolved through links: the
+    caller decides whether the name or its target matters."""
+    if "/" in name:
+        path = Path(name) if Path(name).is_absolute() else cwd / name
+        return path if path.is_file() else None
+    found = shutil.which(name, path=os.defpath if path_value is None else path_value)
+    return Path(found) if found is not None else None

@@ -1,50 +1,50 @@
 """Provenance: the source tree (git) and the container a run starts from.
 
-git runs with a fixed argv and settings that keep a repository's own configuration from executing
-programs: no fsmonitor, no hooks, no external diff drivers or text conversion, no optional locks (status
-does not rewrite the index), no pager, no prompts. Clean filters a repository configures (git-lfs, for
-example) still run, exactly as they do on any ``git status`` the user types.
+The source tree is read without running git (`perfgate.envprobe.gitread`): git runs programs a
+repository configures (clean filters, text conversion, external diffs, fsmonitor, hooks, pagers), and the
+repository is the agent's to write. What Python can import is code whether git tracks it, ignores it or
+not (`perfgate.envprobe.codefiles.importable_files`), so such files are bound by their own digest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
-import shutil
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from perfgate.envprobe.models import ContainerProvenance
-from perfgate.envprobe.ownfiles import is_own_path, own_pathspecs
-from perfgate.envprobe.systools import RawRun, run_fixed
 
-__all__ = ["CODE_SUFFIXES", "CodeState", "GitSnapshot", "code_state", "container_provenance", "git_snapshot"]
+__all__ = [
+    "CODE_SUFFIXES",
+    "MAX_CODE_BYTES",
+    "MAX_CODE_FILES",
+    "MAX_HASH_FILE_BYTES",
+    "CodeState",
+    "GitSnapshot",
+    "code_state",
+    "container_provenance",
+    "git_snapshot",
+]
 
-_GIT_SAFETY = (
-    "-c",
-    "core.fsmonitor=false",
-    "-c",
-    "core.hooksPath=/dev/null",
-    "-c",
-    "core.pager=cat",
-    "-c",
-    "diff.external=",
-    "--no-pager",
-)
-_GIT_ENV = {"GIT_OPTIONAL_LOCKS": "0", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_PAGER": "cat"}
-_STATE_DIR = ".perfgate/"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _CONTAINER_ID = re.compile(
     r"(?:docker[-/]|cri-containerd-|containerd[-/]|crio-|libpod-|/containers/)([0-9a-f]{64})"
 )
+MAX_CODE_FILES = 50_000
+"""Importable files a code state binds at most; past it the state is incomplete (``complete=False``)."""
 
 
 @dataclass(frozen=True)
 class GitSnapshot:
-    """What git said about the workspace; ``diff`` holds the raw bytes of ``git diff --binary HEAD``."""
+    """The repository's state read without git; ``diff`` is the work tree against HEAD in git's layout.
+
+    ``untracked_files`` counts files neither tracked nor ignored, plus importable files git ignores.
+    """
 
     root: str
     commit: str | None
@@ -63,86 +63,16 @@ class GitSnapshot:
         return hashlib.sha256(self.diff).hexdigest()
 
 
-def _git(
-    git: str,
-    workspace: Path,
-    args: list[str],
-    timeout_s: float,
-    env: Mapping[str, str],
-    max_bytes: int = 1 << 20,
-) -> RawRun:
-    return run_fixed([git, "-C", str(workspace), *_GIT_SAFETY, *args], timeout_s, env, max_bytes)
-
-
 def git_snapshot(
-    workspace: Path,
-    *,
-    env: Mapping[str, str] | None = None,
-    timeout_s: float = 30.0,
-    max_diff_bytes: int = 64 * 1024 * 1024,
+    workspace: Path, *, max_diff_bytes: int = 64 * 1024 * 1024
 ) -> tuple[GitSnapshot | None, str | None]:
-    """Commit, branch, dirty state and diff of the repository holding ``workspace``.
+    """Commit, branch, dirty state and diff of the repository holding ``workspace``, read without git.
 
-    Returns (snapshot, None) or (None, reason) when there is no git, no repository, or git refuses it
-    (for example a repository owned by another user).
+    Returns (snapshot, None) or (None, reason) when no repository holds the workspace or its data is not
+    readable git data. Nothing the repository configures runs, whoever owns it.
     """
-    base_env = dict(os.environ if env is None else env)
-    git = shutil.which("git", path=base_env.get("PATH"))
-    if git is None:
-        return None, "git is not installed (not found on PATH)"
-    git_env = {**base_env, **_GIT_ENV}
-    top = _git(git, workspace, ["rev-parse", "--show-toplevel"], timeout_s, git_env)
-    if not top.ok:
-        reason = top.describe_failure()
-        if "not a git repository" in (top.stderr + top.stdout).lower():
-            return None, f"the workspace {workspace} is not inside a git repository"
-        return None, f"git could not read the workspace: {reason}"
-    root = top.stdout.strip()
-    # perfgate's own files (the ledger, a harness copy) are never the user's code, committed or not
-    own = own_pathspecs(root, workspace)
-    notes: list[str] = []
-    head = _git(git, workspace, ["rev-parse", "--verify", "-q", "HEAD"], timeout_s, git_env)
-    commit = head.stdout.strip() if head.ok and head.stdout.strip() else None
-    if commit is None:
-        notes.append("the repository has no commit yet (unborn HEAD)")
-    branch_run = _git(git, workspace, ["symbolic-ref", "-q", "--short", "HEAD"], timeout_s, git_env)
-    branch = branch_run.stdout.strip() if branch_run.ok and branch_run.stdout.strip() else None
-    status = _git(
-        git,
-        workspace,
-        ["status", "--porcelain=v1", "-z", "--untracked-files=normal", "--", *own],
-        timeout_s,
-        git_env,
-    )
-    changed = untracked = 0
-    if status.ok:
-        for entry in status.stdout.split("\0"):
-            if len(entry) < 4:
-                continue
-            code, path = entry[:2], entry[3:]
-            if code == "??":
-                if not path.startswith(_STATE_DIR):
-                    untracked += 1
-            elif code[0] in "MADRCUT" or code[1] in "MADRCUT":
-                changed += 1
-    else:
-        notes.append(f"git status failed: {status.describe_failure()}")
-    diff = b""
-    if commit is not None:
-        diff_run = _git(
-            git,
-            workspace,
-            ["diff", "--binary", "--no-ext-diff", "--no-textconv", "HEAD", "--", *own],
-            timeout_s,
-            git_env,
-        )
-        if diff_run.ok:
-            diff = diff_run.stdout_bytes
-            if len(diff) >= max_diff_bytes:
-                notes.append(f"the diff reached the {max_diff_bytes}-byte capture limit and may be truncated")
-        else:
-            notes.append(f"git diff failed: {diff_run.describe_failure()}")
-    return GitSnapshot(root, commit, branch, changed, untracked, diff, tuple(notes)), None
+    snap, _state, reason = _read(workspace, (), (), max_diff_bytes)
+    return snap, reason
 
 
 CODE_SUFFIXES = frozenset(
@@ -171,15 +101,21 @@ CODE_SUFFIXES = frozenset(
 """Files that count as code when untracked (git) or when the workspace is not a repository. Other
 untracked files (checkpoints, logs, data, outputs a run writes) do not change the code state."""
 _MAX_TREE_FILES = 20_000
-_MAX_HASH_BYTES = 16 * 1024 * 1024
+MAX_HASH_FILE_BYTES = 256 * 1024 * 1024
+"""A file above this size is bound by its size and mtime, not its content (noted)."""
+MAX_CODE_BYTES = 4 * 1024**3
+"""Bytes of untracked importable files hashed per code state; past it the state is incomplete."""
 
 
 @dataclass(frozen=True)
 class CodeState:
     """The code a workspace holds right now, as one digest (what an approval and a run record bind to).
 
-    ``kind`` is ``git`` (commit + sha256 of ``git diff --binary HEAD`` + untracked code files) or ``tree``
-    (no repository: every code file under the workspace, by path and content).
+    ``kind`` is ``git`` (commit + sha256 of the work tree's diff against HEAD + every file that can run and
+    no commit holds) or ``tree`` (no repository: every code file under the workspace, by path and content).
+    ``uncommitted``: those files, workspace-relative path -> sha256. ``complete`` is False when a bound
+    (`MAX_CODE_FILES`, `MAX_CODE_BYTES`, the walk's depth, `perfgate.envprobe.gitread`'s limits) left files
+    out; the notes say which, and the digest differs from any complete state's.
     """
 
     kind: str
@@ -190,117 +126,184 @@ class CodeState:
     untracked_code_files: int = 0
     files: int = 0
     notes: tuple[str, ...] = ()
+    uncommitted: Mapping[str, str] = field(default_factory=lambda: dict[str, str]())
+    complete: bool = True
 
     def short(self) -> str:
+        lack = "" if self.complete else "; INCOMPLETE (files left out, see notes)"
         if self.kind == "git":
             head = (self.commit or "no commit")[:12]
-            return f"git {head}{' + uncommitted changes' if self.dirty else ''} (code {self.digest[:12]})"
-        return f"{self.files} code files (code {self.digest[:12]})"
+            extra = f" + {len(self.uncommitted)} uncommitted code files" if self.uncommitted else ""
+            changes = " + uncommitted changes" if self.dirty else ""
+            return f"git {head}{changes}{extra} (code {self.digest[:12]}){lack}"
+        return f"{self.files} code files (code {self.digest[:12]}){lack}"
 
 
-def _hash_file_into(h: Any, path: Path) -> None:
+def _sha256(path: Path) -> str:
+    """sha256 of a file's content (a link's target); size and mtime above `MAX_HASH_FILE_BYTES`."""
     try:
         st = path.stat()
-        if st.st_size > _MAX_HASH_BYTES:
-            h.update(f"size={st.st_size};mtime={st.st_mtime_ns}".encode())
-            return
-        h.update(hashlib.sha256(path.read_bytes()).hexdigest().encode())
+        if st.st_size > MAX_HASH_FILE_BYTES:
+            return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
     except OSError as exc:
-        h.update(f"unreadable:{exc.errno}".encode())
+        return f"unreadable:{exc.errno}"
 
 
 def _text(path: Path) -> str:
     """A code file's text for its imports ("" when unreadable or larger than code gets)."""
     try:
-        if path.stat().st_size > _MAX_HASH_BYTES:
+        if path.stat().st_size > MAX_HASH_FILE_BYTES:
             return ""
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
 
 
-def _tree_state(workspace: Path) -> CodeState:
-    h = hashlib.sha256(b"tree\n")
-    count = 0
-    notes: list[str] = []
+@dataclass
+class _Runnable:
+    """Every file that can run: workspace-relative path -> the file (importable files, programs)."""
+
+    files: dict[str, Path] = field(default_factory=lambda: dict[str, Path]())
+    notes: list[str] = field(default_factory=lambda: list[str]())
+    complete: bool = True
+
+
+def _runnable(workspace: Path, roots: Sequence[Path], programs: Sequence[Path]) -> _Runnable:
+    from perfgate.envprobe.codefiles import importable_files
+
+    out = _Runnable()
+    for root in [workspace, *(r.resolve() for r in roots)]:
+        if not root.is_relative_to(workspace) or not root.is_dir():
+            continue
+        rels, notes = importable_files(root, max_files=MAX_CODE_FILES)
+        out.notes += notes
+        out.complete = out.complete and not notes
+        for rel in rels:
+            path = root / rel
+            out.files.setdefault(path.relative_to(workspace).as_posix(), path)
+    for program in programs:
+        for path in (Path(os.path.abspath(program)), program.resolve()):
+            if path.is_relative_to(workspace) and path.is_file():
+                out.files.setdefault(path.relative_to(workspace).as_posix(), path)
+    return out
+
+
+def _bind(files: Mapping[str, Path], notes: list[str]) -> tuple[dict[str, str], bool]:
+    """Path -> sha256 for ``files``, within `MAX_CODE_BYTES` (False when the budget ran out)."""
+    out: dict[str, str] = {}
+    total = 0
+    for rel, path in sorted(files.items()):
+        with contextlib.suppress(OSError):
+            total += min(path.stat().st_size, MAX_HASH_FILE_BYTES)
+        if total > MAX_CODE_BYTES:
+            notes.append(f"code files pass {MAX_CODE_BYTES} bytes from {rel} on: the rest are not bound")
+            return out, False
+        out[rel] = _sha256(path)
+    return out, True
+
+
+def _tree_state(workspace: Path, runnable: _Runnable) -> CodeState:
+    files: dict[str, Path] = dict(runnable.files)
+    notes = list(runnable.notes)
+    complete = runnable.complete
     for dirpath, dirnames, filenames in os.walk(workspace):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
         for name in sorted(filenames):
             path = Path(dirpath) / name
             if path.suffix not in CODE_SUFFIXES or path.is_symlink():
                 continue
-            if is_own_path(path.relative_to(workspace).as_posix()):
-                continue
-            count += 1
-            if count > _MAX_TREE_FILES:
+            if len(files) > _MAX_TREE_FILES:
                 notes.append(f"more than {_MAX_TREE_FILES} code files: the rest are not bound")
+                complete = False
                 break
-            h.update(str(path.relative_to(workspace)).encode() + b"\0")
-            _hash_file_into(h, path)
-            h.update(b"\n")
-        if notes:
+            files.setdefault(path.relative_to(workspace).as_posix(), path)
+        if not complete:
             break
-    return CodeState("tree", h.hexdigest(), files=count, notes=tuple(notes))
+    bound, within = _bind(files, notes)
+    h = hashlib.sha256(b"tree\n")
+    for rel, digest in bound.items():
+        h.update(f"{rel}\0{digest}\n".encode())
+    complete = complete and within
+    if not complete:
+        h.update(b"incomplete\n")
+    return CodeState("tree", h.hexdigest(), files=len(bound), notes=tuple(notes), complete=complete)
 
 
-def code_state(
-    workspace: Path, *, env: Mapping[str, str] | None = None, timeout_s: float = 30.0
-) -> CodeState:
-    """The workspace's code state: git commit, dirty diff and untracked code files, or a tree digest.
+def _read(
+    workspace: Path, roots: Sequence[Path], programs: Sequence[Path], max_diff_bytes: int
+) -> tuple[GitSnapshot | None, CodeState, str | None]:
+    from perfgate.envprobe.codefiles import IMPORTABLE_SUFFIXES, untracked_code
+    from perfgate.envprobe.gitread import read_work_tree
 
-    Untracked files count only when they are code (`CODE_SUFFIXES`), not ignored by git, and importable
-    by the run (`perfgate.envprobe.codefiles`: next to tracked code, a package, or imported by code that
-    counts), and ``.perfgate/`` never counts, so what a run writes (records, checkpoints, logs) and the
-    agent's scratch folders (notes, copies) do not change it.
-    """
-    snap, _reason = git_snapshot(workspace, env=env, timeout_s=timeout_s)
-    if snap is None:
-        return _tree_state(workspace)
+    ws = workspace.resolve()
+    runnable = _runnable(ws, roots, programs)
+    tree, reason = read_work_tree(ws, max_diff_bytes=max_diff_bytes)
+    if tree is None:
+        return None, _tree_state(ws, runnable), reason
+    base = tree.root.resolve()
+    notes = [*tree.notes, *runnable.notes]
+
+    def in_repo(path: Path) -> str | None:
+        full = Path(os.path.abspath(path))
+        return full.relative_to(base).as_posix() if full.is_relative_to(base) else None
+
+    # Files that can run and no commit or index entry holds: ignored or not, they are code.
+    loose = {rel: path for rel, path in runnable.files.items() if in_repo(path) not in tree.tracked}
+    # Other code git does not ignore (configs, shell scripts, sources) counts when a run can reach it.
+    tracked_dirs = {""} | {str(p) for rel in tree.tracked for p in Path(rel).parents if str(p) != "."}
+    candidates = [
+        rel
+        for rel in tree.untracked
+        if Path(rel).suffix in CODE_SUFFIXES and Path(rel).suffix not in IMPORTABLE_SUFFIXES
+    ]
+    for rel in untracked_code(candidates, tracked_dirs, tree.diff, lambda rel: _text(base / rel)):
+        path = base / rel
+        if path.is_relative_to(ws):
+            loose.setdefault(path.relative_to(ws).as_posix(), path)
+    uncommitted, within = _bind(loose, notes)
+    complete = tree.complete and runnable.complete and within
+    untracked = set(tree.untracked) | {r for p in loose.values() if (r := in_repo(p)) is not None}
+    snap = GitSnapshot(
+        str(base), tree.commit, tree.branch, len(tree.changed), len(untracked), tree.diff, tuple(notes)
+    )
     h = hashlib.sha256(b"git\n")
     h.update(f"{snap.commit}\n{snap.diff_sha256}\n".encode())
-    base_env = dict(os.environ if env is None else env)
-    git = shutil.which("git", path=base_env.get("PATH")) or "git"
-    listed = _git(
-        git,
-        workspace,
-        ["ls-files", "--others", "--exclude-standard", "-z"],
-        timeout_s,
-        {**base_env, **_GIT_ENV},
-    )
-    tracked = _git(git, workspace, ["ls-files", "-z"], timeout_s, {**base_env, **_GIT_ENV})
-    untracked = 0
-    notes = list(snap.notes)
-    if listed.ok and tracked.ok:
-        from perfgate.envprobe.codefiles import untracked_code
-
-        tracked_dirs = {""} | {
-            "/".join(Path(rel).parts[:i])
-            for rel in tracked.stdout.split("\0")
-            if rel
-            for i in range(1, len(Path(rel).parts))
-        }
-        candidates = [
-            rel
-            for rel in listed.stdout.split("\0")
-            if rel and not is_own_path(rel) and Path(rel).suffix in CODE_SUFFIXES
-        ]
-        for rel in untracked_code(candidates, tracked_dirs, snap.diff, lambda rel: _text(workspace / rel)):
-            untracked += 1
-            h.update(rel.encode() + b"\0")
-            _hash_file_into(h, workspace / rel)
-            h.update(b"\n")
-    else:
-        failed = listed if not listed.ok else tracked
-        notes.append(f"untracked files could not be listed: {failed.describe_failure()}")
-    return CodeState(
+    for rel, digest in uncommitted.items():
+        h.update(f"{rel}\0{digest}\n".encode())
+    if not complete:
+        h.update(b"incomplete\n")
+    state = CodeState(
         "git",
         h.hexdigest(),
         commit=snap.commit,
         diff_sha256=snap.diff_sha256,
-        dirty=snap.changed_files > 0 or untracked > 0,
-        untracked_code_files=untracked,
+        dirty=bool(tree.changed) or bool(uncommitted),
+        untracked_code_files=len(uncommitted),
         notes=tuple(notes),
+        uncommitted=uncommitted,
+        complete=complete,
     )
+    return snap, state, reason
+
+
+def code_state(workspace: Path, *, roots: Sequence[Path] = (), programs: Sequence[Path] = ()) -> CodeState:
+    """The workspace's code state: git commit, the diff against it and every file that can run and no
+    commit holds; or, outside a repository, a digest of every code file.
+
+    Files that can run: every file Python can import from the workspace and from ``roots`` (a run's
+    import roots, `perfgate.envprobe.codefiles.import_roots`), tracked or not, ignored or not
+    (`perfgate.envprobe.codefiles.importable_files`), and ``programs`` that lie in the workspace (the
+    executables a run's argv resolves to). Untracked configs and other code git does not ignore count
+    when a run can reach them (`perfgate.envprobe.codefiles.untracked_code`). ``.perfgate/`` and virtual
+    environments never count. Nothing the repository configures runs while this reads it.
+    """
+    _snap, state, _reason = _read(workspace, roots, programs, 64 * 1024 * 1024)
+    return state
 
 
 def container_provenance(probe_container: Mapping[str, Any] | None) -> tuple[ContainerProvenance, list[str]]:

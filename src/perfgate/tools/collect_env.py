@@ -208,7 +208,7 @@ def _host_facts(workspace: Path, env: dict[str, str], system_tools: bool) -> _Ho
         )
     else:
         facts.tool_missing = [("system_tools", "not queried (system_tools=false)")]
-    facts.git, facts.git_reason = git_snapshot(workspace, env=env)
+    facts.git, facts.git_reason = git_snapshot(workspace)
     return facts
 
 
