@@ -67,6 +67,10 @@ class HarnessConfig:
     backward: bool = True
     device_events: bool | None = None
     progress_every: int = 0
+    guard_steps: int = 0
+    """Steps timed after the last window: steady-state steps the server compares the windows with, so work the
+    script does differently while it is measured shows (`perfgate.benchmarking.corroborate`; the server asks
+    for them, see `default_guard_steps`). None under a profile."""
     label: str | None = None
     profile: ProfileConfig | None = field(default=None)
 
@@ -85,19 +89,16 @@ class HarnessConfig:
                 raise ConfigError(f"{name} must be >= 0")
         if self.progress_every < 0:
             raise ConfigError("progress_every must be >= 0")
-
-    @property
-    def guard_steps(self) -> int:
-        """Steps timed after the last window (none for a profile): steady-state steps the server compares the
-        windows with, so work the script does differently while it is measured shows (see
-        :mod:`perfgate.benchmarking.corroborate`)."""
-        return 0 if self.profile is not None else max(3, -(-self.measure_steps // 4))
+        if self.guard_steps < 0:
+            raise ConfigError("guard_steps must be >= 0")
 
     @property
     def total_steps(self) -> int:
         """Optimizer steps after which every requested window, its guard steps (and profile) are complete."""
-        steps = self.warmup_steps + self.measure_steps * self.windows + self.guard_steps
-        if self.profile is not None:
+        steps = self.warmup_steps + self.measure_steps * self.windows
+        if self.profile is None:
+            steps += self.guard_steps
+        else:
             steps = max(steps, self.profile.total_steps)
         return steps
 
@@ -147,6 +148,7 @@ class HarnessConfig:
             backward=reader.flag("BACKWARD", True),
             device_events=None if events is None or events == "auto" else reader.flag("DEVICE_EVENTS", True),
             progress_every=reader.integer("PROGRESS_EVERY", 0),
+            guard_steps=reader.integer("GUARD_STEPS", 0),
             label=reader.text("LABEL"),
             profile=profile,
         )
@@ -163,6 +165,7 @@ class HarnessConfig:
             "BACKWARD": _flag(self.backward),
             "DEVICE_EVENTS": "auto" if self.device_events is None else _flag(self.device_events),
             "PROGRESS_EVERY": str(self.progress_every),
+            "GUARD_STEPS": str(self.guard_steps),
         }
         if self.record_dir is not None:
             out["RECORD_DIR"] = self.record_dir
@@ -189,6 +192,11 @@ class HarnessConfig:
                 }
             )
         return {ENV_PREFIX + k: v for k, v in out.items()}
+
+
+def default_guard_steps(measure_steps: int) -> int:
+    """Guard steps the server asks for: a quarter of a window, at least 3 (the fewest a median compares)."""
+    return max(3, -(-measure_steps // 4))
 
 
 def _flag(value: bool) -> str:

@@ -255,7 +255,7 @@ class Window:
             restart + k * cfg.measure_steps for k in range(remaining + 1)
         }
         self._total = max(
-            restart + remaining * cfg.measure_steps + cfg.guard_steps,
+            restart + remaining * cfg.measure_steps + (cfg.guard_steps if cfg.profile is None else 0),
             cfg.profile.total_steps if cfg.profile is not None else 0,
         )
         self._notes.append(

@@ -469,6 +469,7 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
         ToolError: an inconsistent contract, or a command the harness cannot be inserted into.
     """
     from perfgate.harness import HarnessConfig
+    from perfgate.harness.config import default_guard_steps
 
     state = rt.ledger.trust.state_dir
     copy = harness_pythonpath(state)
@@ -514,6 +515,7 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
             windows=_windows_per_launch(inp),
             timing="optimizer" if inp.timing == "harness" else "explicit",
             progress_every=max(1, (inp.warmup_steps + inp.measure_steps) // 5),
+            guard_steps=default_guard_steps(inp.measure_steps),
             label=inp.label,
         )
         env.update(cfg.to_env())
