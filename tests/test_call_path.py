@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any, cast
@@ -23,6 +24,7 @@ from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult
 from pydantic import BaseModel, Field, ValidationError
 
+from perfgate.envprobe.redact import placeholder
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, EvidenceState, Ledger, canonical_json
 from perfgate.redaction import Scrubber
 from perfgate.tools._adapter import compact_schema, inline_refs
@@ -36,6 +38,12 @@ MFU_ARGS: dict[str, Any] = {
     "precision": "bf16",
 }
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"
+_PLACEHOLDER = re.compile(r"<redacted:[a-z0-9-]+:[0-9a-f]{8}>")
+
+
+def _bare(text: str) -> str:
+    """``text`` with each placeholder shown as the bare marker (tags are checked in test_secret_scanner)."""
+    return _PLACEHOLDER.sub("<redacted>", text)
 
 
 def _append(ledger: Ledger, **draft: Any) -> EvidenceRecord:
@@ -162,10 +170,10 @@ def test_a_string_found_clean_is_scrubbed_again_under_other_secrets(monkeypatch:
     a scrubber that knows it (from a request's argv, or from an environment changed since)."""
     value = "zq-not-yet-a-secret-81734"
     assert Scrubber().text(f"x {value}") == f"x {value}"
-    assert Scrubber(secrets=[value]).text(f"x {value}") == "x <redacted>"
+    assert _bare(Scrubber(secrets=[value]).text(f"x {value}")) == "x <redacted>"
     assert Scrubber().text(f"x {value}") == f"x {value}"
     monkeypatch.setenv("PERFGATE_TEST_API_TOKEN", value)
-    assert Scrubber().text(f"x {value}") == "x <redacted>"
+    assert _bare(Scrubber().text(f"x {value}")) == "x <redacted>"
     monkeypatch.delenv("PERFGATE_TEST_API_TOKEN")
     assert Scrubber().text(f"x {value}") == f"x {value}"
 
@@ -185,10 +193,10 @@ async def test_one_redaction_pass_scrubs_both_the_record_and_the_answer(workspac
     rt = ToolRuntime(config=ServerConfig.create(workspace), ledger=ledger, tool="t", inputs=inputs)
     ev = rt.evidence()
     out = await rt.commit(ev, _Out(evidence_id=ev.id, state=EvidenceState.EXECUTED, note=f"token {SECRET}"))
-    assert SECRET not in out.note and "<redacted>" in out.note
+    assert SECRET not in out.note and "<redacted>" in _bare(out.note)
     record = ledger.get(ev.id)
     assert record is not None and record.result["note"] == out.note
-    assert record.inputs["env"] == {"HF_TOKEN": "<redacted>"}
+    assert record.inputs["env"] == {"HF_TOKEN": placeholder("named", SECRET)}
 
 
 @pytest.mark.parametrize(
@@ -209,8 +217,8 @@ def test_a_secret_an_env_or_argv_reveals_is_scrubbed_everywhere(
     draft: dict[str, Any] = {"result": {"log": "started with k3y-value-9f8e7d", "n": [1, "k3y-value-9f8e7d"]}}
     record = _append(Ledger(workspace), **{**draft, **carrier})
     stored = json.dumps(record.model_dump(mode="json"))
-    assert "k3y-value-9f8e7d" not in stored and "<redacted>" in stored
-    assert record.result["log"] == "started with <redacted>"
+    assert "k3y-value-9f8e7d" not in stored and "<redacted>" in _bare(stored)
+    assert _bare(record.result["log"]) == "started with <redacted>"
 
 
 class _Aliased(BaseModel):
@@ -427,9 +435,9 @@ def test_inlining_keeps_a_recursive_schema_and_merges_only_annotations() -> None
 
 def test_plain_scrubbers_share_their_secrets_but_count_their_own_redactions() -> None:
     first, second = Scrubber(), Scrubber()
-    assert first.text(f"token {SECRET}") == "token <redacted>"
+    assert _bare(first.text(f"token {SECRET}")) == "token <redacted>"
     assert (first.redactions, second.redactions) == (1, 0)
-    assert second.text(f"a {SECRET} b {SECRET}") == "a <redacted> b <redacted>"
+    assert _bare(second.text(f"a {SECRET} b {SECRET}")) == "a <redacted> b <redacted>"
     assert (first.redactions, second.redactions) == (1, 2)
 
 
@@ -449,8 +457,8 @@ def test_the_clean_string_sets_are_emptied_when_full_and_scrubbers_keep_working(
         assert sum(len(v) for v in redaction._CLEAN.values()) <= 5
     assert redaction._CLEAN[early._clean_key] is early._clean  # pyright: ignore[reportPrivateUsage]
     assert "clean text 11" in redaction._CLEAN[early._clean_key]  # pyright: ignore[reportPrivateUsage]
-    assert early.text(f"x {SECRET}") == "x <redacted>"
-    assert Scrubber(secrets=["clean text 11"]).text("clean text 11") == "<redacted>"
+    assert _bare(early.text(f"x {SECRET}")) == "x <redacted>"
+    assert _bare(Scrubber(secrets=["clean text 11"]).text("clean text 11")) == "<redacted>"
 
 
 def test_a_draft_changed_to_a_wrong_type_is_refused_before_anything_is_stored(workspace: Path) -> None:

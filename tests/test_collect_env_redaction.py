@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -42,6 +43,14 @@ URL_SECRETS = {
 }
 
 
+_PLACEHOLDER = re.compile(r"<redacted:[a-z0-9-]+:[0-9a-f]{8}>")
+
+
+def _bare(text: str) -> str:
+    """``text`` with each placeholder shown as the bare marker (tags are checked in test_secret_scanner)."""
+    return _PLACEHOLDER.sub(REDACTED, text)
+
+
 def secret_values() -> list[str]:
     values = list(SECRETS.values()) + [pw for _, pw in URL_SECRETS.values()]
     values.append("gcp-client-secret-5150")
@@ -78,20 +87,20 @@ def test_secret_names_are_recognised_by_whole_segments(name: str, secret: bool) 
 def test_values_are_scrubbed_wherever_they_appear() -> None:
     r = Redactor({"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz12", "X": "ab"})
     text = "token hf_abcdefghijklmnopqrstuvwxyz12 in a diff; short value ab stays"
-    assert r.text(text) == f"token {REDACTED} in a diff; short value ab stays"
+    assert _bare(r.text(text)) == f"token {REDACTED} in a diff; short value ab stays"
 
 
 def test_url_credentials_and_token_shapes_are_removed_without_knowing_the_variable() -> None:
     r = Redactor({})
-    assert r.text("pip --index-url https://bob:hunter2@pypi.corp/simple") == (
-        f"pip --index-url https://{REDACTED}@pypi.corp/simple"
+    assert _bare(r.text("pip --index-url https://bob:hunter2@pypi.corp/simple")) == (
+        f"pip --index-url https://bob:{REDACTED}@pypi.corp/simple"
     )
-    assert r.text("push to https://ghp_abcdefghijklmnopqrstuvwx12@github.com/x") == (
+    assert _bare(r.text("push to https://ghp_abcdefghijklmnopqrstuvwx12@github.com/x")) == (
         f"push to https://{REDACTED}@github.com/x"
     )
-    assert REDACTED in r.text("Authorization: Bearer abcdefghijklmnop.qrstuvwx")
-    assert r.text("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----") == REDACTED
-    assert r.text("api_key = 'zzzzzzzz'") == f"api_key = '{REDACTED}'"
+    assert REDACTED in _bare(r.text("Authorization: Bearer abcdefghijklmnop.qrstuvwx"))
+    assert _bare(r.text("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----")) == REDACTED
+    assert _bare(r.text("api_key = 'zzzzzzzz'")) == f"api_key = '{REDACTED}'"
     # ordinary text survives
     assert r.text("disk-abcdefghijklmnopqrstuvwxyz and max_split_size_mb:128") == (
         "disk-abcdefghijklmnopqrstuvwxyz and max_split_size_mb:128"
@@ -101,7 +110,7 @@ def test_url_credentials_and_token_shapes_are_removed_without_knowing_the_variab
 def test_command_lines_lose_the_values_of_secret_flags() -> None:
     r = Redactor({})
     argv = ["torchrun", "train.py", "--hf-token", "abc", "--api-key=zzz", "--lr=1e-3", "--password"]
-    assert r.argv(argv) == [
+    assert [_bare(a) for a in r.argv(argv)] == [
         "torchrun",
         "train.py",
         "--hf-token",
@@ -172,15 +181,17 @@ async def test_no_secret_value_reaches_the_result_the_artifacts_or_the_ledger(
             assert secret.encode() not in path.read_bytes(), (secret, path)
 
     # the names are still visible, so the agent knows a switch was set
-    assert out.switches["TORCH_HUB_TOKEN"] == REDACTED and out.switches["NCCL_IB_AUTH_KEY"] == REDACTED
-    assert out.switches["PYTORCH_STORE_URL"] == f"tcp://{REDACTED}@10.1.2.3:29500"
-    assert out.switches["NCCL_ALGO"] == "Ring"
-    assert out.provenance.launch_command is not None and REDACTED in out.provenance.launch_command
+    switches = {k: _bare(v) if isinstance(v, str) else v for k, v in out.switches.items()}
+    assert switches["TORCH_HUB_TOKEN"] == REDACTED and switches["NCCL_IB_AUTH_KEY"] == REDACTED
+    assert switches["PYTORCH_STORE_URL"] == f"tcp://{REDACTED}@10.1.2.3:29500"
+    assert switches["NCCL_ALGO"] == "Ring"
+    assert out.provenance.launch_command is not None
+    assert REDACTED in [_bare(a) for a in out.provenance.launch_command]
     git_prov = out.provenance.git
     assert git_prov is not None and git_prov.diff_artifact_redacted
-    diff = (Ledger(workspace).artifact_dir(out.evidence_id) / "git.diff").read_text()
+    diff = _bare((Ledger(workspace).artifact_dir(out.evidence_id) / "git.diff").read_text())
     assert "+lr: 0.002" in diff and f"hf_token: {REDACTED}" in diff
-    smi = (Ledger(workspace).artifact_dir(out.evidence_id) / "systool_nvidia-smi.txt").read_text()
+    smi = _bare((Ledger(workspace).artifact_dir(out.evidence_id) / "systool_nvidia-smi.txt").read_text())
     assert f"note: key {REDACTED} in use" in smi
 
 

@@ -102,4 +102,4 @@ async def test_planted_secrets_appear_nowhere(
     assert _files_leaking(tmp_path / "export") == {}
     assert _files_leaking(trust_root.state_dir) == {}  # approvals, anchors
     logging.getLogger("perfgate").warning("a command failed: --api-key %s", SECRETS["named"])
-    assert _leaks(caplog.text) == [] and "<redacted>" in caplog.text
+    assert _leaks(caplog.text) == [] and "<redacted:named:" in caplog.text

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
+from perfgate.envprobe.redact import placeholder
 from perfgate.evidence import EvidenceState, Ledger
 from perfgate.execution.audit import Decision, How, record_decision
 from perfgate.execution.request import CommandRequest
@@ -34,7 +35,7 @@ async def test_tool_inputs_keep_env_names_but_not_secret_values(workspace: Path)
     await rt.commit(ev, _Out(evidence_id=ev.id, state=EvidenceState.EXECUTED))
     record = ledger.get(ev.id)
     assert record is not None
-    assert record.inputs["env"] == {"HF_TOKEN": "<redacted>", "OMP_NUM_THREADS": "4"}
+    assert record.inputs["env"] == {"HF_TOKEN": placeholder("named", SECRET), "OMP_NUM_THREADS": "4"}
     assert SECRET.encode() not in _db_bytes(workspace)
 
 
@@ -52,5 +53,5 @@ def test_approval_records_redact_env_but_the_digest_binds_the_real_value(workspa
     )
     record = ledger.get(evidence_id)
     assert record is not None
-    assert record.inputs["request"]["env"] == {"WANDB_API_KEY": "<redacted>"}
+    assert record.inputs["request"]["env"] == {"WANDB_API_KEY": placeholder("named", SECRET)}
     assert SECRET.encode() not in _db_bytes(workspace)

@@ -8,9 +8,14 @@ What goes:
   values wherever else they appear);
 - values of environment variables with secret-looking names (in the server's environment or set by a
   request), wherever they appear;
-- credentials in URLs of any variable or string (``s3://KEY:SECRET@bucket``), known token formats
-  (GitHub, Hugging Face, AWS, JWTs, ...), private key blocks, ``password=...`` style assignments.
+- what the one scanner (`perfgate.secretscan`) finds: in every string, known credential formats (AWS,
+  GitHub, GitLab, Slack, ``sk-`` keys, Google, JWTs, private key blocks, URL passwords, ``password=...``
+  assignments) and high-entropy tokens; in every env value of any name and every argv token (after any
+  flag, or positional), the stricter value rules too; what a request's values hold goes wherever else it
+  appears (a log that prints it, say).
 
+Each secret becomes ``<redacted:KIND:TAG>`` (`perfgate.envprobe.redact.placeholder`): the same secret gets
+the same placeholder, so stored argv and env still compare equal between two runs given the same token.
 Redaction is one-way: approvals and digests bind the real values before anything is redacted.
 """
 
@@ -24,7 +29,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from perfgate.envprobe.redact import REDACTED, Redactor, is_secret_name, secret_values
+from perfgate.envprobe.redact import (
+    REDACTED,
+    Redactor,
+    is_redacted,
+    is_secret_name,
+    placeholder,
+    request_secrets,
+    secret_values,
+)
+from perfgate.secretscan import value_secrets
 
 if TYPE_CHECKING:
     from perfgate.execution.request import CommandRequest
@@ -110,10 +124,13 @@ class Scrubber:
     Args:
         env: environment whose secret-named values (and URL credentials) are scrubbed wherever they
             appear; the server's own environment is always included.
-        secrets: further literal values to scrub (flag values from a request's argv, say).
+        secrets: further literal values to scrub (flag values from a request's argv, say), or a mapping of
+            them to the kind their placeholder names (`request_secrets`).
     """
 
-    def __init__(self, env: Mapping[str, str] | None = None, secrets: Iterable[str] = ()) -> None:
+    def __init__(
+        self, env: Mapping[str, str] | None = None, secrets: Iterable[str] | Mapping[str, str] = ()
+    ) -> None:
         global _plain
         if env is None and secrets == ():  # the plain scrubber (most records): its redactor is reused
             values = _server_secrets()
@@ -122,10 +139,12 @@ class Scrubber:
                 plain = _plain = (values, Redactor({}, values=values))
             self._redactor = plain[1].fresh()
         else:
-            extra = dict(env or {})
-            for i, value in enumerate(secrets):
-                extra[f"PERFGATE_REDACT_SECRET_{i}"] = value
-            self._redactor = Redactor(extra, values=_server_secrets())
+            kinds = {v: "named" for v in _server_secrets()}
+            if isinstance(secrets, Mapping):
+                kinds.update(cast("Mapping[str, str]", secrets))
+            else:
+                kinds.update({v: "named" for v in secrets})
+            self._redactor = Redactor(dict(env or {}), values=kinds)
         # Which strings this scrubber leaves alone depends only on its secret values (the patterns are
         # fixed): the key under which `_CLEAN` remembers them.
         self._clean_key = self._redactor.secrets_pattern
@@ -142,9 +161,9 @@ class Scrubber:
 
     @classmethod
     def for_values(cls, env: Mapping[str, Any] | None = None, argv: Sequence[Any] | None = None) -> Scrubber:
-        """A scrubber for what a request or a tool input carries: its env and its argv flag values."""
+        """A scrubber for what a request or a tool input carries: its env and argv (`request_secrets`)."""
         str_env = {str(k): str(v) for k, v in (env or {}).items()}
-        return cls(str_env, flag_secrets([str(a) for a in argv or ()]))
+        return cls(str_env, request_secrets(str_env, [str(a) for a in argv or ()]))
 
     @classmethod
     def for_tree(cls, *trees: Any) -> Scrubber:
@@ -174,7 +193,7 @@ class Scrubber:
 
         for tree in trees:
             walk(tree, None)
-        return cls(env, flag_secrets(argv))
+        return cls(env, request_secrets(env, argv))
 
     @property
     def redactions(self) -> int:
@@ -213,39 +232,63 @@ class Scrubber:
         def flag(m: re.Match[str]) -> str:
             if (
                 not is_secret_name(m.group("flag"))
-                or m.group("value") == REDACTED
+                or m.group("value").startswith(REDACTED[:-1])
                 or m.group("value").startswith("-")
             ):
                 return m.group(0)
             self._redactor.redactions += 1
-            return m.group("flag") + m.group("sep") + m.group("quote") + REDACTED
+            return (
+                m.group("flag") + m.group("sep") + m.group("quote") + placeholder("named", m.group("value"))
+            )
 
         return _FLAG_IN_TEXT.sub(flag, text)
+
+    def value(self, value: str) -> str:
+        """One value a request supplies (an env value, an argv token): `text`, then the stricter value
+        rules (`perfgate.secretscan.value_secrets`)."""
+        out = self.text(value)
+        for kind, secret in value_secrets(value):
+            if secret in out:
+                self._redactor.redactions += 1
+                out = out.replace(secret, placeholder(kind, secret))
+        return out
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         out: list[str] = []
         hide_next = False
         for token in argv:
             if hide_next:
-                out.append(REDACTED)
+                if not is_redacted(token):
+                    self._redactor.redactions += 1
+                    token = placeholder("named", token)
+                out.append(token)
                 hide_next = False
                 continue
             if token.startswith("-"):
                 flag, eq, value = token.partition("=")
                 if is_secret_name(flag):
                     if eq:
-                        out.append(flag + "=" + (REDACTED if value else ""))
+                        hide = bool(value) and not is_redacted(value)
+                        out.append(flag + "=" + (placeholder("named", value) if hide else value))
+                        self._redactor.redactions += hide
                     else:
                         out.append(token)
                         hide_next = True
                     continue
-            out.append(self.text(token))
+            out.append(self.value(token))
         return out
 
     def env(self, env: Mapping[str, Any]) -> dict[str, Any]:
         if any(type(k) is not str for k in env):
             self.keys_changed = True
-        return {k: (REDACTED if is_secret_name(k) and v else self.tree(v)) for k, v in env.items()}
+        out: dict[str, Any] = {}
+        for k, v in env.items():
+            if is_secret_name(k) and v and not (type(v) is str and is_redacted(v)):
+                self._redactor.redactions += 1
+                out[k] = placeholder("named", str(v))
+            else:
+                out[k] = self.value(v) if type(v) is str else self.tree(v)
+        return out
 
     def tree(self, value: Any, key: str | None = None) -> Any:
         """A JSON-like tree with secrets removed; lists under argv-like keys are read as argv."""

@@ -4,8 +4,9 @@ Two different jobs, applied in this order to every string of a result and to eve
 
 1. **Secrets** (never recoverable from the record): values of environment variables whose names look
    secret (token, key, secret, password, passwd, credential, cookie, auth, ...), credentials embedded in
-   URLs (``scheme://user:pass@host``), values following secret-looking command-line flags, and strings
-   shaped like well-known access tokens or private keys.
+   URLs (``scheme://user:pass@host``), values following secret-looking command-line flags, and whatever
+   the one scanner (`perfgate.secretscan`) finds: known credential formats and high-entropy tokens. Each
+   becomes a placeholder ``<redacted:KIND:TAG>`` whose tag is stable for the same secret (`placeholder`).
 2. **Host identity** (kept meaningful, not identifying): the user's home directory becomes ``~``, other
    ``/home/<name>`` directories become ``/home/<user>``, and the host name becomes ``<hostname>``.
 
@@ -18,123 +19,102 @@ unrelated text.
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import secrets
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
+
+from perfgate.secretscan import find_secrets, is_secret_name, value_secrets
 
 __all__ = [
     "HOSTNAME",
     "MIN_SECRET_CHARS",
     "REDACTED",
     "Redactor",
+    "is_redacted",
     "is_secret_name",
+    "placeholder",
     "redact_env_values",
+    "request_secrets",
     "secret_values",
 ]
 
 REDACTED = "<redacted>"
+"""What every placeholder starts as (``<redacted:KIND:TAG>``, see `placeholder`)."""
 HOSTNAME = "<hostname>"
 MIN_SECRET_CHARS = 4
 
-# Name segments (split on "_", "-", ".") that mark a variable or flag as secret. Whole segments, so
-# TOKENIZERS_PARALLELISM or MONKEY_PATCH stay readable while HF_TOKEN and WANDB_API_KEY do not.
-_SECRET_SEGMENTS = frozenset(
-    {
-        "TOKEN",
-        "KEY",
-        "KEYS",
-        "SECRET",
-        "SECRETS",
-        "PASSWORD",
-        "PASSWORDS",
-        "PASSWD",
-        "PASS",
-        "CREDENTIAL",
-        "CREDENTIALS",
-        "CREDS",
-        "COOKIE",
-        "COOKIES",
-        "AUTH",
-        "AUTHORIZATION",
-        "AUTHTOKEN",
-        "PAT",
-        "SESSION",
-        "SIGNATURE",
-        "SAS",
-        "PRIVATE",
-        "BEARER",
-        "APIKEY",
-        "PASSPHRASE",
-        "DSN",
-    }
-)
-# Substrings that mark a secret even inside a longer segment (GITHUBTOKEN, DBPASSWORD, MYSECRETVALUE).
-_SECRET_SUBSTRINGS = ("PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "COOKIE", "APIKEY", "ACCESSKEY", "TOKEN")
-# ...but not these, which contain TOKEN without being one (TOKENS: counts, as in --tokens-per-step).
-_NOT_SECRET_SEGMENTS = frozenset({"TOKENIZERS", "TOKENIZER", "TOKENIZATION", "TOKENIZE", "TOKENS"})
-
-# Both patterns match from the start of a run of name characters (``pre``: the digits and dots a name
-# cannot start with), with possessive names: the same matches as a plain ``name*`` would find, in one pass
-# (a plain one retries from every letter of a long run: quadratic, 0.25 ms for 100 letters).
+# ``scheme://credentials@``: the credentials of a URL-valued variable are secrets wherever they appear.
+# ``pre``: the digits and dots a scheme cannot start with (possessive: one pass, no retries).
 _URL_CREDENTIALS = re.compile(
     r"(?<![A-Za-z0-9+.\-])(?P<pre>[0-9+.\-]*+)(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*+://)(?P<cred>[^/\s@'\"]+)@"
 )
-_TOKEN_SHAPES = re.compile(
-    r"""
-    (?<![A-Za-z0-9])
-    (?:
-      gh[pousr]_[A-Za-z0-9]{20,}                      # GitHub tokens
-    | github_pat_[A-Za-z0-9_]{20,}
-    | glpat-[A-Za-z0-9_\-]{20,}                       # GitLab
-    | hf_[A-Za-z0-9]{20,}                             # Hugging Face
-    | sk-[A-Za-z0-9_\-]{20,}                          # OpenAI-style keys
-    | xox[abprs]-[A-Za-z0-9\-]{10,}                   # Slack
-    | (?:AKIA|ASIA)[0-9A-Z]{16}                       # AWS access key ids
-    | AIza[0-9A-Za-z_\-]{30,}                         # Google API keys
-    | eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}   # JWTs
-    )
-    """,
-    re.VERBOSE,
-)
-_BEARER = re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=\-]{12,}")
-_PRIVATE_KEY = re.compile(
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.DOTALL
-)
-# key=value or key: value pairs whose key looks secret, inside free text (configs in diffs, tool output).
-_INLINE_ASSIGNMENT = re.compile(
-    r"""(?<![A-Za-z0-9_.\-])(?P<pre>[0-9.\-]*+)(?P<key>[A-Za-z_][A-Za-z0-9_.\-]*+)(?P<sep>\s*[:=]\s*)"""
-    r"""(?P<quote>["']?)(?P<value>[^\s"',;]+)"""
-)
+_PLACEHOLDER = re.compile(r"<redacted(?::[a-z0-9\-]++:[0-9a-f]{8})?>")
 _OTHER_HOMES = re.compile(r"(?P<root>/home/|/Users/)(?P<name>[^/\s'\":]+)")
+_TAG_CHARS = 8
+_TAG_KEYS: dict[str, bytes] = {}
 
 
-def _segments(name: str) -> list[str]:
-    return [s for s in re.split(r"[_\-.\s]+", name.upper()) if s]
+def _tag_key() -> bytes:
+    """The key of placeholder tags: derived from the trust root's signing key (located as `TrustRoot.locate`
+    does), so tags are stable across processes and restarts; a per-process key where there is none."""
+    from perfgate.trust import TrustRoot, TrustRootError
+
+    try:
+        trust = TrustRoot.locate()
+        where = str(trust.key_path)
+    except (OSError, KeyError, ValueError):
+        trust, where = None, ""
+    key = _TAG_KEYS.get(where)
+    if key is None:
+        try:
+            secret = trust.ensure_key().secret if trust is not None else secrets.token_bytes(32)
+        except (TrustRootError, OSError):
+            secret = secrets.token_bytes(32)
+        key = _TAG_KEYS[where] = hmac.new(secret, b"perfgate-redaction-tag", hashlib.sha256).digest()
+    return key
+
+
+def placeholder(kind: str, value: str) -> str:
+    """What stands for the secret ``value``: ``<redacted:KIND:TAG>``.
+
+    TAG is the first 8 hex digits of an HMAC of the value under the trust root's key: equal secrets get
+    equal placeholders (two runs with the same token still compare equal), and nobody without that key can
+    test guesses of a short password against it.
+    """
+    tag = hmac.new(_tag_key(), value.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
+    return f"<redacted:{kind}:{tag[:_TAG_CHARS]}>"
+
+
+def is_redacted(text: str) -> bool:
+    """Whether ``text`` is exactly one placeholder."""
+    return _PLACEHOLDER.fullmatch(text) is not None
 
 
 def redact_env_values(env: Mapping[str, Any]) -> dict[str, Any]:
-    """``env`` with the value of every secret-named variable replaced by ``<redacted>``.
+    """``env`` without secrets: a secret-named variable's whole value, and in every other value what
+    `value_secrets` finds (a token under an ordinary name, in a PYTHONPATH-like list).
 
     For what the ledger keeps of a command's environment changes: the approval digest still binds the
-    real values, and the human approving sees them, but the stored record never holds a credential.
+    real values, but the stored record never holds a credential.
     """
-    return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
+    out: dict[str, Any] = {}
+    for name, value in env.items():
+        if not isinstance(value, str):
+            out[name] = value
+        elif is_secret_name(name) and value and not is_redacted(value):
+            out[name] = placeholder("named", value)
+        else:
+            out[name] = _replace_values(value, dict((s, k) for k, s in value_secrets(value)))
+    return out
 
 
-@functools.lru_cache(maxsize=8192)
-def is_secret_name(name: str) -> bool:
-    """Whether a variable or flag called ``name`` should never have its value shown.
-
-    >>> is_secret_name("HF_TOKEN"), is_secret_name("TOKENIZERS_PARALLELISM")
-    (True, False)
-    """
-    segments = _segments(name.lstrip("-"))
-    for segment in segments:
-        if segment in _NOT_SECRET_SEGMENTS:
-            continue
-        if segment in _SECRET_SEGMENTS or any(sub in segment for sub in _SECRET_SUBSTRINGS):
-            return True
-    return False
+def _replace_values(text: str, found: Mapping[str, str]) -> str:
+    for secret in sorted(found, key=len, reverse=True):
+        text = text.replace(secret, placeholder(found[secret], secret))
+    return text
 
 
 @functools.lru_cache(maxsize=4096)
@@ -160,11 +140,45 @@ def secret_values(env: Mapping[str, str]) -> frozenset[str]:
     return frozenset(values)
 
 
+def request_secrets(env: Mapping[str, str], argv: Sequence[str]) -> dict[str, str]:
+    """Secret -> kind for what a request supplies: secret-named env values, values of secret-named flags
+    (``--token X``, ``--api-key=X``), URL credentials, and what `value_secrets` finds in every env value
+    and every argv token (after any flag, positional or ``--key=VALUE``)."""
+    found: dict[str, str] = {}
+    for value in secret_values(env):
+        found[value] = "named"
+    tokens = list(argv)
+    for i, token in enumerate(tokens):
+        if token.startswith("-"):
+            flag, eq, value = token.partition("=")
+            if is_secret_name(flag):
+                value = value if eq else (tokens[i + 1] if i + 1 < len(tokens) else "")
+                if len(value) >= MIN_SECRET_CHARS:
+                    found[value] = "named"
+    for value in [*env.values(), *tokens]:
+        for kind, secret in value_secrets(value):
+            found.setdefault(secret, kind)
+    return found
+
+
 @functools.lru_cache(maxsize=256)
 def _secret_pattern(values: frozenset[str]) -> re.Pattern[str] | None:
     # Longest first, so a secret containing another secret is replaced whole.
     ordered = sorted(values, key=len, reverse=True)
     return re.compile("|".join(re.escape(v) for v in ordered)) if ordered else None
+
+
+def _outside_placeholders(text: str, scrub: Callable[[str], str]) -> str:
+    """``scrub`` applied to the text between placeholders (a placeholder is never scrubbed again)."""
+    if "<redacted" not in text:
+        return scrub(text)
+    parts: list[str] = []
+    last = 0
+    for m in _PLACEHOLDER.finditer(text):
+        parts += [scrub(text[last : m.start()]), m.group()]
+        last = m.end()
+    parts.append(scrub(text[last:]))
+    return "".join(parts)
 
 
 class Redactor:
@@ -173,7 +187,8 @@ class Redactor:
     Args:
         env: the environment the observed process had (its secret-looking values are scrubbed
             everywhere they appear).
-        values: further values to scrub everywhere (as `secret_values` finds them in an environment).
+        values: further values to scrub everywhere (as `secret_values` finds them in an environment), or
+            a mapping of them to the kind their placeholder names (as `request_secrets` gives).
         homes: home directories to show as ``~``.
         hostnames: host names to show as ``<hostname>`` (short names, FQDNs).
     """
@@ -184,11 +199,15 @@ class Redactor:
         *,
         homes: Iterable[str] = (),
         hostnames: Iterable[str] = (),
-        values: Iterable[str] = (),
+        values: Iterable[str] | Mapping[str, str] = (),
     ) -> None:
-        found: set[str] = set(values)
-        found.update(secret_values(env))
-        self._secrets = _secret_pattern(frozenset(found))
+        kinds = {v: "named" for v in secret_values(env)}
+        if isinstance(values, Mapping):
+            kinds.update(cast("Mapping[str, str]", values))
+        else:
+            kinds.update({v: "named" for v in values})
+        self._kinds = kinds
+        self._secrets = _secret_pattern(frozenset(kinds))
         self._homes = sorted({h.rstrip("/") for h in homes if h and h.rstrip("/")}, key=len, reverse=True)
         self._hostnames = sorted({h for h in hostnames if len(h) >= 3}, key=len, reverse=True)
         self.redactions = 0
@@ -220,22 +239,27 @@ class Redactor:
         return replacement
 
     def secrets(self, text: str) -> str:
-        """Remove secrets only (no host sanitisation)."""
+        """Remove secrets only (no host sanitisation): this redactor's values, then what the scanner finds."""
         if self._secrets is not None:
-            text = self._secrets.sub(lambda m: self._count(REDACTED), text)
-        text = _PRIVATE_KEY.sub(lambda m: self._count(REDACTED), text)
-        text = _URL_CREDENTIALS.sub(
-            lambda m: m.group("pre") + m.group("scheme") + self._count(REDACTED) + "@", text
-        )
-        text = _TOKEN_SHAPES.sub(lambda m: self._count(REDACTED), text)
-        text = _BEARER.sub(lambda m: m.group(1) + " " + self._count(REDACTED), text)
+            pattern = self._secrets
 
-        def assignment(m: re.Match[str]) -> str:
-            if not is_secret_name(m.group("key")) or m.group("value") == REDACTED:
-                return m.group(0)
-            return m.group("pre") + m.group("key") + m.group("sep") + m.group("quote") + self._count(REDACTED)
+            def literal(m: re.Match[str]) -> str:
+                return self._count(placeholder(self._kinds.get(m.group(), "named"), m.group()))
 
-        return _INLINE_ASSIGNMENT.sub(assignment, text)
+            text = _outside_placeholders(text, lambda part: pattern.sub(literal, part))
+        return _outside_placeholders(text, self._scanned)
+
+    def _scanned(self, text: str) -> str:
+        findings = find_secrets(text)
+        if not findings:
+            return text
+        parts: list[str] = []
+        last = 0
+        for f in findings:
+            parts += [text[last : f.start], self._count(placeholder(f.kind, text[f.start : f.end]))]
+            last = f.end
+        parts.append(text[last:])
+        return "".join(parts)
 
     def host(self, text: str) -> str:
         """Replace home directories with ``~`` and host names with ``<hostname>``."""
@@ -252,8 +276,8 @@ class Redactor:
 
     def env_value(self, name: str, value: str) -> str:
         """A reported variable: the whole value when the name looks secret, else scrubbed text."""
-        if is_secret_name(name):
-            return self._count(REDACTED)
+        if is_secret_name(name) and not is_redacted(value):
+            return self._count(placeholder("named", value))
         return self.text(value)
 
     def env(self, env: Mapping[str, str]) -> dict[str, str]:
@@ -265,14 +289,18 @@ class Redactor:
         hide_next = False
         for token in argv:
             if hide_next:
-                out.append(self._count(REDACTED))
+                out.append(token if is_redacted(token) else self._count(placeholder("named", token)))
                 hide_next = False
                 continue
             if token.startswith("-"):
-                flag, eq, _ = token.partition("=")
+                flag, eq, value = token.partition("=")
                 if is_secret_name(flag):
                     if eq:
-                        out.append(flag + "=" + self._count(REDACTED))
+                        out.append(
+                            flag
+                            + "="
+                            + (value if is_redacted(value) else self._count(placeholder("named", value)))
+                        )
                     else:
                         out.append(token)
                         hide_next = True
