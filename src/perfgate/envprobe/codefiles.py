@@ -157,10 +157,8 @@ def is_virtualenv(folder: Path) -> bool:
     if not (folder / "pyvenv.cfg").is_file():
         return False
     try:
-        return not any(
-            entry.name == "__init__.py" or PurePosixPath(entry.name).suffix in IMPORTABLE_SUFFIXES
-            for entry in os.scandir(folder)
-        )
+        with os.scandir(folder) as entries:
+            return not any(PurePosixPath(entry.name).suffix in IMPORTABLE_SUFFIXES for entry in entries)
     except OSError:
         return False
 

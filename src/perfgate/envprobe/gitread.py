@@ -38,6 +38,7 @@ __all__ = [
     "MAX_UNTRACKED_LISTED",
     "STATE_DIR_NAME",
     "WorkTree",
+    "added_file_section",
     "read_work_tree",
 ]
 
@@ -328,21 +329,7 @@ class _Reader:
             lines.append(f"index {head[1]}..{work[1]}".encode() + same)
         old = self._text(head, None) if head else b""
         new = self._text(work, full) if work else b""
-        if old is None or new is None:
-            lines.append(b"Binary files a/" + p + b" and b/" + p + b" differ")
-            return b"\n".join(lines) + b"\n"
-        body = difflib.diff_bytes(
-            difflib.unified_diff,
-            old.splitlines(keepends=True),
-            new.splitlines(keepends=True),
-            b"a/" + p if head else b"/dev/null",
-            b"b/" + p if work else b"/dev/null",
-            lineterm=b"\n",
-        )
-        text = b"\n".join(lines) + b"\n"
-        for line in body:
-            text += line if line.endswith(b"\n") else line + b"\n\\ No newline at end of file\n"
-        return text
+        return _render(p, lines, old, new)
 
     def _text(self, side: tuple[int, str], full: Path | None) -> bytes | None:
         """The side's bytes for a text diff; None when binary, too large, a submodule or unreadable."""
@@ -401,6 +388,54 @@ class _Reader:
             out.notes.append(f"more than {MAX_UNTRACKED_LISTED} untracked files: the count stops there")
         if len(out.untracked) < MAX_UNTRACKED_LISTED:
             out.untracked.append(rel)
+
+
+def added_file_section(path: str, full: Path) -> bytes:
+    """A diff section showing ``full`` (at repository path ``path``) as a new file: how a file that can run
+    and no commit holds appears in the recorded diff (its sha1 blob id names its content)."""
+    p = path.encode("utf-8", "surrogateescape")
+    try:
+        st = full.stat()
+        data = full.read_bytes() if st.st_size <= MAX_DIFF_FILE_BYTES else None
+        if data is None:
+            h = hashlib.sha1(b"blob %d\0" % st.st_size, usedforsecurity=False)
+            with full.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+            oid = h.hexdigest()
+        else:
+            oid = hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+    except OSError as exc:
+        return b"diff --git a/" + p + b" b/" + p + f"\nunreadable: {exc.strerror or exc}\n".encode()
+    mode = 0o100755 if st.st_mode & stat.S_IXUSR else 0o100644
+    lines = [
+        b"diff --git a/" + p + b" b/" + p,
+        b"new file mode %o" % mode,
+        f"index {'0' * 40}..{oid}".encode(),
+    ]
+    text = data if data is not None and b"\0" not in data[:8000] else None
+    return _render(p, lines, b"", text)
+
+
+def _render(p: bytes, lines: list[bytes], old: bytes | None, new: bytes | None) -> bytes:
+    """A section's header ``lines`` and its text diff (or git's line for files shown by id alone)."""
+    if old is None or new is None:
+        lines.append(b"Binary files a/" + p + b" and b/" + p + b" differ")
+        return b"\n".join(lines) + b"\n"
+    deleted = lines[1].startswith(b"deleted") if len(lines) > 1 else False
+    added = lines[1].startswith(b"new file") if len(lines) > 1 else False
+    body = difflib.diff_bytes(
+        difflib.unified_diff,
+        old.splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        b"/dev/null" if added else b"a/" + p,
+        b"/dev/null" if deleted else b"b/" + p,
+        lineterm=b"\n",
+    )
+    text = b"\n".join(lines) + b"\n"
+    for line in body:
+        text += line if line.endswith(b"\n") else line + b"\n\\ No newline at end of file\n"
+    return text
 
 
 def _checked_path(raw: bytes) -> str:

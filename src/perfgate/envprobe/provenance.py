@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -269,7 +269,13 @@ def _read(
     complete = tree.complete and runnable.complete and within
     untracked = set(tree.untracked) | {r for p in loose.values() if (r := in_repo(p)) is not None}
     snap = GitSnapshot(
-        str(base), tree.commit, tree.branch, len(tree.changed), len(untracked), tree.diff, tuple(notes)
+        str(base),
+        tree.commit,
+        tree.branch,
+        len(tree.changed),
+        len(untracked),
+        tree.diff + _added_sections(loose, in_repo, max_diff_bytes - len(tree.diff), notes),
+        tuple(notes),
     )
     h = hashlib.sha256(b"git\n")
     h.update(f"{snap.commit}\n{snap.diff_sha256}\n".encode())
@@ -289,6 +295,22 @@ def _read(
         complete=complete,
     )
     return snap, state, reason
+
+
+def _added_sections(
+    loose: Mapping[str, Path], in_repo: Callable[[Path], str | None], budget: int, notes: list[str]
+) -> bytes:
+    """The recorded diff's sections for files that can run and no commit holds, as new files."""
+    from perfgate.envprobe.gitread import added_file_section
+
+    out = b""
+    for _rel, path in sorted(loose.items()):
+        section = added_file_section(in_repo(path) or _rel, path)
+        if len(out) + len(section) > budget:
+            notes.append(f"the diff passed its size limit: files from {_rel} on are bound by digest alone")
+            break
+        out += section
+    return out
 
 
 def code_state(workspace: Path, *, roots: Sequence[Path] = (), programs: Sequence[Path] = ()) -> CodeState:
