@@ -94,10 +94,18 @@ class GitProvenance(BaseModel):
 
     commit: str | None
     branch: str | None
-    dirty: bool = Field(description="Tracked changes against HEAD, or untracked files outside .perfgate/.")
+    dirty: bool = Field(
+        description="Tracked changes against HEAD, untracked files outside .perfgate/, or files Python can "
+        "import that no commit holds (ignored ones included)."
+    )
     changed_files: int
-    untracked_files: int
-    diff_sha256: str | None = Field(description="sha256 of `git diff --binary HEAD` as git produced it.")
+    untracked_files: int = Field(
+        description="Files neither tracked nor ignored, plus importable files git ignores."
+    )
+    diff_sha256: str | None = Field(
+        description="sha256 of the diff against HEAD, read without running git (git's layout; importable "
+        "files no commit holds appear as new files)."
+    )
     diff_bytes: int
     diff_artifact: str | None = Field(description="Artifact with the diff (secrets redacted).")
     diff_artifact_redacted: bool = Field(
