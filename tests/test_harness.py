@@ -93,9 +93,11 @@ def test_mark_step_measures_boundary_to_boundary_including_gaps(clock: FakeClock
 
 def test_stop_raises_window_complete_after_the_last_window(clock: FakeClock) -> None:
     w = Window(config=_config(warmup_steps=0, measure_steps=2), stop=True, instrument=False)
-    w.mark_step()
-    with pytest.raises(WindowComplete):
+    while not w.done:
         w.mark_step()
+    # the script's own output of its last step runs; its next step's work does not
+    with pytest.raises(WindowComplete), w.step():
+        pytest.fail("the step after the last window ran")
     # WindowComplete is not an Exception: `except Exception` in a training script cannot swallow it
     assert not issubclass(WindowComplete, Exception)
 
@@ -453,22 +455,32 @@ def test_dumping_torch_tensors_never_imports_the_numpy_dtype_extensions() -> Non
     assert out.stdout.strip() == "False"
 
 
-def test_process_settings_are_measured_at_window_edges_and_a_change_is_noted(clock: FakeClock) -> None:
+def test_process_settings_are_read_at_the_first_boundary_and_a_later_change_is_noted(
+    clock: FakeClock,
+) -> None:
+    """The fingerprint is what the script set up in its first step (a window open from step 0, as a profiled
+    run's is, sees the same settings as one opened after a warm-up); a change after that is noted."""
     torch = pytest.importorskip("torch")
     before = torch.get_num_threads()
-    w = Window(config=_config(warmup_steps=0, measure_steps=1, windows=2), instrument=False)
+    set_up, changed = (1, 2) if before != 1 else (2, 3)
+    w = Window(config=_config(warmup_steps=0, measure_steps=1, windows=3), instrument=False)
     try:
-        with w.step():  # window 0 opens at its start
-            torch.set_num_threads(1 if before != 1 else 2)  # the script changes threads inside it
-        with w.step():  # window 1 opened at the edge before this step
+        with w.step():  # window 0 opens at its start, before the script's set-up
+            torch.set_num_threads(set_up)  # the script's own set-up (torch.set_num_threads(1) in main)
+        with w.step():  # window 1 opened at the first boundary, after the fingerprint was read
+            torch.set_num_threads(changed)  # a change inside the loop
+        with w.step():  # window 2 opened after the change
             pass
     finally:
         torch.set_num_threads(before)
     record = w.to_record()
-    assert record["runtime_env"]["num_threads"] == str(before)
+    assert record["runtime_env"]["num_threads"] == str(set_up)
     assert record["runtime_env"]["matmul_precision"] == torch.get_float32_matmul_precision()
-    assert any(
-        "window 1: the process's settings changed" in n and "num_threads" in n for n in record["notes"]
+    notes = [n for n in record["notes"] if "settings changed" in n]
+    assert (
+        len(notes) == 1
+        and notes[0].startswith("window 2: ")
+        and f"num_threads {set_up}->{changed}" in notes[0]
     )
 
 

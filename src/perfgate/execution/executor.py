@@ -30,6 +30,7 @@ import anyio
 import anyio.abc
 from pydantic import BaseModel, Field
 
+from perfgate.execution.launches import launch_variables
 from perfgate.execution.reaper import (
     RUN_TAG_VAR,
     RunHandle,
@@ -320,8 +321,10 @@ async def execute(
     limits: ExecLimits | None = None,
     on_progress: ProgressCallback | None = None,
     registry: ProcessRegistry | None = None,
+    launch: int | None = None,
 ) -> CommandResult:
-    """Run ``request`` to completion, timeout or cancellation.
+    """Run ``request`` to completion, timeout or cancellation; ``launch`` is its launch id
+    (`perfgate.execution.launches`), given to the process tree after the request's own environment.
 
     The caller is responsible for having approved ``request`` and checked the policy's limits;
     this function only refuses what cannot be started.
@@ -338,6 +341,8 @@ async def execute(
     # Inherited by everything the command starts: how its descendants are found wherever they go.
     tag = new_tag()
     env[RUN_TAG_VAR] = tag
+    if launch is not None:
+        env.update(launch_variables(launch))
 
     started = time.monotonic()
     with stdout_path.open("wb") as out_file, stderr_path.open("wb") as err_file:

@@ -34,6 +34,7 @@ from perfgate.execution.executor import (
     resolve_program,
 )
 from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant
+from perfgate.execution.launches import next_launch_id
 from perfgate.execution.policy import PolicyError, load_policy, workspace_policy_files
 from perfgate.execution.reaper import RunList, become_subreaper
 from perfgate.execution.request import CommandRequest
@@ -275,6 +276,7 @@ class CommandRunner:
         with contextlib.ExitStack() as stack:
             folder = log_dir if log_dir is not None else stack.enter_context(self._service.scratch())
             names = (f"{label}stdout.log", f"{label}stderr.log")
+            launch = await anyio.to_thread.run_sync(next_launch_id, self._service.private_dir)
             try:
                 result = await execute(
                     request,
@@ -283,6 +285,7 @@ class CommandRunner:
                     limits=self._service.limits,
                     on_progress=on_progress,
                     registry=self._service.registry,
+                    launch=launch,
                 )
             except CommandError as exc:
                 raise ToolError(

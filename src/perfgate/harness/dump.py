@@ -169,6 +169,9 @@ def dump_tensors(
     so one line of code gives the baseline's and the candidate's runs a file each:
     ``dump_tensors("captures/{label}.safetensors", ...)``.
 
+    In a profiled run (profile_segment) nothing is written: its tensors are evidence of nothing (a profiled
+    run never is), and its files would be strays in the workspace. The path it would have had is returned.
+
     Raises:
         TypeError: a name is not a string, or a value's dtype or layout has no safetensors encoding.
         ValueError: a name is reserved.
@@ -176,6 +179,9 @@ def dump_tensors(
     window = hooks.active_window()
     started = time.perf_counter_ns()
     target = _expand(os.fspath(path), window.config.label if window is not None else None)
+    if window is not None and window.config.profile is not None:
+        _skipped_in_profile(target)
+        return target
     try:
         digest, size = _dump(target, mapping, metadata)
     finally:
@@ -184,6 +190,21 @@ def dump_tensors(
     if window is not None:
         window.tensors_dumped(os.path.realpath(target), digest, size)
     return target
+
+
+_told_skipped = False
+
+
+def _skipped_in_profile(target: Path) -> None:
+    global _told_skipped
+    if not _told_skipped:
+        _told_skipped = True
+        print(
+            f"[perfgate] dump_tensors: {target} not written: this run is profiled (dumps are written in "
+            "run_benchmark_window runs)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 _FIELDS = re.compile(r"\{(label|launch|rank)\}")

@@ -133,6 +133,7 @@ def _patch_data_loader() -> None:
         window = _active
         if window is None:
             return original(self)
+        window.work_starts()  # after the last window: the script ends before its next batch
         start = _now()
         batch = original(self)
         window.add_data_wait(_now() - start, batch_size(batch))
@@ -173,6 +174,8 @@ def _patch_save(torch: Any) -> None:
 
     def noted_save(*args: Any, **kwargs: Any) -> Any:
         window = _active
+        if window is not None:
+            window.work_starts()
         if window is None or not window.measuring:
             return original(*args, **kwargs)
         start = _now()
@@ -265,7 +268,10 @@ def _trains(module: Any) -> bool:
 
 def _count_forward(module: Any, args: tuple[Any, ...]) -> None:
     window = _active
-    if window is None or not sys.modules["torch"].is_grad_enabled():
+    if window is None:
+        return
+    window.work_starts()  # any forward of the model, evaluation included, is new work
+    if not sys.modules["torch"].is_grad_enabled():
         return
     window.add_model_samples(batch_size(args))
     wanted = window.stream_rows_wanted()

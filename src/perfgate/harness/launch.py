@@ -11,7 +11,6 @@ import argparse
 import os
 import runpy
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -178,9 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the script runs, so its init_process_group sees them).
     os.environ.update(slurm_rank_env(dict(os.environ)))
     _state.set_launcher_config(cfg)
-    # A new launch, whatever the environment inherited: sample records of this process and its loader
-    # workers share this id, and a repeated launch gets a new one.
-    os.environ["PERFGATE_LAUNCH_ID"] = str(time.time_ns())
+    # The launch id the server gave this launch (every rank shares it), else a new one whatever the
+    # environment inherited: sample records and dumps of this process and its loader workers carry it.
+    from perfgate.harness.samples import start_launch
+
+    start_launch()
     window: Window | None = None
     if cfg.timing == "optimizer":
         from perfgate.harness import hooks

@@ -1,4 +1,5 @@
-"""The training process's own environment, measured inside it at window edges.
+"""The training process's own environment, measured inside it at the first step boundary (after the
+script's own set-up, for profiled and timed runs alike) and checked again at window edges.
 
 Thread settings, precision switches, accelerator versions and visible devices change throughput without
 touching the code: two windows compare only when these match (or the change is declared). Values are

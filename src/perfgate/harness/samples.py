@@ -20,8 +20,8 @@ process had not written yet is lost). In the process a harness window times, rec
 window is measured are held and written at the window's end edge, so recording is never timed.
 
 Every record carries its launch and its pass. ``session`` is the launch id: one per training process
-(``PERFGATE_LAUNCH_ID`` when a launcher set it, else drawn once and handed to loader workers through
-the environment), so a repeated launch appending to the same folder is told apart from a resume. A
+(``PERFGATE_LAUNCH_ID``: 1, 2, 3 ... per workspace in runs the server launches, else drawn once from the
+clock and handed to loader workers through the environment), so a repeated launch appending to the same folder is told apart from a resume. A
 launch that starts again at the run's first epoch and step is a new run to the audit; a resumed launch
 says so with ``resumed=True`` (its first record per file carries ``restart``) or by recording steps.
 ``pass`` numbers the passes over the loader within an epoch: a pass abandoned part-way (a one-batch
@@ -56,6 +56,9 @@ __all__ = [
 ]
 
 LAUNCH_ENV = "PERFGATE_LAUNCH_ID"
+GIVEN_ENV = "PERFGATE_LAUNCH_GIVEN"
+"""Set (to ``1``) with ``PERFGATE_LAUNCH_ID`` by the server that numbered this launch
+(`perfgate.execution.launches`)."""
 _SAMPLER_FLUSH_IDS = 1024
 _ITERABLE_FLUSH_IDS = 64
 _MAIN_PROCESS = -1
@@ -71,6 +74,19 @@ def launch_id() -> int:
         launch = time.time_ns()
         os.environ[LAUNCH_ENV] = str(launch)
         return launch
+
+
+def start_launch() -> int:
+    """A harness launch's id: the one the server gave it (``PERFGATE_LAUNCH_ID``, a positive integer,
+    with ``PERFGATE_LAUNCH_GIVEN=1``), else a new one whatever the environment inherited. The marker is
+    dropped, so a harnessed process this one starts draws an id of its own."""
+    given = os.environ.pop(GIVEN_ENV, None) == "1"
+    value = os.environ.get(LAUNCH_ENV, "")
+    if given and value.isdigit() and int(value) > 0:
+        return int(value)
+    launch = time.time_ns()
+    os.environ[LAUNCH_ENV] = str(launch)
+    return launch
 
 
 def sample_log_path(directory: str | os.PathLike[str], rank: int, worker: int = _MAIN_PROCESS) -> Path:

@@ -79,6 +79,7 @@ class _StepScope:
         w = self.window
         if not w._begun:  # pyright: ignore[reportPrivateUsage] -- the scope is part of Window
             w.begin()
+        w.work_starts()
         return self
 
     def __exit__(
@@ -96,8 +97,9 @@ class Window:
 
     Arguments left as ``None`` come from ``config`` (default: the launcher's settings, else the
     ``PERFGATE_*`` environment). ``synchronize`` is an extra callable run at window edges for device
-    work torch does not know about. ``stop`` raises :class:`WindowComplete` after the last window
-    (default: under ``python -m perfgate.harness`` or when ``PERFGATE_STOP`` is set).
+    work torch does not know about. ``stop`` raises :class:`WindowComplete` after the last window, where
+    the script starts its next step's work (so the last step's log line still prints; default: under
+    ``python -m perfgate.harness`` or when ``PERFGATE_STOP`` is set).
 
     Use as ``with window.step(samples=32, tokens=32 * 512): ...`` per step, or call
     :meth:`mark_step` at the end of each step. Records go to ``record_dir/rank<N>.json``.
@@ -192,6 +194,7 @@ class Window:
         self._user_work: dict[str, list[int]] = {}
         self._restarts = 0
         self._runtime_env: dict[str, str | None] | None = None
+        self._stop_pending = False
         self._backward_calls = 0
         self._dumps: list[dict[str, Any]] = []
         self._metrics: dict[str, float] = {}
@@ -547,9 +550,12 @@ class Window:
             return
         upcoming = [e for e in self._edges if e > n]
         self._next_special = min(upcoming) if upcoming else self._total
+        if self._runtime_env is None and n < 1:
+            self._next_special = 1  # the fingerprint is read there (see _check_runtime_env)
 
     def _special_boundary(self, n: int, samples: int | None, tokens: int | None) -> None:
         if self._done:
+            self.work_starts()
             return
         if not self._begun:
             # mark_step() without begin(): step 0 started when the window was created.
@@ -578,6 +584,8 @@ class Window:
         self._cur_model_samples = None
         if self._scaler_steps:
             self._count_skips(n)
+        if self._runtime_env is None:
+            self._check_runtime_env(len(self._windows), first_boundary=True)
         if is_edge:
             if self._open is not None:
                 self._end_window(t)
@@ -673,11 +681,14 @@ class Window:
         self._note_user_work(win["index"], imported)
         self._run_deferred()
 
-    def _check_runtime_env(self, index: int) -> None:
-        """Measure the process's thread/precision/device settings at a window's start edge (before its
-        timestamp): the first window's go into the record; a later window that saw others is noted."""
+    def _check_runtime_env(self, index: int, first_boundary: bool = False) -> None:
+        """The process's thread/precision/device settings: read into the record at the first step boundary
+        (after the script's own set-up, the same point for a profiled run and a timed one), then again at each
+        window's start edge (before its timestamp), where settings that changed since are noted."""
         from perfgate.harness.runtime_env import measure_runtime_env
 
+        if self._runtime_env is None and not first_boundary:
+            return  # a window opened at step 0, before the script's set-up: read at the first boundary
         now = measure_runtime_env()
         if self._runtime_env is None:
             self._runtime_env = now
@@ -687,7 +698,7 @@ class Window:
         ]
         if changed:
             self._notes.append(
-                f"window {index}: the process's settings changed since the first window ({', '.join(changed)}): "
+                f"window {index}: the process's settings changed since the first step ({', '.join(changed)}): "
                 "set them before the training loop"
             )
 
@@ -774,7 +785,19 @@ class Window:
                 f"{self._other_optimizer_steps} steps of other optimizers were not counted as steps"
             )
         self._write()
-        if self.stop:
+        # Stopping is left to the start of the next step's work (`work_starts`): the script's own output of
+        # the last step (its log line) still runs, and nothing after the record is measured.
+        self._stop_pending = self.stop
+
+    def work_starts(self) -> None:
+        """The script starts new work: a step scope, a training forward, a batch fetch, a checkpoint, or a
+        step boundary. After the last window, a stopping window ends the script here.
+
+        Raises:
+            WindowComplete: every window is measured and this window stops its script.
+        """
+        if self._stop_pending and os.getpid() == self._pid:
+            self._stop_pending = False
             raise WindowComplete
 
     def _write(self) -> Path | None:
