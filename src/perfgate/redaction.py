@@ -50,6 +50,7 @@ __all__ = [
     "flag_secrets",
     "install_log_filter",
     "redact_request",
+    "scrub_bytes",
     "scrub_file",
 ]
 
@@ -326,6 +327,13 @@ class Scrubber:
                     return self.argv(cast("Sequence[str]", seq))
             return [self.tree(v) for v in seq]
         return value
+
+
+def scrub_bytes(data: bytes, scrub: Scrubber) -> bytes:
+    """``data`` (a diff, a log) without secrets; bytes that are not UTF-8 pass through unchanged."""
+    return scrub.text(data.decode("utf-8", errors="surrogateescape")).encode(
+        "utf-8", errors="surrogateescape"
+    )
 
 
 def scrub_file(path: Path, scrub: Scrubber, chunk_bytes: int = 1 << 20) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
+import os
 import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,24 +55,22 @@ _URL_CREDENTIALS = re.compile(
 _PLACEHOLDER = re.compile(r"<redacted(?::[a-z0-9\-]++:[0-9a-f]{8})?>")
 _OTHER_HOMES = re.compile(r"(?P<root>/home/|/Users/)(?P<name>[^/\s'\":]+)")
 _TAG_CHARS = 8
-_TAG_KEYS: dict[str, bytes] = {}
+_TAG_KEYS: dict[tuple[str | None, ...], bytes] = {}
+# What `TrustRoot.locate` reads to find the state folder: the key is located again only when these change.
+_TRUST_VARIABLES = ("PERFGATE_STATE_DIR", "XDG_STATE_HOME", "HOME")
 
 
 def _tag_key() -> bytes:
     """The key of placeholder tags: derived from the trust root's signing key (located as `TrustRoot.locate`
     does), so tags are stable across processes and restarts; a per-process key where there is none."""
-    from perfgate.trust import TrustRoot, TrustRootError
-
-    try:
-        trust = TrustRoot.locate()
-        where = str(trust.key_path)
-    except (OSError, KeyError, ValueError):
-        trust, where = None, ""
+    where = tuple(os.environ.get(name) for name in _TRUST_VARIABLES)
     key = _TAG_KEYS.get(where)
     if key is None:
+        from perfgate.trust import TrustRoot, TrustRootError
+
         try:
-            secret = trust.ensure_key().secret if trust is not None else secrets.token_bytes(32)
-        except (TrustRootError, OSError):
+            secret = TrustRoot.locate().ensure_key().secret
+        except (TrustRootError, OSError, KeyError, ValueError):
             secret = secrets.token_bytes(32)
         key = _TAG_KEYS[where] = hmac.new(secret, b"perfgate-redaction-tag", hashlib.sha256).digest()
     return key

@@ -1008,7 +1008,11 @@ def run_provenance(
     snapshot, reason = git_snapshot(rt.workspace)
     artifact: str | None = None
     if snapshot is not None and snapshot.diff:
-        artifact = rt.relative(ev.write_bytes("code.diff", snapshot.diff))
+        from perfgate.redaction import Scrubber, scrub_bytes
+
+        # stored without the secrets it holds or the run was given (diff_sha256 binds the real bytes)
+        scrubbed = scrub_bytes(snapshot.diff, Scrubber.for_values(env, command))
+        artifact = rt.relative(ev.write_bytes("code.diff", scrubbed))
     code = CodeState(
         commit=snapshot.commit if snapshot else None,
         dirty=snapshot.dirty if snapshot else None,
