@@ -225,12 +225,13 @@ async def test_git_provenance_records_commit_dirty_state_and_the_diff(workspace:
     assert prov is not None
     assert prov.commit == git("rev-parse", "HEAD").strip()
     assert prov.dirty and prov.changed_files == 1 and prov.untracked_files == 1  # .perfgate/ is not counted
-    expected = subprocess.run(
-        ["git", "-C", str(workspace), "diff", "--binary", "HEAD"], capture_output=True, check=True
-    ).stdout
-    assert prov.diff_sha256 == hashlib.sha256(expected).hexdigest() and prov.diff_bytes == len(expected)
-    diff = (artifact_dir(workspace, out.evidence_id) / "git.diff").read_text()
-    assert "+lr = 2e-3" in diff and prov.diff_artifact == "git.diff" and not prov.diff_artifact_redacted
+    # the diff is written by perfgate (no git runs), in git's layout with full blob ids
+    blob = git("rev-parse", "HEAD:train.py").strip()
+    raw = (artifact_dir(workspace, out.evidence_id) / "git.diff").read_bytes()
+    assert prov.diff_sha256 == hashlib.sha256(raw).hexdigest() and prov.diff_bytes == len(raw)
+    assert raw.decode().startswith(f"diff --git a/train.py b/train.py\nindex {blob}..")
+    assert b"-lr = 1e-3\n+lr = 2e-3\n" in raw
+    assert prov.diff_artifact == "git.diff" and not prov.diff_artifact_redacted
 
 
 # ---------------------------------------------------------------- NVIDIA and MUSA branches (fakes)

@@ -9,12 +9,13 @@ untracked files included) are digested directly.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["argv_files", "code_differences", "diff_sections", "file_sha256"]
+__all__ = ["argv_files", "code_differences", "diff_sections", "file_sha256", "run_code_scope"]
 
 _MAX_FILE_BYTES = 64 * 1024 * 1024
 _SECTION = re.compile(rb"^diff --git a/(.*?) b/(.*?)$", re.MULTILINE)
@@ -72,3 +73,22 @@ def code_differences(base: Mapping[str, Any], cand: Mapping[str, Any]) -> list[s
     c_files: Mapping[str, Any] = cand.get("diff_files") or {}
     paths += sorted(p for p in set(b_files) | set(c_files) if b_files.get(p) != c_files.get(p))
     return paths
+
+
+def run_code_scope(
+    argv: Sequence[str], cwd: Path, env: Mapping[str, str], workspace: Path
+) -> tuple[list[Path], list[Path]]:
+    """Where a run's code comes from beyond the workspace's own files: its import roots (the script's
+    folder, ``cwd``, ``PYTHONPATH`` entries of ``env``) and the programs its argv names, resolved on the
+    run's ``PATH`` (``env`` over the server's). The code state binds what lies in the workspace."""
+    from perfgate.envprobe.codefiles import import_roots, resolve_program
+    from perfgate.execution.target import command_target, user_argv
+
+    target = command_target(argv)
+    script = target.file(cwd) if target is not None and target.kind == "script" else None
+    path_value = env.get("PATH", os.environ.get("PATH"))
+    names = dict.fromkeys([argv[0], *user_argv(argv)[:1]] if argv else [])
+    if target is not None and target.kind == "program":
+        names[target.name] = None
+    programs = [p for name in names if (p := resolve_program(name, cwd, path_value)) is not None]
+    return import_roots(workspace, cwd, script, env), programs

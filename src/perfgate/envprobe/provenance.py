@@ -64,14 +64,20 @@ class GitSnapshot:
 
 
 def git_snapshot(
-    workspace: Path, *, max_diff_bytes: int = 64 * 1024 * 1024
+    workspace: Path,
+    *,
+    roots: Sequence[Path] = (),
+    programs: Sequence[Path] = (),
+    max_diff_bytes: int = 64 * 1024 * 1024,
 ) -> tuple[GitSnapshot | None, str | None]:
     """Commit, branch, dirty state and diff of the repository holding ``workspace``, read without git.
 
-    Returns (snapshot, None) or (None, reason) when no repository holds the workspace or its data is not
-    readable git data. Nothing the repository configures runs, whoever owns it.
+    Files that can run and no commit holds (`code_state`: importable files of the workspace and ``roots``,
+    ``programs`` inside it) make it dirty and appear in the diff as new files. Returns (snapshot, None) or
+    (None, reason) when no repository holds the workspace or its data is not readable git data. Nothing
+    the repository configures runs, whoever owns it.
     """
-    snap, _state, reason = _read(workspace, (), (), max_diff_bytes)
+    snap, _state, reason = _read(workspace, roots, programs, max_diff_bytes)
     return snap, reason
 
 

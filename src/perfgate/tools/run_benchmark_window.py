@@ -302,8 +302,14 @@ class WindowResult(BaseModel):
 
 class CodeState(BaseModel):
     commit: str | None = Field(description="git commit of the workspace at launch; null when unknown.")
-    dirty: bool | None = Field(description="Uncommitted changes to tracked files or untracked files.")
-    diff_sha256: str | None = Field(description="sha256 of `git diff --binary HEAD` (the dirty diff).")
+    dirty: bool | None = Field(
+        description="Uncommitted changes to tracked files, untracked files, or files the run can import or "
+        "execute that no commit holds (ignored ones included)."
+    )
+    diff_sha256: str | None = Field(
+        description="sha256 of the diff against HEAD, read without running git; files that can run and no "
+        "commit holds appear in it as new files."
+    )
     diff_files: dict[str, str] = Field(description="Path -> sha256 of that path's section of the diff.")
     diff_artifact: str | None = Field(description="The dirty diff itself, as an artifact of this evidence.")
     unknown_reason: str | None = Field(
@@ -1001,11 +1007,12 @@ def run_provenance(
 ) -> RunProvenance:
     """A launched run's argv, env change names, code state (git; the dirty diff as the evidence's code.diff)
     and digests of the workspace files argv names: every run perfgate launches records this block."""
-    from perfgate.benchmarking.provenance import argv_files, diff_sections
+    from perfgate.benchmarking.provenance import argv_files, diff_sections, run_code_scope
     from perfgate.envprobe import git_snapshot
 
     cwd = rt.resolve_path(cwd_name, kind="dir")
-    snapshot, reason = git_snapshot(rt.workspace)
+    roots, programs = run_code_scope(command, cwd, env, rt.workspace)
+    snapshot, reason = git_snapshot(rt.workspace, roots=roots, programs=programs)
     artifact: str | None = None
     if snapshot is not None and snapshot.diff:
         from perfgate.redaction import Scrubber, scrub_bytes
