@@ -311,3 +311,21 @@ def test_the_written_diff_has_git_s_layout(repo: Path) -> None:
     assert "--- a/helper.py\n+++ b/helper.py\n" in text and "\\ No newline at end of file\n" in text
     assert "deleted file mode 100644\n" in text and "new file mode 100644\n" in text
     assert list(diff_sections(snap.diff)) == ["helper.py", "new.py", "train.py"]
+
+
+def test_a_run_s_provenance_binds_its_python_path_and_its_workspace_python(repo: Path) -> None:
+    from perfgate.benchmarking.provenance import run_code_scope
+
+    (repo / ".lib").mkdir()
+    (repo / ".lib" / "helper.py").write_text("X = 'from PYTHONPATH'\n")
+    (repo / "bin").mkdir()
+    (repo / "bin" / "python").write_text('#!/bin/sh\nexec python3 "$@"\n')
+    (repo / "bin" / "python").chmod(0o755)
+    env = {"PYTHONPATH": ".lib", "PATH": f"{repo / 'bin'}{os.pathsep}/usr/bin"}
+    roots, programs = run_code_scope(["python", "train.py"], repo, env, repo)
+    assert repo / ".lib" in roots and programs == [repo / "bin" / "python"]
+    plain, _ = git_snapshot(repo)
+    snap, _ = git_snapshot(repo, roots=roots, programs=programs)
+    assert plain is not None and snap is not None
+    assert {".lib/helper.py", "bin/python"} <= set(diff_sections(snap.diff))
+    assert ".lib/helper.py" not in diff_sections(plain.diff)
