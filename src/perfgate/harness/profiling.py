@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from perfgate.harness.config import ProfileConfig
+from perfgate.harness.line_ranges import LineRanges
 from perfgate.harness.module_ranges import ModuleRanges
 
 __all__ = ["ProfilerDriver", "available_activities", "trace_path"]
@@ -77,6 +78,8 @@ class ProfilerDriver:
         )
         # Eager modules are named only by these ranges (torch's with_modules covers TorchScript).
         self._modules: ModuleRanges | None = ModuleRanges() if config.with_modules else None
+        # With stacks, the loop's own line for every op (its frame is named by the line tracing began at).
+        self._lines: LineRanges | None = LineRanges() if config.with_stack else None
 
     def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,6 +93,9 @@ class ProfilerDriver:
         if not self._running:
             return
         self.steps += 1
+        if self._lines is not None and not self._lines.installed:
+            # The first step runs inside the loop's optimizer step: the loop is on the stack.
+            self._lines.install()
         self._profile.step()
         if self.steps >= self.config.total_steps:
             self.stop()
@@ -101,6 +107,8 @@ class ProfilerDriver:
         self._running = False
         if self._modules is not None:
             self._modules.remove()
+        if self._lines is not None:
+            self._lines.remove()
         self._profile.stop()
         self.finished = True
 

@@ -384,6 +384,7 @@ def analyze_table(
         non_compute_us=t.non_compute_us,
         communication_us=t.communication_us,
         memory_us=t.memory_us,
+        memory_like_us=t.memory_like_us,
         sync_us=t.sync_us,
         idle_fraction=t.fraction(t.idle_us),
         compute_fraction=t.fraction(t.compute_us),

@@ -29,8 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from perfgate.harness.line_ranges import LINE_PREFIX
 from perfgate.traces._np import int_list
 from perfgate.traces.classify import IMPLICIT_SYNC_OPS
+from perfgate.traces.intervals import clip, union_length
 from perfgate.traces.models import CodeSite, CodeView, OpLoop
 from perfgate.traces.ops import cpu_parents, parent_rows
 from perfgate.traces.phases import SHORT_OP_US, analysis_window, phase_of_name
@@ -51,7 +53,14 @@ MODULE_PREFIX = "nn.Module: "
 _FRAME = re.compile(r"^(?P<file>[^<][^(]*)\((?P<line>\d+)\): (?P<func>.+)$")
 _PACKAGES = frozenset({"torch", "perfgate", "functorch", "triton", "torchgen"})
 _LIBRARIES = _PACKAGES | frozenset(sys.stdlib_module_names)
-_TORCH_RANGES = ("ProfilerStep#", "Optimizer.", "Optimizer#", "enumerate(DataLoader)", MODULE_PREFIX)
+_TORCH_RANGES = (
+    "ProfilerStep#",
+    "Optimizer.",
+    "Optimizer#",
+    "enumerate(DataLoader)",
+    MODULE_PREFIX,
+    LINE_PREFIX,
+)
 _MIN_ITERATIONS = 4
 _MAX_BODY = 256
 _MAX_LOOP_OPS = 200_000
@@ -135,6 +144,12 @@ class _Index:
     inner_module: I64
     inner_region: I64
     site: I64
+    lines: dict[int, tuple[str, str, str]]
+    """(file, line, function) of each ``perfgate.line:`` range name (the loop's line, harness runs)."""
+    inner_line: I64
+    """Per row: the innermost line range on its thread (-1: none)."""
+    line_rows: I64
+    """The line ranges, by start time."""
 
     @classmethod
     def build(cls, p: Prepared) -> _Index:
@@ -143,6 +158,7 @@ class _Index:
         present = int_list(np.flatnonzero(np.bincount(names, minlength=len(table.names))))
         frames: dict[int, tuple[str, str, str]] = {}
         modules: dict[int, tuple[str, str | None]] = {}
+        lines: dict[int, tuple[str, str, str]] = {}
         region_ids: list[int] = []
         cats = cpu.i("cat")
         annotation = table.cats.index("user_annotation") if "user_annotation" in table.cats else -1
@@ -155,6 +171,10 @@ class _Index:
             module = module_names(name)
             if module is not None:
                 modules[i] = module
+            elif name.startswith(LINE_PREFIX):
+                at = _FRAME.match(name[len(LINE_PREFIX) :])
+                if at is not None:
+                    lines[i] = (at["file"].replace("\\", "/"), at["line"], at["func"])
             elif i in annotated and not name.startswith(_TORCH_RANGES):
                 region_ids.append(i)
         ts, dur, tid = cpu.f("ts"), cpu.f("dur"), cpu.i("tid")
@@ -181,8 +201,37 @@ class _Index:
         # The call site: the innermost user frame that no module encloses.
         site = nearest(up, is_user & (inner_module < 0))
         inner_region = nearest(op_parent, np.isin(names, np.array(region_ids, np.int64)))
+        is_line = np.isin(names, np.array(list(lines), np.int64))
+        line_rows = np.flatnonzero(is_line)
+        line_rows = line_rows[np.argsort(ts[line_rows], kind="stable")]
         return cls(p, op_parent, up, ts, end, names, frames, modules, qual, is_user, nearest(up, is_user),
-                   inner_module, inner_region, site)  # fmt: skip
+                   inner_module, inner_region, site, lines, nearest(op_parent, is_line), line_rows)  # fmt: skip
+
+    def line_of(self, rows: I64, frames: I64) -> I64:
+        """The loop line range each row runs under: its innermost one on its thread, or for a row with
+        no user frame of its own (autograd's device threads), the one open on any thread at its start."""
+        line = self.inner_line[rows]
+        spare = (line < 0) & (frames < 0)
+        if self.line_rows.size and spare.any():
+            at = rows[spare]
+            k = np.searchsorted(self.ts[self.line_rows], self.ts[at], side="right") - 1
+            cand = self.line_rows[np.maximum(k, 0)]
+            line[spare] = np.where((k >= 0) & (self.end[cand] > self.ts[at]), cand, -1)
+        return line
+
+    def _loop_line(self, frame: int, line: int) -> tuple[str, bool] | None:
+        """``file:line func`` of the loop line ``line``, and whether ``frame`` is the loop's own frame
+        (its name's line is where tracing began, not this op's)."""
+        if line < 0:
+            return None
+        file, number, func = self.lines[int(self.names[line])]
+        loop = int(self.inner_user[line])
+        if loop < 0:
+            return None
+        loop_file, _, loop_func = self.frames[int(self.names[loop])]
+        if loop_func != func or not (file == loop_file or file.endswith("/" + loop_file)):
+            return None
+        return f"{loop_file}:{number} {func}", frame == loop
 
     def owner_frame(self, rows: I64) -> I64:
         """The user frame that owns each row: the row itself when it is one, else its innermost."""
@@ -209,8 +258,15 @@ class _Index:
             outer = np.where(more, up, outer)
         return np.where(own >= 0, own, outer)
 
-    def site_of(self, frame: int, row: int, module: int | None = None) -> CodeSite:
-        """The `CodeSite` of an owner frame row (or -1) for a representative attributed ``row``."""
+    def site_of(self, frame: int, row: int, module: int | None = None, line: int | None = None) -> CodeSite:
+        """The `CodeSite` of an owner frame row (or -1) for a representative attributed ``row``; ``line``:
+        the loop line range it runs under (found from ``row`` when not given)."""
+        if line is None:
+            line = int(self.line_of(np.array([row]), np.array([frame]))[0])
+        loop_line = self._loop_line(frame, line)
+        if frame < 0 and loop_line is not None:
+            frame = int(self.inner_user[line])
+            loop_line = (loop_line[0], True)
         if module is None:
             module = int(self.module_of(np.array([frame]), np.array([row]))[0])
         in_module = frame >= 0 and self.inner_module[frame] >= 0
@@ -228,6 +284,13 @@ class _Index:
         path = ".".join(chain) if chain else None
         location = self._frame_text(frame)
         site = int(self.site[frame]) if frame >= 0 and self.inner_module[frame] >= 0 else -1
+        call_site = self._frame_text(site)
+        if loop_line is not None:
+            # The loop's line at this op: the loop frame's own location, or where the owner was called.
+            if loop_line[1]:
+                location = loop_line[0]
+            else:
+                call_site = loop_line[0]
         region = int(self.inner_region[row])
         region_name = self.p.table.names[int(self.names[region])] if region >= 0 else None
         if location is not None:
@@ -238,19 +301,24 @@ class _Index:
         else:
             label = region_name or "unattributed"
         return CodeSite(label=label, module=cls_name, module_path=path, location=location,
-                        call_site=self._frame_text(site), region=region_name, us_per_step=0.0, share=0.0)  # fmt: skip
+                        call_site=call_site, region=region_name, us_per_step=0.0, share=0.0)  # fmt: skip
 
     def attribute(self, rows: I64, weights: F64, per_step: int, k: int = _TOP) -> list[CodeSite]:
         """The ``k`` owners (frame, module, region) with the most weight among ``rows``."""
         if rows.size == 0:
             return []
         frames = self.owner_frame(rows)
+        line = self.line_of(rows, frames)
+        # A row no user frame holds (autograd's device threads) belongs to the loop line it runs under.
+        loop = np.where(line >= 0, self.inner_user[np.maximum(line, 0)], -1)
+        frames = np.where((frames < 0) & (loop >= 0), loop, frames)
         modules = self.module_of(frames, rows)
         key_frame = np.where(frames >= 0, self.names[np.maximum(frames, 0)], -1).astype(np.int64)
         key_module = np.where(modules >= 0, self.names[np.maximum(modules, 0)], -1).astype(np.int64)
         key_region = self.inner_region[rows]
         key_region = np.where(key_region >= 0, self.names[np.maximum(key_region, 0)], -1).astype(np.int64)
-        keys = np.stack([key_frame, key_module, key_region], axis=1)
+        key_line = np.where(line >= 0, self.names[np.maximum(line, 0)], -1).astype(np.int64)
+        keys = np.stack([key_frame, key_module, key_region, key_line], axis=1)
         uniq, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
         sums = np.bincount(inverse.ravel(), weights=weights, minlength=len(uniq))
         total = float(weights.sum())
@@ -258,7 +326,8 @@ class _Index:
         for u in int_list(np.argsort(-sums, kind="stable")[:k]):
             if sums[u] <= 0 or (uniq[u] < 0).all():
                 continue
-            site = self.site_of(int(frames[first[u]]), int(rows[first[u]]), int(modules[first[u]]))
+            at = first[u]
+            site = self.site_of(int(frames[at]), int(rows[at]), int(modules[at]), int(line[at]))
             site.us_per_step = float(sums[u]) / per_step
             site.share = float(sums[u]) / total if total > 0 else 0.0
             out.append(site)
@@ -484,6 +553,12 @@ def code_view(p: Prepared) -> CodeView | None:
         found = ix.attribute(sync_rows, dur[sync_rows], per_step)
         if found:
             sites["sync"] = found
+        if "optimizer" in named:
+            # The optimizer's own ranges (step, zero_grad): the line that calls them owns their time.
+            opt_rows = np.flatnonzero(named["optimizer"] & window)
+            found = ix.attribute(opt_rows, dur[opt_rows], per_step)
+            if found:
+                sites["optimizer"] = found
         if "data_loading" in named:
             found = _data_sites(ix, named["data_loading"] & window, per_step)
             if found:
@@ -520,7 +595,8 @@ def _pure_frames_us(ix: _Index, rows: I64, grad_rows: I64, lo: float, hi: float)
         return 0.0
     # Only the outermost of them (a pure call inside another counts once), clipped to the window.
     outer = frames[~np.isin(nearest(ix.up, np.isin(np.arange(ix.ts.size), frames))[frames], frames)]
-    return float(np.sum(np.minimum(ix.end[outer], hi) - np.maximum(ix.ts[outer], lo)).clip(min=0.0))
+    # The union of the calls' intervals: calls on two threads at once count their time once.
+    return union_length(*clip(ix.ts[outer], ix.end[outer], lo, hi))
 
 
 def _step_bounds(p: Prepared, lo: float, hi: float) -> list[tuple[float, float]]:

@@ -3,7 +3,8 @@
 Each rule reads the analyses already in a `RankProfile` (host phases, device temporal and idle
 breakdowns, kernel categories, syncs, steps) and the cross-rank comparison. A finding fires when its
 share of the step passes a threshold; its ``time_at_stake_us`` is an upper bound on what removing the
-wall can save per step (the time the step demonstrably spends on it). Findings are ranked by time at
+wall can save per step (the time the step demonstrably spends on it: the union of the finding's own
+intervals, never a span from its first event to its last across other work). Findings are ranked by time at
 stake weighted by confidence (high 1.0, medium 0.7, low 0.4): a sure 30% beats a guessed 35%.
 
 Thresholds (share of the step, per rank unless said otherwise):
@@ -13,8 +14,8 @@ wall                      fires when
 ========================  ===========================================================================
 input_pipeline            DataLoader ``__next__`` time >= 10% of the step
 evaluation_in_step        ops recorded with grad mode off >= 15% of the step
-synchronization           >= 1 implicit sync (.item(), nonzero) per step and the syncs, or the loop
-                          between the first and last of them, >= 5%; or blocking host syncs >= 5%
+synchronization           the time the host waits in sync calls (the union of their own intervals:
+                          .item()/nonzero value fetches, blocking runtime syncs and copies) >= 5%
 exposed_communication     collective wait not hidden by compute >= 10% (across ranks: the least any
                           rank waits; the rest is imbalance)
 rank_imbalance            busy-time spread across ranks >= 10% of the mean step
@@ -22,7 +23,7 @@ host_overhead             CPU: >= 300 top-level ops per step with a median under
                           in those short ops plus uncovered host time >= 10%; device: idle time whose
                           launch came late (host wait) >= 10% of the device span
 memory_bound              copies/memsets plus elementwise/reduction kernels >= 50% of device time,
-                          and that time >= 10% of the step
+                          and the time they run (union of their intervals) >= 10% of the step
 compute_efficiency        compute covers >= 80% of the device span and GEMM/conv/attention >= 50% of
                           device time (then MFU, not the trace, says how far from peak it is)
 op efficiency             traces with shapes and a device whose peak the table holds: GEMM/attention
@@ -263,37 +264,37 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
                 code,
             )
         )  # fmt: skip
+    # The wall is the time the host waits in the sync calls themselves (the union of their intervals),
+    # never the span from the first to the last: the work between them is the step's own.
+    host_sync_per_step = p.sync.host_sync_us / per_step
+    wait_us = host.sync_wait_us_per_step if host is not None else host_sync_per_step
     if host is not None and host.implicit_syncs_per_step >= 1:
-        sync_ph = phase["sync"].per_step_us if "sync" in phase else 0.0
-        at_stake = max(sync_ph, host.sync_span_us_per_step)
-        direct = sync_ph >= 0.5 * at_stake
-        if share(at_stake) >= THRESHOLDS["synchronization"]:
+        if share(wait_us) >= THRESHOLDS["synchronization"]:
             out.append(
                 _finding(
-                    "synchronization", p.rank, step, at_stake,
+                    "synchronization", p.rank, step, wait_us,
                     f"rank {p.rank}: {_where(sites('sync'))}{host.implicit_syncs_per_step:g} implicit syncs "
-                    f"(.item()/nonzero) per step; {_ms(at_stake)} per step from the first to the last"
+                    f"(.item()/nonzero) per step wait {_ms(wait_us)} per step ({share(wait_us):.0%})"
                     + ("" if sites("sync") else hint),
-                    {"implicit_syncs_per_step": host.implicit_syncs_per_step, "sync_us_per_step": sync_ph,
-                     "sync_span_us_per_step": host.sync_span_us_per_step, "step_us": step},
+                    {"implicit_syncs_per_step": host.implicit_syncs_per_step, "sync_wait_us_per_step": wait_us,
+                     "step_us": step},
                     phase["sync"].top_events if "sync" in phase else ["aten::_local_scalar_dense"],
-                    "high" if dev and direct else "medium",
-                    ("each call waits for a device value" if dev else
-                     "CPU-only trace: each call costs only its own time here, the loop around it is the cost; "
-                     "on an accelerator every call also drains the device queue")
-                    + ("" if direct else "; the bound spans other work between the first and last sync"),
+                    "high" if dev else "medium",
+                    "the sync calls' own time (each waits for a device value)" if dev else
+                    "CPU-only trace: the sync calls' own time, with no device queue to drain; on an "
+                    "accelerator each call also waits for the work queued before it",
                     sites("sync"),
                 )
             )  # fmt: skip
-    host_sync_per_step = p.sync.host_sync_us / per_step
-    if share(host_sync_per_step) >= THRESHOLDS["synchronization"]:
+    elif share(wait_us) >= THRESHOLDS["synchronization"] and p.sync.host_sync_calls:
         names = [c.name for c in p.sync.calls[:3]]
         out.append(
             _finding(
-                "synchronization", p.rank, step, host_sync_per_step,
-                f"rank {p.rank}: {_ms(host_sync_per_step)} per step in blocking host synchronization calls",
-                {"host_sync_us_per_step": host_sync_per_step, "host_sync_calls": p.sync.host_sync_calls},
-                names, "high", "blocking runtime sync calls on the host timeline",
+                "synchronization", p.rank, step, wait_us,
+                f"rank {p.rank}: {_ms(wait_us)} per step ({share(wait_us):.0%}) in blocking host "
+                "synchronization calls",
+                {"sync_wait_us_per_step": wait_us, "host_sync_calls": p.sync.host_sync_calls},
+                names, "high", "blocking runtime sync calls on the host timeline, their own time",
             )
         )  # fmt: skip
     wait = _collective_wait(p)
@@ -397,7 +398,8 @@ def _rank_findings(p: RankProfile, comm_floor_us: float | None) -> list[Finding]
             for c in p.categories
             if c.kind == "memory" or c.category in ("elementwise", "reduction")
         )
-        at_stake = p.busy_us * (mem / device_total) / per_step
+        # The time those kernels run (the union of their intervals), not busy time scaled by their share.
+        at_stake = p.memory_like_us / per_step
         if (
             mem / device_total >= THRESHOLDS["memory_bound"]
             and share(at_stake) >= THRESHOLDS["host_overhead"]

@@ -206,11 +206,14 @@ class HostBreakdown(BaseModel):
     top_level_op_p50_us: float | None
     short_op_threshold_us: float
     short_top_level_op_us_per_step: float = Field(
-        description="Time per step in top-level ops shorter than the threshold (dispatch-dominated)."
+        description="Time per step in top-level ops shorter than the threshold (dispatch-dominated), the "
+        "union of their intervals."
     )
     implicit_syncs_per_step: float = Field(description=".item()/nonzero-style device waits per step.")
-    sync_span_us_per_step: float = Field(
-        default=0.0, description="Per step: first to last sync op (the extent of a loop of syncs)."
+    sync_wait_us_per_step: float = Field(
+        default=0.0,
+        description="Per step: the time the host waits in syncs, the union of the sync calls' own intervals "
+        "(.item()/nonzero value fetches, blocking runtime syncs and copies), not the span between them.",
     )
 
 
@@ -359,8 +362,8 @@ class CodeView(BaseModel):
     modules: bool = Field(description="The trace holds nn.Module calls (Python tracer of with_stack).")
     missing: str | None = Field(description="What capture option would add the module and line, when absent.")
     phases: dict[str, list[CodeSite]] = Field(
-        description="Per host phase (data_loading, forward, no_grad, backward, sync): its owning code, most "
-        "time first."
+        description="Per host phase (data_loading, forward, no_grad, backward, optimizer, sync): its owning "
+        "code, most time first; each site carries the training loop's line that runs it."
     )
     short_ops: list[CodeSite] = Field(
         description="Owners of the top-level ops shorter than the tiny-op bound."
@@ -401,6 +404,11 @@ class RankProfile(BaseModel):
     )
     communication_us: float = Field(description="Time with communication running (overlap included).")
     memory_us: float = Field(description="Time with copies or memsets running (overlap included).")
+    memory_like_us: float = Field(
+        default=0.0,
+        description="Time with copies, memsets, elementwise or reduction kernels running (union of their "
+        "intervals): what a memory_bound finding can account for.",
+    )
     sync_us: float = Field(description="Time with stream waits on the device timeline.")
     idle_fraction: float | None
     compute_fraction: float | None

@@ -7,6 +7,7 @@ from itertools import pairwise
 import numpy as np
 import numpy.typing as npt
 
+from perfgate.harness.line_ranges import LINE_PREFIX
 from perfgate.traces._group import unique_values
 from perfgate.traces._memory import release_for
 from perfgate.traces._np import int_list
@@ -257,7 +258,9 @@ def top_ops(p: Prepared, k: int, *, by: str = "total") -> list[OpStats]:
     flop_counts = np.bincount(names[flop_rows], minlength=n_names)
     ranked = np.where(counts > 0, totals if by == "total" else selfs, -1.0)
     for step_id in int_list(np.flatnonzero(counts > 0)):
-        if "ProfilerStep" in p.table.names[step_id]:
+        name = p.table.names[step_id]
+        # The harness's loop-line ranges (profiles with stacks) are callers too, as Python frames are.
+        if "ProfilerStep" in name or name.startswith(LINE_PREFIX):
             ranked[step_id] = -1.0
     if "python_function" in p.table.cats:
         # Python frames (with_stack) are callers, not ops: perfgate.traces.code attributes ops to them.

@@ -136,6 +136,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     del unnamed_op, grad
 
     extra: dict[PhaseName, tuple[F64, F64]] = {}
+    blocking: tuple[F64, F64] = (np.empty(0, np.float64), np.empty(0, np.float64))
     if len(host):
         h_names = host.i("name")
         sync_ids = [
@@ -146,6 +147,15 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         sync_rows = np.flatnonzero(np.isin(h_names, np.array(sync_ids, np.int64)))
         h_ts = host.f("ts")[sync_rows]
         extra["sync"] = (h_ts, h_ts + host.f("dur")[sync_rows])
+        copy_ids = [
+            i for i in int_list(unique_values(h_names)) if host_call_role(names[i]) == "blocking_copy"
+        ]
+        copy_rows = np.flatnonzero(np.isin(h_names, np.array(copy_ids, np.int64)))
+        c_ts = host.f("ts")[copy_rows]
+        blocking = (
+            np.concatenate([h_ts, c_ts]),
+            np.concatenate([h_ts + host.f("dur")[sync_rows], c_ts + host.f("dur")[copy_rows]]),
+        )
 
     # End times are ts + dur, formed a chunk at a time where needed (the same values as the derived
     # ``end`` column, never the whole column).
@@ -198,7 +208,7 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     durations = dur[top_level]
     short = durations < short_op_us
     return HostBreakdown(
-        sync_span_us_per_step=_sync_span(p, code == _CODE["sync"], ts, dur) / per_step,
+        sync_wait_us_per_step=_sync_wait(p, ts, dur, blocking, lo, hi) / per_step,
         basis=(
             f"{steps} ProfilerStep(s) of the analysis window"
             if steps
@@ -211,7 +221,11 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
         top_level_ops_per_step=float(top_level.sum()) / per_step,
         top_level_op_p50_us=float(np.median(durations)) if durations.size else None,
         short_op_threshold_us=short_op_us,
-        short_top_level_op_us_per_step=float(durations[short].sum()) / per_step,
+        # The union of the short ops' intervals: short ops of two threads at once count their time once.
+        short_top_level_op_us_per_step=union_length(
+            *clip(ts[top_level][short], ts[top_level][short] + durations[short], lo, hi)
+        )
+        / per_step,
         implicit_syncs_per_step=float(np.sum(implicit & in_window)) / per_step,
     )
 
@@ -304,21 +318,19 @@ def _clipped(ts: F64, end: F64, mask: npt.NDArray[np.bool_], lo: float, hi: floa
     return s, e
 
 
-def _sync_span(p: Prepared, sync: npt.NDArray[np.bool_], ts: F64, dur: F64) -> float:
-    """Sum over steps of the time from the first to the last sync op of the step (a loop of syncs)."""
-    if not sync.any():
-        return 0.0
-    s_ts = ts[sync]
-    s_end = s_ts + dur[sync]
-    inside = p.step_in_window
-    if not (p.step_numbers.size and inside.any()):
-        return float(s_end.max() - s_ts.min())
-    total = 0.0
-    for start, dur in zip(p.step_start[inside].tolist(), p.step_dur[inside].tolist(), strict=True):
-        hit = (s_ts >= start) & (s_ts < start + dur)
-        if hit.any():
-            total += float(s_end[hit].max() - s_ts[hit].min())
-    return total
+_WAITING_OPS = IMPLICIT_SYNC_OPS | {"aten::item", "aten::is_nonzero"}
+"""CPU ops that only fetch a device value (``.item()``, ``bool(t)``, ``nonzero``'s size): their own
+time is the host's wait. ``aten::equal`` / ``allclose`` also compute, so they are not counted."""
+
+
+def _sync_wait(p: Prepared, ts: F64, dur: F64, blocking: tuple[F64, F64], lo: float, hi: float) -> float:
+    """The time the host waits in syncs inside ``[lo, hi)``: the union of the sync calls' own intervals
+    (the value-fetching ops, blocking runtime syncs and blocking copies), never the span from the
+    first to the last (which holds the work between them)."""
+    waiting = np.isin(p.cpu.i("name"), np.array(p.table.name_ids(_WAITING_OPS), np.int64))
+    s, e = _clipped(ts, ts + dur, waiting, lo, hi)
+    bs, be = clip(blocking[0], blocking[1], lo, hi)
+    return union_length(np.concatenate([s, bs]), np.concatenate([e, be]))
 
 
 def _phase(ph: PhaseName, time_us: float, total: float, per_step: int, top: Sequence[str]) -> HostPhase:

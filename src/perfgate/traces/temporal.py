@@ -17,10 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfgate.traces._group import pair_keys, unique_values
+from perfgate.traces.classify import CATEGORIES
 from perfgate.traces.intervals import intersection_length, union_length
 from perfgate.traces.prepare import KIND_CODES, Prepared
 
 __all__ = ["Temporal", "temporal_breakdown"]
+
+_MEMORY_LIKE_CATEGORIES = np.array([CATEGORIES.index(c) for c in ("elementwise", "reduction")], np.int64)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class Temporal:
     sync_us: float
     comm_compute_overlap_us: float
     streams: int
+    memory_like_us: float = 0.0
+    """Time with copies, memsets, elementwise or reduction kernels running (the union of their intervals)."""
 
     def fraction(self, value_us: float) -> float | None:
         """``value_us`` as a fraction of the span (None for an empty span)."""
@@ -71,6 +76,8 @@ def temporal_breakdown(p: Prepared) -> Temporal:
     communication = union_length(comm_s, comm_e)
     overlap = intersection_length(comm_s, comm_e, comp_s, comp_e) if comm_s.size and comp_s.size else 0.0
     streams = unique_values(pair_keys(dev.i("device"), dev.i("stream"))).size
+    category = dev.i("category")
+    memory_like = (kind == KIND_CODES["memory"]) | np.isin(category, _MEMORY_LIKE_CATEGORIES)
     return Temporal(
         span_us=span,
         busy_us=busy,
@@ -82,4 +89,5 @@ def temporal_breakdown(p: Prepared) -> Temporal:
         sync_us=union_length(sync_s, sync_e),
         comm_compute_overlap_us=overlap,
         streams=int(streams),
+        memory_like_us=union_length(ts[memory_like], end[memory_like]),
     )
