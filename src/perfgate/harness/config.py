@@ -11,9 +11,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-__all__ = ["ENV_PREFIX", "ConfigError", "HarnessConfig", "ProfileConfig", "TimingMode"]
+__all__ = [
+    "CAPTURE_KINDS",
+    "DEFAULT_CAPTURE_PATH",
+    "ENV_PREFIX",
+    "ConfigError",
+    "HarnessConfig",
+    "ProfileConfig",
+    "TimingMode",
+]
 
 ENV_PREFIX = "PERFGATE_"
+CAPTURE_KINDS = ("parameters", "gradients", "optimizer_state")
+DEFAULT_CAPTURE_PATH = "captures/{label}.safetensors"
 TimingMode = Literal["optimizer", "explicit"]
 _TIMING_MODES: tuple[TimingMode, ...] = ("optimizer", "explicit")
 
@@ -73,6 +83,11 @@ class HarnessConfig:
     for them, see `default_guard_steps`). None under a profile."""
     label: str | None = None
     profile: ProfileConfig | None = field(default=None)
+    capture_step: int | None = None
+    """Write the model's tensors (``capture_what``) to ``capture_path`` once this many optimizer steps are done
+    (see `perfgate.harness.capture`); None: no capture."""
+    capture_what: tuple[str, ...] = ("parameters",)
+    capture_path: str = DEFAULT_CAPTURE_PATH
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0:
@@ -91,6 +106,13 @@ class HarnessConfig:
             raise ConfigError("progress_every must be >= 0")
         if self.guard_steps < 0:
             raise ConfigError("guard_steps must be >= 0")
+        if self.capture_step is not None and self.capture_step < 1:
+            raise ConfigError("capture_step must be >= 1 (optimizer steps completed)")
+        unknown = [w for w in self.capture_what if w not in CAPTURE_KINDS]
+        if unknown or not self.capture_what:
+            raise ConfigError(
+                f"capture_what must name some of {', '.join(CAPTURE_KINDS)}, got {self.capture_what!r}"
+            )
 
     @property
     def total_steps(self) -> int:
@@ -151,6 +173,9 @@ class HarnessConfig:
             guard_steps=reader.integer("GUARD_STEPS", 0),
             label=reader.text("LABEL"),
             profile=profile,
+            capture_step=reader.optional_integer("CAPTURE_STEP"),
+            capture_what=tuple((reader.text("CAPTURE_WHAT") or "parameters").split(",")),
+            capture_path=reader.text("CAPTURE_PATH") or DEFAULT_CAPTURE_PATH,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -175,6 +200,10 @@ class HarnessConfig:
             out["TOKENS_PER_STEP"] = str(self.tokens_per_step)
         if self.label is not None:
             out["LABEL"] = self.label
+        if self.capture_step is not None:
+            out["CAPTURE_STEP"] = str(self.capture_step)
+            out["CAPTURE_WHAT"] = ",".join(self.capture_what)
+            out["CAPTURE_PATH"] = self.capture_path
         p = self.profile
         if p is not None:
             out.update(

@@ -13,6 +13,8 @@ Probes, each installed at most once per process and routed to whichever window i
   did not reach the optimizer (an AMP overflow skipped the update);
 * a wrapper around ``torch.save``: a checkpoint written inside a measured window is named in the
   record's notes (its time stays in the window: it is the script's own work);
+* tensor capture at a chosen step (`perfgate.harness.capture`): the optimizer post-hook hands over the
+  optimizer, the forward probe the top-level module;
 * the samples that reach the model: a global forward pre-hook finds the top-level module (the first
   module with trainable parameters called, with gradients enabled, outside any other module's forward),
   then steps aside for a hook on that module alone, which adds the leading dimension of each call's
@@ -28,6 +30,8 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
+
+from perfgate.harness import capture
 
 if TYPE_CHECKING:
     from perfgate.harness.window import Window
@@ -90,6 +94,8 @@ def _on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
     window = _active
     if window is not None and window.timing == "optimizer":
         window.optimizer_step(optimizer)
+        if window.config.capture_step is not None:
+            capture.on_optimizer_step(window, optimizer)
 
 
 def batch_size(batch: object) -> int | None:
@@ -273,6 +279,7 @@ def _count_forward(module: Any, args: tuple[Any, ...]) -> None:
     window.work_starts()  # any forward of the model, evaluation included, is new work
     if not sys.modules["torch"].is_grad_enabled():
         return
+    capture.saw_module(module)
     window.add_model_samples(batch_size(args))
     wanted = window.stream_rows_wanted()
     if wanted:

@@ -281,6 +281,11 @@ class Window:
         if self._written is not None and not self._closed:
             self._write()
 
+    def note(self, text: str) -> None:
+        """A line for the record's notes (the run's answer shows them as warnings)."""
+        if os.getpid() == self._pid:
+            self._notes.append(text)
+
     def metric_reported(self, name: str, value: float) -> None:
         """A task-quality metric of this run (the last value reported wins), named in the record."""
         if os.getpid() != self._pid:

@@ -91,6 +91,45 @@ class SlurmLaunch(BaseModel):
     ] = None
 
 
+class TensorCapture(BaseModel):
+    """Tensors the harness writes itself at one step, as a dump_tensors call in the script would."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Optimizer steps completed when the file is written (right after that update). Below "
+            "warmup_steps keeps the windows as planned; inside a window it discards that window, which restarts "
+            "after a fresh warm-up.",
+        ),
+    ]
+    what: Annotated[
+        list[Literal["parameters", "gradients", "optimizer_state"]],
+        Field(
+            min_length=1,
+            description="parameters (by name, e.g. 'fc.weight'), gradients (grad/<name>), optimizer_state "
+            "(optimizer/<name>/<key>) of the top-level module and the optimizer that steps.",
+        ),
+    ] = Field(default_factory=lambda: ["parameters"])
+    path: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=500,
+            description="safetensors file relative to cwd; {label}, {launch}, {rank} are filled in as dump_tensors "
+            "does.",
+        ),
+    ] = "captures/{label}.safetensors"
+
+    @model_validator(mode="after")
+    def _inside(self) -> TensorCapture:
+        if os.path.isabs(self.path) or ".." in Path(self.path).parts:
+            raise ValueError(f"capture path {self.path!r} must be relative to cwd, without '..'")
+        return self
+
+
 class BenchmarkContract(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -189,6 +228,13 @@ class RunBenchmarkWindowInput(BaseModel):
         BenchmarkContract,
         Field(description="Declared invariants and execution settings; compare_benchmarks relies on them."),
     ] = Field(default_factory=BenchmarkContract)
+    capture: Annotated[
+        TensorCapture | None,
+        Field(
+            description="timing='harness': the harness writes the model's tensors at this step itself (no script "
+            "edit), bound to the run like a dump_tensors file; compare_tensors reads it."
+        ),
+    ] = None
     environment_id: Annotated[
         str | None, Field(description="collect_env evidence id of the environment this runs in.")
     ] = None
@@ -233,6 +279,18 @@ class RunBenchmarkWindowInput(BaseModel):
             raise ValueError("log_pattern is required with timing='log' and only used with it")
         if self.slurm is not None and self.launcher != "slurm":
             raise ValueError("slurm resources are only used with launcher='slurm'")
+        if self.capture is not None:
+            if self.timing != "harness":
+                raise ValueError(
+                    "capture needs timing='harness' (its optimizer hook finds the model); with explicit timing "
+                    "call perfgate.harness.dump_tensors in the script"
+                )
+            last = self.warmup_steps + self.measure_steps * (self.repeats if self.same_process else 1)
+            if self.capture.step >= last:
+                raise ValueError(
+                    f"capture step {self.capture.step} is never reached: the harness ends the script after step "
+                    f"{last}; capture before step {self.warmup_steps} to keep the windows as planned"
+                )
         return self
 
 
@@ -524,6 +582,12 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
             guard_steps=default_guard_steps(inp.measure_steps),
             label=inp.label,
         )
+        if inp.capture is not None:
+            cfg = cfg.with_overrides(
+                capture_step=inp.capture.step,
+                capture_what=tuple(inp.capture.what),
+                capture_path=inp.capture.path,
+            )
         env.update(cfg.to_env())
         if inp.launcher != "slurm":  # srun's nodes cannot reach this machine's FIFO
             env[TICKS_ENV] = str(ticks_path(_run_dir(inp, rt)))
@@ -841,6 +905,15 @@ async def measure(
                 "global batch unverified: no DataLoader batch and no forward of a module with trainable "
                 "parameters was seen on every measured step, so throughput and the global batch rest on what "
                 "was declared; compare_benchmarks names it as unverified"
+            )
+    if inp.capture is not None and all_records:
+        captured = {d.launch for d in dumps if d.step == inp.capture.step}
+        absent = [n for n in range(launches) if n not in captured]
+        if absent:
+            warnings.append(
+                f"capture at step {inp.capture.step} wrote no file in launch(es) {', '.join(map(str, absent))} "
+                "(the rank notes say why): call perfgate.harness.dump_tensors in the script for what the "
+                "harness cannot find"
             )
     if not dumps and provenance is not None and any(r.stop_reason == "window_complete" for r in all_records):
         from perfgate.benchmarking.dumps import unreached_dump_warning

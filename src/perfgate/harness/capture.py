@@ -1,0 +1,127 @@
+"""Tensor capture by the harness itself: the model's parameters, gradients and optimizer state at a chosen
+step, written as ``dump_tensors`` would, with no line added to the training script.
+
+The harness already sees what it needs: the optimizer step post-hook hands it the optimizer that delimits
+steps (the first one to step), and the forward probe finds the top-level training module. Right after the
+update that completes step ``capture_step`` (the moment a script would call ``dump_tensors`` after its
+``optimizer.step()``), `on_optimizer_step` writes the file through `perfgate.harness.dump.dump_tensors`:
+the same file format, the same entry in the record (path, digest, size, step), the same ``{label}``,
+``{launch}`` and ``{rank}`` fields, and the same rule that a dump inside a measured window discards it.
+
+Names: a parameter under its ``named_parameters()`` name (the module inside a ``torch.compile``, DDP or
+DataParallel wrapper, so a wrapped and an unwrapped run name alike), its gradient as ``grad/<name>``, its
+optimizer state as ``optimizer/<name>/<key>`` (``optimizer/group<g>.param<i>/<key>`` for a parameter the
+module does not hold). When the module was not found (its forward never ran with gradients enabled at the
+top level), parameters and gradients cannot be named and nothing is written; the record's notes say so,
+and ``dump_tensors`` in the script is the way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perfgate.harness.window import Window
+
+__all__ = ["capture_mapping", "on_optimizer_step", "saw_module"]
+
+_module: weakref.ReferenceType[Any] | None = None
+_first_optimizer: int | None = None
+_done = False
+
+
+def saw_module(module: Any) -> None:
+    """The forward probe's top-level training module (kept weakly: the capture never keeps a model alive)."""
+    global _module
+    if _module is None or _module() is not module:
+        _module = weakref.ref(module)
+
+
+def _unwrap(module: Any) -> Any:
+    """The module a wrapper trains: torch.compile's ``_orig_mod``, DDP's and DataParallel's ``module``."""
+    for _ in range(4):
+        name = type(module).__name__
+        if name == "OptimizedModule" and hasattr(module, "_orig_mod"):
+            module = module._orig_mod
+        elif name in ("DistributedDataParallel", "DataParallel") and hasattr(module, "module"):
+            module = module.module
+        else:
+            break
+    return module
+
+
+def capture_mapping(module: Any, optimizer: Any, what: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """The tensors to write, by name, and what could not be captured (empty when everything was)."""
+    torch: Any = sys.modules["torch"]
+    out: dict[str, Any] = {}
+    missing: list[str] = []
+    inner = None if module is None else _unwrap(module)
+    named: list[tuple[str, Any]] = [] if inner is None else list(inner.named_parameters())
+    if inner is None and ("parameters" in what or "gradients" in what):
+        missing.append(
+            "no top-level training module was seen (no module with trainable parameters ran forward with "
+            "gradients enabled outside another module)"
+        )
+    if "parameters" in what:
+        out.update(named)
+    if "gradients" in what and inner is not None:
+        grads = {f"grad/{n}": p.grad for n, p in named if p.grad is not None}
+        if not grads:
+            missing.append("no parameter held a gradient after the optimizer step")
+        out.update(grads)
+    if "optimizer_state" in what:
+        names = {id(p): n for n, p in named}
+        before = len(out)
+        for g, group in enumerate(optimizer.param_groups):
+            for i, p in enumerate(group["params"]):
+                owner = names.get(id(p), f"group{g}.param{i}")
+                for key, value in optimizer.state.get(p, {}).items():
+                    if isinstance(value, torch.Tensor):
+                        out[f"optimizer/{owner}/{key}"] = value
+        if len(out) == before:
+            missing.append(f"the optimizer ({type(optimizer).__name__}) holds no tensor state")
+    return out, missing
+
+
+_RANKED = re.compile(r"\{rank\}")
+
+
+def _path(template: str) -> str:
+    """The path template; a multi-rank job whose template has no ``{rank}`` gets ``-rank{rank}`` before the
+    suffix, so ranks never write one file."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if _RANKED.search(template) or not world.isdigit() or int(world) <= 1:
+        return template
+    root, ext = os.path.splitext(template)
+    return f"{root}-rank{{rank}}{ext}"
+
+
+def on_optimizer_step(window: Window, optimizer: Any) -> None:
+    """After the step boundary: write the capture once the first optimizer completes the chosen step."""
+    global _first_optimizer, _done
+    cfg = window.config
+    step = cfg.capture_step
+    if step is None or _done:
+        return
+    if _first_optimizer is None:
+        _first_optimizer = id(optimizer)
+    if id(optimizer) != _first_optimizer or window.steps_completed != step:
+        return
+    _done = True
+    from perfgate.harness.dump import dump_tensors
+
+    module = None if _module is None else _module()
+    try:
+        mapping, missing = capture_mapping(module, optimizer, cfg.capture_what)
+        if missing:
+            raise LookupError("; ".join(missing))
+        dump_tensors(_path(cfg.capture_path), mapping)
+    except Exception as exc:  # noqa: BLE001 -- a capture that cannot be made is noted, never fatal to training
+        window.note(
+            f"tensor capture at step {step} wrote nothing: {exc}. Call perfgate.harness.dump_tensors in the "
+            "training script for what the harness cannot find"
+        )
