@@ -69,15 +69,15 @@ def test_a_grant_is_reusable_for_the_same_digest_until_it_expires(
     tmp_path: Path, store: ApprovalStore, clock: Clock
 ) -> None:
     pending, _ = store.open_pending(req(tmp_path), "run_x", ttl_s=100)
-    assert store.use_grant(pending.digest) is None
+    assert store.use_grant(req(tmp_path)) is None
     granted = store.decide(pending.id, grant=True, who="alice", grant_ttl_s=50)
     assert granted.status is ApprovalStatus.GRANTED and granted.expires_at == clock.now + 50
-    assert store.use_grant(req(tmp_path, "python", "other.py").digest) is None
-    first = store.use_grant(pending.digest)
-    second = store.use_grant(pending.digest)
+    assert store.use_grant(req(tmp_path, "python", "other.py")) is None
+    first = store.use_grant(req(tmp_path))
+    second = store.use_grant(req(tmp_path))
     assert first is not None and second is not None and (first.uses, second.uses) == (1, 2)
     clock.now += 51
-    assert store.use_grant(pending.digest) is None
+    assert store.use_grant(req(tmp_path)) is None
     expired = store.expire_due()
     assert [a.id for a in expired] == [pending.id] and expired[0].status is ApprovalStatus.EXPIRED
     assert store.expire_due() == []

@@ -255,7 +255,9 @@ def _cmd_schemas(args: argparse.Namespace) -> int:
 def _cmd_approve(args: argparse.Namespace) -> int:
     from perfgate.execution.approve_cli import approve
 
-    return approve(args.workspace, args.id, deny=args.deny, trust=_trust(args))
+    return approve(
+        args.workspace, args.id, deny=args.deny, runs=args.runs, vary=tuple(args.vary), trust=_trust(args)
+    )
 
 
 def _cmd_approvals(args: argparse.Namespace) -> int:
@@ -504,6 +506,16 @@ def _build_parser() -> argparse.ArgumentParser:
     _workspace_arg(approve)
     approve.add_argument("id", help="the pending approval id the agent reported (ap-...)")
     approve.add_argument("--deny", action="store_true", help="refuse it instead (needs no terminal)")
+    approve.add_argument(
+        "--runs", type=int, default=None, help="calls the grant covers (default: the policy's grant_runs, 8)"
+    )
+    approve.add_argument(
+        "--vary",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a flag whose value may differ between those calls, e.g. --vary=--lr (repeatable)",
+    )
     approve.set_defaults(handler=_cmd_approve)
 
     approvals = sub.add_parser("approvals", help="list pending and granted command approvals")

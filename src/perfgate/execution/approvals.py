@@ -24,11 +24,13 @@ import time
 from collections.abc import Callable, Generator
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
 from perfgate._sqlite import retry_while_busy
 from perfgate.execution.request import CommandRequest
+from perfgate.execution.scope import ApprovalScope, request_print
 from perfgate.trust import SigningKey, TrustRoot
 
 __all__ = ["Approval", "ApprovalStatus", "ApprovalStore", "ApprovalStoreError"]
@@ -46,12 +48,15 @@ CREATE TABLE IF NOT EXISTS approvals (
     decided_by TEXT,
     uses INTEGER NOT NULL DEFAULT 0,
     evidence_id TEXT,
-    mac TEXT
+    mac TEXT,
+    scope TEXT,
+    print TEXT
 );
 CREATE INDEX IF NOT EXISTS approvals_digest ON approvals(digest, status);
 """
 _COLUMNS = (
-    "id, digest, tool, request, status, created_at, expires_at, decided_at, decided_by, uses, evidence_id"
+    "id, digest, tool, request, status, created_at, expires_at, decided_at, decided_by, uses, evidence_id, "
+    "scope, print"
 )
 
 
@@ -80,6 +85,8 @@ class Approval(BaseModel):
     decided_by: str | None = None
     uses: int = 0
     evidence_id: str | None = None
+    scope: ApprovalScope | None = None
+    printed: dict[str, Any] | None = None
 
 
 _KEYS = _COLUMNS.split(", ")
@@ -89,7 +96,20 @@ _MAC_PURPOSE = "perfgate-approval"
 def _row(row: tuple[object, ...]) -> Approval:
     data = dict(zip(_KEYS, row, strict=True))
     data["request"] = CommandRequest.model_validate_json(str(data["request"]))
+    scope, printed = data.get("scope"), data.pop("print", None)
+    data["scope"] = ApprovalScope.model_validate_json(str(scope)) if scope is not None else None
+    data["printed"] = json.loads(str(printed)) if printed is not None else None
     return Approval.model_validate(data)
+
+
+def _mac_text(row: tuple[object, ...] | list[object]) -> str:
+    """What a row's MAC signs: its fields, the scope and print only where they are set (rows signed before
+    those columns existed still verify)."""
+    fields = list(row)
+    extra = {
+        name: value for name, value in zip(("scope", "print"), fields[11:], strict=False) if value is not None
+    }
+    return json.dumps(fields[:11] + ([extra] if extra else []), separators=(",", ":"))
 
 
 def _stored_request(request: CommandRequest) -> str:
@@ -125,6 +145,9 @@ class ApprovalStore:
             columns = {row[1] for row in conn.execute("PRAGMA table_info(approvals)")}
             if "mac" not in columns:
                 conn.execute("ALTER TABLE approvals ADD COLUMN mac TEXT")
+            for column in ("scope", "print"):
+                if column not in columns:
+                    conn.execute(f"ALTER TABLE approvals ADD COLUMN {column} TEXT")
 
     @classmethod
     def open(
@@ -138,8 +161,8 @@ class ApprovalStore:
         trust = trust or TrustRoot.locate()
         return cls(trust.workspace_dir(workspace), trust.ensure_key(), clock)
 
-    def _mac(self, row: tuple[object, ...]) -> str:
-        return self.key.mac(_MAC_PURPOSE, json.dumps(list(row), separators=(",", ":")))
+    def _mac(self, row: tuple[object, ...] | list[object]) -> str:
+        return self.key.mac(_MAC_PURPOSE, _mac_text(row))
 
     def _sign(self, conn: sqlite3.Connection, approval_id: str) -> None:
         row = conn.execute(f"SELECT {_COLUMNS} FROM approvals WHERE id = ?", (approval_id,)).fetchone()
@@ -173,7 +196,7 @@ class ApprovalStore:
         )
         out: list[Approval] = []
         for *fields, mac in rows.fetchall():
-            if not self.key.check(_MAC_PURPOSE, json.dumps(fields, separators=(",", ":")), mac):
+            if not self.key.check(_MAC_PURPOSE, _mac_text(fields), mac):
                 if fields[0] not in self.rejected:
                     self.rejected.append(str(fields[0]))
                 continue
@@ -212,17 +235,85 @@ class ApprovalStore:
             )
         return found[-1] if found else None
 
-    def use_grant(self, digest: str) -> Approval | None:
-        """Count one use of an unexpired grant for ``digest`` and return it (None when there is none)."""
+    def use_grant(self, request: CommandRequest) -> Approval | None:
+        """Count one use of an unexpired grant whose scope covers ``request`` (a grant without a scope:
+        the same digest) and has calls left; return it, None when there is none."""
         now = self.clock()
         with self._write() as conn:
-            found = self._select(conn, "digest = ? AND status = 'granted' AND expires_at > ?", (digest, now))
-            if not found:
-                return None
-            grant = found[-1]
-            conn.execute("UPDATE approvals SET uses = uses + 1 WHERE id = ?", (grant.id,))
-            self._sign(conn, grant.id)
-        return grant.model_copy(update={"uses": grant.uses + 1})
+            for grant in reversed(self._select(conn, "status = 'granted' AND expires_at > ?", (now,))):
+                if grant.scope is None:
+                    if grant.digest != request.digest:
+                        continue
+                elif grant.scope.why_not(request) is not None or grant.uses >= grant.scope.runs:
+                    continue
+                conn.execute("UPDATE approvals SET uses = uses + 1 WHERE id = ?", (grant.id,))
+                self._sign(conn, grant.id)
+                return grant.model_copy(update={"uses": grant.uses + 1})
+        return None
+
+    def why_asked_again(self, request: CommandRequest) -> str | None:
+        """Why the newest grant for this command (same template) does not cover ``request``; None when
+        no grant was ever made for it."""
+        with self._connect() as conn:
+            rows = self._select(conn, "status IN ('granted', 'expired') AND decided_at IS NOT NULL", ())
+        now = self.clock()
+        for grant in reversed(rows):
+            scope = grant.scope
+            if scope is None or not scope.same_command(request):
+                continue
+            if grant.status is ApprovalStatus.EXPIRED or grant.expires_at <= now:
+                return f"approval {grant.id} for this command expired"
+            if scope.why_not(request) is not None:
+                return f"approval {grant.id} for this command covered other code"
+            if grant.uses >= scope.runs:
+                return f"approval {grant.id} for this command allowed {scope.runs} call(s), all used"
+        return None
+
+    def record_grant(
+        self,
+        request: CommandRequest,
+        tool: str,
+        who: str,
+        scope: ApprovalScope,
+        ttl_s: float,
+        evidence_id: str,
+    ) -> Approval:
+        """Store a grant the human gave in the client (elicitation), its first use counted (this call)."""
+        now = self.clock()
+        approval = Approval(
+            id=f"ap-{secrets.token_hex(4)}",
+            digest=request.digest,
+            tool=tool,
+            request=request,
+            status=ApprovalStatus.GRANTED,
+            created_at=now,
+            expires_at=now + ttl_s,
+            decided_at=now,
+            decided_by=who,
+            uses=1,
+            evidence_id=evidence_id,
+            scope=scope,
+        )
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO approvals ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                (
+                    approval.id,
+                    approval.digest,
+                    tool,
+                    _stored_request(request),
+                    approval.status.value,
+                    now,
+                    approval.expires_at,
+                    now,
+                    who,
+                    1,
+                    evidence_id,
+                    scope.model_dump_json(),
+                ),
+            )
+            self._sign(conn, approval.id)
+        return approval
 
     def open_pending(self, request: CommandRequest, tool: str, ttl_s: float) -> tuple[Approval, bool]:
         """The pending approval for this request, created if there is none; True when created now.
@@ -244,9 +335,10 @@ class ApprovalStore:
                 status=ApprovalStatus.PENDING,
                 created_at=now,
                 expires_at=now + ttl_s,
+                printed=request_print(request),
             )
             conn.execute(
-                f"INSERT INTO approvals ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL)",
+                f"INSERT INTO approvals ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, NULL, NULL, 0, NULL, NULL, ?)",
                 (
                     approval.id,
                     approval.digest,
@@ -255,16 +347,27 @@ class ApprovalStore:
                     approval.status.value,
                     approval.created_at,
                     approval.expires_at,
+                    json.dumps(approval.printed),
                 ),
             )
             self._sign(conn, approval.id)
         return approval, True
 
-    def decide(self, approval_id: str, *, grant: bool, who: str, grant_ttl_s: float) -> Approval:
+    def decide(
+        self,
+        approval_id: str,
+        *,
+        grant: bool,
+        who: str,
+        grant_ttl_s: float,
+        runs: int | None = None,
+        vary: tuple[str, ...] = (),
+    ) -> Approval:
         """Grant or deny a pending approval.
 
-        A grant stays valid for ``grant_ttl_s`` from now; a denial keeps the pending row's expiry, so the
-        same command is refused until then.
+        A grant covers the approved command and code for ``runs`` calls (None: unlimited, the same digest
+        only) with ``vary`` flags free, for ``grant_ttl_s`` from now; a denial keeps the pending row's
+        expiry, so the same command is refused until then.
 
         Raises:
             ApprovalStoreError: the id is unknown, or the approval is no longer pending (or just expired).
@@ -281,13 +384,26 @@ class ApprovalStore:
                 raise ApprovalStoreError(f"approval {approval_id} has expired; the agent must ask again")
             status = ApprovalStatus.GRANTED if grant else ApprovalStatus.DENIED
             expires_at = now + grant_ttl_s if grant else current.expires_at
+            code = current.request.code
+            scope = (
+                ApprovalScope.make(current.printed, code.digest, runs, vary)
+                if grant and runs is not None and current.printed is not None and code is not None
+                else None
+            )
             conn.execute(
-                "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?, expires_at = ? WHERE id = ?",
-                (status.value, now, who, expires_at, approval_id),
+                "UPDATE approvals SET status = ?, decided_at = ?, decided_by = ?, expires_at = ?, scope = ? "
+                "WHERE id = ?",
+                (status.value, now, who, expires_at, scope.model_dump_json() if scope else None, approval_id),
             )
             self._sign(conn, approval_id)
         return current.model_copy(
-            update={"status": status, "decided_at": now, "decided_by": who, "expires_at": expires_at}
+            update={
+                "status": status,
+                "decided_at": now,
+                "decided_by": who,
+                "expires_at": expires_at,
+                "scope": scope,
+            }
         )
 
     def set_evidence(self, approval_id: str, evidence_id: str) -> None:

@@ -23,8 +23,9 @@ from typing import TextIO
 from perfgate.evidence import STATE_DIR_NAME, Ledger
 from perfgate.execution.approvals import Approval, ApprovalStatus, ApprovalStore, ApprovalStoreError
 from perfgate.execution.audit import Decision, How, operator_identity, record_decision
-from perfgate.execution.gate import ApprovalGate, approve_command
-from perfgate.execution.policy import PolicyError, load_policy
+from perfgate.execution.gate import ApprovalGate, approval_view, approve_command, change_store
+from perfgate.execution.policy import ExecutionPolicy, PolicyError, load_policy
+from perfgate.execution.scope import ApprovalScope
 from perfgate.trust import TrustRoot, TrustRootError
 
 __all__ = ["EXIT_NO_TTY", "approve", "list_approvals"]
@@ -62,11 +63,34 @@ def _expire(workspace: Path, store: ApprovalStore, ledger: Ledger) -> None:
     ApprovalGate(workspace, ledger, store, policy).expire_due()
 
 
-def _show(approval: Approval) -> str:
+def _scope_line(policy: ExecutionPolicy, runs: int, vary: tuple[str, ...]) -> str:
+    varied = f", any value of {', '.join(vary)}" if vary else ""
+    return (
+        f'"yes" grants this command{varied} with this code, up to {runs} call(s) within '
+        f"{policy.grant_ttl_s / 3600:g} h; another command, other code, a further call or a later one asks "
+        "again."
+    )
+
+
+def _show(
+    approval: Approval,
+    workspace: Path,
+    store: ApprovalStore,
+    policy: ExecutionPolicy,
+    runs: int,
+    vary: tuple[str, ...],
+) -> str:
+    again = store.why_asked_again(approval.request) if approval.printed is None else None
+    view = approval_view(
+        approval.request,
+        approval.request.describe(approval.tool) + f"\nfull digest: {approval.digest}",
+        workspace,
+        change_store(store),
+        _scope_line(policy, runs, vary),
+    )
     return (
         f"approval {approval.id} ({approval.status.value}), requested {_utc(approval.created_at)}, "
-        f"expires {_utc(approval.expires_at)}\n{approval.request.describe(approval.tool)}\n"
-        f"full digest: {approval.digest}\n"
+        f"expires {_utc(approval.expires_at)}" + (f"; asked again: {again}" if again else "") + f"\n{view}\n"
     )
 
 
@@ -75,6 +99,8 @@ def approve(
     approval_id: str,
     *,
     deny: bool = False,
+    runs: int | None = None,
+    vary: tuple[str, ...] = (),
     stdin: TextIO | None = None,
     tty_path: str = "/dev/tty",
     trust: TrustRoot | None = None,
@@ -82,7 +108,9 @@ def approve(
     """Grant (or with ``deny``, refuse) one pending approval; returns the process exit status.
 
     A grant needs a human at a terminal: stdin must be a TTY and the confirmation is read from
-    ``tty_path``. A denial needs no terminal (refusing is always safe).
+    ``tty_path``. A denial needs no terminal (refusing is always safe). A grant covers this command and
+    code for ``runs`` calls (default: the operator policy's ``grant_runs``) within the policy's
+    ``grant_ttl_s``; ``vary`` names flags whose values may differ between those calls.
     """
     stdin = stdin if stdin is not None else sys.stdin
     workspace = workspace.resolve()
@@ -105,13 +133,26 @@ def approve(
         print(f"perfgate: approval {approval_id} is {approval.status.value}, not pending", file=sys.stderr)
         return 2
     try:
-        grant_ttl_s = load_policy(workspace, ledger.trust).grant_ttl_s
+        policy = load_policy(workspace, ledger.trust)
+        scope = ApprovalScope(template="-", code=("-",), runs=runs or policy.grant_runs, vary=vary)
     except PolicyError as exc:
         print(f"perfgate: {exc}", file=sys.stderr)
         return 2
+    except ValueError as exc:
+        print(f"perfgate: --runs is 1 to 1000 and --vary takes flags such as --lr ({exc})", file=sys.stderr)
+        return 2
 
     if deny:
-        return _decide(workspace, store, ledger, approval, grant=False, grant_ttl_s=grant_ttl_s)
+        return _decide(
+            workspace,
+            store,
+            ledger,
+            approval,
+            grant=False,
+            grant_ttl_s=policy.grant_ttl_s,
+            runs=scope.runs,
+            vary=scope.vary,
+        )
 
     if stdin is None or not stdin.isatty():  # sys.stdin is None when there is no stdin at all
         print(
@@ -123,7 +164,7 @@ def approve(
     try:
         # Two handles: a terminal is not seekable, which a single read-write text file requires.
         with open(tty_path, encoding="utf-8") as tty_in, open(tty_path, "w", encoding="utf-8") as tty_out:
-            tty_out.write(_show(approval))
+            tty_out.write(_show(approval, workspace, store, policy, scope.runs, scope.vary))
             tty_out.write(
                 '\nRun this command when the agent repeats its call? Type "yes" to approve, "no" to deny,\n'
             )
@@ -134,9 +175,27 @@ def approve(
         print(f"perfgate: refusing to approve: no controlling terminal ({exc}).", file=sys.stderr)
         return EXIT_NO_TTY
     if answer == "yes":
-        return _decide(workspace, store, ledger, approval, grant=True, grant_ttl_s=grant_ttl_s)
+        return _decide(
+            workspace,
+            store,
+            ledger,
+            approval,
+            grant=True,
+            grant_ttl_s=policy.grant_ttl_s,
+            runs=scope.runs,
+            vary=scope.vary,
+        )
     if answer == "no":
-        return _decide(workspace, store, ledger, approval, grant=False, grant_ttl_s=grant_ttl_s)
+        return _decide(
+            workspace,
+            store,
+            ledger,
+            approval,
+            grant=False,
+            grant_ttl_s=policy.grant_ttl_s,
+            runs=scope.runs,
+            vary=scope.vary,
+        )
     print(f"perfgate: approval {approval.id} left pending")
     return 1
 
@@ -149,10 +208,14 @@ def _decide(
     *,
     grant: bool,
     grant_ttl_s: float,
+    runs: int,
+    vary: tuple[str, ...],
 ) -> int:
     who = operator_identity()
     try:
-        decided = store.decide(approval.id, grant=grant, who=who, grant_ttl_s=grant_ttl_s)
+        decided = store.decide(
+            approval.id, grant=grant, who=who, grant_ttl_s=grant_ttl_s, runs=runs, vary=vary
+        )
     except ApprovalStoreError as exc:
         print(f"perfgate: {exc}", file=sys.stderr)
         return 2
@@ -164,13 +227,18 @@ def _decide(
         how=How.CLI_GRANT,
         who=who,
         approval_id=decided.id,
-        detail={"event": "granted" if grant else "denied", "valid_until": _utc(decided.expires_at)},
+        detail={"event": "granted" if grant else "denied", "valid_until": _utc(decided.expires_at)}
+        | ({"scope": decided.scope.model_dump(mode="json")} if decided.scope else {}),
     )
     store.set_evidence(decided.id, evidence_id)
     if grant:
+        code = decided.request.code
+        if code is not None:
+            change_store(store).mark_approved(code.tree, decided.id, decided.decided_at or 0.0)
+        calls = f"up to {decided.scope.runs} call(s)" if decided.scope else "any number of calls"
         print(
             f"approved {decided.id} (evidence {evidence_id}); the agent can now repeat the same call. "
-            f"Valid for this exact command until {_utc(decided.expires_at)}."
+            f"It covers this command with this code, {calls}, until {_utc(decided.expires_at)}."
         )
     else:
         print(f"denied {decided.id} (evidence {evidence_id}); the same command is refused until it expires.")
@@ -220,7 +288,8 @@ def list_approvals(
     for r in rows:
         who = f" by {r.decided_by}" if r.decided_by else ""
         out.write(
-            f"{r.id}  {r.status.value:<8} {r.tool:<22} expires {_utc(r.expires_at)}  uses {r.uses}{who}\n"
+            f"{r.id}  {r.status.value:<8} {r.tool:<22} expires {_utc(r.expires_at)}  uses {r.uses}"
+            f"{f' of {r.scope.runs}' if r.scope else ''}{who}\n"
             f"    {json.dumps(list(r.request.argv))}  cwd {r.request.cwd}  digest {r.digest[:12]}\n"
         )
         if r.status is ApprovalStatus.PENDING:

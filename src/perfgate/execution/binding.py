@@ -11,8 +11,10 @@ and the runner binds again right before it starts the process: a change in betwe
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
+from perfgate.execution.changes import ChangeStore, code_tree, resolve_executables
 from perfgate.execution.request import CodeBinding, CommandRequest
 from perfgate.execution.target import files_named
 
@@ -36,13 +38,28 @@ def file_sha256(path: Path) -> str:
         return f"unreadable ({exc.strerror or exc})"
 
 
-def bind_code(request: CommandRequest, workspace: Path) -> CommandRequest:
-    """``request`` with its code binding computed now (any earlier binding is replaced)."""
+def bind_code(request: CommandRequest, workspace: Path, store: ChangeStore | None = None) -> CommandRequest:
+    """``request`` with its code binding computed now (any earlier binding is replaced).
+
+    The binding also holds the programs the argv resolves to on the run's PATH and the digest of every
+    importable file (`perfgate.execution.changes`); with ``store``, those files' text is kept there for
+    the approval's diff.
+    """
     from perfgate.envprobe.provenance import code_state
 
     state = code_state(workspace)
     files = {str(path): file_sha256(path) for path in files_named(request.argv, request.cwd)}
     summary = state.short() + ("; " + "; ".join(state.notes) if state.notes else "")
-    return request.model_copy(
-        update={"code": CodeBinding(files=files, workspace=state.digest, summary=summary)}
+    programs = resolve_executables(request.argv, request.cwd, {**os.environ, **request.env})
+    texts: dict[str, bytes] | None = {} if store is not None else None
+    tree = code_tree(workspace, texts)
+    if store is not None and texts is not None:
+        store.save(tree, texts)
+    binding = CodeBinding(
+        files=files,
+        workspace=state.digest,
+        summary=summary,
+        executables={p.path: p.bound() for p in programs},
+        tree=tree.digest,
     )
+    return request.model_copy(update={"code": binding})

@@ -5,9 +5,11 @@ Order for one request (read-only servers never get here: they do not register co
 1. the operator's limits (max timeout, cwd roots) bind every request; a violation is refused outright;
 2. an allowlist rule that matches -> approved (``how=allowlist``);
 3. a human's unexpired denial of the same digest -> refused;
-4. a human's unexpired grant of the same digest -> approved (``how=cli_grant``);
+4. a human's unexpired grant whose scope covers the request (same command, code in scope, calls left;
+   `perfgate.execution.scope`) -> approved and counted (``how=cli_grant``, or ``elicitation`` for a grant
+   given in the client);
 5. otherwise the protocol layer asks through elicitation when the client supports it (`elicitation_message`,
-   then `settle_elicitation`), or calls `require_human`, which opens a pending approval and raises a
+   then `settle_elicitation`, which stores an accepted answer as a scoped grant), or calls `require_human`, which opens a pending approval and raises a
    `ToolError` telling the agent the exact ``perfgate approve`` command for the human.
 
 Every decision is appended to the ledger (`perfgate.execution.audit`). The methods are synchronous (SQLite);
@@ -29,11 +31,13 @@ from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
 from perfgate.execution.approvals import ApprovalStatus, ApprovalStore
 from perfgate.execution.audit import Decision, How, record_decision
+from perfgate.execution.changes import ChangeStore, change_view
 from perfgate.execution.policy import ExecutionPolicy
 from perfgate.execution.request import CommandRequest
+from perfgate.execution.scope import ApprovalScope, request_print
 from perfgate.execution.target import harness_entries
 
-__all__ = ["ApprovalGate", "ConsentForm", "Grant", "approve_command"]
+__all__ = ["ApprovalGate", "ConsentForm", "Grant", "approval_view", "approve_command", "change_store"]
 
 ElicitAction = Literal["accept", "decline", "cancel"]
 
@@ -79,6 +83,36 @@ def _shown(request: CommandRequest, tool: str) -> str:
 
 def _utc(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
+
+
+def change_store(store: ApprovalStore) -> ChangeStore:
+    """The approved-code store beside ``store`` in the workspace's trust-root folder."""
+    return ChangeStore(store.db_path.parent / "code")
+
+
+def grants_line(policy: ExecutionPolicy, verb: str) -> str:
+    hours = policy.grant_ttl_s / 3600
+    return (
+        f"{verb} grants this command with this code, up to {policy.grant_runs} call(s) within {hours:g} h; "
+        "another command, other code, a further call or a later one asks again."
+    )
+
+
+def approval_view(
+    request: CommandRequest, shown: str, workspace: Path, changes: ChangeStore, scope_line: str
+) -> str:
+    """What a human reads before approving: the deciding lines (programs inside the workspace, perfgate
+    internals, untracked importable files, what changed), the scope, the request, then the bounded diff.
+    Secrets the request carries are scrubbed from the file text shown."""
+    from perfgate.redaction import Scrubber
+
+    code = request.code
+    lead, diff = change_view(code.tree, code.executables, workspace, changes) if code else ([], [])
+    scrub = Scrubber.for_values(request.env, request.argv)
+    text = "\n".join([*lead, scope_line, "", shown])
+    if diff:
+        text += "\n\nthe change (unified diff, at most the first lines):\n" + "\n".join(diff)
+    return scrub.text(text)
 
 
 class ApprovalGate:
@@ -198,30 +232,51 @@ class ApprovalGate:
                 f"a human denied this exact command (approval {live.id}, by {live.decided_by})\n"
                 "next: ask the user what to change; do not repeat it unchanged"
             )
-        grant = self.store.use_grant(request.digest)
+        grant = self.store.use_grant(request)
         if grant is None:
             return None
         who = grant.decided_by or "unknown"
+        how = How.ELICITATION if grant.scope and grant.scope.granted_in == "client" else How.CLI_GRANT
+        detail: dict[str, object] = {
+            "event": "used",
+            "use": grant.uses,
+            "grant_evidence_id": grant.evidence_id,
+        }
+        if grant.scope is not None:
+            detail["of"] = grant.scope.runs
         evidence_id = record_decision(
             self.ledger,
             tool=tool,
             request=request,
             decision=Decision.APPROVED,
-            how=How.CLI_GRANT,
+            how=how,
             who=who,
             approval_id=grant.id,
-            detail={"event": "used", "use": grant.uses, "grant_evidence_id": grant.evidence_id},
+            detail=detail,
         )
-        return Grant(request.digest, How.CLI_GRANT, who, evidence_id, grant.id, request.unbound().digest)
+        return Grant(request.digest, how, who, evidence_id, grant.id, request.unbound().digest)
+
+    @property
+    def changes(self) -> ChangeStore:
+        return change_store(self.store)
 
     def elicitation_message(self, request: CommandRequest, tool: str) -> str:
         """The question shown to the human. Deterministic: a retried round must render the same text."""
+        again = self.store.why_asked_again(request)
+        head = "An AI agent asks perfgate to run this command on your machine" + (
+            f" (asking again: {again})" if again else ""
+        )
+        view = approval_view(
+            request,
+            _shown(request, tool),
+            self.workspace,
+            self.changes,
+            grants_line(self.policy, "Accepting"),
+        )
         return (
-            "An AI agent asks perfgate to run this command on your machine:\n\n"
-            f"{_shown(request, tool)}\n\n"
+            f"{head}:\n{view}\n\n"
             "It runs exactly as shown (argv list, no shell), in its own process group, killed at the timeout. "
-            "The approval covers this code only: an edit of the files listed, or of the workspace's code, needs "
-            "a new one. Accept to run it; decline to refuse."
+            "Accept to run it; decline to refuse."
         )
 
     def settle_elicitation(
@@ -245,6 +300,16 @@ class ApprovalGate:
             detail={"note": note} if note else None,
         )
         if action == "accept":
+            if request.code is not None:
+                policy = self.policy
+                scope = ApprovalScope.make(
+                    request_print(request), request.code.digest, policy.grant_runs, granted_in="client"
+                )
+                grant = self.store.record_grant(request, tool, who, scope, policy.grant_ttl_s, evidence_id)
+                self.changes.mark_approved(request.code.tree, grant.id, grant.decided_at or 0.0)
+                return Grant(
+                    request.digest, How.ELICITATION, who, evidence_id, grant.id, request.unbound().digest
+                )
             return Grant(
                 request.digest, How.ELICITATION, who, evidence_id, base_digest=request.unbound().digest
             )
@@ -278,11 +343,11 @@ class ApprovalGate:
                 detail={"expires_at": _utc(approval.expires_at)},
             )
             self.store.set_evidence(approval.id, evidence_id)
+        again = self.store.why_asked_again(request)
         raise ToolError(
             f"approval needed: pending approval {approval.id} (expires {_utc(approval.expires_at)}); this MCP "
             "client cannot ask the user, so the command did not run\n"
             f"next: ask the user to run `{approve_command(approval.id, self.workspace)}` in a terminal, then "
             "repeat this exact call (any change to argv, cwd, env, timeout or the code it runs needs a new "
-            "approval)\n\n"
-            f"{_shown(request, tool)}"
+            "approval)\n\n" + (f"asked again: {again}\n" if again else "") + f"{_shown(request, tool)}"
         )

@@ -11,7 +11,8 @@ never obeyed: the agent could have written it. When one holds an ``[execution]``
     cwd_roots = [".", "/scratch/me"] # working directories allowed (relative = to the workspace)
     allow_env = ["PERFGATE_*", "CUDA_VISIBLE_DEVICES"]  # keys an allowlisted run may set
     pending_ttl_s = 86400            # a pending approval expires after this
-    grant_ttl_s = 28800              # a human's grant is reusable for the same digest this long
+    grant_ttl_s = 7200               # a human's grant covers its scope this long (default 2 h) ...
+    grant_runs = 8                   # ... for at most this many calls (default 8)
 
     [[execution.allow]]
     script = "train.py"              # the script the command runs (relative to the workspace), or
@@ -59,11 +60,21 @@ __all__ = [
 
 DEFAULT_MAX_TIMEOUT_S = 3600.0
 DEFAULT_PENDING_TTL_S = 24 * 3600.0
-DEFAULT_GRANT_TTL_S = 8 * 3600.0
+DEFAULT_GRANT_TTL_S = 2 * 3600.0
+DEFAULT_GRANT_RUNS = 8
+"""A human's grant covers this command and code for this many calls (`perfgate.execution.scope`)."""
 DEFAULT_ALLOW_ENV = ("PERFGATE_*",)
 """perfgate's own harness variables; nothing else reads them."""
 
-_POLICY_KEYS = {"max_timeout_s", "cwd_roots", "allow_env", "allow", "pending_ttl_s", "grant_ttl_s"}
+_POLICY_KEYS = {
+    "max_timeout_s",
+    "cwd_roots",
+    "allow_env",
+    "allow",
+    "pending_ttl_s",
+    "grant_ttl_s",
+    "grant_runs",
+}
 _RULE_KEYS = {"argv", "env", "exact", "name", "script", "module", "sha256", "code_state", "code"}
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -163,6 +174,7 @@ class ExecutionPolicy:
     allow_env: tuple[str, ...] = DEFAULT_ALLOW_ENV
     pending_ttl_s: float = DEFAULT_PENDING_TTL_S
     grant_ttl_s: float = DEFAULT_GRANT_TTL_S
+    grant_runs: int = DEFAULT_GRANT_RUNS
     source: Path | None = None
     _roots: tuple[Path, ...] = field(init=False, repr=False, compare=False)
 
@@ -218,6 +230,12 @@ def _number(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise PolicyError(f"{where} must be a positive number of seconds")
     return float(value)
+
+
+def _count(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise PolicyError(f"{where} must be a whole number of calls from 1 to 1000")
+    return value
 
 
 def _rule(raw: object, index: int, source: Path, workspace: Path) -> AllowRule:
@@ -309,6 +327,7 @@ def _from_table(workspace: Path, table: Mapping[str, Any], source: Path) -> Exec
         allow_env=_strings(table.get("allow_env", list(DEFAULT_ALLOW_ENV)), f"{source}: execution.allow_env"),
         pending_ttl_s=_number(table.get("pending_ttl_s", DEFAULT_PENDING_TTL_S), f"{source}: pending_ttl_s"),
         grant_ttl_s=_number(table.get("grant_ttl_s", DEFAULT_GRANT_TTL_S), f"{source}: grant_ttl_s"),
+        grant_runs=_count(table.get("grant_runs", DEFAULT_GRANT_RUNS), f"{source}: grant_runs"),
         source=source,
     )
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["DIGEST_VERSION", "CodeBinding", "CommandRequest"]
 
-DIGEST_VERSION = 2
+DIGEST_VERSION = 3
 """Bumped when the digested fields change, so an old approval can never match a new meaning."""
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -37,9 +37,30 @@ class CodeBinding(BaseModel):
     )
     workspace: str = Field(description="The workspace's code state digest (git commit + changes, or tree).")
     summary: str = Field(description="The code state in words, for the human.")
+    executables: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="Programs the argv names, resolved with the run's PATH: path as found -> 'sha256 of the "
+        "file it resolves to' (a link's target is part of the value).",
+    )
+    tree: str = Field(
+        default="",
+        description="Digest of every importable file in the workspace by path and content: the files the "
+        "approval's change view was drawn from (`perfgate.execution.changes`).",
+    )
 
     def bound(self) -> dict[str, Any]:
-        return {"files": dict(sorted(self.files.items())), "workspace": self.workspace}
+        return {
+            "files": dict(sorted(self.files.items())),
+            "workspace": self.workspace,
+            "executables": dict(sorted(self.executables.items())),
+            "tree": self.tree,
+        }
+
+    @property
+    def digest(self) -> str:
+        """sha256 (hex) of the bound fields: one code state in an approval's scope."""
+        text = json.dumps(self.bound(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 class CommandRequest(BaseModel):
@@ -138,6 +159,10 @@ class CommandRequest(BaseModel):
                 + [
                     f"file:     {path} sha256 {digest[:16]}"
                     for path, digest in sorted(self.code.files.items())
+                ]
+                + [
+                    f"program:  {path} sha256 {digest[:16]}{digest[64:]}"
+                    for path, digest in sorted(self.code.executables.items())
                 ]
                 if self.code is not None
                 else []

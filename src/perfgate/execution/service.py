@@ -33,7 +33,7 @@ from perfgate.execution.executor import (
     execute,
     resolve_program,
 )
-from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant
+from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant, change_store
 from perfgate.execution.launches import next_launch_id
 from perfgate.execution.policy import PolicyError, load_policy, workspace_policy_files
 from perfgate.execution.reaper import RunList, become_subreaper
@@ -138,8 +138,11 @@ class ExecutionService:
         atexit.unregister(self.registry.kill_all)
 
     async def bind(self, request: CommandRequest) -> CommandRequest:
-        """``request`` bound to the code it runs now (file digests, workspace code state)."""
-        return await anyio.to_thread.run_sync(bind_code, request.unbound(), self.workspace)
+        """``request`` bound to the code it runs now (file digests, workspace code state, programs, the
+        importable files, whose text is kept for the approval's diff)."""
+        return await anyio.to_thread.run_sync(
+            bind_code, request.unbound(), self.workspace, change_store(self.gate.store)
+        )
 
     async def preapproved(self, request: CommandRequest, tool: str) -> Grant | None:
         return await anyio.to_thread.run_sync(self.gate.preapproved, request, tool)
