@@ -24,6 +24,7 @@ __all__ = [
     "correctness_binding_problems",
     "declaration_for",
     "declared_change_problems",
+    "declared_for_experiment",
     "looser_than_declared",
     "producer_problems",
     "quality_problems",
@@ -74,6 +75,13 @@ def _mentioned(changed_variable: str) -> set[str]:
     tokens = [t for t in re.split(r"[^A-Za-z0-9_:.]+", changed_variable) if t]
     names = {_canon(t) for t in [changed_variable, *tokens]}
     return names | {n for name in names for n in _IMPLIED.get(name, set())}
+
+
+def declared_for_experiment(exp: Experiment, comparison: EvidenceRecord) -> list[str]:
+    """The comparison's declared changes that are the experiment's changed variable (or what it implies):
+    only these may explain a difference between the sides at keep."""
+    allowed = _mentioned(exp.changed_variable)
+    return [d for d in str_list(comparison.inputs.get("declared_changes")) if _canon(d) in allowed]
 
 
 def declaration_for(changed_variable: str) -> list[str]:

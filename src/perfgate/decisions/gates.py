@@ -261,19 +261,17 @@ def _window_gates(
                 rerun,
             )
         )
-    else:
-        diff = _fingerprint_diff([fp for fp in prints.values() if fp is not None])
+    elif len(distinct) <= 1:
         gates.append(
             _gate(
                 "same_environment",
-                len(distinct) <= 1,
-                "baseline and candidate ran in the same hardware/software environment"
-                if len(distinct) <= 1
-                else f"windows ran in different environments ({diff})",
+                True,
+                "baseline and candidate ran in the same hardware/software environment",
                 list(prints),
-                "re-run baseline and candidate windows on the same machine and software stack",
             )
         )
+    else:
+        gates.append(_environment_difference_gate(exp, comparison, windows, set(baseline), prints))
 
     if exp.memory_budget_bytes is None:
         gates.append(_na("memory_budget", "no memory budget was declared"))
@@ -315,10 +313,96 @@ def _launch_count(ids: list[str], ev: _Evidence) -> int:
     return total
 
 
-def _fingerprint_diff(prints: list[dict[str, Any]]) -> str:
+def _changed_fields(prints: list[dict[str, Any]]) -> list[str]:
     keys = sorted({k for fp in prints for k in fp})
-    changed = [k for k in keys if len({canonical_json(fp.get(k)) for fp in prints}) > 1]
-    return "differs in " + ", ".join(changed) if changed else "differs"
+    return [k for k in keys if len({canonical_json(fp.get(k)) for fp in prints}) > 1]
+
+
+_SAME_MACHINE = "re-run baseline and candidate windows on the same machine and software stack"
+
+
+def _environment_difference_gate(
+    exp: Experiment,
+    comparison: EvidenceRecord,
+    windows: list[EvidenceRecord],
+    baseline: set[str],
+    prints: dict[str, dict[str, Any] | None],
+) -> Gate:
+    """same_environment when the fingerprints differ: each side's windows must agree entirely, and between
+    the sides only the fields the experiment's declared change shows in (benchmarking.observed) may
+    differ. A semantic entry (precision) is exempt only for a training_change."""
+    from perfgate.benchmarking.observed import entries_showing, explains
+    from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
+    from perfgate.decisions.binding import declared_for_experiment
+
+    ids = list(prints)
+    sides = {
+        side: [fp for w in windows if (w.id in baseline) == (side == "baseline") and (fp := prints[w.id])]
+        for side in ("baseline", "candidate")
+    }
+    for side, fps in sides.items():
+        if inside := _changed_fields(fps):
+            return _gate(
+                "same_environment",
+                False,
+                f"the {side} windows ran in different environments (differs in {', '.join(inside)}): one side "
+                "is one environment, whatever was declared",
+                ids,
+                _SAME_MACHINE,
+            )
+    named = declared_for_experiment(exp, comparison)
+    declared = [
+        d
+        for d in named
+        if exp.classification == "training_change"
+        or (term := VOCABULARY.get(canonical_key(d.removeprefix("env:")))) is None
+        or term.cls == "execution"
+    ]
+    assert sides["baseline"] and sides["candidate"], "distinct fingerprints, each side uniform: both sides"
+    base, cand = sides["baseline"][0], sides["candidate"][0]
+    explained: list[str] = []
+    unexplained: list[str] = []
+    for field in _changed_fields([base, cand]):
+        shown = f"{field} {base.get(field)!r} -> {cand.get(field)!r}"
+        if (by := explains(declared, "fingerprint", field)) is not None:
+            explained.append(f"{shown} ({by})")
+        else:
+            unexplained.append(field)
+    if not unexplained:
+        return _gate(
+            "same_environment",
+            True,
+            "baseline and candidate ran in the same environment except where the declared change shows: "
+            + "; ".join(explained),
+            ids,
+        )
+    settable = {f: keys for f in unexplained if (keys := entries_showing("fingerprint", f))}
+    fixed = [f for f in unexplained if f not in settable]
+    what = "; ".join(f"{f} {base.get(f)!r} vs {cand.get(f)!r}" for f in unexplained)
+    them = "them" if len(unexplained) > 1 else "it"
+    semantic = [d for d in named if d not in declared]
+    because = (
+        f"the experiment's declared change ({', '.join(declared)}) does not set {them}"
+        if declared
+        else f"nothing the experiment declared ({exp.changed_variable}) sets {them}"
+    ) + (f"; {', '.join(semantic)} is semantic: it may differ only in a training_change" if semantic else "")
+    fixes: list[str] = []
+    if fixed:
+        fixes.append(f"{_SAME_MACHINE} ({', '.join(fixed)} must match)")
+    for f, keys in settable.items():
+        key = keys[0]
+        fixes.append(
+            f"re-run the candidate with the baseline's {f}; or, if {f} changed on purpose, open an experiment "
+            f"with changed_variable={key!r} and compare with declared_changes=[{key!r}]"
+        )
+    return _gate(
+        "same_environment",
+        False,
+        f"windows ran in different environments (differs in {', '.join(unexplained)}): {what}; {because}"
+        + (f" (explained by the declared change: {'; '.join(explained)})" if explained else ""),
+        ids,
+        "; ".join(fixes),
+    )
 
 
 def _max_peak(ev: _Evidence, ids: list[str]) -> int | None:

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.benchmarking import BenchmarkError, Contract, ContractDiff, diff_contracts
 from perfgate.benchmarking.contract import same_contract
+from perfgate.benchmarking.observed import Place, entries_showing, explains, option_name
 from perfgate.benchmarking.protocol import (
     IMPORTED_FIELDS,
     LAUNCHED_FIELDS,
@@ -188,12 +189,15 @@ def _declared_names(declared: list[str]) -> set[str]:
     return {canonical_key(d[4:] if d.lower().startswith("env:") else d) for d in declared}
 
 
-def _env_declared(name: str, declared: set[str]) -> bool:
-    from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
+def _class_of(place: Place, name: str, classes: dict[str, str]) -> tuple[str | None, str]:
+    """(class, source) of a setting seen at ``name``: the vocabulary's or the caller's for the name itself,
+    else the class of the entry that shows there (benchmarking.observed)."""
+    from perfgate.benchmarking.vocabulary import classify
 
-    key = canonical_key(name)
-    term = VOCABULARY.get(key)
-    return key in declared or (term is not None and term.cls == "execution" and term.name in declared)
+    cls, source = classify(option_name(name) if place == "option" else name, classes)
+    if cls is None and (entries := entries_showing(place, name)):
+        return VOCABULARY[entries[0]].cls, f"shows {entries[0]}"
+    return cls, source
 
 
 def _short(value: Any) -> Any:
@@ -208,7 +212,7 @@ def _differences(
     base: EvidenceRecord, cand: EvidenceRecord, declared: list[str], diff: ContractDiff
 ) -> tuple[list[Difference], list[str], set[str]]:
     """Every difference between the first baseline and candidate windows, classified; what could not be
-    compared (unknown on a side); and the declared names that some non-contract difference used."""
+    compared (unknown on a side); and the declared names that explain some non-contract difference."""
     from perfgate.benchmarking.provenance import code_differences
     from perfgate.benchmarking.vocabulary import classify
 
@@ -248,20 +252,19 @@ def _differences(
                 note=f"{cls or 'unclassified'} key ({source})",
             )
         )
-    execution_changed = any(k in declared for k in diff.actual_changes)
     out += _protocol_differences(base, cand, names)
-    # env changes
+    # env changes: declared where the declared setting shows (benchmarking.observed)
     b_env = {str(k): str(v) for k, v in as_dict(base.inputs.get("env")).items()}
     c_env = {str(k): str(v) for k, v in as_dict(cand.inputs.get("env")).items()}
     for name in sorted(set(b_env) | set(c_env)):
         if b_env.get(name) == c_env.get(name):
             continue
-        cls, source = classify(name, classes)
-        if _env_declared(name, names):
+        cls, source = _class_of("env", name, classes)
+        if (by := explains(declared, "env", name)) is not None:
             verdict: Literal["declared_execution", "declared_semantic", "undeclared", "semantic"] = (
-                "semantic" if cls == "semantic" else "declared_execution"
+                "declared_semantic" if cls == "semantic" else "declared_execution"
             )
-            used.add(name)
+            used.add(by)
         else:
             verdict = "semantic" if cls == "semantic" else "undeclared"
         out.append(
@@ -287,10 +290,20 @@ def _differences(
         ]
         semantic_flags = _semantic_flag_differences(b_list, c_list, declared)
         out.extend(semantic_flags)
-        # a changed semantic flag explains its own tokens, declared or not (its difference says which)
-        ok = _ARGV in names or execution_changed or bool(semantic_flags)
+        # a changed semantic flag explains its own tokens, declared or not (its difference says which);
+        # any other changed option must be one a declared change sets, and the rest of argv the same
+        flagged = {"--" + d.field.removeprefix("argv.") for d in semantic_flags}
+        unexplained: list[str] = []
+        for o in _argv_changes(b_list, c_list):
+            by = explains(declared, "option", o) if o.startswith("--") else None
+            if by is not None:
+                used.add(by)  # the command line is what ran: a declared option that changed happened
+            elif o not in flagged:
+                unexplained.append(o)
+        ok = _ARGV in names or not unexplained
         if _ARGV in names:
             used.add(_ARGV)
+        settable = {o: e[0] for o in unexplained if (e := entries_showing("option", o))}
         out.append(
             Difference(
                 field="argv",
@@ -300,7 +313,16 @@ def _differences(
                 classification="declared_execution" if ok else "undeclared",
                 note=f"argv differs at positions {changed[:20]}"
                 + (
-                    "; attributed to the declared execution change" if ok else "; declare the change it makes"
+                    "; attributed to the declared change"
+                    if ok
+                    else f"; {', '.join(unexplained[:10])} changed and no declared change sets "
+                    + ("them" if len(unexplained) > 1 else "it")
+                    + (
+                        " (" + ", ".join(f"{o} sets {e!r}" for o, e in settable.items()) + ")"
+                        if settable
+                        else ""
+                    )
+                    + ": declare the setting it changes, or 'argv' for a command-line change of its own"
                 ),
             )
         )
@@ -362,10 +384,11 @@ def _differences(
                 continue
             if b_fp.get(key) == c_fp.get(key):
                 continue
-            cls, source = classify(key, classes)
-            declared_here = _env_declared(key, names) or canonical_key(key) in names
-            if declared_here:
-                used.add(key)
+            cls, source = _class_of("fingerprint", key, classes)
+            by = explains(declared, "fingerprint", key)
+            declared_here = by is not None
+            if by is not None:
+                used.add(by)
             if cls == "semantic":
                 verdict = "declared_semantic" if declared_here else "semantic"
             else:
@@ -377,8 +400,14 @@ def _differences(
                     baseline=b_fp.get(key),
                     candidate=c_fp.get(key),
                     classification=verdict,
-                    note=f"measured inside the training process ({source}): declare '{key}' if it changed on "
-                    "purpose, else re-run both sides in one environment",
+                    note=f"measured inside the training process ({source}): "
+                    + (
+                        f"declare {entries[0]!r} if it changed on purpose, else re-run the candidate with the "
+                        f"baseline's {key}"
+                        if (entries := entries_showing("fingerprint", key))
+                        else "no declared change may differ here: re-run both sides on one machine and software "
+                        "stack"
+                    ),
                 )
             )
     batch = _batch_difference(base, cand, declared)
@@ -549,6 +578,31 @@ def argv_options(tokens: list[str]) -> dict[str, str]:
     return out
 
 
+def _argv_changes(b_argv: list[str], c_argv: list[str]) -> list[str]:
+    """What differs between two command lines: each changed option (as `argv_options` names it), and
+    'positional arguments' when the tokens outside options differ (another script, another order)."""
+    b_opts, c_opts = argv_options(b_argv), argv_options(c_argv)
+    changed = [f"--{o}" for o in sorted(set(b_opts) | set(c_opts)) if b_opts.get(o) != c_opts.get(o)]
+    if _positionals(b_argv) != _positionals(c_argv):
+        changed.append("positional arguments")
+    return changed
+
+
+def _positionals(tokens: list[str]) -> list[str]:
+    """The tokens that are neither an option nor an option's value (read as `argv_options` reads them)."""
+    out: list[str] = []
+    value_next = False
+    for token in tokens:
+        is_option = token.startswith("-") and token.lstrip("-") != "" and not _is_number(token)
+        if is_option:
+            value_next = "=" not in token
+        elif value_next:
+            value_next = False
+        else:
+            out.append(token)
+    return out
+
+
 def _is_number(token: str) -> bool:
     try:
         float(token)
@@ -646,8 +700,11 @@ def _argv_topology(
     return changed, reasons
 
 
-def _difference_reasons(declared: list[str], diff: ContractDiff, differences: list[Difference]) -> list[str]:
-    """One sentence per undeclared or semantic difference, and per declared change that did not happen."""
+def _difference_reasons(
+    declared: list[str], diff: ContractDiff, differences: list[Difference], used: set[str]
+) -> list[str]:
+    """One sentence per undeclared or semantic difference, and per declared change that did not happen
+    (``used``: the declared names that explain a difference outside the contract)."""
     reasons: list[str] = []
     for d in differences:
         if d.classification == "semantic":
@@ -668,12 +725,20 @@ def _difference_reasons(declared: list[str], diff: ContractDiff, differences: li
     happened |= {_CODE for d in differences if d.kind == "file"}
     for d in differences:
         if d.kind in ("env", "measured") or d.field.startswith("argv."):  # argv.<option>: a semantic option
-            term = VOCABULARY.get(canonical_key(d.field.split(".", 1)[1]))
+            name = d.field.split(".", 1)[1]
+            term = VOCABULARY.get(canonical_key(name))
             if term is not None:
                 happened.add(term.name)
+            if d.kind != "argv":  # where an entry shows (benchmarking.observed): the entry changed
+                happened.update(entries_showing("env" if d.kind == "env" else "fingerprint", name))
     for name in sorted(set(declared)):
         key = canonical_key(name[4:] if name.lower().startswith("env:") else name)
-        if key not in happened and vocabulary_name(key) not in happened and name not in diff.actual_changes:
+        if (
+            key not in happened
+            and vocabulary_name(key) not in happened
+            and name not in diff.actual_changes
+            and name not in used
+        ):
             reasons.append(f"declared change {name!r} did not happen (same value on both sides)")
     return reasons
 
@@ -737,8 +802,8 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
     diff = diff_contracts(
         _contract(base[0]), _contract(cand[0]), [d for d in inp.declared_changes if d not in special]
     )
-    differences, unverified, _used = _differences(base[0], cand[0], inp.declared_changes, diff)
-    reasons += _difference_reasons(inp.declared_changes, diff, differences)
+    differences, unverified, used = _differences(base[0], cand[0], inp.declared_changes, diff)
+    reasons += _difference_reasons(inp.declared_changes, diff, differences, used)
     sources = {_measured_by(r) for r in base + cand}
     if len(sources) > 1:
         reasons.append(
