@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from perfgate.benchmarking.drift import Drift, LaunchInfo, LaunchRate, fold, interleaved_plan, measure_drift
 from perfgate.benchmarking.errors import BenchmarkError
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT, Verdict, decide
 
@@ -44,6 +45,7 @@ __all__ = [
     "launch_count",
     "launch_interval",
     "pooled_throughput",
+    "t975",
 ]
 
 Unit = Literal["samples", "tokens", "steps"]
@@ -144,16 +146,21 @@ def pooled_throughput(windows: Sequence[WindowSample], unit: Unit) -> float:
 
 def _launches(windows: Sequence[WindowSample], unit: Unit) -> list[tuple[np.ndarray, np.ndarray]]:
     """(step seconds, work per step) per launch, the launch's windows concatenated, in first-seen order."""
+    return list(_tagged_launches(windows, unit).values())
+
+
+def _tagged_launches(windows: Sequence[WindowSample], unit: Unit) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """`_launches` keyed by launch tag (a window without one is its own launch)."""
     groups: dict[str, list[WindowSample]] = {}
     for i, w in enumerate(windows):
         groups.setdefault(w.launch if w.launch is not None else f"\0window{i}", []).append(w)
-    return [
-        (
+    return {
+        tag: (
             np.concatenate([np.asarray(w.step_s, dtype=np.float64) for w in ws]),
             np.concatenate([w.work(unit) for w in ws]),
         )
-        for ws in groups.values()
-    ]
+        for tag, ws in groups.items()
+    }
 
 
 def launch_count(windows: Sequence[WindowSample]) -> int:
@@ -204,7 +211,8 @@ def bootstrap_interval(
     return float(low), float(high)
 
 
-def _t975(df: float) -> float:
+def t975(df: float) -> float:
+    """The two-sided 95% Student t quantile for ``df`` degrees of freedom (table, interpolated in 1/df)."""
     if df <= 1.0:
         return _T975[0][1]
     for (d0, t0), (d1, t1) in itertools.pairwise(_T975):
@@ -232,7 +240,7 @@ def launch_interval(
     if se == 0.0:
         return speedup, speedup
     df = se**4 / sum(t * t / (s.size - 1) for t, s in zip(terms, sides, strict=True) if t > 0)
-    half = _t975(df) * se
+    half = t975(df) * se
     centre = math.log(speedup)
     return math.exp(centre - half), math.exp(centre + half)
 
@@ -267,6 +275,31 @@ class Comparison:
     candidate_launches: int
     median_step_speedup: float | None
     warnings: list[str]
+    drift: Drift | None = None
+    """How the sides lay in time and the drift folded into the interval (None: no launch facts given)."""
+
+
+def _launch_rates(
+    baseline: Sequence[WindowSample],
+    candidate: Sequence[WindowSample],
+    unit: Unit,
+    launches: Mapping[str, LaunchInfo],
+) -> list[LaunchRate]:
+    """Each launch's throughput with what the server recorded about it (a launch it knows nothing about
+    is its own call, time and load unknown)."""
+    rates: list[LaunchRate] = []
+    sides: tuple[tuple[Literal["baseline", "candidate"], Sequence[WindowSample]], ...] = (
+        ("baseline", baseline),
+        ("candidate", candidate),
+    )
+    for side, windows in sides:
+        for tag, (step_s, work) in _tagged_launches(windows, unit).items():
+            seconds = float(step_s.sum())
+            if seconds <= 0:
+                continue
+            info = launches.get(tag, LaunchInfo(call=tag))
+            rates.append(LaunchRate(side, float(work.sum()) / seconds, info))
+    return rates
 
 
 def compare_windows(
@@ -276,8 +309,15 @@ def compare_windows(
     min_effect: float = DEFAULT_MIN_EFFECT,
     resamples: int = 2000,
     seed: int = 0,
+    launches: Mapping[str, LaunchInfo] | None = None,
+    settle: str | None = None,
 ) -> Comparison:
     """Speedup of ``candidate`` over ``baseline`` with a launch-aware interval and a verdict.
+
+    With ``launches`` (launch tag -> when it started, its call, its host load), the drift between the
+    sides is measured (`perfgate.benchmarking.drift`) and folded into the interval; an effect no larger
+    than it is ``within_noise``, with a warning naming the drift and ``settle`` (the calls that would
+    settle it; a generic interleaved plan when None).
 
     Raises:
         BenchmarkError: a side has no windows, a window has no steps, or a duration or work figure is
@@ -300,9 +340,14 @@ def compare_windows(
     if welch is not None:
         low, high = min(low, welch[0]), max(high, welch[1])
     low, high = min(low, speedup), max(high, speedup)
-    launches = {"baseline": launch_count(baseline), "candidate": launch_count(candidate)}
+    drift: Drift | None = None
+    unfolded = decide(speedup, low, high, min_effect)
+    if launches is not None:
+        drift = measure_drift(_launch_rates(baseline, candidate, unit, launches))
+        low, high = fold(speedup, low, high, drift)
+    counts = {"baseline": launch_count(baseline), "candidate": launch_count(candidate)}
     warnings: list[str] = []
-    for side, n in launches.items():
+    for side, n in counts.items():
         if n < MIN_LAUNCHES_FOR_VERDICT:
             warnings.append(
                 f"{side} has {n} launch(es): launch-to-launch variation is unknown, so no improved/regressed "
@@ -328,7 +373,19 @@ def compare_windows(
             "no samples or tokens were recorded on every window: throughput is optimizer steps per second, "
             "valid only because the contract keeps the global batch fixed"
         )
-    enough = min(launches.values()) >= MIN_LAUNCHES_FOR_VERDICT
+    enough = min(counts.values()) >= MIN_LAUNCHES_FOR_VERDICT
+    verdict: Verdict = decide(speedup, low, high, min_effect) if enough else "insufficient_launches"
+    swamped = drift is not None and drift.log_drift > 0 and abs(math.log(speedup)) <= drift.log_drift
+    if drift is not None and enough and (swamped or (unfolded != verdict)):
+        verdict = "within_noise"
+        warnings.insert(
+            0,
+            f"drift: the effect ({speedup:.3f}x) is "
+            + ("no larger than" if swamped else "not clear of")
+            + f" the drift measured between the sides (up to {drift.factor:.3f}x: {'; '.join(drift.sources)}), "
+            "so it cannot be told from the host changing speed. Settle it with interleaved launches: "
+            + (settle or interleaved_plan("the baseline's inputs", "the candidate's inputs")),
+        )
     return Comparison(
         unit=unit,
         baseline_throughput=base,
@@ -336,11 +393,12 @@ def compare_windows(
         speedup=speedup,
         ci_low=low,
         ci_high=high,
-        verdict=decide(speedup, low, high, min_effect) if enough else "insufficient_launches",
+        verdict=verdict,
         baseline_windows=len(baseline),
         candidate_windows=len(candidate),
-        baseline_launches=launches["baseline"],
-        candidate_launches=launches["candidate"],
+        baseline_launches=counts["baseline"],
+        candidate_launches=counts["candidate"],
         median_step_speedup=median_speedup,
         warnings=warnings,
+        drift=drift,
     )

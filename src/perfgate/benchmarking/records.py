@@ -18,11 +18,13 @@ __all__ = [
     "MAX_STEPS",
     "MAX_WORLD_SIZE",
     "DeviceRecord",
+    "ModelRecord",
     "RankRecord",
     "RecordSet",
     "StepColumns",
     "TensorDumpRecord",
     "WindowRecord",
+    "decode_record",
     "load_records",
     "read_record",
 ]
@@ -113,6 +115,15 @@ class TensorDumpRecord(msgspec.Struct, frozen=True):
         return None if self.sha256 is None else f"sha256:{self.sha256}"
 
 
+class ModelRecord(msgspec.Struct, frozen=True):
+    """The top-level module the harness saw train: class, parameter counts, structure digest."""
+
+    name: Annotated[str, msgspec.Meta(max_length=200)]
+    parameters: Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+    trainable_parameters: Annotated[int, msgspec.Meta(ge=0, le=2**62)]
+    structure: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")]
+
+
 class RankRecord(msgspec.Struct, frozen=True):
     """A whole record file (schema ``perfgate.harness.record``, version 1); unknown fields are ignored."""
 
@@ -149,6 +160,8 @@ class RankRecord(msgspec.Struct, frozen=True):
     )
     sample_stream: Annotated[str, msgspec.Meta(max_length=64)] | None = None
     """Digest of the inputs of the first training forwards of the warm-up (the data path), when read."""
+    model: ModelRecord | None = None
+    """The top-level training module, as the forward hook found it (None: no training forward seen)."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +190,15 @@ def read_record(path: Path) -> RankRecord:
             data = f.read(MAX_RECORD_BYTES + 1)
     except OSError as exc:
         raise RecordError(f"cannot read harness record {path}: {exc}") from exc
+    return decode_record(data, path)
+
+
+def decode_record(data: bytes, path: Path | str) -> RankRecord:
+    """Decode one record file's bytes (``path`` names it in errors).
+
+    Raises:
+        RecordError: too large, not JSON, or not a harness record of a known version.
+    """
     if len(data) > MAX_RECORD_BYTES:
         raise RecordError(
             f"{path} is over {MAX_RECORD_BYTES} bytes (limit benchmarking.records.MAX_RECORD_BYTES): not a "

@@ -26,6 +26,7 @@ Probes, each installed at most once per process and routed to whichever window i
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -36,7 +37,7 @@ from perfgate.harness import capture
 if TYPE_CHECKING:
     from perfgate.harness.window import Window
 
-__all__ = ["activate", "active_window", "batch_size", "deactivate", "install_optimizer_hook"]
+__all__ = ["activate", "active_window", "batch_size", "deactivate", "install_optimizer_hook", "model_facts"]
 
 _now = time.perf_counter_ns
 _active: Window | None = None
@@ -250,6 +251,8 @@ def _probe_forward(torch: Any) -> None:
         # found: count this call, then hand over to a hook on this module alone (the global hooks run for
         # every submodule call, a cost the measured steps should not carry)
         _count_forward(module, args)
+        if window is not None:
+            window.note_model(model_facts(module))
         _remove_probe()
         _forward_probe.append(module.register_forward_pre_hook(_count_forward))
 
@@ -266,6 +269,26 @@ def _remove_probe() -> None:
     for handle in _forward_probe:
         handle.remove()
     _forward_probe.clear()
+
+
+def model_facts(module: Any) -> dict[str, Any]:
+    """The top-level training module as a comparison needs it: its class, its parameter counts, and a
+    digest of its structure (every parameter's name, shape and dtype). One pass over the parameters' metadata,
+    once per process; no tensor data is read."""
+    structure = hashlib.blake2b(digest_size=16)
+    total = trainable = 0
+    for name, p in module.named_parameters():
+        n = int(p.numel())
+        total += n
+        trainable += n if p.requires_grad else 0
+        structure.update(f"{name}:{tuple(p.shape)}:{p.dtype}\n".encode())
+    cls: type = type(module)  # pyright: ignore[reportUnknownVariableType]  # a torch module of any class
+    return {
+        "name": f"{cls.__module__}.{cls.__qualname__}"[:200],
+        "parameters": total,
+        "trainable_parameters": trainable,
+        "structure": structure.hexdigest(),
+    }
 
 
 def _trains(module: Any) -> bool:

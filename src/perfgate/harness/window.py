@@ -162,6 +162,8 @@ class Window:
         self._inputs_read = 0
         self._inputs_known = True
         self._inputs_header: str = ""
+        self._model: dict[str, Any] | None = None
+        """The top-level training module's class, parameter counts and structure digest (hooks.model_facts)."""
         # training health: scalar losses of the open window's steps, kept on the device until its edge
         self._losses: list[tuple[int, Any]] = []
         self._scaled_id: int | None = None
@@ -391,6 +393,10 @@ class Window:
             return 0
         return max(0, STREAM_ROWS - self._inputs_read)
 
+    def note_model(self, facts: dict[str, Any]) -> None:
+        """Called once by the forward hook with the top-level training module's facts."""
+        self._model = facts
+
     def add_stream(self, header: str, data: bytes | None, rows: int) -> None:
         """The next ``rows`` input rows' bytes, in order; ``header`` (dtype and per-row shape) is digested
         when it changes, so the digest does not depend on how the rows were split into micro-batches."""
@@ -537,6 +543,7 @@ class Window:
             "tensor_dumps": list(self._dumps),
             "metrics": dict(self._metrics),
             "sample_stream": self._inputs.hexdigest() if self._inputs_read and self._inputs_known else None,
+            "model": self._model,
         }
 
     # ------------------------------------------------------------------ internals

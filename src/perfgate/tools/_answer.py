@@ -4,7 +4,8 @@ Every tool's full result goes to ``structuredContent`` (validated against its ou
 ledger. The text content is what most agent hosts put into the model's context, and it stays there for
 the rest of the session, so it is sized on purpose:
 
-1. lead lines: the state and evidence id, every other id or path a next call takes (experiment, detached
+1. lead lines: a result's ``caution`` first when it has one (what must be read before any figure, e.g.
+   "training may differ: ..."), then the state and evidence id, every other id or path a next call takes (experiment, detached
    run, decision log, step series), the headline figures (verdict, speedup, step time, the top
    findings, ...) and the next call, from the tool's own ``brief`` when it has one;
 2. the result as compact JSON (no indentation, floats to 4 significant digits, empty fields dropped),
@@ -198,9 +199,12 @@ def answer_text(
     if result.get("evidence_id"):
         head += f", evidence {result['evidence_id']}"
     lead = [head, *(brief(output) if brief is not None else _generic_lead(result))]
+    caution = result.get("caution")
+    if isinstance(caution, str) and caution:  # what must be read before any figure: the first line
+        lead.insert(0, caution)
     handles = _handles(result, "\n".join(lead))
     if handles:
-        lead.insert(1, "for the next call: " + "; ".join(handles))
+        lead.insert(lead.index(head) + 1, "for the next call: " + "; ".join(handles))
     warnings: Sequence[Any] = result.get("warnings") or []
     if warnings:
         lead.append(f"warnings ({len(warnings)}): " + " | ".join(str(w)[:200] for w in warnings[:2]))

@@ -23,6 +23,7 @@ from perfgate.benchmarking.protocol import (
     same_protocol,
     window_protocol,
 )
+from perfgate.benchmarking.training import ModelShape, SideTraining, training_differences
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
 from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key, vocabulary_name, vocabulary_problems
 from perfgate.errors import ToolError
@@ -35,6 +36,7 @@ from perfgate.tools._spec import ToolSpec
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.compare import WindowSample
+    from perfgate.benchmarking.drift import LaunchInfo
 
 __all__ = ["SPEC", "CompareBenchmarksInput", "CompareBenchmarksOutput", "run"]
 
@@ -124,7 +126,30 @@ class Difference(BaseModel):
     note: str
 
 
+class DriftReport(BaseModel):
+    design: Literal["interleaved", "blocks", "unknown"] = Field(
+        description="interleaved: the sides' launches alternate in time, so the host's drift hits both; blocks: "
+        "each side ran in its own block (separate calls), so the drift between them is measured and folded into "
+        "the interval; unknown: launch times not recorded."
+    )
+    order: str = Field(description="Launches by start time, A baseline and B candidate (e.g. 'AABBBBAA').")
+    drift_factor: float = Field(
+        description="The measured drift folded into the interval (x/÷ this); 1.0: none. An effect no larger is "
+        "within_noise."
+    )
+    sources: list[str] = Field(
+        description="What was measured (trend, A/A across calls, host load), each sized."
+    )
+    unmeasured: list[str] = Field(description="What could not be measured.")
+    summary: str
+
+
 class CompareBenchmarksOutput(BaseModel):
+    caution: str | None = Field(
+        default=None,
+        description="Leads the answer when the candidate may train differently (model size, data, loss): the "
+        "speedup is then not an equivalent one until correctness evidence shows it.",
+    )
     evidence_id: str
     state: EvidenceState = Field(
         description="passed: comparable and decisive (improved/regressed); executed: comparable, within "
@@ -162,6 +187,20 @@ class CompareBenchmarksOutput(BaseModel):
     declared_changes: list[str]
     warnings: list[str]
     method: str
+    drift: DriftReport | None = Field(
+        default=None,
+        description="How the sides' launches lay in time and the host drift measured between them (comparable "
+        "sides only).",
+    )
+    training_may_differ: list[str] = Field(
+        default_factory=list[str],
+        description="Ways the candidate's training may differ from the baseline's, from what the harness "
+        "recorded: model size or structure, first training inputs, loss of the same steps.",
+    )
+    training_unchecked: list[str] = Field(
+        default_factory=list[str],
+        description="Which of model, data and loss could not be compared (never counted as the same).",
+    )
 
 
 _CODE = "code"
@@ -743,6 +782,85 @@ def _difference_reasons(
     return reasons
 
 
+def _caution(differs: list[str], verdict: str) -> str | None:
+    """The answer's first line when the candidate may train differently."""
+    if not differs:
+        return None
+    return (
+        "training may differ: "
+        + "; ".join(differs)
+        + f". The '{verdict}' verdict is not an equivalent speedup until correctness evidence (compare_tensors, "
+        "audit_samples, check_training_health) shows the candidate trains the same; a keep needs it, or "
+        "classification 'training_change'"
+    )
+
+
+def _launch_infos(record: EvidenceRecord) -> dict[str, LaunchInfo]:
+    """Launch tag (as the series samples carry it) -> when the server started it and its host load."""
+    from perfgate.benchmarking.drift import LaunchInfo
+
+    def column(name: str) -> list[Any]:
+        value = record.result.get(name)
+        return list(cast("list[Any]", value)) if isinstance(value, list) else []
+
+    def number(values: list[Any], k: int) -> float | None:
+        v = values[k] if k < len(values) else None
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    starts, speeds = column("launch_started_unix_s"), column("launch_host_speed")
+    loads = [as_dict(x) for x in column("host_load")]
+    out: dict[str, LaunchInfo] = {}
+    for k in range(max(len(starts), len(speeds), len(loads), 1)):
+        load = loads[k] if k < len(loads) and loads[k].get("measured") else {}
+        share, job, other, cpus = (
+            number([load.get(f)], 0) for f in ("other_share", "job_cpus", "other_cpus", "cpus")
+        )
+        free = (cpus - other) if cpus is not None and other is not None else None
+        out[f"{record.id}:{k}"] = LaunchInfo(
+            call=record.id,
+            started_s=number(starts, k),
+            other_share=share,
+            host_speed=number(speeds, k),
+            exposure=min(1.0, job / free) if job is not None and free is not None and free > 0 else None,
+        )
+    return out
+
+
+def _training(rt: ToolRuntime, records: list[EvidenceRecord]) -> SideTraining:
+    """One side's model facts, sample streams and per-launch losses (rank 0 records, hash-checked)."""
+    from perfgate.benchmarking.errors import RecordError
+    from perfgate.benchmarking.records import decode_record
+
+    models: list[ModelShape | None] = []
+    streams: list[str | None] = []
+    losses: list[dict[int, float]] = []
+    for r in records:
+        m = as_dict(r.result.get("model"))
+        models.append(
+            ModelShape(str(m["name"]), int(m["parameters"]), str(m["structure"]))
+            if isinstance(m.get("parameters"), int) and m.get("name") and m.get("structure")
+            else None
+        )
+        streams.extend(
+            s if isinstance(s, str) else None
+            for s in cast("list[Any]", r.result.get("sample_streams") or [None])
+        )
+        for artifact in r.artifacts:
+            if not (artifact.name.startswith("launch") and artifact.name.endswith("_rank0.json")):
+                continue
+            try:
+                record = decode_record(read_artifact(rt.workspace, artifact), artifact.path)
+            except (ArtifactChanged, RecordError):
+                continue  # the loss is then unchecked for this launch, never taken as the same
+            steps: dict[int, float] = {}
+            for w in record.windows:
+                for i, value in enumerate(w.loss or []):
+                    if value is not None:
+                        steps[w.first_step + i] = value
+            losses.append(steps)
+    return SideTraining(models=models, streams=streams, losses=losses)
+
+
 async def _load(rt: ToolRuntime, ids: list[str]) -> list[EvidenceRecord]:
     records: list[EvidenceRecord] = []
     for evidence_id in ids:
@@ -789,6 +907,7 @@ def _per_device(windows: list[WindowSample], record: EvidenceRecord, per_device:
 
 async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarksOutput:
     from perfgate.benchmarking.compare import compare_windows
+    from perfgate.benchmarking.drift import interleaved_plan
 
     overlap = sorted(set(inp.baseline) & set(inp.candidate))
     if overlap:
@@ -880,15 +999,42 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         return await rt.commit(ev, out)
     base_windows = [w for r in base for w in _per_device(_samples(rt, r), r, inp.per_device)]
     cand_windows = [w for r in cand for w in _per_device(_samples(rt, r), r, inp.per_device)]
+    launches = {tag: info for r in base + cand for tag, info in _launch_infos(r).items()}
+    settle = interleaved_plan(f"the inputs of {base[0].id}", f"the inputs of {cand[0].id}")
     try:
         result = await anyio.to_thread.run_sync(
-            lambda: compare_windows(base_windows, cand_windows, min_effect=inp.min_effect)
+            lambda: compare_windows(
+                base_windows, cand_windows, min_effect=inp.min_effect, launches=launches, settle=settle
+            )
         )
     except BenchmarkError as exc:
         raise ToolError(str(exc)) from exc
+    training = await anyio.to_thread.run_sync(
+        lambda: training_differences(_training(rt, base), _training(rt, cand))
+    )
     decisive = result.verdict in ("improved", "regressed")
+    drift = result.drift
+    common["method"] += "; " + (
+        "the sides' launches are interleaved in time, so host drift hits both"
+        if drift is not None and drift.design == "interleaved"
+        else "the sides were not interleaved: the drift measured between them (time trend, A/A across calls, "
+        "host load) widens the interval, and an effect no larger than it is within_noise"
+    )
     out = CompareBenchmarksOutput(
         **common,
+        caution=_caution(training.differs, result.verdict),
+        drift=None
+        if drift is None
+        else DriftReport(
+            design=drift.design,
+            order=drift.order,
+            drift_factor=drift.factor,
+            sources=drift.sources,
+            unmeasured=drift.unmeasured,
+            summary=drift.describe(),
+        ),
+        training_may_differ=training.differs,
+        training_unchecked=training.unchecked,
         state=EvidenceState.PASSED if decisive else EvidenceState.EXECUTED,
         status="comparable",
         verdict=result.verdict,

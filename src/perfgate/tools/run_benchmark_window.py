@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import time
 from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -25,6 +26,7 @@ from perfgate._statefs import fresh_dir, remove_tree
 from perfgate.benchmarking import BenchmarkError, Contract, RecordError, check_contract
 from perfgate.benchmarking.contract import check_observed
 from perfgate.benchmarking.corroborate import TimingCheck, corroborate_launch
+from perfgate.benchmarking.drift import host_speed_probe
 from perfgate.benchmarking.launch import (
     harness_entry,
     harness_pythonpath,
@@ -387,6 +389,13 @@ class TensorDump(BaseModel):
     step: int = Field(description="Steps completed in that process when it was written.")
 
 
+class ModelFacts(BaseModel):
+    name: str = Field(description="Class of the top-level module that trained (module.qualname).")
+    parameters: int = Field(description="Its parameter count (elements).")
+    trainable_parameters: int = Field(description="Parameters with requires_grad.")
+    structure: str = Field(description="Digest of every parameter's name, shape and dtype.")
+
+
 class RunProvenance(BaseModel):
     argv: list[str] = Field(description="The training command as given (before the harness wrapper).")
     cwd: str
@@ -478,6 +487,21 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="Per launch: the harness's figures checked against the server's own observation (its "
         "clock on each step boundary as it arrived, the launch's duration) and the windows against the steady "
         "steps around them. A launch that is untrusted or measurement_dependent supports no keep.",
+    )
+    model: ModelFacts | None = Field(
+        default=None,
+        description="The top-level training module the harness saw (first launch, rank 0): class, parameter "
+        "counts and a structure digest; compare_benchmarks says 'training may differ' when the sides' differ.",
+    )
+    launch_started_unix_s: list[float] = Field(
+        default_factory=list[float],
+        description="Per launch: when it started, Unix seconds on the server's clock (empty for detached runs); "
+        "compare_benchmarks reads the launch order and the drift of the host from them.",
+    )
+    launch_host_speed: list[float] = Field(
+        default_factory=list[float],
+        description="Per launch: the server's fixed CPU probe just before and after it (additions per second, "
+        "geometric mean): the host's speed at the time, which compare_benchmarks compares across calls.",
     )
     profiled: bool = False
     run_id: str | None = Field(
@@ -771,6 +795,8 @@ async def _run_blocking(
     fresh_dir(run_dir)
 
     host_loads: list[HostLoad] = []
+    starts: list[float] = []
+    speeds: list[float] = []
     observed: dict[int, LaunchTicks] = {}
     listen = TICKS_ENV in request.env
 
@@ -778,17 +804,29 @@ async def _run_blocking(
         fresh_dir(record_dir)
         sampler = HostLoadSampler()
         sampler.start()
+        before = await anyio.to_thread.run_sync(host_speed_probe)
+        starts.append(time.time())
         with TickListener(ticks_path(run_dir)) if listen else contextlib.nullcontext() as listener:
             result = await rt.run_command(request, ev, label=label, log_dir=run_dir)
         if listener is not None:
             observed[launch] = listener.ticks
         host_loads.append(sampler.stop())
+        speeds.append(math.sqrt(before * await anyio.to_thread.run_sync(host_speed_probe)))
         failure = None if result.succeeded else _launch_failure(result)
         return result.exit_code, failure, record_dir, Path(result.stdout.path)
 
     try:
         return await measure(
-            inp, rt, request, ev, launch_once, provenance, host_loads=host_loads, observed=observed
+            inp,
+            rt,
+            request,
+            ev,
+            launch_once,
+            provenance,
+            host_loads=host_loads,
+            observed=observed,
+            launch_starts=starts,
+            launch_speeds=speeds,
         )
     finally:
         remove_tree(run_dir)
@@ -803,6 +841,8 @@ async def measure(
     provenance: RunProvenance | None,
     run_id: str | None = None,
     host_loads: list[HostLoad] | None = None,
+    launch_starts: list[float] | None = None,
+    launch_speeds: list[float] | None = None,
     observed: dict[int, LaunchTicks] | None = None,
 ) -> RunBenchmarkWindowOutput:
     """Run (or collect) every launch through ``launch_once``, summarise the windows and commit the record.
@@ -958,6 +998,16 @@ async def measure(
     out.provenance = provenance
     out.step_series_artifact = series_name
     out.host_load = host_loads
+    out.launch_started_unix_s = list(launch_starts or [])
+    out.launch_host_speed = list(launch_speeds or [])
+    if first_record is not None and first_record.model is not None:
+        m = first_record.model
+        out.model = ModelFacts(
+            name=m.name,
+            parameters=m.parameters,
+            trainable_parameters=m.trainable_parameters,
+            structure=m.structure,
+        )
     out.tensor_dumps = dumps
     out.reported_metrics = reported
     out.run_id = run_id
