@@ -134,3 +134,15 @@ def test_folding_widens_both_ends_by_the_drift_and_keeps_the_speedup_inside() ->
     assert math.isclose(drift.factor, 2.0)
     low, high = fold(1.0, 0.9, 1.1, drift)
     assert math.isclose(low, 0.45) and math.isclose(high, 2.2)
+
+
+def test_a_decisive_verdict_on_sides_whose_drift_was_not_measured_says_so() -> None:
+    """Evidence without launch times or probes (detached, imported): no drift is invented, none is hidden."""
+    base = [WindowSample([0.020] * 20, launch=f"a:{k}") for k in range(3)]
+    cand = [WindowSample([0.010] * 20, launch=f"b:{k}") for k in range(3)]
+    infos = {w.launch: LaunchInfo(call=(w.launch or "")[0]) for w in [*base, *cand] if w.launch}
+    result = compare_windows(base, cand, launches=infos)
+    assert result.verdict == "improved"
+    assert result.drift is not None and result.drift.design == "unknown"
+    (line,) = [w for w in result.warnings if w.startswith("drift between the sides not measured")]
+    assert "host speed" in line and "interleaved" in line

@@ -386,6 +386,17 @@ def compare_windows(
             "so it cannot be told from the host changing speed. Settle it with interleaved launches: "
             + (settle or interleaved_plan("the baseline's inputs", "the candidate's inputs")),
         )
+    if (
+        drift is not None
+        and drift.design != "interleaved"
+        and drift.unmeasured
+        and verdict in ("improved", "regressed")
+    ):
+        warnings.append(
+            f"drift between the sides not measured ({', '.join(drift.unmeasured)}): the interval does not "
+            "cover a change of the host's speed between them; interleaved launches would: "
+            + (settle or interleaved_plan("the baseline's inputs", "the candidate's inputs"))
+        )
     return Comparison(
         unit=unit,
         baseline_throughput=base,
