@@ -79,7 +79,7 @@ _GIT_ENV = {
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _DOTTED = re.compile(r"\bperfgate((?:[ \t]*\.[ \t]*[A-Za-z_]\w*)+)")
 _FROM_IMPORT = re.compile(
-    r"^\s*from\s+(perfgate(?:\s*\.\s*\w+)*)\s+import\s+\(?([^)#\n]*(?:\n[^)#]*)?)", re.M
+    r"^[ \t]*from[ \t]+(perfgate(?:[ \t]*\.[ \t]*\w+)*)[ \t]+import[ \t]+\(?([^)#\n]*)", re.M
 )
 
 
@@ -164,6 +164,9 @@ class CodeTree:
 
     files: dict[str, tuple[str, str]]
     notes: tuple[str, ...] = ()
+    internal: tuple[str, ...] = ()
+    """``path:line name`` of each reference to perfgate's internals (`internal_references`), filled in
+    when the tree is kept (`ChangeStore.save`), from the files' own text."""
 
     @property
     def digest(self) -> str:
@@ -219,22 +222,41 @@ class ChangeStore:
         return path
 
     def save(self, tree: CodeTree, texts: Mapping[str, bytes]) -> None:
-        """Keep ``tree`` and the text of its files (content already kept is not written again)."""
+        """Keep ``tree`` and the text of its files; a file's content is scrubbed and scanned for perfgate
+        internals once (what is kept already is not written or read again)."""
         from perfgate.redaction import Scrubber
 
+        manifest = self._private(self.folder / "trees") / f"{tree.digest}.json"
+        if manifest.exists():
+            return
         blobs = self._private(self.folder / "blobs")
         scrub = Scrubber()
-        for rel, data in texts.items():
+        internal: list[str] = []
+        for rel, data in sorted(texts.items()):
             digest = tree.files[rel][0]
+            if hashlib.sha256(data).hexdigest() != digest:
+                continue  # changed between hashing and now: the view shows it as not kept
             target = blobs / digest
-            if target.exists() or hashlib.sha256(data).hexdigest() != digest:
-                continue
-            text = scrub.text(data.decode("utf-8", errors="replace"))
-            _write_private(target, text.encode())
-        manifest = self._private(self.folder / "trees") / f"{tree.digest}.json"
-        if not manifest.exists():
-            body = {"files": {k: list(v) for k, v in sorted(tree.files.items())}, "notes": list(tree.notes)}
-            _write_private(manifest, json.dumps(body).encode())
+            refs_file = blobs / f"{digest}.internal"
+            if not target.exists():
+                refs = (
+                    internal_references(data.decode("utf-8", errors="replace")) if rel.endswith(".py") else []
+                )
+                _write_private(refs_file, json.dumps(refs).encode())
+                _write_private(target, scrub.text(data.decode("utf-8", errors="replace")).encode())
+            found: list[tuple[int, str]] = []
+            if rel.endswith(".py"):
+                try:
+                    found = [(int(x[0]), str(x[1])) for x in json.loads(refs_file.read_text())]
+                except (OSError, ValueError, TypeError, IndexError):
+                    found = internal_references(data.decode("utf-8", errors="replace"))
+            internal += [f"{rel}:{line} {name}" for line, name in found]
+        body = {
+            "files": {k: list(v) for k, v in sorted(tree.files.items())},
+            "notes": list(tree.notes),
+            "internal": internal,
+        }
+        _write_private(manifest, json.dumps(body).encode())
 
     def tree(self, digest: str) -> CodeTree | None:
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
@@ -242,7 +264,11 @@ class ChangeStore:
         try:
             body = json.loads((self.folder / "trees" / f"{digest}.json").read_text())
             files = {str(k): (str(v[0]), str(v[1])) for k, v in dict(body["files"]).items()}
-            return CodeTree(files, tuple(str(n) for n in body.get("notes", [])))
+            return CodeTree(
+                files,
+                tuple(str(n) for n in body.get("notes", [])),
+                tuple(str(n) for n in body.get("internal", [])),
+            )
         except (OSError, ValueError, KeyError, TypeError, IndexError):
             return None
 
@@ -326,7 +352,7 @@ def _public_harness() -> frozenset[str]:
 
 def _internal(dotted: str, public: frozenset[str]) -> bool:
     parts = [p.strip() for p in dotted.split(".")]
-    if parts[0] != "perfgate" or len(parts) == 1:
+    if parts[0] != "perfgate" or len(parts) == 1 or parts[1].startswith("__"):
         return False
     if parts[1] != "harness":
         return True
@@ -441,10 +467,7 @@ def change_view(
     tree = store.tree(code_tree_digest)
     if tree is None:
         return [*alerts, "code: the approved code's files were not kept; only its digest binds", *plain], []
-    refs: list[str] = []
-    for rel, (sha, _) in sorted(tree.files.items()):
-        if rel.endswith(".py") and (text := store.blob(sha)) is not None:
-            refs += [f"{rel}:{line} {name}" for line, name in internal_references(text)]
+    refs = list(tree.internal)
     if refs:
         alerts.append(
             f"! code reaches into perfgate's internals (only perfgate.harness's public names are meant for "
