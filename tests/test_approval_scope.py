@@ -320,3 +320,40 @@ async def test_a_long_change_is_cut_at_the_named_limit_with_what_was_left_out(wo
     left = 400 + 3 - MAX_DIFF_LINES  # the file's lines plus its three header lines
     assert diff[-1] == f"... {left} more diff lines and 0 more files not shown"
     assert json.dumps([PY, "train.py"]) in message
+
+
+TRAIN = """\
+import torch
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(40):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+"""
+
+
+async def test_an_identical_training_window_rerun_is_not_asked_again(workspace: Path) -> None:
+    """Issue 47's user answered a prompt for every run, identical re-runs included: through
+    run_benchmark_window (harness wrapper, record folder, bytecode cache in the request), one answer."""
+    (workspace / "train.py").write_text(TRAIN)
+    human = Human()
+    args = {
+        "command": [PY, "train.py"],
+        "warmup_steps": 3,
+        "measure_steps": 5,
+        "repeats": 1,
+        "timeout_s": 300,
+        "label": "baseline",
+        "contract": {
+            "invariants": {"model": "linear", "dataset": "random", "precision": "fp32", "global_batch": 8},
+            "execution": {"microbatch": 8, "accumulation": 1, "data_parallel": 1},
+        },
+    }
+    async with Client(server(workspace), elicitation_callback=human) as client:
+        for _ in range(2):
+            result = await client.call_tool("run_benchmark_window", args)
+            assert not result.is_error, text(result)
+    assert len(human.asked) == 1
+    assert "train.py" in human.asked[0] and "up to 8 call(s) within 2 h" in human.asked[0]
