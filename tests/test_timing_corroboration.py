@@ -11,7 +11,6 @@ each verdict.
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +228,9 @@ def _record(step_ms: list[float], first: int, steps: int) -> RankRecord:
 def _stamps(record: RankRecord, scale: float = 1.0, offset_ns: int = 5_000_000) -> LaunchTicks:
     times = {0: record.steps.start_ns[0], **{b + 1: e for b, e in enumerate(record.steps.end_ns)}}
     stamps = {b: offset_ns + int(t * scale) for b, t in times.items()}
-    return LaunchTicks(stamps={0: stamps}, started_ns=0, ended_ns=offset_ns + int(max(times.values()) * scale) + 1)
+    return LaunchTicks(
+        stamps={0: stamps}, started_ns=0, ended_ns=offset_ns + int(max(times.values()) * scale) + 1
+    )
 
 
 def test_stamps_that_match_the_record_corroborate_it() -> None:
