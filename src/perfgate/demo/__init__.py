@@ -230,7 +230,8 @@ async def _demo(workspace: Path, say: Callable[[str], None], policy: Path) -> De
             {
                 "baseline": [evidence["baseline"]],
                 "candidate": [evidence["candidate"]],
-                "declared_changes": ["workers"],
+                # each side writes its own dump and sample log: those argv paths differ too
+                "declared_changes": ["workers", "argv"],
             },
             ("status", "verdict", "speedup", "ci_low", "ci_high", "warnings"),
         )
