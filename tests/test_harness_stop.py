@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from perfgate.harness import HarnessConfig, Window, WindowComplete
+from perfgate.harness import HarnessConfig, Window, WindowComplete, hooks
 from perfgate.harness import window as window_mod
 from perfgate.harness.record import record_path
 
@@ -30,6 +30,9 @@ def test_the_script_ends_where_its_next_step_starts(
 ) -> None:
     clock = _Clock()
     monkeypatch.setattr(window_mod, "_now", clock)
+    # the forward probe is installed once per process: an earlier test's model must not be the one it knows
+    monkeypatch.setattr(hooks, "_forward_probed", False)
+    monkeypatch.setattr(hooks, "_forward_probe", [])
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(64, 4)), batch_size=4)
