@@ -10,11 +10,10 @@ and the runner binds again right before it starts the process: a change in betwe
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
-from perfgate.execution.changes import ChangeStore, code_tree, resolve_executables
+from perfgate.execution.changes import ChangeStore, code_tree, resolve_executables, sha256_or_stamp
 from perfgate.execution.request import CodeBinding, CommandRequest
 from perfgate.execution.target import files_named
 
@@ -25,17 +24,7 @@ _MAX_HASH_BYTES = 256 * 1024 * 1024
 
 def file_sha256(path: Path) -> str:
     """sha256 (hex) of a file; for files above 256 MiB (data, not code) size and mtime stand in."""
-    try:
-        st = path.stat()
-        if st.st_size > _MAX_HASH_BYTES:
-            return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
-        h = hashlib.sha256()
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 20):
-                h.update(chunk)
-        return h.hexdigest()
-    except OSError as exc:
-        return f"unreadable ({exc.strerror or exc})"
+    return sha256_or_stamp(path, _MAX_HASH_BYTES)
 
 
 def bind_code(request: CommandRequest, workspace: Path, store: ChangeStore | None = None) -> CommandRequest:

@@ -94,9 +94,14 @@ def _clean(text: str) -> str:
 
 
 def _sha256(path: Path) -> str:
+    return sha256_or_stamp(path, MAX_HASH_BYTES)
+
+
+def sha256_or_stamp(path: Path, max_bytes: int) -> str:
+    """sha256 (hex) of a file; above ``max_bytes`` (data, not code) its size and mtime stand in."""
     try:
         st = path.stat()
-        if st.st_size > MAX_HASH_BYTES:
+        if st.st_size > max_bytes:
             return f"size={st.st_size};mtime_ns={st.st_mtime_ns}"
         h = hashlib.sha256()
         with path.open("rb") as f:

@@ -93,6 +93,8 @@ class TickListener:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._count = 0
+        self._partial = b""
+        """The start of a line whose end has not arrived yet."""
 
     def __enter__(self) -> TickListener:
         self.start()
@@ -137,8 +139,6 @@ class TickListener:
             ready, _, _ = select.select([fd], [], [], _POLL_S)
             if ready:
                 self._drain(fd, time.monotonic_ns())
-
-    _partial = b""
 
     def _drain(self, fd: int, stamp: int) -> None:
         while True:
