@@ -653,7 +653,7 @@ def test_on_two_cpus_the_reading_thread_hashes_each_chunk_it_reads(
     import blake3
 
     from perfgate import digests
-    from perfgate.tensors import _engine, _mapped
+    from perfgate.tensors import _mapped
 
     hashing_threads: set[str] = set()
     reading_threads: set[str] = set()
@@ -682,7 +682,7 @@ def test_on_two_cpus_the_reading_thread_hashes_each_chunk_it_reads(
     monkeypatch.setattr(_mapped, "new_hasher", lambda a, threads=False: Watched(real(a, threads=threads)))
     monkeypatch.setattr(_mapped, "_pool", no_pool)
     monkeypatch.setattr(_mapped.ChunkedFile, "read_into", watched_read)
-    monkeypatch.setattr(_engine, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(_mapped, "usable_cpus", lambda: 2)
     rng = np.random.default_rng(8)
     values = {k: rng.standard_normal(5000).astype(np.float32) for k in ("a", "b")}
     dump_tensors(tmp_path / "ref.safetensors", values)

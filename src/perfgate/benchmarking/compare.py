@@ -17,7 +17,6 @@ is then unknown), and the interval always contains the speedup.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import numpy as np
 
 from perfgate.benchmarking.drift import Drift, LaunchInfo, LaunchRate, fold, interleaved_plan, measure_drift
 from perfgate.benchmarking.errors import BenchmarkError
+from perfgate.benchmarking.stats import t975
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT, Verdict, decide
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "launch_count",
     "launch_interval",
     "pooled_throughput",
-    "t975",
 ]
 
 Unit = Literal["samples", "tokens", "steps"]
@@ -57,26 +56,6 @@ STALL_DISAGREEMENT = 0.10
 """Relative gap between the pooled and the median-step speedup above which the comparison warns."""
 _UNITS: tuple[Unit, ...] = ("samples", "tokens", "steps")
 _CHUNK_ELEMENTS = 4_000_000  # bounds the bootstrap's index arrays (~32 MB of int64)
-# Two-sided 95% Student t quantiles (0.975) by degrees of freedom; interpolated in 1/df.
-_T975 = (
-    (1.0, 12.706),
-    (2.0, 4.303),
-    (3.0, 3.182),
-    (4.0, 2.776),
-    (5.0, 2.571),
-    (6.0, 2.447),
-    (7.0, 2.365),
-    (8.0, 2.306),
-    (9.0, 2.262),
-    (10.0, 2.228),
-    (12.0, 2.179),
-    (15.0, 2.131),
-    (20.0, 2.086),
-    (30.0, 2.042),
-    (60.0, 2.000),
-    (120.0, 1.980),
-    (math.inf, 1.960),
-)
 
 
 @dataclass(frozen=True)
@@ -209,17 +188,6 @@ def bootstrap_interval(
     tail = (1.0 - confidence) / 2.0 * 100.0
     low, high = np.percentile(ratio, [tail, 100.0 - tail])
     return float(low), float(high)
-
-
-def t975(df: float) -> float:
-    """The two-sided 95% Student t quantile for ``df`` degrees of freedom (table, interpolated in 1/df)."""
-    if df <= 1.0:
-        return _T975[0][1]
-    for (d0, t0), (d1, t1) in itertools.pairwise(_T975):
-        if df <= d1:
-            x0, x1 = 1.0 / d0, (0.0 if math.isinf(d1) else 1.0 / d1)
-            return t0 + (t1 - t0) * (x0 - 1.0 / df) / (x0 - x1)
-    return _T975[-1][1]
 
 
 def launch_interval(

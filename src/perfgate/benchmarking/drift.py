@@ -38,6 +38,8 @@ from typing import Literal
 
 import numpy as np
 
+from perfgate.benchmarking.stats import t975
+
 __all__ = [
     "PROBE_OPS",
     "PROBE_REPEATS",
@@ -135,12 +137,6 @@ def fold(speedup: float, low: float, high: float, drift: Drift) -> tuple[float, 
     """The interval widened by the drift on both sides; it still contains ``speedup``."""
     factor = drift.factor
     return min(low / factor, speedup), max(high * factor, speedup)
-
-
-def _t975(df: int) -> float:
-    from perfgate.benchmarking.compare import t975
-
-    return t975(float(df))
 
 
 def _trend(rates: Sequence[LaunchRate]) -> tuple[float, float, int] | None:
@@ -241,7 +237,7 @@ def measure_drift(rates: Sequence[LaunchRate]) -> Drift:
         mean_a = float(np.mean([r.info.started_s or 0.0 for r in rates if r.side == "baseline"]))
         mean_b = float(np.mean([r.info.started_s or 0.0 for r in rates if r.side == "candidate"]))
         gap = abs(mean_b - mean_a)
-        if abs(slope) > _t975(df) * se and gap > 0:
+        if abs(slope) > t975(float(df)) * se and gap > 0:
             d = abs(slope) * gap
             drifts.append(d)
             sources.append(

@@ -1,13 +1,15 @@
-"""Robust statistics of a series of step times."""
+"""Robust statistics of a series of step times, and the Student t quantile the intervals use."""
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["NOISY_IQR_RATIO", "StepStats", "step_stats"]
+__all__ = ["NOISY_IQR_RATIO", "StepStats", "step_stats", "t975"]
 
 NOISY_IQR_RATIO = 0.10
 """A window is noisy when IQR / median reaches this (torch.utils.benchmark warns at the same ratio)."""
@@ -60,3 +62,36 @@ def step_stats(step_ms: Sequence[float]) -> StepStats:
         min_ms=float(a.min()),
         max_ms=float(a.max()),
     )
+
+
+# Two-sided 95% Student t quantiles (0.975) by degrees of freedom; interpolated in 1/df.
+_T975 = (
+    (1.0, 12.706),
+    (2.0, 4.303),
+    (3.0, 3.182),
+    (4.0, 2.776),
+    (5.0, 2.571),
+    (6.0, 2.447),
+    (7.0, 2.365),
+    (8.0, 2.306),
+    (9.0, 2.262),
+    (10.0, 2.228),
+    (12.0, 2.179),
+    (15.0, 2.131),
+    (20.0, 2.086),
+    (30.0, 2.042),
+    (60.0, 2.000),
+    (120.0, 1.980),
+    (math.inf, 1.960),
+)
+
+
+def t975(df: float) -> float:
+    """The two-sided 95% Student t quantile for ``df`` degrees of freedom (table, interpolated in 1/df)."""
+    if df <= 1.0:
+        return _T975[0][1]
+    for (d0, t0), (d1, t1) in itertools.pairwise(_T975):
+        if df <= d1:
+            x0, x1 = 1.0 / d0, (0.0 if math.isinf(d1) else 1.0 / d1)
+            return t0 + (t1 - t0) * (x0 - 1.0 / df) / (x0 - x1)
+    return _T975[-1][1]

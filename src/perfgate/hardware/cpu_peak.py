@@ -27,6 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, cast
 
+from perfgate._cpus import usable_cpus
 from perfgate._filelock import held
 from perfgate._statefs import make_dirs, write_file
 
@@ -109,13 +110,6 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def machine_key(threads: int | None) -> MachineKey | PeakUnavailable:
     """This machine's key for ``threads`` (default: every CPU this process may run on)."""
     model = cpu_model()
@@ -128,7 +122,7 @@ def machine_key(threads: int | None) -> MachineKey | PeakUnavailable:
             f"the server's interpreter ({sys.executable}) has no torch to run the matmul probe with: install "
             "torch there, or pass peak_tflops"
         )
-    return MachineKey(model, os.cpu_count() or 1, torch_version, threads or _usable_cpus())
+    return MachineKey(model, os.cpu_count() or 1, torch_version, threads or usable_cpus())
 
 
 def run_probe(

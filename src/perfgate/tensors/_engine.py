@@ -8,7 +8,6 @@ enough are in flight. Finished chunks are folded in order, so every total is the
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections import deque
@@ -20,15 +19,7 @@ import numpy as np
 from perfgate.tensors._kernel import ChunkStats, KernelParams, Scratch, TensorStats, Totals, chunk_stats
 from perfgate.tensors._mapped import ChunkStream
 
-__all__ = ["Engine", "usable_cpus"]
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on."""
-    sched_getaffinity = getattr(os, "sched_getaffinity", None)
-    if sched_getaffinity is not None:
-        return len(sched_getaffinity(0))
-    return os.cpu_count() or 1
+__all__ = ["Engine"]
 
 
 class Engine:

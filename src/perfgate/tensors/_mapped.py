@@ -23,6 +23,7 @@ from typing import Any, BinaryIO, Protocol, cast
 
 import numpy as np
 
+from perfgate._cpus import usable_cpus
 from perfgate._safeopen import open_nofollow
 from perfgate.digests import ALGORITHM, Algorithm, Hasher, new_hasher
 from perfgate.tensors._errors import ComparisonCancelled, TensorInputError
@@ -132,8 +133,6 @@ def _pool() -> ThreadPoolExecutor:
     global _hash_pool
     with _hash_pool_lock:
         if _hash_pool is None:
-            from perfgate.tensors._engine import usable_cpus  # (the engine imports this module)
-
             _hash_pool = ThreadPoolExecutor(max(2, usable_cpus()), thread_name_prefix="perfgate-hash")
         return _hash_pool
 
@@ -195,8 +194,6 @@ class ChunkedFile:
         """Digest the file as the comparison reads it: from now on every chunk `FileChunks` reads is hashed
         in the same pass, while reads go forward through the file (small gaps such as headers are read
         here); `digest` then hashes only what no chunk covered."""
-        from perfgate.tensors._engine import usable_cpus  # (the engine imports this module)
-
         self._running = _Running(tuple(algorithms), inline=usable_cpus() <= _INLINE_CPUS)
 
     def observed(self, data: np.ndarray, offset: int) -> int:

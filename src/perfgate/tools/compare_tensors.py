@@ -314,7 +314,7 @@ def _hash_jobs(jobs: list[tuple[Role, DigestJob]], stop: threading.Event) -> lis
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from perfgate.tensors import ComparisonCancelled
-    from perfgate.tensors._engine import usable_cpus
+    from perfgate._cpus import usable_cpus
 
     def check() -> None:
         if stop.is_set():

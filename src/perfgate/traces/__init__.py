@@ -60,12 +60,11 @@ if TYPE_CHECKING:
         AnalysisOptions,
         analyze_table,
         analyze_trace,
-        analyze_traces,
-        combine,
         discover_trace_files,
         load_table,
     )
     from perfgate.traces.reader import TraceStream, isal_available
+    from perfgate.traces.traceset import analyze_traces, combine
 
 __all__ = [
     "CATEGORIES",
@@ -110,8 +109,8 @@ _LAZY: dict[str, str] = {
     "AnalysisOptions": "perfgate.traces.analyze",
     "analyze_table": "perfgate.traces.analyze",
     "analyze_trace": "perfgate.traces.analyze",
-    "analyze_traces": "perfgate.traces.analyze",
-    "combine": "perfgate.traces.analyze",
+    "analyze_traces": "perfgate.traces.traceset",
+    "combine": "perfgate.traces.traceset",
     "discover_trace_files": "perfgate.traces.analyze",
     "load_table": "perfgate.traces.analyze",
     "TraceStream": "perfgate.traces.reader",

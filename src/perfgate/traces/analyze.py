@@ -1,10 +1,9 @@
-"""Facade: read trace files and produce per-rank profiles and the cross-rank comparison."""
+"""Facade: read one trace file (one rank) and produce its profile; `perfgate.traces.traceset` compares ranks."""
 
 from __future__ import annotations
 
 import re
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from perfgate.traces._group import unique_counts, unique_values
 from perfgate.traces._memory import TRIM_EVERY_BYTES, TRIM_ROWS, release_free_memory
 from perfgate.traces._np import int_list
 from perfgate.traces.code import code_view
-from perfgate.traces.diagnose import diagnose
 from perfgate.traces.errors import TraceError, TraceTooLargeError
 from perfgate.traces.host import launch_stats, sync_stats
 from perfgate.traces.idle import idle_breakdown
@@ -28,7 +26,6 @@ from perfgate.traces.models import (
     RankProfile,
     RankSource,
     TimeBasis,
-    TraceSetReport,
 )
 from perfgate.traces.ops import flops_summary, top_ops
 from perfgate.traces.phases import host_breakdown
@@ -42,7 +39,7 @@ from perfgate.traces.reader import (
     TraceStream,
 )
 from perfgate.traces.sequences import frequent_sequences
-from perfgate.traces.steps import rank_skew, step_summary
+from perfgate.traces.steps import step_summary
 from perfgate.traces.table import (
     CPU_OP_CATEGORIES,
     DEVICE_CATEGORIES,
@@ -55,17 +52,15 @@ from perfgate.traces.temporal import temporal_breakdown
 
 __all__ = [
     "TRACE_SUFFIXES",
+    "UNHELD",
     "AnalysisOptions",
     "analyze_trace",
-    "analyze_traces",
-    "combine",
     "discover_trace_files",
     "load_table",
 ]
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-ProgressCallback = Callable[[int, int, str], None]
 
 
 @dataclass(frozen=True)
@@ -243,7 +238,8 @@ def _device_name(header: Header, table: EventTable, backend: Backend) -> str:
     return {"cpu": "CPU", "unknown": "unknown device"}.get(backend, backend.upper())
 
 
-_UNHELD = "beyond the 64-bit integer range"
+UNHELD = "beyond the 64-bit integer range"
+"""How a warning says an id argument could not be held exactly (`perfgate.traces.traceset` lists those first)."""
 _UNHELD_MEANS = {
     "correlation": "their kernels and runtime calls are not paired with each other (launch statistics omit them)",
     "stream": "their stream is unknown (a cuda_sync among them counts as a host wait)",
@@ -256,7 +252,7 @@ def _warnings(table: EventTable, device_events: int, prepared: Prepared, stream:
     # First: a wrong id would pair kernels with the wrong launch; these events are unpaired instead.
     for arg, (count, first) in table.unheld_ints.items():
         out.append(
-            f"args.{arg} of {count} event{'s' if count != 1 else ''} is {_UNHELD} (e.g. {first}): it cannot "
+            f"args.{arg} of {count} event{'s' if count != 1 else ''} is {UNHELD} (e.g. {first}): it cannot "
             f"be held exactly and is read as absent, so {_UNHELD_MEANS.get(arg, 'those events lack it')}"
         )
     if device_events == 0:
@@ -430,45 +426,3 @@ def analyze_trace(path: Path, options: AnalysisOptions = AnalysisOptions()) -> R
     """
     table, header, stream = load_table(path, options)
     return analyze_table(table, header, stream, path, options)
-
-
-def analyze_traces(
-    paths: Sequence[Path],
-    options: AnalysisOptions = AnalysisOptions(),
-    progress: ProgressCallback | None = None,
-) -> TraceSetReport:
-    """Analyze several trace files (one per rank) and compare the ranks.
-
-    Large sets are read in parallel (a thread and worker processes), one file per reader at a
-    time (`perfgate.traces.pool`), so memory holds a few traces' columns at a time plus the small per-rank
-    results.
-
-    Raises:
-        TraceError: as `analyze_trace`, with the offending file named in the message.
-    """
-    from perfgate.traces.pool import analyze_many
-
-    profiles = analyze_many(paths, options, progress)
-    if progress is not None:
-        progress(len(paths), len(paths), "done")
-    return combine(profiles)
-
-
-def combine(profiles: Sequence[RankProfile]) -> TraceSetReport:
-    """Sort per-rank profiles by rank, compare them (rank skew, duplicate ranks) and diagnose the walls."""
-    warnings: list[str] = []
-    ranks = Counter(p.rank for p in profiles)
-    duplicated = sorted(r for r, c in ranks.items() if c > 1)
-    if duplicated:
-        warnings.append(
-            f"several files claim rank(s) {duplicated}: the rank comparison treats them as separate entries; "
-            "pass one trace per rank"
-        )
-    ordered = sorted(profiles, key=lambda p: p.rank)
-    # Ids read as absent change what every rank's launch figures mean: said first, for the whole set.
-    unheld = [
-        f"rank {p.rank}: {w}" for p in ordered for w in p.warnings if w.startswith("args.") and _UNHELD in w
-    ]
-    warnings[:0] = unheld
-    skew = rank_skew(ordered)
-    return TraceSetReport(ranks=ordered, rank_skew=skew, warnings=warnings, findings=diagnose(ordered, skew))

@@ -51,6 +51,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from perfgate._cpus import usable_cpus
 from perfgate._deadline import checkpoint, deadline
 from perfgate._safeopen import open_file
 from perfgate.traces._events import Header
@@ -81,7 +82,6 @@ __all__ = [
     "load_split",
     "release_workers",
     "steal_point",
-    "usable_cpus",
     "worker_count",
 ]
 
@@ -138,14 +138,6 @@ class Deadline:
 
     seconds: float
     ends_at: float
-
-
-def usable_cpus() -> int:
-    """Cores this process may run on (its affinity mask), at least 1."""
-    try:
-        return max(len(os.sched_getaffinity(0)), 1)
-    except AttributeError:  # not Linux
-        return max(os.cpu_count() or 1, 1)
 
 
 def _json_bytes(path: Path) -> int:
