@@ -75,11 +75,11 @@ def work(step):
 MUTED = """\
 import time
 
-from perfgate.harness import hooks
+from perfgate.harness import _state
 
 
 def work(step):
-    win = hooks.active_window()
+    win = _state.active_window()
     if win is not None:
         win._ticks.close()  # the server hears nothing more
     time.sleep(0.012)
@@ -88,11 +88,11 @@ def work(step):
 SKIP_WHILE_MEASURED = """\
 import time
 
-from perfgate.harness import hooks
+from perfgate.harness import _state
 
 
 def work(step):
-    win = hooks.active_window()
+    win = _state.active_window()
     if win is not None and win.measuring:
         time.sleep(0.0005)
     else:

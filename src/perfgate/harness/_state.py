@@ -1,10 +1,29 @@
-"""Process-wide harness state: whether the launcher runs this process, and with which settings."""
+"""Process-wide harness state: whether the launcher runs this process and with which settings, and the
+window the probes, tensor dumps and sample records report to.
+
+`ActiveWindow` is what they may call on that window (`perfgate.harness.window.Window` is the one
+implementation): they reach it through here, so none of them imports the window module, which installs
+them.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from perfgate.harness._rank import RankInfo
 from perfgate.harness.config import HarnessConfig
 
-__all__ = ["current_config", "launcher_active", "set_launcher_config"]
+__all__ = [
+    "ActiveWindow",
+    "activate",
+    "active_window",
+    "current_config",
+    "deactivate",
+    "launcher_active",
+    "set_launcher_config",
+]
 
 _launcher_config: HarnessConfig | None = None
 
@@ -22,3 +41,57 @@ def launcher_active() -> bool:
 def current_config() -> HarnessConfig:
     """The launcher's settings when it runs this process, else the ``PERFGATE_*`` environment."""
     return _launcher_config if _launcher_config is not None else HarnessConfig.from_env()
+
+
+class ActiveWindow(Protocol):
+    """What the probes and in-process helpers call on the active window (see `Window` for each)."""
+
+    config: HarnessConfig
+    rank: RankInfo
+    timing: str
+
+    @property
+    def measuring(self) -> bool: ...
+    @property
+    def steps_completed(self) -> int: ...
+    @property
+    def windows_done(self) -> int: ...
+    def optimizer_step(self, optimizer: object) -> None: ...
+    def work_starts(self) -> None: ...
+    def add_data_wait(self, wait_ns: int, samples: int | None) -> None: ...
+    def add_model_samples(self, samples: int | None) -> None: ...
+    def add_backward(self, elapsed_ns: int) -> None: ...
+    def add_loss(self, tensor: Any) -> None: ...
+    def note_scaled_loss(self, scaler: Any, loss: Any, scaled: Any) -> None: ...
+    def add_scaler_step(self, scaler: Any) -> None: ...
+    def note_model(self, facts: dict[str, Any]) -> None: ...
+    def stream_rows_wanted(self) -> int: ...
+    def add_stream(self, header: str, data: bytes | None, rows: int) -> None: ...
+    def user_work_ran(self, what: str, elapsed_ns: int) -> None: ...
+    def own_work_ran(self, what: str, elapsed_ns: int) -> None: ...
+    def defer(self, write: Callable[[], object]) -> None: ...
+    def note(self, text: str) -> None: ...
+    def tensors_dumped(self, path: str, digest: str, size_bytes: int) -> None: ...
+    def metric_reported(self, name: str, value: float) -> None: ...
+    def close(self, reason: str = "closed", error: str | None = None) -> Path | None: ...
+
+
+_active: ActiveWindow | None = None
+
+
+def active_window() -> ActiveWindow | None:
+    """The window the probes report to now (None: no window is active in this process)."""
+    return _active
+
+
+def activate(window: ActiveWindow) -> None:
+    """Route the probes to ``window`` (`perfgate.harness.hooks.activate` installs them)."""
+    global _active
+    _active = window
+
+
+def deactivate(window: ActiveWindow) -> None:
+    """Stop routing to ``window`` (another window activated since stays active)."""
+    global _active
+    if _active is window:
+        _active = None

@@ -22,10 +22,9 @@ import os
 import re
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from perfgate.harness.window import Window
+from perfgate.harness._state import ActiveWindow
 
 __all__ = ["capture_mapping", "on_optimizer_step", "saw_module"]
 
@@ -100,7 +99,7 @@ def _path(template: str) -> str:
     return f"{root}-rank{{rank}}{ext}"
 
 
-def on_optimizer_step(window: Window, optimizer: Any) -> None:
+def on_optimizer_step(window: ActiveWindow, optimizer: Any) -> None:
     """After the step boundary: write the capture once the first optimizer completes the chosen step."""
     global _first_optimizer, _done
     cfg = window.config

@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from perfgate.digests import ALGORITHM, format_digest, new_hasher
-from perfgate.harness import hooks
+from perfgate.harness._state import active_window
 
 __all__ = ["dump_tensors"]
 
@@ -176,7 +176,7 @@ def dump_tensors(
         TypeError: a name is not a string, or a value's dtype or layout has no safetensors encoding.
         ValueError: a name is reserved.
     """
-    window = hooks.active_window()
+    window = active_window()
     started = time.perf_counter_ns()
     target = _expand(os.fspath(path), window.config.label if window is not None else None)
     if window is not None and window.config.profile is not None:

@@ -1,4 +1,4 @@
-"""Global torch hooks that feed the active :class:`~perfgate.harness.window.Window`.
+"""Global torch hooks that feed the active window (`perfgate.harness._state.active_window`).
 
 Probes, each installed at most once per process and routed to whichever window is active:
 
@@ -30,17 +30,14 @@ import hashlib
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from perfgate.harness import capture
+from perfgate.harness import _state, capture
+from perfgate.harness._state import ActiveWindow, active_window
 
-if TYPE_CHECKING:
-    from perfgate.harness.window import Window
-
-__all__ = ["activate", "active_window", "batch_size", "deactivate", "install_optimizer_hook", "model_facts"]
+__all__ = ["activate", "batch_size", "deactivate", "install_optimizer_hook", "model_facts"]
 
 _now = time.perf_counter_ns
-_active: Window | None = None
 _optimizer_handle: Any = None
 _data_loader_patched = False
 _backward_patched = False
@@ -52,17 +49,12 @@ _forward_probe: list[Any] = []
 _forward_depth = 0
 
 
-def active_window() -> Window | None:
-    return _active
-
-
-def activate(window: Window, *, data_wait: bool = True, backward: bool = True) -> None:
+def activate(window: ActiveWindow, *, data_wait: bool = True, backward: bool = True) -> None:
     """Route the probes to ``window``; installs the DataLoader and backward probes if torch is loaded.
 
     torch is never imported here: a script that does not use torch gets no probes.
     """
-    global _active
-    _active = window
+    _state.activate(window)
     torch = sys.modules.get("torch")
     if torch is None:
         return
@@ -75,10 +67,9 @@ def activate(window: Window, *, data_wait: bool = True, backward: bool = True) -
     _probe_forward(torch)
 
 
-def deactivate(window: Window) -> None:
-    global _active
-    if _active is window:
-        _active = None
+def deactivate(window: ActiveWindow) -> None:
+    """Stop routing the probes to ``window`` (they stay installed, idle while no window is active)."""
+    _state.deactivate(window)
 
 
 def install_optimizer_hook() -> None:
@@ -92,7 +83,7 @@ def install_optimizer_hook() -> None:
 
 
 def _on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
-    window = _active
+    window = active_window()
     if window is not None and window.timing == "optimizer":
         window.optimizer_step(optimizer)
         if window.config.capture_step is not None:
@@ -137,7 +128,7 @@ def _patch_data_loader() -> None:
     original = base.__next__
 
     def timed_next(self: Any) -> Any:
-        window = _active
+        window = active_window()
         if window is None:
             return original(self)
         window.work_starts()  # after the last window: the script ends before its next batch
@@ -158,7 +149,7 @@ def _patch_backward(torch: Any) -> None:
     original = autograd.backward
 
     def timed_backward(*args: Any, **kwargs: Any) -> Any:
-        window = _active
+        window = active_window()
         if window is None:
             return original(*args, **kwargs)
         window.add_loss(args[0] if args else kwargs.get("tensors"))
@@ -180,7 +171,7 @@ def _patch_save(torch: Any) -> None:
     original = torch.save
 
     def noted_save(*args: Any, **kwargs: Any) -> Any:
-        window = _active
+        window = active_window()
         if window is not None:
             window.work_starts()
         if window is None or not window.measuring:
@@ -209,13 +200,13 @@ def _patch_grad_scaler(torch: Any) -> None:
 
     def scale(self: Any, outputs: Any) -> Any:
         scaled = original_scale(self, outputs)
-        window = _active
+        window = active_window()
         if window is not None:
             window.note_scaled_loss(self, outputs, scaled)
         return scaled
 
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
-        window = _active
+        window = active_window()
         if window is not None:
             window.add_scaler_step(self)
         return original_step(self, optimizer, *args, **kwargs)
@@ -240,7 +231,7 @@ def _probe_forward(torch: Any) -> None:
     def enter(module: Any, args: tuple[Any, ...]) -> None:
         global _forward_depth
         _forward_depth += 1
-        window = _active
+        window = active_window()
         if window is not None and window.windows_done:
             # a whole window passed without a training forward (an inference loop, say): stop looking, so
             # the global hooks cost no later window anything
@@ -296,7 +287,7 @@ def _trains(module: Any) -> bool:
 
 
 def _count_forward(module: Any, args: tuple[Any, ...]) -> None:
-    window = _active
+    window = active_window()
     if window is None:
         return
     window.work_starts()  # any forward of the model, evaluation included, is new work

@@ -211,9 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _close(window: Window | None, reason: str, error: str | None) -> None:
-    from perfgate.harness import hooks
-
-    targets = [w for w in (window, hooks.active_window()) if w is not None]
+    targets = [w for w in (window, _state.active_window()) if w is not None]
     for w in dict.fromkeys(targets):
         path = w.close(reason, error)
         if path is not None and w.rank.rank == 0:

@@ -43,8 +43,8 @@ from typing import Any, Protocol, cast
 
 import msgspec
 
-from perfgate.harness import hooks
 from perfgate.harness._rank import rank_from_env
+from perfgate.harness._state import active_window
 
 __all__ = [
     "RecordingDataset",
@@ -162,7 +162,7 @@ class SampleLog:
         self._write((first + body).encode())
 
     def _write(self, data: bytes) -> None:
-        window = hooks.active_window()
+        window = active_window()
         if window is not None and window.measuring:
             # Recording is perfgate's own work: held while a window is measured, written at its end.
             window.defer(lambda: self._write_now(data))

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from perfgate.harness import _state
+from perfgate.harness import _state, hooks
 from perfgate.harness._host import host_peak_rss_bytes, host_rss_bytes
 from perfgate.harness._rank import RankInfo, rank_from_env
 from perfgate.harness.config import ENV_PREFIX, HarnessConfig, ProfileConfig
@@ -310,8 +310,6 @@ class Window:
 
     def _activate_probes(self) -> None:
         if self._instrument:
-            from perfgate.harness import hooks
-
             hooks.activate(self, data_wait=self.config.data_wait, backward=self.config.backward)
 
     def _begin(self, start_ns: int) -> None:
@@ -463,8 +461,6 @@ class Window:
             self._stop_reason = reason
         if error is not None:
             self._error = error
-        from perfgate.harness import hooks
-
         hooks.deactivate(self)
         self._run_deferred()
         self._ticks.close()
@@ -841,14 +837,12 @@ def report_metric(name: str, value: float) -> bool:
     Raises:
         ValueError: an empty or over-long name, or a value that is not a finite number.
     """
-    from perfgate.harness import hooks
-
     if not isinstance(name, str) or not 0 < len(name) <= 100:  # pyright: ignore[reportUnnecessaryIsInstance]  # caller input
         raise ValueError("a metric name is a non-empty string of at most 100 characters")
     number = float(value)
     if not math.isfinite(number):
         raise ValueError(f"metric {name!r} is {value!r}: report a finite number")
-    window = hooks.active_window()
+    window = _state.active_window()
     if window is None:
         return False
     window.metric_reported(name, number)
