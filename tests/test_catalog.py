@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from mcp import Client
 
+from perfgate._toolnames import TOOL_MODULES
 from perfgate.schemas import SCHEMA_DIR
 from perfgate.server import build_server
-from perfgate.tools import TOOL_MODULES
 from perfgate.tools._config import ServerConfig
 
 pytestmark = pytest.mark.anyio
@@ -35,7 +35,7 @@ _PROBE = textwrap.dedent(
     import anyio
     from mcp import Client
     from perfgate.server import build_server
-    from perfgate.tools import TOOL_MODULES
+    from perfgate._toolnames import TOOL_MODULES
     from perfgate.tools._config import ServerConfig
 
     def loaded():

@@ -236,7 +236,7 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
 
 
 def _cmd_schemas(args: argparse.Namespace) -> int:
-    from perfgate.schemas import check_schemas, write_schemas
+    from perfgate.generated import check_schemas, write_schemas
 
     if args.check:
         drift = check_schemas()

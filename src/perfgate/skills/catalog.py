@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfgate._toolnames import TOOL_MODULES
+
 __all__ = [
     "REFERENCES",
     "SKILL_DIR",
@@ -121,8 +123,6 @@ TOOL_REFERENCE_PREFIX = "tool-"
 
 
 def _tool_references() -> tuple[Reference, ...]:
-    from perfgate.tools import TOOL_MODULES
-
     return tuple(
         Reference(
             f"{TOOL_REFERENCE_PREFIX}{name}",

@@ -11,30 +11,14 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from perfgate._toolnames import TOOL_MODULES
+
 if TYPE_CHECKING:
     from perfgate.tools._spec import AnySpec, ToolSpec
 
     REGISTRY: tuple[AnySpec, ...]
 
-__all__ = ["REGISTRY", "TOOL_MODULES", "ToolSpec", "registered_specs", "shipped_registry"]
-
-TOOL_MODULES: tuple[str, ...] = (
-    "collect_env",
-    "run_benchmark_window",
-    "benchmark_run",
-    "import_benchmark",
-    "compare_benchmarks",
-    "check_training_health",
-    "profile_segment",
-    "analyze_trace",
-    "estimate_flops",
-    "compute_mfu",
-    "compare_tensors",
-    "audit_samples",
-    "plan_parallel_layout",
-    "record_decision",
-)
-"""The tool modules of ``perfgate.tools``, in registry order; each defines ``SPEC``."""
+__all__ = ["REGISTRY", "ToolSpec", "registered_specs", "shipped_registry"]
 
 
 def _shipped() -> tuple[AnySpec, ...]:

@@ -313,8 +313,8 @@ def _hash_jobs(jobs: list[tuple[Role, DigestJob]], stop: threading.Event) -> lis
     at the next chunk once ``stop`` is set."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
-    from perfgate.tensors import ComparisonCancelled
     from perfgate._cpus import usable_cpus
+    from perfgate.tensors import ComparisonCancelled
 
     def check() -> None:
         if stop.is_set():

@@ -1,0 +1,99 @@
+"""Every file generated from the code: the tool schemas and the ``tools/list`` catalog in `perfgate.schemas`,
+the skill's contract vocabulary reference, rendered from the vocabulary the code checks, and each tool's
+reference page (``references/tool-<name>.md``), rendered from its documented schemas.
+
+`perfgate schemas` writes them; ``--check`` fails on drift. Generating them builds a server, so this module
+sits above `perfgate.server`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from perfgate.benchmarking.vocabulary import render_vocabulary
+from perfgate.schemas import SCHEMA_DIR
+from perfgate.server import build_server, tool_for
+from perfgate.skills.catalog import reference, tool_reference
+from perfgate.tools import registered_specs
+from perfgate.tools._reference import render_tool_reference
+from perfgate.tools._runtime import ServerConfig
+
+__all__ = ["check_schemas", "render_schemas", "write_schemas"]
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+async def _tools_list() -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        server = build_server(ServerConfig.create(Path(tmp)), catalog=False)
+        tools = await server.list_tools()
+    return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
+
+
+def render_schemas() -> dict[str, str]:
+    """File name -> content for every generated schema file.
+
+    ``<tool>.input.json`` is the documented input schema (with every field's description), which the
+    server validates with; tools/list carries its listed form (`perfgate.tools._lean.listed_schema`).
+    """
+    tools = anyio.run(_tools_list)
+    specs = registered_specs(read_only=False)
+    files = {"tools_list.json": _dump(tools)}
+    index = [
+        {"name": s.name, "module": s.run.__module__, "runs_commands": s.runs_commands, "writes": s.writes}
+        for s in specs
+    ]
+    files["tools_index.json"] = _dump(index)
+    for spec, tool in zip(specs, tools, strict=True):
+        files[f"{tool['name']}.input.json"] = _dump(tool_for(spec).documented)
+        files[f"{tool['name']}.output.json"] = _dump(tool.get("outputSchema"))
+    return files
+
+
+def _elsewhere(files: dict[str, str]) -> dict[Path, str]:
+    """Generated files outside the schema folder (the vocabulary and each tool's skill reference), from the
+    schema files ``files``: path -> content."""
+    out = {reference("vocabulary").path: render_vocabulary()}
+    listed = {t["name"]: t for t in json.loads(files["tools_list.json"])}
+    for spec in registered_specs(read_only=False):
+        page = tool_reference(spec.name)
+        if page is not None:
+            documented = json.loads(files[f"{spec.name}.input.json"])
+            out[page.path] = render_tool_reference(page.title, listed[spec.name], documented, spec.details)
+    return out
+
+
+def write_schemas() -> list[Path]:
+    """Regenerate the schema files (removing stale ones); returns the paths written."""
+    files = render_schemas()
+    for stale in SCHEMA_DIR.glob("*.json"):
+        if stale.name not in files:
+            stale.unlink()
+    targets = {SCHEMA_DIR / name: content for name, content in files.items()} | _elsewhere(files)
+    for path, content in targets.items():
+        path.write_text(content, encoding="utf-8")
+    return list(targets)
+
+
+def check_schemas() -> list[str]:
+    """Differences between the checked-in files and freshly generated ones (empty when in sync)."""
+    files = render_schemas()
+    drift: list[str] = []
+    targets = {SCHEMA_DIR / name: content for name, content in files.items()} | _elsewhere(files)
+    for path, content in targets.items():
+        name = path.name if path.parent == SCHEMA_DIR else str(path.relative_to(SCHEMA_DIR.parent))
+        if not path.exists():
+            drift.append(f"missing: {name}")
+        elif path.read_text(encoding="utf-8") != content:
+            drift.append(f"changed: {name}")
+    for path in SCHEMA_DIR.glob("*.json"):
+        if path.name not in files:
+            drift.append(f"stale: {path.name}")
+    return drift
