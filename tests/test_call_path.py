@@ -24,9 +24,9 @@ from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 from mcp.types import CallToolResult
 from pydantic import BaseModel, Field, ValidationError
 
-from perfgate.envprobe.redact import placeholder
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, EvidenceState, Ledger, canonical_json
 from perfgate.redaction import Scrubber
+from perfgate.redactor import placeholder
 from perfgate.tools._adapter import compact_schema, inline_refs
 from perfgate.tools._catalog import CatalogTool
 from perfgate.tools._runtime import ServerConfig, ToolRuntime

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from perfgate.envprobe import REDACTED, Redactor, is_secret_name
 from perfgate.evidence import Ledger
+from perfgate.redactor import REDACTED, Redactor, is_secret_name
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
 from perfgate.tools.collect_env import CollectEnvInput, run
 

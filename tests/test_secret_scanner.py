@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from perfgate.envprobe.redact import Redactor, placeholder, redact_env_values, request_secrets
 from perfgate.evidence import Ledger
-from perfgate.execution.request import CommandRequest
-from perfgate.redaction import Scrubber, redact_request
+from perfgate.execution.request import CommandRequest, redact_request
+from perfgate.redaction import Scrubber
+from perfgate.redactor import Redactor, placeholder, redact_env_values, request_secrets
 from perfgate.secretscan import find_secrets, random_like, value_secrets
 
 FOUND = {

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from perfgate.envprobe.redact import placeholder
 from perfgate.evidence import EvidenceState, Ledger
 from perfgate.execution.audit import Decision, How, record_decision
 from perfgate.execution.request import CommandRequest
+from perfgate.redactor import placeholder
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
 
 pytestmark = pytest.mark.anyio

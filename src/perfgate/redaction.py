@@ -14,7 +14,7 @@ What goes:
   flag, or positional), the stricter value rules too; what a request's values hold goes wherever else it
   appears (a log that prints it, say).
 
-Each secret becomes ``<redacted:KIND:TAG>`` (`perfgate.envprobe.redact.placeholder`): the same secret gets
+Each secret becomes ``<redacted:KIND:TAG>`` (`perfgate.redactor.placeholder`): the same secret gets
 the same placeholder, so stored argv and env still compare equal between two runs given the same token.
 Redaction is one-way: approvals and digests bind the real values before anything is redacted.
 """
@@ -27,9 +27,9 @@ import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from perfgate.envprobe.redact import (
+from perfgate.redactor import (
     REDACTED,
     Redactor,
     is_redacted,
@@ -40,16 +40,12 @@ from perfgate.envprobe.redact import (
 )
 from perfgate.secretscan import value_secrets
 
-if TYPE_CHECKING:
-    from perfgate.execution.request import CommandRequest
-
 __all__ = [
     "REDACTED",
     "LogRedactionFilter",
     "Scrubber",
     "flag_secrets",
     "install_log_filter",
-    "redact_request",
     "scrub_bytes",
     "scrub_file",
 ]
@@ -368,21 +364,6 @@ def scrub_file(path: Path, scrub: Scrubber, chunk_bytes: int = 1 << 20) -> int:
     else:
         os.replace(tmp, path)
     return scrub.redactions - before
-
-
-def redact_request(request: CommandRequest) -> CommandRequest:
-    """``request`` with secrets removed from argv, env values and reason (for storage and display).
-
-    Its digest changes; keep the real request's digest where it must match (approvals do).
-    """
-    scrub = Scrubber.for_values(request.env, request.argv)
-    return request.model_copy(
-        update={
-            "argv": tuple(scrub.argv(request.argv)),
-            "env": {k: str(v) for k, v in scrub.env(request.env).items()},
-            "reason": scrub.text(request.reason),
-        }
-    )
 
 
 class LogRedactionFilter(logging.Filter):

@@ -1,12 +1,13 @@
-"""The training environment as the training process sees it: probe, system tools, provenance, redaction.
+"""The training environment as the training process sees it: probe, system tools, provenance.
 
 - `probe`: the stdlib-only probe script run by the *training* interpreter, and its JSON Lines output.
 - `systools`: nvidia-smi / NVML / mthreads-gmi / rocm-smi / nsys / ncu / msys / mcu, found and parsed.
+- `fixed`: perfgate's own read-only queries (argv chosen by the code, never by tool input), run with
+  the executor's process-group, timeout and output rules.
 - `provenance`: git commit, dirty state and diff; container facts.
 - `visibility`: devices the process sees against the visibility variables and the host.
-- `redact`: secrets removed and host identity sanitised in everything recorded.
 - `fingerprint`: the facts that decide whether two measurements are comparable.
-- `collect`: all of the above merged into one sanitised record.
+- `collect`: all of the above merged into one record, sanitised by `perfgate.redactor`.
 
 Nothing here imports torch; the probe imports it in its own process.
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from perfgate._lazy import lazy_exports
-from perfgate.envprobe.redact import REDACTED, Redactor, is_secret_name
 from perfgate.envprobe.visibility import count_listed, visibility  # eager: the function shadows its module
 
 if TYPE_CHECKING:
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FINGERPRINT_VERSION",
-    "REDACTED",
     "SCHEMA_VERSION",
     "Assembled",
     "Backend",
@@ -69,7 +68,6 @@ __all__ = [
     "GitSnapshot",
     "ProbeOutput",
     "Provenance",
-    "Redactor",
     "SystemDevice",
     "SystemTool",
     "Unavailable",
@@ -81,7 +79,6 @@ __all__ = [
     "count_listed",
     "format_cudnn_version",
     "git_snapshot",
-    "is_secret_name",
     "is_server_interpreter",
     "learn_host",
     "make_fingerprint",

@@ -29,8 +29,8 @@ from perfgate.envprobe.models import (
 )
 from perfgate.envprobe.probe import ProbeOutput
 from perfgate.envprobe.provenance import GitSnapshot
-from perfgate.envprobe.redact import HOSTNAME, Redactor
 from perfgate.envprobe.visibility import visibility
+from perfgate.redactor import HOSTNAME, Redactor
 
 __all__ = [
     "SCHEMA_VERSION",

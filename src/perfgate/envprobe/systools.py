@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from perfgate.envprobe.fixed import RawRun, run_fixed
 from perfgate.envprobe.models import SystemDevice, SystemTool
-from perfgate.execution.fixed import RawRun, run_fixed
 
 __all__ = [
     "DEVICE_TOOLS",

@@ -4,7 +4,7 @@ Tools that run user commands declare ``ToolSpec.command`` (input -> `CommandRequ
 ``await rt.run_command(request, evidence)`` in their body; the server's approval gate has already
 approved exactly that request (allowlist, elicitation, or a human's ``perfgate approve``) before the body
 runs. No tool starts a process any other way: perfgate's own fixed diagnostic queries (``nvidia-smi``,
-``git``; argv never from tool input, so no approval) go through `perfgate.execution.fixed`, with the same
+``git``; argv never from tool input, so no approval) go through `perfgate.envprobe.fixed`, with the same
 process-group and timeout rules.
 """
 

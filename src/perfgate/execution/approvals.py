@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from perfgate._sqlite import retry_while_busy
-from perfgate.execution.request import CommandRequest
+from perfgate.execution.request import CommandRequest, redact_request
 from perfgate.execution.scope import ApprovalScope, request_print
 from perfgate.trust import SigningKey, TrustRoot
 
@@ -114,8 +114,6 @@ def _mac_text(row: tuple[object, ...] | list[object]) -> str:
 
 def _stored_request(request: CommandRequest) -> str:
     """The request as kept in the store: secret values redacted (the digest column binds the real ones)."""
-    from perfgate.redaction import redact_request
-
     return redact_request(request).model_dump_json()
 
 

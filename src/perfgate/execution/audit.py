@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.execution.request import CommandRequest
+from perfgate.redactor import redact_env_values
 
 __all__ = ["APPROVAL_TOOL", "Decision", "How", "operator_identity", "record_decision"]
 
@@ -60,9 +61,6 @@ def operator_identity() -> str:
 
 
 def _stored_request(request: CommandRequest) -> dict[str, Any]:
-    # imported here: the envprobe package (its pydantic models) is not needed to start a server
-    from perfgate.envprobe.redact import redact_env_values
-
     fields = {**request.bound_fields(), "reason": request.reason}
     if isinstance(fields.get("env"), dict):
         fields["env"] = redact_env_values(cast("dict[str, Any]", fields["env"]))

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 
-from perfgate.execution.fixed import run_fixed
+from perfgate.envprobe.fixed import run_fixed
 from perfgate.execution.target import command_target, user_argv
 
 __all__ = [

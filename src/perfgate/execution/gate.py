@@ -33,7 +33,7 @@ from perfgate.execution.approvals import ApprovalStatus, ApprovalStore
 from perfgate.execution.audit import Decision, How, record_decision
 from perfgate.execution.changes import ChangeStore, change_view
 from perfgate.execution.policy import ExecutionPolicy
-from perfgate.execution.request import CommandRequest
+from perfgate.execution.request import CommandRequest, redact_request
 from perfgate.execution.scope import ApprovalScope, request_print
 from perfgate.execution.target import harness_entries
 
@@ -76,8 +76,6 @@ def approve_command(approval_id: str, workspace: Path) -> str:
 
 def _shown(request: CommandRequest, tool: str) -> str:
     """The request as shown outside the approval itself: secrets redacted."""
-    from perfgate.redaction import redact_request
-
     return redact_request(request).describe(tool)
 
 

@@ -5,7 +5,7 @@ variables it sets on top of the server's environment, its limits, and (once the 
 `perfgate.execution.binding`) the code it runs: the digests of the files its argv names and the
 workspace's code state. The digest covers exactly those; the agent's stated reason is shown to the human
 but not bound, so rewording it does not need a new approval while any change to what runs does, an edit
-of the approved script included.
+of the approved script included. `redact_request` is the request as stored and shown: its secrets removed.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["DIGEST_VERSION", "CodeBinding", "CommandRequest"]
+from perfgate.redaction import Scrubber
+
+__all__ = ["DIGEST_VERSION", "CodeBinding", "CommandRequest", "redact_request"]
 
 DIGEST_VERSION = 3
 """Bumped when the digested fields change, so an old approval can never match a new meaning."""
@@ -171,3 +173,18 @@ class CommandRequest(BaseModel):
             f"digest:   {self.short_digest}",
         ]
         return "\n".join(lines)
+
+
+def redact_request(request: CommandRequest) -> CommandRequest:
+    """``request`` with secrets removed from argv, env values and reason (for storage and display).
+
+    Its digest changes; keep the real request's digest where it must match (approvals do).
+    """
+    scrub = Scrubber.for_values(request.env, request.argv)
+    return request.model_copy(
+        update={
+            "argv": tuple(scrub.argv(request.argv)),
+            "env": {k: str(v) for k, v in scrub.env(request.env).items()},
+            "reason": scrub.text(request.reason),
+        }
+    )

@@ -24,7 +24,6 @@ from perfgate.envprobe import (
     EnvironmentSummary,
     Fingerprint,
     Provenance,
-    Redactor,
     SystemTool,
     Unavailable,
     Visibility,
@@ -34,6 +33,7 @@ from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandError, CommandProgress, CommandResult, ExecLimits, execute
 from perfgate.execution.request import CommandRequest
 from perfgate.quoting import file_text
+from perfgate.redactor import Redactor
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 

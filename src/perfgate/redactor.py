@@ -1,4 +1,5 @@
-"""Redaction of secrets and sanitisation of host identity in everything collect_env records.
+"""Redaction of secrets and sanitisation of host identity: the `Redactor` collect_env applies to what it
+records, and the pieces the one redaction layer (`perfgate.redaction`) builds on.
 
 Two different jobs, applied in this order to every string of a result and to every text artifact:
 
