@@ -532,7 +532,7 @@ def test_the_connection_outlives_its_own_writes_but_not_a_replaced_index(workspa
 def test_the_anchor_text_is_the_compact_json_of_the_anchor(replaced: list[dict[str, Any]]) -> None:
     """Anchor slots are written field by field; the text must stay what encoding the anchor gives (also for
     a workspace path that is not ASCII, and with databases replaced before)."""
-    from perfgate.evidence import ledger as ledger_module
+    from perfgate.evidence import anchor as anchor_module
 
     anchor = {
         "ledger_id": "0123456789abcdef" * 2,
@@ -544,7 +544,7 @@ def test_the_anchor_text_is_the_compact_json_of_the_anchor(replaced: list[dict[s
         "replaced": replaced,
     }
     expected = json.dumps(anchor, separators=(",", ":")).encode()
-    assert ledger_module._anchor_text(anchor) == expected  # pyright: ignore[reportPrivateUsage]
+    assert anchor_module._anchor_text(anchor) == expected  # pyright: ignore[reportPrivateUsage]
 
 
 @pytest.mark.anyio
@@ -755,7 +755,7 @@ def test_an_anchor_slot_written_in_part_ends_up_holding_exactly_the_new_slot(
     """Only the changed head of a slot is written over what the slot held (read under the anchor's lock):
     whatever that was (another anchor, a torn write, stray bytes in its padding, a shorter file), the slot
     must then hold the new slot byte for byte."""
-    from perfgate.evidence import ledger as ledger_module
+    from perfgate.evidence import anchor as anchor_module
 
     size = 8192
     old = bytearray(old_text.ljust(size - 1) + b"\n")
@@ -763,22 +763,22 @@ def test_an_anchor_slot_written_in_part_ends_up_holding_exactly_the_new_slot(
         old[at : at + len(chunk)] = chunk
     old_bytes = bytes(old[:size]) if whole else bytes(old[: size // 2])
     new = new_text.ljust(size - 1) + b"\n"
-    end = ledger_module._changed_end(old_bytes, new, len(new_text))  # pyright: ignore[reportPrivateUsage]
+    end = anchor_module._changed_end(old_bytes, new, len(new_text))  # pyright: ignore[reportPrivateUsage]
     assert new[:end] + old_bytes[end:] == new
 
 
 def test_the_remembered_process_id_is_the_childs_after_a_fork(workspace: Path) -> None:
     """The ledger reads its process id without a system call; a forked child must still see its own (or it
     would write through the parent's connection and descriptors)."""
-    from perfgate.evidence import ledger as ledger_module
+    from perfgate.evidence._held import this_pid
 
-    assert ledger_module._this_pid() == os.getpid()  # pyright: ignore[reportPrivateUsage]
+    assert this_pid() == os.getpid()
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            os.write(write, str(ledger_module._this_pid()).encode())  # pyright: ignore[reportPrivateUsage]
+            os.write(write, str(this_pid()).encode())
             code = 0
         finally:
             os._exit(code)

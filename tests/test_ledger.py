@@ -20,6 +20,7 @@ import pytest
 from _races import open_twice_after_both_looked
 from perfgate.cli import main as cli_main
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
+from perfgate.evidence.signing import RecordSigner
 
 
 def _append(ledger: Ledger, tool: str = "t", artifact: bytes | None = None, **result: object) -> str:
@@ -413,15 +414,15 @@ def test_an_append_racing_verify_is_not_a_removed_tail(
     ledger = Ledger(workspace)
     for i in range(3):
         _append(ledger, value=i)
-    real = Ledger._record_problem
+    real = RecordSigner.record_problem
     raced: list[str] = []
 
-    def record_problem(self: Ledger, *args: Any) -> str | None:
+    def record_problem(self: RecordSigner, *args: Any) -> str | None:
         if not raced:  # once verify holds its read of the records: another append commits
             raced.append(_append(Ledger(workspace), value=99))
         return real(self, *args)
 
-    monkeypatch.setattr(Ledger, "_record_problem", record_problem)
+    monkeypatch.setattr(RecordSigner, "record_problem", record_problem)
     report = ledger.verify()
     assert raced and report.ok, report.errors
     assert report.records == 3
@@ -437,20 +438,20 @@ def test_processes_opening_an_unsigned_ledger_at_once_both_open_it(
     ("duplicate column name"), so it could not open its ledger."""
     import contextlib
 
-    from perfgate.evidence.ledger import _SCHEMA, _Connection  # pyright: ignore[reportPrivateUsage]
+    from perfgate.evidence._database import SCHEMA, Connection
 
     db = workspace / ".perfgate" / "ledger.db"
     db.parent.mkdir()
     with contextlib.closing(sqlite3.connect(db)) as old:
         old.executescript(
-            _SCHEMA.replace("    key_id TEXT,\n    mac TEXT\n", "").replace(
+            SCHEMA.replace("    key_id TEXT,\n    mac TEXT\n", "").replace(
                 "hash TEXT NOT NULL,", "hash TEXT NOT NULL"
             )
         )
         assert {r[1] for r in old.execute("PRAGMA table_info(evidence)")} & {"key_id", "mac"} == set()
 
     def open_ledger() -> str:  # what a process opening the ledger does: a connection of its own
-        with _Connection(db).use():
+        with Connection(db).use():
             pass
         return "ok"
 

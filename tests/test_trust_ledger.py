@@ -18,7 +18,7 @@ from mcp import Client
 
 from perfgate.cli import main as cli_main
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
-from perfgate.evidence.ledger import GENESIS_HASH
+from perfgate.evidence.records import GENESIS_HASH
 from perfgate.trust import TrustRoot
 from test_record_decision import Evidence, _honest, _keep, _open, _text
 
@@ -242,14 +242,16 @@ def test_a_verify_racing_the_first_append_looks_for_the_anchor_again(
     # looks: a moment later the anchor is there, and the ledger verifies.
     ledger = Ledger(workspace)
     _append(ledger, i=0)
-    real = Ledger._anchor_to_check  # pyright: ignore[reportPrivateUsage]
+    from perfgate.evidence import verify
+
+    real = verify._anchor_to_check  # pyright: ignore[reportPrivateUsage]
     looks: list[int] = []
 
-    def not_yet(self: Ledger, key: Any) -> Any:
+    def not_yet(trust_anchor: Any, key: Any) -> Any:
         looks.append(1)
-        return None if len(looks) == 1 else real(self, key)
+        return None if len(looks) == 1 else real(trust_anchor, key)
 
-    monkeypatch.setattr(Ledger, "_anchor_to_check", not_yet)
+    monkeypatch.setattr(verify, "_anchor_to_check", not_yet)
     report = Ledger(workspace).verify()
     assert report.ok, report.errors
     assert len(looks) == 2
