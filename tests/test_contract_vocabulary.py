@@ -179,7 +179,7 @@ async def test_a_refused_contract_names_the_vocabulary_resource_and_the_resource
 
 
 def test_command_line_degrees_are_read_through_the_vocabulary() -> None:
-    from perfgate.tools.compare_benchmarks import argv_degrees
+    from perfgate.benchmarking.argv import argv_degrees
 
     argv = ["python", "train.py", "--tensor-model-parallel-size", "2", "--pp_degree=3", "--lr", "1"]
     argv += [

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -50,6 +50,7 @@ __all__ = [
     "fold",
     "host_speed_probe",
     "interleaved_plan",
+    "launch_infos",
     "measure_drift",
 ]
 
@@ -266,3 +267,34 @@ def interleaved_plan(baseline_call: str, candidate_call: str, repeats: int = 2) 
         f"repeats={repeats}) twice, then the baseline's call again; compare_benchmarks(baseline=[1st id, 4th id], "
         "candidate=[2nd id, 3rd id]): the baseline brackets the candidate, so drift hits both sides"
     )
+
+
+def launch_infos(call: str, result: Mapping[str, Any]) -> dict[str, LaunchInfo]:
+    """Launch tag (``<call>:<index>``, as the series samples carry it) -> when the server started it and its
+    host load, from a window record's result (``call``: its evidence id)."""
+
+    def column(name: str) -> list[Any]:
+        value = result.get(name)
+        return list(cast("list[Any]", value)) if isinstance(value, list) else []
+
+    def number(values: list[Any], k: int) -> float | None:
+        v = values[k] if k < len(values) else None
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    starts, speeds = column("launch_started_unix_s"), column("launch_host_speed")
+    loads = [cast("dict[str, Any]", x) if isinstance(x, dict) else {} for x in column("host_load")]
+    out: dict[str, LaunchInfo] = {}
+    for k in range(max(len(starts), len(speeds), len(loads), 1)):
+        load = loads[k] if k < len(loads) and loads[k].get("measured") else {}
+        share, job, other, cpus = (
+            number([load.get(f)], 0) for f in ("other_share", "job_cpus", "other_cpus", "cpus")
+        )
+        free = (cpus - other) if cpus is not None and other is not None else None
+        out[f"{call}:{k}"] = LaunchInfo(
+            call=call,
+            started_s=number(starts, k),
+            other_share=share,
+            host_speed=number(speeds, k),
+            exposure=min(1.0, job / free) if job is not None and free is not None and free > 0 else None,
+        )
+    return out

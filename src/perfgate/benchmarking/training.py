@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["LOSS_RTOL", "ModelShape", "SideTraining", "TrainingCheck", "training_differences"]
+__all__ = ["LOSS_RTOL", "ModelShape", "SideTraining", "TrainingCheck", "caution", "training_differences"]
 
 LOSS_RTOL = 1e-3
 """Relative difference of one step's loss beyond which the sides train differently: above what a reordered
@@ -144,3 +144,17 @@ def training_differences(base: SideTraining, cand: SideTraining) -> TrainingChec
     _data(base, cand, out)
     _loss(base, cand, out)
     return out
+
+
+def caution(differs: Sequence[str], verdict: str) -> str | None:
+    """The comparison's first line when the candidate may train differently (``differs``: the ways it may);
+    None when nothing shows it does."""
+    if not differs:
+        return None
+    return (
+        "training may differ: "
+        + "; ".join(differs)
+        + f". The '{verdict}' verdict is not an equivalent speedup until correctness evidence (compare_tensors, "
+        "audit_samples, check_training_health) shows the candidate trains the same; a keep needs it, or "
+        "classification 'training_change'"
+    )

@@ -1,0 +1,92 @@
+"""The A/B of two sides' window evidence: comparability first; when comparable, the pooled speedup with the
+host drift between the sides folded in, and whether the candidate may train differently."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from perfgate.benchmarking.comparability import Comparability, comparability
+from perfgate.benchmarking.sides import per_device as per_device_samples
+from perfgate.benchmarking.sides import read_samples, side_training
+from perfgate.benchmarking.training import TrainingCheck, training_differences
+
+if TYPE_CHECKING:
+    from perfgate.benchmarking.compare import Comparison, WindowSample
+    from perfgate.evidence import EvidenceRecord
+
+__all__ = ["EvidenceComparison", "compare_evidence"]
+
+
+@dataclass(frozen=True)
+class EvidenceComparison:
+    """``comparison`` and ``training`` are None when the sides are incomparable (``comparability.reasons``);
+    ``warnings`` are the answer's; the step times (milliseconds, per device when so compared) are what the
+    A/B plot shows."""
+
+    comparability: Comparability
+    comparison: Comparison | None
+    training: TrainingCheck | None
+    warnings: list[str]
+    baseline_step_ms: list[float] = field(default_factory=list[float])
+    candidate_step_ms: list[float] = field(default_factory=list[float])
+
+
+def _windows(workspace: Path, records: Sequence[EvidenceRecord], per_device: bool) -> list[WindowSample]:
+    out: list[WindowSample] = []
+    for r in records:
+        samples = read_samples(workspace, r)
+        out += per_device_samples(samples, r) if per_device else samples
+    return out
+
+
+def compare_evidence(
+    workspace: Path,
+    base: Sequence[EvidenceRecord],
+    cand: Sequence[EvidenceRecord],
+    declared: Sequence[str],
+    *,
+    per_device: bool,
+    min_effect: float,
+    busy_share: float,
+) -> EvidenceComparison:
+    """Compare baseline and candidate window evidence (artifacts read under ``workspace``): incomparable
+    with reasons, or the speedup of pooled throughput (per device-second with ``per_device``) with its
+    interval and verdict (effects below ``min_effect`` are within noise).
+
+    Raises:
+        BenchmarkError: a stored contract names one entry twice, a window's step series is missing, changed
+            or unreadable, or a side has no usable steps.
+    """
+    from perfgate.benchmarking.compare import compare_windows
+    from perfgate.benchmarking.drift import interleaved_plan, launch_infos
+
+    judged = comparability(base, cand, declared, per_device=per_device, busy_share=busy_share)
+    if judged.reasons:
+        return EvidenceComparison(judged, None, None, judged.busy)
+    base_windows = _windows(workspace, base, per_device)
+    cand_windows = _windows(workspace, cand, per_device)
+    launches = {tag: info for r in [*base, *cand] for tag, info in launch_infos(r.id, r.result).items()}
+    settle = interleaved_plan(f"the inputs of {base[0].id}", f"the inputs of {cand[0].id}")
+    result = compare_windows(
+        base_windows, cand_windows, min_effect=min_effect, launches=launches, settle=settle
+    )
+    training = training_differences(side_training(workspace, base), side_training(workspace, cand))
+    imported = (
+        [
+            f"evidence {', '.join(judged.imported)} is imported, not launched by perfgate: the step times are what "
+            "the trainer logged, bound to no environment unless one was attached"
+        ]
+        if judged.imported
+        else []
+    )
+    return EvidenceComparison(
+        judged,
+        result,
+        training,
+        result.warnings + imported + judged.busy,
+        [t * 1e3 for w in base_windows for t in w.step_s],
+        [t * 1e3 for w in cand_windows for t in w.step_s],
+    )
