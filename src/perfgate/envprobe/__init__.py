@@ -7,6 +7,7 @@
 - `redact`: secrets removed and host identity sanitised in everything recorded.
 - `fingerprint`: the facts that decide whether two measurements are comparable.
 - `collect`: all of the above merged into one sanitised record.
+- `capture`: one collect_env call's capture: host facts, the probe run judged, the record's artifacts.
 
 Nothing here imports torch; the probe imports it in its own process.
 """
