@@ -24,8 +24,8 @@ from perfgate.benchmarking.records import load_records, read_record
 from perfgate.evidence import Ledger
 from perfgate.harness.dump import dump_tensors
 from perfgate.tensors import TensorInputError
+from perfgate.tensors import session as tensor_session
 from perfgate.tensors.source import open_tensor_source
-from perfgate.tools import compare_tensors
 
 pytestmark = pytest.mark.anyio
 
@@ -75,7 +75,7 @@ async def test_compare_tensors_reports_a_file_truncated_mid_call(
 ) -> None:
     dump_tensors(workspace / "ref.safetensors", {"w": np.zeros(1 << 16, np.float32)})
     dump_tensors(workspace / "cand.safetensors", {"w": np.ones(1 << 16, np.float32)})
-    real_open = compare_tensors._open
+    real_open = tensor_session.open_side
 
     def open_then_truncate(role: Any, path: Path, confine: Any) -> Any:
         source = real_open(role, path, confine)
@@ -83,7 +83,7 @@ async def test_compare_tensors_reports_a_file_truncated_mid_call(
             os.truncate(path, 100)
         return source
 
-    monkeypatch.setattr(compare_tensors, "_open", open_then_truncate)
+    monkeypatch.setattr(tensor_session, "open_side", open_then_truncate)
     async with Client(server) as client:
         result = await client.call_tool(
             "compare_tensors",

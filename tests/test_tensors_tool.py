@@ -199,15 +199,15 @@ async def test_cancelling_the_call_stops_the_comparison_and_records_nothing(
 
     import anyio
 
-    import perfgate.tensors
     import perfgate.tensors.compare
+    import perfgate.tensors.session
     from perfgate.tensors import ComparisonCancelled
     from perfgate.tools._runtime import ToolRuntime
 
     monkeypatch.setattr(perfgate.tensors.compare, "_PROGRESS_EVERY_BYTES", 1)  # report after every chunk
     finished = threading.Event()
     outcome: list[BaseException | None] = []
-    real_compare = perfgate.tensors.compare_sources
+    real_compare = perfgate.tensors.session.compare_sources
 
     def watched_compare(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -221,7 +221,7 @@ async def test_cancelling_the_call_stops_the_comparison_and_records_nothing(
         finally:
             finished.set()
 
-    monkeypatch.setattr(perfgate.tensors, "compare_sources", watched_compare)  # the tool imports it on use
+    monkeypatch.setattr(perfgate.tensors.session, "compare_sources", watched_compare)
     dump_tensors(workspace / "r.safetensors", {"x": np.zeros(2**21, np.float32)})  # 32 chunks
     ledger = Ledger(workspace)
 

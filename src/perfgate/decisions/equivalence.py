@@ -11,20 +11,27 @@ quality decides), never an equivalent speedup.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, as_list
+
+if TYPE_CHECKING:
+    from perfgate.tensors import TensorComparison
 
 __all__ = [
     "DEFAULTS",
     "DEFAULTS_SOURCE",
     "REORDER_ALLOWANCE",
     "Ceiling",
+    "DtypeTolerance",
     "applied_tolerances",
     "beyond_ceiling",
     "ceiling",
     "stricter_than_defaults",
+    "tolerance_by_dtype",
 ]
 
 
@@ -59,6 +66,47 @@ def ceiling(dtype: str) -> Ceiling | None:
     if base is None:
         return None
     return Ceiling(rtol=base.rtol * REORDER_ALLOWANCE, atol=base.atol * REORDER_ALLOWANCE)
+
+
+@dataclass(frozen=True)
+class DtypeTolerance:
+    """The loosest tolerance a check applied to one reference dtype, against that dtype's ceiling."""
+
+    dtype: str
+    tensors: int
+    atol: float
+    rtol: float
+    equivalence_atol: float | None
+    equivalence_rtol: float | None
+    within_ceiling: bool
+    """False: a keep on this check cannot be an equivalent speedup (a training change at most)."""
+
+
+def tolerance_by_dtype(tensors: Iterable[TensorComparison]) -> list[DtypeTolerance]:
+    """Per reference dtype compared with a tolerance (sorted by name): the loosest atol and rtol applied,
+    and whether they stay within the ceiling (bit-exact always does)."""
+    loosest: dict[str, tuple[int, float, float]] = {}
+    for t in tensors:
+        if t.compared_as != "tolerance":
+            continue
+        n, atol, rtol = loosest.get(t.dtype_reference, (0, 0.0, 0.0))
+        loosest[t.dtype_reference] = (n + 1, max(atol, t.atol), max(rtol, t.rtol))
+    out: list[DtypeTolerance] = []
+    for dtype, (n, atol, rtol) in sorted(loosest.items()):
+        top = ceiling(dtype)
+        within = (atol == 0 and rtol == 0) or (top is not None and atol <= top.atol and rtol <= top.rtol)
+        out.append(
+            DtypeTolerance(
+                dtype=dtype,
+                tensors=n,
+                atol=atol,
+                rtol=rtol,
+                equivalence_atol=top.atol if top else None,
+                equivalence_rtol=top.rtol if top else None,
+                within_ceiling=within,
+            )
+        )
+    return out
 
 
 def applied_tolerances(check: EvidenceRecord) -> dict[str, tuple[float, float]] | None:

@@ -8,6 +8,7 @@
 - `visibility`: devices the process sees against the visibility variables and the host.
 - `fingerprint`: the facts that decide whether two measurements are comparable.
 - `collect`: all of the above merged into one record, sanitised by `perfgate.redactor`.
+- `capture`: one collect_env call's capture: host facts, the probe run judged, the record's artifacts.
 
 Nothing here imports torch; the probe imports it in its own process.
 """

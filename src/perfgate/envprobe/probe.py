@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -23,12 +24,14 @@ from typing import Any, cast
 from perfgate.envprobe.models import Unavailable
 
 __all__ = [
+    "InterpreterError",
     "ProbeOutput",
     "is_server_interpreter",
     "parse_probe_output",
     "probe_script",
     "probe_sha256",
     "probe_source",
+    "resolve_interpreter",
 ]
 
 _SCRIPT = "perfgate_envprobe.py"
@@ -71,6 +74,51 @@ def is_server_interpreter(python: str | None) -> bool:
     if python is None:
         return True
     return os.path.abspath(python) == os.path.abspath(sys.executable)
+
+
+class InterpreterError(ValueError):
+    """The interpreter named cannot run the probe; the message says what to give instead."""
+
+
+def resolve_interpreter(raw: str, workspace: Path) -> str:
+    """The interpreter's absolute path (symlinks kept: a venv's python is a link, and that matters), from a
+    path (relative to ``workspace``, or ``~``-prefixed) or a command name on the server's PATH.
+
+    Raises:
+        InterpreterError: not found, not a file, not executable, or not a program the kernel can start.
+    """
+    if "\x00" in raw or not raw.strip():
+        raise InterpreterError("python must be a non-empty path or command name")
+    if os.sep not in raw and not raw.startswith("~"):
+        found = shutil.which(raw)
+        if found is None:
+            raise InterpreterError(
+                f"no {raw!r} on the server's PATH; give the training interpreter's path, e.g. '.venv/bin/python' "
+                "or '/opt/conda/bin/python'"
+            )
+        raw = found
+    path = Path(raw).expanduser()
+    if not path.is_absolute():
+        path = workspace / path
+    text = os.path.abspath(path)
+    if not os.path.exists(text):
+        raise InterpreterError(
+            f"interpreter {text} does not exist (a missing file or a broken symlink); give the training "
+            "interpreter's path, e.g. '.venv/bin/python'"
+        )
+    if not os.path.isfile(text):
+        raise InterpreterError(
+            f"interpreter {text} is not a file; give the path of the python executable itself"
+        )
+    if not os.access(text, os.X_OK):
+        raise InterpreterError(f"interpreter {text} is not executable (chmod +x, or give the right python)")
+    with open(text, "rb") as handle:
+        magic = handle.read(4)
+    if magic[:2] != b"#!" and magic != b"\x7fELF":
+        raise InterpreterError(
+            f"{text} is neither a native executable nor a script with a #! line, so it cannot be an interpreter"
+        )
+    return text
 
 
 @dataclass

@@ -11,10 +11,9 @@ import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from collections.abc import Generator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import Annotated
 
 import anyio
 import anyio.to_thread
@@ -24,6 +23,7 @@ from perfgate.envprobe import (
     EnvironmentSummary,
     Fingerprint,
     Provenance,
+    Redactor,
     SystemTool,
     Unavailable,
     Visibility,
@@ -32,18 +32,10 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandError, CommandProgress, CommandResult, ExecLimits, execute
 from perfgate.execution.request import CommandRequest
-from perfgate.quoting import file_text
-from perfgate.redactor import Redactor
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
-if TYPE_CHECKING:
-    from perfgate.envprobe import GitSnapshot, ProbeOutput
-
 __all__ = ["SPEC", "CollectEnvInput", "CollectEnvOutput", "command", "run"]
-
-_MAX_PROBE_OUTPUT_BYTES = 8 * 1024 * 1024
-_MAX_LOG_REWRITE_BYTES = 64 * 1024 * 1024
 
 
 class CollectEnvInput(BaseModel):
@@ -120,46 +112,15 @@ class CollectEnvOutput(BaseModel):
     )
 
 
-def _resolve_python(raw: str, workspace: Path) -> str:
-    """The interpreter's absolute path (symlinks kept: a venv's python is a link, and that matters).
-
-    Raises:
-        ToolError: not found, not a file, not executable, or not a program the kernel can start.
-    """
-    if "\x00" in raw or not raw.strip():
-        raise ToolError("python must be a non-empty path or command name")
-    if os.sep not in raw and not raw.startswith("~"):
-        found = shutil.which(raw)
-        if found is None:
-            raise ToolError(
-                f"no {raw!r} on the server's PATH; give the training interpreter's path, e.g. '.venv/bin/python' "
-                "or '/opt/conda/bin/python'"
-            )
-        raw = found
-    path = Path(raw).expanduser()
-    if not path.is_absolute():
-        path = workspace / path
-    text = os.path.abspath(path)
-    if not os.path.exists(text):
-        raise ToolError(
-            f"interpreter {text} does not exist (a missing file or a broken symlink); give the training "
-            "interpreter's path, e.g. '.venv/bin/python'"
-        )
-    if not os.path.isfile(text):
-        raise ToolError(f"interpreter {text} is not a file; give the path of the python executable itself")
-    if not os.access(text, os.X_OK):
-        raise ToolError(f"interpreter {text} is not executable (chmod +x, or give the right python)")
-    with open(text, "rb") as handle:
-        magic = handle.read(4)
-    if magic[:2] != b"#!" and magic != b"\x7fELF":
-        raise ToolError(
-            f"{text} is neither a native executable nor a script with a #! line, so it cannot be an interpreter"
-        )
-    return text
-
-
 def _interpreter(inp: CollectEnvInput, rt: ToolRuntime) -> str:
-    return sys.executable if inp.python is None else _resolve_python(inp.python, rt.workspace)
+    from perfgate.envprobe.probe import InterpreterError, resolve_interpreter
+
+    if inp.python is None:
+        return sys.executable
+    try:
+        return resolve_interpreter(inp.python, rt.workspace)
+    except InterpreterError as exc:
+        raise ToolError(str(exc)) from exc
 
 
 def _request(python: str, inp: CollectEnvInput, rt: ToolRuntime) -> CommandRequest:
@@ -187,29 +148,6 @@ def command(inp: CollectEnvInput, rt: ToolRuntime) -> CommandRequest | None:
     if is_server_interpreter(python) and not inp.env:
         return None
     return _request(python, inp, rt)
-
-
-@dataclass
-class _HostFacts:
-    tools: list[SystemTool] = field(default_factory=list[SystemTool])
-    transcripts: dict[str, str] = field(default_factory=dict[str, str])
-    tool_missing: list[tuple[str, str]] = field(default_factory=list[tuple[str, str]])
-    git: GitSnapshot | None = None
-    git_reason: str | None = None
-
-
-def _host_facts(workspace: Path, env: dict[str, str], system_tools: bool) -> _HostFacts:
-    from perfgate.envprobe import collect_system_tools, git_snapshot
-
-    facts = _HostFacts()
-    if system_tools:
-        facts.tools, facts.transcripts, facts.tool_missing = collect_system_tools(
-            env=env, workspace=workspace
-        )
-    else:
-        facts.tool_missing = [("system_tools", "not queried (system_tools=false)")]
-    facts.git, facts.git_reason = git_snapshot(workspace)
-    return facts
 
 
 async def _run_probe(
@@ -253,56 +191,16 @@ def _private_folder(rt: ToolRuntime) -> Generator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _read_head(path: Path, limit: int) -> str:
-    with path.open("rb") as handle:
-        return handle.read(limit).decode("utf-8", errors="replace")
-
-
-def _rewrite_redacted(path: Path, clean: Callable[[str], str]) -> None:
-    """Replace a log with its redacted text before the record hashes it."""
-    if not path.exists():
-        return
-    size = path.stat().st_size
-    text = _read_head(path, _MAX_LOG_REWRITE_BYTES)
-    if size > _MAX_LOG_REWRITE_BYTES:
-        text += f"\n[perfgate: log cut at {_MAX_LOG_REWRITE_BYTES} bytes of {size} before redaction]\n"
-    path.write_text(clean(text), encoding="utf-8")
-
-
-def _failure(result: CommandResult, probe: ProbeOutput, redactor: Redactor, timeout_s: float) -> str | None:
-    """Why the probe run does not count as a complete observation, with what to do; None when it does."""
-    stderr = result.stderr.tail.strip().splitlines()
-    last_err = file_text(redactor.text(stderr[-1])) if stderr else ""
-    stage = probe.last_stage or "start-up"
-    if result.timed_out:
-        return (
-            f"the probe was killed at its {timeout_s:g} s timeout during '{stage}'; check that `import torch` "
-            "works under this interpreter (a hung driver or a slow file system), or raise timeout_s"
-        )
-    if result.signal:
-        return f"the probe was killed by {result.signal} during '{stage}'" + (
-            f": {last_err}" if last_err else ""
-        )
-    if result.exit_code != 0:
-        detail = f": {last_err}" if last_err else ""
-        hint = " (the probe needs Python 3.7 or newer)" if "SyntaxError" in result.stderr.tail else ""
-        return f"the probe exited with status {result.exit_code}{detail}{hint}"
-    if not probe.began:
-        return "the interpreter exited without printing probe output: it does not behave like a Python 3 " + (
-            f"interpreter (stderr: {last_err})" if last_err else "interpreter"
-        )
-    if not probe.complete:
-        return f"the probe output stops during '{stage}' without its end record"
-    return None
-
-
 async def run(inp: CollectEnvInput, rt: ToolRuntime) -> CollectEnvOutput:
-    from perfgate.envprobe import (
-        assemble,
-        container_provenance,
-        learn_host,
-        parse_probe_output,
-        sanitize_probe_log,
+    from perfgate.envprobe import parse_probe_output, sanitize_probe_log
+    from perfgate.envprobe.capture import (
+        MAX_PROBE_OUTPUT_BYTES,
+        HostFacts,
+        capture,
+        host_facts,
+        host_facts_failed,
+        read_head,
+        rewrite_redacted,
     )
 
     python = _interpreter(inp, rt)
@@ -313,20 +211,17 @@ async def run(inp: CollectEnvInput, rt: ToolRuntime) -> CollectEnvOutput:
     ev = rt.evidence()
     await rt.progress(0, None, f"probing {python}")
 
-    facts_box: list[_HostFacts] = []
+    facts_box: list[HostFacts] = []
     probe_box: list[CommandResult] = []
     errors: list[ToolError] = []
 
     async def host() -> None:
         try:
-            facts = await anyio.to_thread.run_sync(_host_facts, rt.workspace, env_seen, inp.system_tools)
+            facts = await anyio.to_thread.run_sync(host_facts, rt.workspace, env_seen, inp.system_tools)
         # Host queries are auxiliary: an unexpected failure in a vendor tool binding (NVML) or the file
         # system must cost only those facts, listed as unavailable, never the probe's record.
         except Exception as exc:  # noqa: BLE001 - the boundary of the auxiliary host queries
-            facts = _HostFacts(
-                tool_missing=[("system_tools", f"host queries failed: {type(exc).__name__}: {exc}")]
-            )
-            facts.git_reason = "not queried: the host queries failed"
+            facts = host_facts_failed(exc)
         facts_box.append(facts)
 
     with _private_folder(rt) as folder:
@@ -343,60 +238,18 @@ async def run(inp: CollectEnvInput, rt: ToolRuntime) -> CollectEnvOutput:
         if errors:
             raise errors[0]
         # The facts come from the server's own capture, never from the copy in the workspace.
-        probe = parse_probe_output(_read_head(folder / "probe_stdout.log", _MAX_PROBE_OUTPUT_BYTES))
-    facts, result = facts_box[0], probe_box[0]
-    learn_host(redactor, probe)
-    raw_container: Any = probe.sections.get("container")
-    container, container_missing = container_provenance(
-        cast("dict[str, Any]", raw_container) if isinstance(raw_container, dict) else None
+        probe = parse_probe_output(read_head(folder / "probe_stdout.log", MAX_PROBE_OUTPUT_BYTES))
+    result = probe_box[0]
+    captured = capture(
+        probe, result, facts_box[0], redactor, timeout_s=inp.timeout_s, launch_command=inp.launch_command
     )
-    failure = _failure(result, probe, redactor, inp.timeout_s)
+    failure, assembled = captured.failure, captured.assembled
 
     # Artifacts are written redacted; logs are rewritten before the record hashes them.
-    diff_name: str | None = None
-    diff_redacted = False
-    if facts.git is not None and facts.git.diff:
-        diff_name = "git.diff"
-        raw_diff = facts.git.diff.decode("utf-8", errors="replace")
-        safe_diff = redactor.text(raw_diff)
-        ev.write_text(diff_name, safe_diff)
-        diff_redacted = safe_diff.encode("utf-8") != facts.git.diff
-    for name, transcript in sorted(facts.transcripts.items()):
-        ev.write_text(f"systool_{name}.txt", redactor.text(transcript))
-    tools = [
-        t.model_copy(update={"artifact": f"systool_{t.name}.txt"}) if t.name in facts.transcripts else t
-        for t in facts.tools
-    ]
-    _rewrite_redacted(ev.path("probe_stdout.log"), lambda text: sanitize_probe_log(text, redactor))
-    _rewrite_redacted(ev.path("probe_stderr.log"), redactor.text)
-
-    run_info = {
-        "argv": list(result.argv),
-        "exit_code": result.exit_code,
-        "signal": result.signal,
-        "timed_out": result.timed_out,
-        "duration_s": round(result.duration_s, 3),
-        "stages": probe.stages,
-        "complete": probe.complete,
-        "stray_stdout_lines": probe.stray_lines,
-        "approved_how": result.approved_how,
-        "approval_evidence_id": result.approval_evidence_id,
-    }
-    assembled = assemble(
-        probe,
-        redactor=redactor,
-        system_tools=tools,
-        tool_missing=facts.tool_missing,
-        git=facts.git,
-        git_reason=facts.git_reason,
-        diff_artifact=diff_name,
-        diff_redacted=diff_redacted,
-        container=container,
-        container_missing=container_missing,
-        launch_command=inp.launch_command,
-        run_info=run_info,
-        extra_warnings=[failure] if failure else [],
-    )
+    for name, text in captured.artifacts:
+        ev.write_text(name, text)
+    rewrite_redacted(ev.path("probe_stdout.log"), lambda text: sanitize_probe_log(text, redactor))
+    rewrite_redacted(ev.path("probe_stderr.log"), redactor.text)
 
     state = EvidenceState.FAILED if failure else EvidenceState.EXECUTED
     document = dict(assembled.document)

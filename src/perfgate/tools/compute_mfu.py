@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+import dataclasses
+import functools
 from typing import Annotated, Literal
 
 import anyio.to_thread
@@ -11,29 +11,21 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
-from perfgate.evidence.access import as_dict
-from perfgate.hardware.device_peak import (
-    MEASURED_CAVEAT,
-    Peak,
-    RunDevice,
-    is_this_cpu,
-    peak_for,
-    precision_of,
-)
-from perfgate.hardware.peaks import PeakLookupError, Precision, find_device, lookup_peak
+from perfgate.flops.bucket_sources import BucketEvidenceError, resolve_bucket
+from perfgate.flops.utilization import BucketFigures, BucketInput, FlopsKind, judge_utilization, utilization
+from perfgate.hardware.peaks import PeakLookupError, Precision
+from perfgate.hardware.run_peak import resolve_peak, run_record
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
 
-__all__ = ["SPEC", "Bucket", "ComputeMfuInput", "ComputeMfuOutput", "run", "utilization"]
+__all__ = ["SPEC", "Bucket", "ComputeMfuInput", "ComputeMfuOutput", "run"]
 
-FlopsKind = Literal["model", "hardware", "profiler_attributed"]
 Metric = Literal["MFU", "HFU", "profiler_attributed_utilization"]
 _METRIC: dict[str, Metric] = {
     "model": "MFU",
     "hardware": "HFU",
     "profiler_attributed": "profiler_attributed_utilization",
 }
-_PRECISION_BITS = {"fp32": 32, "tf32": 19, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8}
 
 
 class Bucket(BaseModel):
@@ -97,16 +89,6 @@ class Bucket(BaseModel):
         if self.samples is not None and self.global_batch is not None:
             return self.samples / self.global_batch
         return float(self.steps or 1)
-
-
-@dataclass(frozen=True)
-class _Resolved:
-    name: str
-    flops_per_step: float
-    step_time_s: float
-    weight: float
-    flops_id: str | None
-    window_id: str | None
 
 
 class ComputeMfuInput(BaseModel):
@@ -209,320 +191,77 @@ class ComputeMfuOutput(BaseModel):
     warnings: list[str]
 
 
-def utilization(
-    buckets: list[_Resolved], peak_tflops: float | None
-) -> tuple[float, float | None, float, float, list[BucketResult]]:
-    """Aggregate achieved TFLOP/s as total FLOPs / total time (never a mean of per-bucket ratios).
-
-    Returns (achieved_tflops, ratio, total_flops, total_time_s, per-bucket results); ratio may exceed 1
-    on bad inputs, and is None (per bucket too) without a peak.
-    """
-    total_flops = math.fsum(b.flops_per_step * b.weight for b in buckets)
-    total_time = math.fsum(b.step_time_s * b.weight for b in buckets)
-    achieved = total_flops / total_time / 1e12
-    per_bucket = [
-        BucketResult(
-            name=b.name,
-            steps=b.weight,
-            flops_per_step=b.flops_per_step,
-            step_time_s=b.step_time_s,
-            flops_id=b.flops_id,
-            window_id=b.window_id,
-            achieved_tflops=b.flops_per_step / b.step_time_s / 1e12,
-            utilization=None
-            if peak_tflops is None
-            else (b.flops_per_step / b.step_time_s / 1e12) / peak_tflops,
-            time_share=b.step_time_s * b.weight / total_time,
-        )
-        for b in buckets
-    ]
-    return (
-        achieved,
-        None if peak_tflops is None else achieved / peak_tflops,
-        total_flops,
-        total_time,
-        per_bucket,
-    )
-
-
-_WINDOW_TOOLS = ("run_benchmark_window", "import_benchmark")
-_OK = (EvidenceState.EXECUTED, EvidenceState.PASSED)
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-async def _resolve(b: Bucket, inp: ComputeMfuInput, rt: ToolRuntime, warnings: list[str]) -> _Resolved:
-    """The bucket's FLOPs and step time, read from evidence where ids are given.
-
-    Raises:
-        ToolError: an id of the wrong tool, unusable evidence, or evidence that contradicts itself.
-    """
-    step_time = b.step_time_s
-    world: int | None = None
-    window_tokens: float | None = None
-    if b.window_id is not None:
-        w = await rt.load(b.window_id)
-        if w.tool not in _WINDOW_TOOLS:
-            raise ToolError(
-                f"window_id {b.window_id} is a {w.tool} record; pass run_benchmark_window or import_benchmark ids"
-            )
-        if w.profiled:
-            raise ToolError(f"window {b.window_id} was profiled: profiled step times are never MFU evidence")
-        if w.state not in _OK:
-            raise ToolError(f"window {b.window_id} is {w.state.value}: measure a window that executed")
-        throughput = as_dict(w.result.get("throughput"))
-        steps_per_s = _number(throughput.get("steps_per_s"))
-        if steps_per_s is None or steps_per_s <= 0:
-            raise ToolError(f"window {b.window_id} has no step rate to take a step time from")
-        step_time = 1.0 / steps_per_s
-        tokens_per_s = _number(throughput.get("tokens_per_s"))
-        window_tokens = None if tokens_per_s is None else tokens_per_s / steps_per_s
-        world_value = w.result.get("world_size")
-        world = world_value if isinstance(world_value, int) else None
-        if w.tool == "import_benchmark":
-            warnings.append(
-                f"bucket {b.name!r}: the step time is imported from a log ({b.window_id}), not measured by perfgate"
-            )
-    flops = b.flops_per_step
-    if b.flops_id is not None:
-        f = await rt.load(b.flops_id)
-        if f.tool != "estimate_flops":
-            raise ToolError(f"flops_id {b.flops_id} is a {f.tool} record; pass an estimate_flops id")
-        if inp.flops_kind == "profiler_attributed":
-            raise ToolError(
-                "estimate_flops counts model/hardware FLOPs: flops_kind 'profiler_attributed' needs flops_per_step"
-            )
-        key = "model" if inp.flops_kind == "model" else "hardware"
-        per_device = _number(f.result.get(f"{key}_flops_per_step_per_device"))
-        whole = _number(f.result.get(f"{key}_flops_per_step"))
-        devices = f.result.get("devices")
-        if per_device is None:
-            if whole is None or world is None:
-                raise ToolError(
-                    f"estimate_flops {b.flops_id} gives whole-batch FLOPs and no device count, and no window "
-                    "world size is known: call estimate_flops with devices=<world size>"
-                )
-            per_device = whole / world
-            warnings.append(
-                f"bucket {b.name!r}: whole-batch FLOPs divided by the window's world size {world}"
-            )
-        elif isinstance(devices, int) and world is not None and devices != world:
-            raise ToolError(
-                f"bucket {b.name!r}: estimate_flops {b.flops_id} spreads a step over {devices} devices but window "
-                f"{b.window_id} ran {world} ranks: estimate with devices={world}"
-            )
-        est_tokens = _number(as_dict(f.inputs).get("tokens_per_step"))
-        if (
-            est_tokens is not None
-            and window_tokens is not None
-            and not math.isclose(est_tokens, window_tokens, rel_tol=0.01)
-        ):
-            raise ToolError(
-                f"bucket {b.name!r}: estimate_flops {b.flops_id} counts {est_tokens:g} tokens per step but window "
-                f"{b.window_id} processed {window_tokens:g}: the FLOPs and the step time describe different steps"
-            )
-        flops = per_device
-    assert flops is not None and step_time is not None
-    return _Resolved(b.name, flops, step_time, b.weight, b.flops_id, b.window_id)
-
-
-async def _run_devices(inp: ComputeMfuInput, rt: ToolRuntime) -> list[tuple[str, RunDevice, object]]:
-    """Per window_id bucket: (id, the device its run recorded, its contract's precision invariant)."""
-    out: list[tuple[str, RunDevice, object]] = []
-    for b in inp.buckets:
-        if b.window_id is None:
-            continue
-        w = await rt.load(b.window_id)
-        fingerprint = as_dict(w.result.get("environment_fingerprint"))
-        ranks = w.result.get("ranks")
-        first = as_dict(ranks[0]) if isinstance(ranks, list) and ranks else {}
-        threads = fingerprint.get("num_threads")
-        kind, name = fingerprint.get("device_kind"), fingerprint.get("device_name")
-        version = fingerprint.get("torch_version")
-        device = RunDevice(
-            kind=kind if isinstance(kind, str) else None,
-            name=name if isinstance(name, str) else None,
-            hostname=host if isinstance(host := first.get("hostname"), str) else None,
-            threads=int(threads) if isinstance(threads, str) and threads.isdigit() else None,
-            torch_version=version if isinstance(version, str) else None,
-        )
-        invariants = as_dict(as_dict(as_dict(w.inputs).get("contract")).get("invariants"))
-        out.append((b.window_id, device, invariants.get("precision")))
-    return out
-
-
-def _precision(inp: ComputeMfuInput, runs: list[tuple[str, RunDevice, object]]) -> Precision:
-    """The given precision, else the one every run's contract declares.
-
-    Raises:
-        ToolError: none given and the runs declare none the peak table knows, or declare different ones.
-    """
-    if inp.precision is not None:
-        return inp.precision
-    declared: dict[str, Precision | None] = {str(p): precision_of(p) for _, _, p in runs}
-    known: set[Precision | None] = set(declared.values())
-    if len(known) == 1 and None not in known:
-        found = known.pop()
-        assert found is not None
-        return found
-    shown = ", ".join(sorted(declared)) or "nothing"
-    raise ToolError(
-        f"give precision (fp32, tf32, bf16, fp16, fp8, int8): the runs' contracts declare {shown}, which names "
-        "no single one of them"
-    )
-
-
-def _device(inp: ComputeMfuInput, runs: list[tuple[str, RunDevice, object]]) -> RunDevice:
-    """The device to take the peak of: the runs' own, or the one given when it is the runs' device.
-
-    Raises:
-        ToolError: the runs ran on different devices, record none and none is given, or ran on another
-            device than the one given.
-    """
-    recorded = {(d.kind, d.name, d.hostname): (i, d) for i, d, _ in runs if d.kind is not None}
-    if len({(k, n) for k, n, _ in recorded}) > 1:
-        seen = "; ".join(f"{i}: {d.label}" for i, d in recorded.values())
-        raise ToolError(
-            f"the windows ran on different devices ({seen}): compute each device's MFU in its own call"
-        )
-    run = next(iter(recorded.values()))[1] if recorded else None
-    if inp.device is None:
-        if run is None:
-            raise ToolError(
-                "the windows record no device (imported logs do not): pass device and precision, or peak_tflops"
-            )
-        return run
-    if is_this_cpu(inp.device):
-        if run is not None and run.kind != "cpu":
-            raise ToolError(
-                f"device {inp.device!r} is a CPU but window {next(iter(recorded.values()))[0]} ran on "
-                f"{run.label}: leave device out to use the run's"
-            )
-        return run or RunDevice(kind="cpu", name=None)
-    if run is not None:
-        mismatch = run.kind == "cpu"
-        if not mismatch and run.name is not None:
-            try:
-                mismatch = find_device(inp.device) is not find_device(run.name)
-            except PeakLookupError:
-                mismatch = False  # the table lookup of the given name refuses it below
-        if mismatch:
-            raise ToolError(
-                f"window {next(iter(recorded.values()))[0]} ran on {run.label}, not {inp.device!r}: leave device "
-                "out to use the run's (a CPU's peak is measured on this machine)"
-            )
-    return RunDevice(kind=run.kind if run else None, name=inp.device)
-
-
-async def _peak(inp: ComputeMfuInput, rt: ToolRuntime, warnings: list[str]) -> tuple[Peak, Precision | None]:
-    """The denominator: the caller's peak_tflops, the table's, or this machine's measured CPU peak.
-
-    Raises:
-        ToolError: no precision or device can be settled, or the table has no figure for the device.
-    """
-    runs = await _run_devices(inp, rt)
-    if inp.peak_tflops is not None:
-        peak = Peak(
-            inp.peak_tflops, "explicit", "explicit peak_tflops supplied by the caller", inp.device or ""
-        )
-        if inp.device and inp.precision and not is_this_cpu(inp.device):
-            try:
-                table_peak, row = lookup_peak(inp.device, inp.precision)
-            except PeakLookupError:
-                pass
-            else:
-                if not math.isclose(table_peak, inp.peak_tflops, rel_tol=1e-3):
-                    warnings.append(
-                        f"peak_tflops={inp.peak_tflops:g} differs from the table's {table_peak:g} for {row.name} "
-                        f"{inp.precision} ({row.source}); the explicit value was used."
-                    )
-        return peak, inp.precision
-    precision = _precision(inp, runs)
-    device = _device(inp, runs)
-    try:
-        peak = await anyio.to_thread.run_sync(
-            peak_for, device, precision, rt.ledger.trust.state_dir.resolve()
-        )
-    except PeakLookupError as exc:
-        hint = (
-            " For this machine's CPU pass device='cpu', or give a window_id and leave device out: its peak is "
-            "measured."
-            if inp.device is not None and "not in the peak table" in str(exc)
-            else ""
-        )
-        raise ToolError(str(exc) + hint) from exc
-    if peak.measured is not None:
-        warnings.append(MEASURED_CAVEAT)
-        if device.torch_version is not None and device.torch_version != peak.measured.key.torch_version:
-            warnings.append(
-                f"the run used torch {device.torch_version}; the peak was measured with the server's torch "
-                f"{peak.measured.key.torch_version}"
-            )
-    return peak, precision
+def _bucket_result(b: BucketFigures) -> BucketResult:
+    return BucketResult.model_validate(dataclasses.asdict(b))
 
 
 async def run(inp: ComputeMfuInput, rt: ToolRuntime) -> ComputeMfuOutput:
-    warnings: list[str] = []
     names = [b.name for b in inp.buckets]
     if len(set(names)) != len(names):
         raise ToolError("bucket names must be unique; merge or rename the duplicated buckets")
-    resolved = [await _resolve(b, inp, rt, warnings) for b in inp.buckets]
-    found, precision = await _peak(inp, rt, warnings)
+    warnings: list[str] = []
+    resolved: list[BucketInput] = []
+    for b in inp.buckets:
+        try:
+            bucket, notes = await resolve_bucket(
+                name=b.name,
+                weight=b.weight,
+                flops_per_step=b.flops_per_step,
+                flops_id=b.flops_id,
+                step_time_s=b.step_time_s,
+                window_id=b.window_id,
+                flops_kind=inp.flops_kind,
+                load=rt.load,
+            )
+        except BucketEvidenceError as exc:
+            raise ToolError(str(exc)) from exc
+        resolved.append(bucket)
+        warnings += notes
+    runs = [run_record(await rt.load(b.window_id)) for b in inp.buckets if b.window_id is not None]
+    try:
+        choice = await anyio.to_thread.run_sync(
+            functools.partial(
+                resolve_peak,
+                peak_tflops=inp.peak_tflops,
+                device=inp.device,
+                precision=inp.precision,
+                runs=runs,
+                state_dir=rt.ledger.trust.state_dir.resolve(),
+            )
+        )
+    except PeakLookupError as exc:
+        raise ToolError(str(exc)) from exc
+    found, precision = choice.peak, choice.precision
+    warnings += choice.warnings
     peak = found.tflops
 
-    achieved, ratio, total_flops, total_time, per_bucket = utilization(resolved, peak)
-    metric = _METRIC[inp.flops_kind]
-    reason: str | None = None
-    value: float | None = ratio
-    if ratio is None:
-        reason = f"no peak for {found.device}: {found.reason}"
-    elif ratio > 1.0:
-        value = None
-        reason = (
-            f"achieved {achieved:.4g} TFLOP/s exceeds the peak {peak:g}: the FLOPs, the step time or the "
-            "peak is wrong (per-device vs global FLOPs? sparse peak? wrong precision?)."
-        )
-        warnings.append(reason)
-    if inp.flops_kind == "profiler_attributed":
-        warnings.append(
-            "profiler-attributed FLOPs count only the ops the profiler knows (matmul, 2D conv): this is not "
-            "MFU; use estimate_flops for model FLOPs."
-        )
-    if inp.training_precision and precision and inp.training_precision != precision:
-        if _PRECISION_BITS[inp.training_precision] < _PRECISION_BITS[precision]:
-            warnings.append(
-                f"the run used {inp.training_precision} but the denominator is the {precision} peak: the "
-                f"figure is relative to {precision} and overstates utilization of the hardware's "
-                f"{inp.training_precision} capability; report it as such, not as MFU."
-            )
-        else:
-            warnings.append(
-                f"the run used {inp.training_precision} but the denominator is the {precision} peak, which "
-                "the run could never reach: use the peak of the precision actually used."
-            )
-    if value is not None and inp.flops_kind == "model" and value < 0.01:
-        warnings.append(
-            "utilization under 1%: check that flops_per_step is per device and per optimizer step"
-        )
+    figures = utilization(resolved, peak)
+    verdict = judge_utilization(
+        figures,
+        peak_tflops=peak,
+        no_peak_reason=f"no peak for {found.device}: {found.reason}",
+        flops_kind=inp.flops_kind,
+        precision=precision,
+        training_precision=inp.training_precision,
+    )
+    warnings += verdict.warnings
 
     ev = rt.evidence()
     out = ComputeMfuOutput(
         evidence_id=ev.id,
         state=EvidenceState.UNAVAILABLE if peak is None else EvidenceState.EXECUTED,
-        metric=metric,
-        utilization=value,
-        utilization_reason=reason,
-        achieved_tflops=achieved,
+        metric=_METRIC[inp.flops_kind],
+        utilization=verdict.value,
+        utilization_reason=verdict.reason,
+        achieved_tflops=figures.achieved_tflops,
         peak_tflops=peak,
         peak_basis=found.basis,
         peak_source=found.source,
         device=found.device or None,
         precision=precision,
-        total_flops=total_flops,
-        total_time_s=total_time,
-        buckets=per_bucket,
+        total_flops=figures.total_flops,
+        total_time_s=figures.total_time_s,
+        buckets=[_bucket_result(b) for b in figures.buckets],
         evidence=[i for b in inp.buckets for i in (b.window_id, b.flops_id) if i is not None],
         warnings=warnings,
     )

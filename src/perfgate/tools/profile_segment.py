@@ -11,10 +11,8 @@ start-up fast.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -33,6 +31,7 @@ from perfgate.benchmarking.launch import (
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.request import CommandRequest
+from perfgate.harness.config import ProfileConfig
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 from perfgate.tools._traces import (
@@ -48,17 +47,28 @@ from perfgate.tools.run_benchmark_window import RunProvenance, measured_environm
 from perfgate.traces import Finding, RankProfile, RankSkew, TraceError
 from perfgate.traces.external import (
     ExternalCapture,
-    ProfilerName,
+    Layer,
     SummaryTable,
-    capture_plan,
+    Vendor,
+    capture_plans,
     import_summary_csv,
+)
+from perfgate.traces.segment import (
+    TRACE_GLOB,
+    annotate_profiles,
+    capture_failure,
+    keep_trace,
+    kept_name,
+    samples_per_step_by_rank,
+    segment_harness,
+    segment_reason,
+    segment_state,
+    segment_warnings,
 )
 
 __all__ = ["SPEC", "ProfileSegmentInput", "ProfileSegmentOutput", "TraceFile", "command", "run"]
 
 Mode = Literal["run", "analyze"]
-ExternalLayer = Literal["system", "kernel"]
-ExternalVendor = Literal["auto", "nvidia", "mthreads"]
 
 
 class ProfileSegmentInput(TraceAnalysisFields):
@@ -124,14 +134,14 @@ class ProfileSegmentInput(TraceAnalysisFields):
         ),
     ] = False
     external_layers: Annotated[
-        list[ExternalLayer],
+        list[Layer],
         Field(
             description="Also prepare exact capture commands for the 'system' (nsys/msys) and/or 'kernel' "
             "(ncu/mcu) layers around `command` (not run: evidence 'scaffolded' when nothing else is analyzed)."
         ),
-    ] = Field(default_factory=list[ExternalLayer])
+    ] = Field(default_factory=list[Layer])
     external_vendor: Annotated[
-        ExternalVendor,
+        Vendor,
         Field(description="Which vendor's profilers to prepare: 'auto' (those installed, else both)."),
     ] = "auto"
     summary_paths: Annotated[
@@ -201,8 +211,6 @@ def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
     Raises:
         ToolError: a command the harness cannot be inserted into, or a cwd outside the workspace.
     """
-    from perfgate.harness import HarnessConfig, ProfileConfig
-
     if inp.mode != "run":
         return None
     assert inp.command is not None
@@ -227,19 +235,13 @@ def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
         with_stack=inp.with_stack,
         with_modules=inp.with_modules,
     )
-    # Timing windows are not the point of this run: one measured step keeps the harness satisfied and
-    # the schedule decides when the harness stops the script.
-    cfg = HarnessConfig(record_dir=str(run_dir / "records"), warmup_steps=0, measure_steps=1, profile=profile)
-    env.update(cfg.to_env())
-    steps = profile.total_steps
+    env.update(segment_harness(run_dir, profile).to_env())
     return CommandRequest(
         argv=tuple(argv),
         cwd=cwd,
         env=env,
         timeout_s=inp.timeout_s,
-        reason=inp.reason
-        or f"profile_segment: torch.profiler over {inp.active} step(s) after {steps - inp.active} "
-        "skipped/warm-up step(s); the script is stopped once the trace is written",
+        reason=inp.reason or segment_reason(profile),
     )
 
 
@@ -250,20 +252,9 @@ def _externals(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[ExternalCaptur
     if not inp.external_layers:
         return []
     assert inp.command is not None
-    by_vendor: dict[str, dict[str, ProfilerName]] = {
-        "nvidia": {"system": "nsys", "kernel": "ncu"},
-        "mthreads": {"system": "msys", "kernel": "mcu"},
-    }
-    out_dir = rt.ledger.state_dir / "captures"
-    plans: list[ExternalCapture] = []
-    for layer in inp.external_layers:
-        candidates: list[ProfilerName] = [by_vendor["nvidia"][layer], by_vendor["mthreads"][layer]]
-        if inp.external_vendor != "auto":
-            candidates = [by_vendor[inp.external_vendor][layer]]
-        layer_plans = [capture_plan(tool, inp.command, out_dir) for tool in candidates]
-        installed = [p for p in layer_plans if p.available]
-        plans.extend(installed or layer_plans)
-    return plans
+    return capture_plans(
+        inp.external_layers, inp.external_vendor, inp.command, rt.ledger.state_dir / "captures"
+    )
 
 
 def _summaries(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[SummaryTable]:
@@ -279,20 +270,11 @@ def _summaries(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[SummaryTable]:
     return out
 
 
-def _gzip_copy(src: Path, dst: Path) -> None:
-    with src.open("rb") as fin, gzip.open(dst, "wb", compresslevel=3) as fout:
-        shutil.copyfileobj(fin, fout, 1 << 20)
-
-
 async def _keep_traces(ev: EvidenceBuilder, traces: list[Path], rt: ToolRuntime) -> list[str]:
     kept: list[str] = []
     for path in traces:
-        name = path.name if path.name.endswith(".gz") else path.name + ".gz"
-        dst = ev.path(name)
-        if path.name.endswith(".gz"):
-            await anyio.to_thread.run_sync(shutil.copyfile, path, dst)
-        else:
-            await anyio.to_thread.run_sync(_gzip_copy, path, dst)
+        dst = ev.path(kept_name(path))
+        await anyio.to_thread.run_sync(keep_trace, path, dst)
         kept.append(rt.relative(dst))
     return kept
 
@@ -307,7 +289,6 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
     externals = _externals(inp, rt)
     summaries = _summaries(inp, rt)
     ev = rt.evidence()
-    warnings: list[str] = []
     exit_code: int | None = None
     failure: str | None = None
     trace_artifacts: list[str] = []
@@ -343,20 +324,11 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                 host_load = sampler.stop()
                 exit_code = result.exit_code
                 fingerprint, samples = await anyio.to_thread.run_sync(_measured, run_dir / "records")
-                traces = sorted((run_dir / "traces").glob("rank*.pt.trace.json*"))
-                if not result.succeeded:
-                    failure = f"the training command failed: {result.summary()}"
-                elif not traces:
-                    failure = (
-                        "the run wrote no trace: did the script run skip_first + wait + warmup + active optimizer "
-                        "steps? Lower the schedule or run more steps."
-                    )
+                traces = sorted((run_dir / "traces").glob(TRACE_GLOB))
+                failure = capture_failure(result.succeeded, result.summary(), len(traces))
                 if traces:
                     profiles = await analyze_paths(traces, inp, rt)
-                    for p in profiles:
-                        p.host_load = host_load
-                        if p.code is not None:
-                            p.code.samples_per_step = samples.get(p.rank)
+                    annotate_profiles(profiles, host_load, samples)
                     trace_artifacts = await _keep_traces(ev, traces, rt)
                     files = [
                         TraceFile(path=a, bytes=(rt.workspace / a).stat().st_size, rank=p.rank)
@@ -368,22 +340,9 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                 remove_tree(run_dir)
 
     report = combine(profiles)
-    warnings.extend(report.warnings)
-    if profiled and profiles:
-        warnings.append(
-            "profiled run: step times include profiler overhead; use run_benchmark_window for throughput"
-        )
-    if inp.with_flops and profiles and all(p.flops is None for p in profiles):
-        warnings.append(f"with_flops=true but no FLOPs came back: {profiles[0].flops_unavailable}")
-    if failure is not None:
-        state = EvidenceState.FAILED
-    elif profiles or summaries:
-        state = EvidenceState.EXECUTED
-    else:
-        state = EvidenceState.SCAFFOLDED
     out = ProfileSegmentOutput(
         evidence_id=ev.id,
-        state=state,
+        state=EvidenceState(segment_state(failure, bool(profiles or summaries))),
         mode=inp.mode,
         profiled=profiled,
         time_basis="hta_rounded" if inp.hta_compatible else "exact",
@@ -396,7 +355,7 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         imported_summaries=summaries,
         exit_code=exit_code,
         failure_reason=failure,
-        warnings=warnings,
+        warnings=segment_warnings(report.warnings, profiles, profiled=profiled, with_flops=inp.with_flops),
         provenance=provenance,
         environment_fingerprint=fingerprint,
     )
@@ -421,12 +380,8 @@ def _measured(record_dir: Path) -> tuple[dict[str, str | None], dict[int, float]
         found = load_records(record_dir)
     except (RecordError, OSError):
         return {}, {}
-    samples: dict[int, float] = {}
-    for record in found.records:
-        counted = sorted(n for n in record.steps.samples if n)
-        if counted:
-            samples[record.rank] = float(counted[len(counted) // 2])
-    return (measured_environment(found.records[0]) if found.records else {}), samples
+    environment = measured_environment(found.records[0]) if found.records else {}
+    return environment, samples_per_step_by_rank(found.records)
 
 
 SPEC = ToolSpec(

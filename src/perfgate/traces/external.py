@@ -26,17 +26,24 @@ __all__ = [
     "SummaryRow",
     "SummaryTable",
     "capture_plan",
+    "capture_plans",
     "import_summary_csv",
 ]
 
 Layer = Literal["system", "kernel"]
 ProfilerName = Literal["nsys", "ncu", "msys", "mcu"]
+Vendor = Literal["auto", "nvidia", "mthreads"]
 
 PROFILERS: dict[ProfilerName, tuple[Layer, str]] = {
     "nsys": ("system", "NVIDIA Nsight Systems"),
     "ncu": ("kernel", "NVIDIA Nsight Compute"),
     "msys": ("system", "Moore Threads Moore Perf System (MSight System)"),
     "mcu": ("kernel", "Moore Threads Moore Perf Compute"),
+}
+
+_BY_VENDOR: dict[str, dict[Layer, ProfilerName]] = {
+    "nvidia": {"system": "nsys", "kernel": "ncu"},
+    "mthreads": {"system": "msys", "kernel": "mcu"},
 }
 
 
@@ -128,6 +135,22 @@ def capture_plan(
         report_path=report,
         notes=notes,
     )
+
+
+def capture_plans(
+    layers: Sequence[Layer], vendor: Vendor, command: Sequence[str], output_dir: Path
+) -> list[ExternalCapture]:
+    """The captures to prepare per layer: ``vendor``'s profiler, or with 'auto' those installed here (both
+    vendors' when neither is)."""
+    plans: list[ExternalCapture] = []
+    for layer in layers:
+        candidates: list[ProfilerName] = [_BY_VENDOR["nvidia"][layer], _BY_VENDOR["mthreads"][layer]]
+        if vendor != "auto":
+            candidates = [_BY_VENDOR[vendor][layer]]
+        layer_plans = [capture_plan(tool, command, output_dir) for tool in candidates]
+        installed = [p for p in layer_plans if p.available]
+        plans.extend(installed or layer_plans)
+    return plans
 
 
 class SummaryRow(BaseModel):
