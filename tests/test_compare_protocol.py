@@ -17,7 +17,7 @@ from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.server import build_server
 from perfgate.tools._runtime import ServerConfig
 from perfgate.tools.import_benchmark import ImportBenchmarkInput
-from perfgate.tools.run_benchmark_window import RunBenchmarkWindowInput
+from perfgate.tools.run_benchmark_window_models import RunBenchmarkWindowInput
 
 pytestmark = pytest.mark.anyio
 

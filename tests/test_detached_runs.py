@@ -218,7 +218,7 @@ async def test_racing_result_calls_record_a_run_once(allowed: Path, monkeypatch:
     run_id = (await call(allowed, "run_benchmark_window", args))["run_id"]
     assert (await _wait(allowed, run_id))["run_state"] == "finished"
 
-    real = rbw.measure
+    real = rbw.record_windows
     entered: list[int] = []
     both_in = anyio.Event()
 
@@ -230,7 +230,7 @@ async def test_racing_result_calls_record_a_run_once(allowed: Path, monkeypatch:
             await both_in.wait()
         return await real(*a, **kw)
 
-    monkeypatch.setattr(rbw, "measure", measure)
+    monkeypatch.setattr(rbw, "record_windows", measure)
     outs: list[dict[str, Any]] = []
     async with Client(build_server(ServerConfig.create(allowed))) as client:
 

@@ -16,7 +16,8 @@ from perfgate.benchmarking.userregex import (
 )
 from perfgate.evidence import Ledger
 from perfgate.tools._runtime import ServerConfig, ToolRuntime
-from perfgate.tools.run_benchmark_window import RunBenchmarkWindowInput, command
+from perfgate.tools.run_benchmark_window import command
+from perfgate.tools.run_benchmark_window_models import RunBenchmarkWindowInput
 
 PATTERN = r"step (?P<step>\d+) .*step_time_ms (?P<step_time_ms>[0-9.]+)"
 

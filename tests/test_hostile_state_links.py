@@ -26,7 +26,7 @@ from perfgate._safeopen import UnsafeFileError
 from perfgate.server import build_server
 from perfgate.tools import run_benchmark_window
 from perfgate.tools._runtime import ServerConfig
-from perfgate.tools.run_benchmark_window import RunBenchmarkWindowInput
+from perfgate.tools.run_benchmark_window_models import RunBenchmarkWindowInput
 
 pytestmark = pytest.mark.anyio
 

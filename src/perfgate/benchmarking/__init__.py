@@ -1,6 +1,7 @@
 """Server-side benchmarking: read harness records, summarise windows, check contracts, compare A/B.
 
-Pure functions over data; the tools ``run_benchmark_window`` and ``compare_benchmarks`` wrap them.
+Functions over data, and `window_run`, which takes a window run from its launches (the caller's) to its
+figures; the tools ``run_benchmark_window`` and ``compare_benchmarks`` wrap them.
 The modules that need numpy or msgspec (records, statistics, aggregation, the bootstrap) load on first
 use, so importing the package (the MCP server does at start-up) stays cheap.
 """

@@ -4,6 +4,7 @@ Invariants name the workload (model, data, precision, shapes, global batch, seed
 ...); execution settings are what an optimization may change (microbatch, accumulation, world size,
 compile, workers, ...). Keys come from the vocabulary in :mod:`perfgate.benchmarking.vocabulary`; a key
 outside it needs a class in ``classes``. A semantic key declared as an execution setting is refused.
+`BenchmarkContract` is the form tools take it in.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from perfgate.benchmarking.errors import ContractError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from perfgate.benchmarking.errors import BenchmarkError, ContractError
 from perfgate.benchmarking.vocabulary import (
     VOCABULARY_URI,
     canonical_section,
@@ -23,6 +26,7 @@ from perfgate.benchmarking.vocabulary import (
 )
 
 __all__ = [
+    "BenchmarkContract",
     "Contract",
     "ContractDiff",
     "check_contract",
@@ -270,3 +274,41 @@ def diff_contracts(baseline: Contract, candidate: Contract, declared_changes: It
         undeclared_changes=[k for k in actual if k not in declared],
         declared_but_absent=[k for k in declared if k not in actual],
     )
+
+
+class BenchmarkContract(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    invariants: dict[str, Any] = Field(
+        default_factory=dict[str, Any],
+        description="Semantic settings that must stay fixed between baseline and candidate: model, dataset, "
+        "precision, global_batch (these four are required for a keep), seq_len, loss, optimizer, "
+        "optimizer_hparams, sampling, seed, ... (vocabulary keys, JSON values).",
+    )
+    execution: dict[str, Any] = Field(
+        default_factory=dict[str, Any],
+        description="Execution settings an optimization may change: microbatch, accumulation, world_size, "
+        "data_parallel, tensor_parallel, pipeline_parallel, compile, workers, pin_memory, fused_kernels, "
+        "attention_backend, threads, ... A semantic key here is refused. Checked: global_batch = microbatch "
+        "x accumulation x data_parallel.",
+    )
+    classes: dict[str, Literal["semantic", "execution"]] = Field(
+        default_factory=dict[str, Literal["semantic", "execution"]],
+        description="Class of each key outside the vocabulary: 'semantic' (changes what is computed or "
+        "learned) or 'execution' (only how it runs). Unclassified unknown keys are refused.",
+    )
+
+    @model_validator(mode="after")
+    def _canonical(self) -> BenchmarkContract:
+        """Keys under their vocabulary names from here on: what is recorded, compared and gated."""
+        try:
+            contract = Contract(self.invariants, self.execution, dict(self.classes))
+        except BenchmarkError as exc:
+            raise ValueError(str(exc)) from exc
+        self.invariants, self.execution = contract.invariants, contract.execution
+        self.classes = {k: v for k, v in contract.classes.items() if v in ("semantic", "execution")}  # type: ignore[misc]  # values validated above
+        return self
+
+    def contract(self) -> Contract:
+        """The declared contract (its keys already canonical)."""
+        return Contract(dict(self.invariants), dict(self.execution), dict(self.classes))

@@ -3,18 +3,57 @@
 In stop mode the harness ends the training script as the last measured window closes (a ``SystemExit``
 from the optimizer step), so a ``dump_tensors`` call placed after the training loop never runs and the
 run's ``tensor_dumps`` is empty. The call sites are found in the source of the Python files the command
-names (a syntax tree, so comments and strings do not count).
+names (a syntax tree, so comments and strings do not count). The dumps a run did write are listed
+from its rank records (`tensor_dumps`).
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["MAX_SOURCE_BYTES", "dump_call_lines", "unreached_dump_warning"]
+from pydantic import BaseModel, Field
+
+from perfgate.benchmarking.provenance import workspace_relative
+
+if TYPE_CHECKING:
+    from perfgate.benchmarking.records import RankRecord
+
+__all__ = ["MAX_SOURCE_BYTES", "TensorDump", "dump_call_lines", "tensor_dumps", "unreached_dump_warning"]
 
 MAX_SOURCE_BYTES = 4 << 20
 """Larger scripts are not read for call sites (a generated file, not a training script)."""
+
+
+class TensorDump(BaseModel):
+    path: str = Field(description="The file dump_tensors wrote, relative to the workspace when inside it.")
+    digest: str = Field(
+        description="Its content digest with the algorithm's name (hashed as it was written): 'blake3:<hex>', or "
+        "'sha256:<hex>' in a run record written before BLAKE3."
+    )
+    size_bytes: int
+    launch: int = Field(description="The launch (0-based) whose process wrote it.")
+    rank: int
+    step: int = Field(description="Steps completed in that process when it was written.")
+
+
+def tensor_dumps(workspace: Path, launch: int, records: Sequence[RankRecord]) -> list[TensorDump]:
+    """The dumps each rank's record of ``launch`` names, with paths relative to the workspace where inside it."""
+    return [
+        TensorDump(
+            path=workspace_relative(Path(d.path), workspace),
+            digest=digest,
+            size_bytes=d.size_bytes,
+            launch=launch,
+            rank=r.rank,
+            step=d.step,
+        )
+        for r in records
+        for d in r.tensor_dumps
+        if (digest := d.named_digest) is not None
+    ]
 
 
 def dump_call_lines(source: str) -> list[int]:

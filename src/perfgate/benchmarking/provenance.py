@@ -3,7 +3,7 @@
 Recorded with every benchmark window so a comparison can diff baseline against candidate field by field.
 The code state is the git commit plus a digest of the dirty diff (and per-file digests of its sections,
 so a comparison can name the paths that differ); workspace files named in argv (the script, configs,
-untracked files included) are digested directly.
+untracked files included) are digested directly. `run_provenance` records the whole block.
 """
 
 from __future__ import annotations
@@ -13,9 +13,24 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["argv_files", "code_differences", "diff_sections", "file_sha256", "run_code_scope"]
+from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:
+    from perfgate.execution.service import ArtifactWriter
+
+__all__ = [
+    "CodeState",
+    "RunProvenance",
+    "argv_files",
+    "code_differences",
+    "diff_sections",
+    "file_sha256",
+    "run_code_scope",
+    "run_provenance",
+    "workspace_relative",
+]
 
 _MAX_FILE_BYTES = 64 * 1024 * 1024
 _SECTION = re.compile(rb"^diff --git a/(.*?) b/(.*?)$", re.MULTILINE)
@@ -92,3 +107,80 @@ def run_code_scope(
         names[target.name] = None
     programs = [p for name in names if (p := resolve_program(name, cwd, path_value)) is not None]
     return import_roots(workspace, cwd, script, env), programs
+
+
+class CodeState(BaseModel):
+    commit: str | None = Field(description="git commit of the workspace at launch; null when unknown.")
+    dirty: bool | None = Field(
+        description="Uncommitted changes to tracked files, untracked files, or files the run can import or "
+        "execute that no commit holds (ignored ones included)."
+    )
+    diff_sha256: str | None = Field(
+        description="sha256 of the diff against HEAD, read without running git; files that can run and no "
+        "commit holds appear in it as new files."
+    )
+    diff_files: dict[str, str] = Field(description="Path -> sha256 of that path's section of the diff.")
+    diff_artifact: str | None = Field(description="The dirty diff itself, as an artifact of this evidence.")
+    unknown_reason: str | None = Field(
+        description="Why the code state is unknown (no git, not a repository)."
+    )
+
+
+class RunProvenance(BaseModel):
+    argv: list[str] = Field(description="The training command as given (before the harness wrapper).")
+    cwd: str
+    env_changes: list[str] = Field(description="Names of the environment variables this run set.")
+    code: CodeState
+    files: dict[str, str] = Field(
+        description="sha256 of each workspace file the argv names (script, configs; untracked included)."
+    )
+
+
+def workspace_relative(path: Path, workspace: Path) -> str:
+    """A path as records show it: relative to the workspace when inside it."""
+    try:
+        return str(path.relative_to(workspace))
+    except ValueError:
+        return str(path)
+
+
+def run_provenance(
+    argv: Sequence[str],
+    cwd_name: str,
+    cwd: Path,
+    env: Mapping[str, str],
+    workspace: Path,
+    artifacts: ArtifactWriter,
+) -> RunProvenance:
+    """A launched run's argv, env change names, code state (git; the dirty diff as the artifact
+    ``code.diff``) and digests of the workspace files argv names: every run perfgate launches records this.
+
+    ``cwd_name`` is the working directory as given, ``cwd`` where it resolved to.
+    """
+    from perfgate.envprobe import git_snapshot
+
+    command = list(argv)
+    roots, programs = run_code_scope(command, cwd, env, workspace)
+    snapshot, reason = git_snapshot(workspace, roots=roots, programs=programs)
+    artifact: str | None = None
+    if snapshot is not None and snapshot.diff:
+        from perfgate.redaction import Scrubber, scrub_bytes
+
+        # stored without the secrets it holds or the run was given (diff_sha256 binds the real bytes)
+        scrubbed = scrub_bytes(snapshot.diff, Scrubber.for_values(env, command))
+        artifact = workspace_relative(artifacts.write_bytes("code.diff", scrubbed), workspace)
+    code = CodeState(
+        commit=snapshot.commit if snapshot else None,
+        dirty=snapshot.dirty if snapshot else None,
+        diff_sha256=snapshot.diff_sha256 if snapshot else None,
+        diff_files=diff_sections(snapshot.diff) if snapshot else {},
+        diff_artifact=artifact,
+        unknown_reason=reason,
+    )
+    return RunProvenance(
+        argv=command,
+        cwd=cwd_name,
+        env_changes=sorted(env),
+        code=code,
+        files=argv_files(command, cwd, workspace),
+    )

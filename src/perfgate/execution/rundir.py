@@ -15,13 +15,16 @@ Stdlib only: the detached supervisor imports it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from pathlib import Path
+from typing import Any
 
 from perfgate._filelock import held
 
-__all__ = ["RunDirBusyError", "hold_run_dir", "lock_path", "run_dir_of"]
+__all__ = ["RunDirBusyError", "hold_run_dir", "input_run_dir", "lock_path", "one_run", "run_dir_of"]
 
 
 class RunDirBusyError(RuntimeError):
@@ -49,4 +52,32 @@ def hold_run_dir(run_dir: Path, *, wait: bool) -> Generator[None]:
             stack.enter_context(held(lock_path(run_dir), wait=wait, confined=True))
         except BlockingIOError as exc:
             raise RunDirBusyError(str(run_dir)) from exc
+        yield
+
+
+def input_run_dir(parent: Path, inputs: Mapping[str, Any]) -> Path:
+    """The run directory under ``parent`` of a call with these (JSON) inputs: a digest of them, so the
+    approved request, which names it, is identical on every gate round."""
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+    return parent / key
+
+
+@contextlib.contextmanager
+def one_run(run_dir: Path, tool: str, shown: str) -> Generator[None]:
+    """Hold ``run_dir`` for one tool call's run, or refuse the call when a run of the same input holds it.
+
+    Raises:
+        ToolError: another run (detached, or another call) holds it; ``shown`` names the folder.
+    """
+    from perfgate.errors import ToolError  # here: the detached supervisor imports this module, not mcp
+
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(hold_run_dir(run_dir, wait=False))
+        except RunDirBusyError as exc:
+            raise ToolError(
+                f"a {tool} run of this same input is in progress (detached, or another call) and uses "
+                f"{shown}: two at once would read each other's records. Wait for it to end "
+                "(a detached run_benchmark_window: benchmark_run(action='wait')), then call again"
+            ) from exc
         yield

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, BinaryIO, Protocol, cast
 
 import anyio.to_thread
 
@@ -39,7 +39,14 @@ from perfgate.execution.policy import PolicyError, load_policy, workspace_policy
 from perfgate.execution.reaper import RunList, become_subreaper
 from perfgate.execution.request import CommandRequest
 
-__all__ = ["ArtifactSink", "CommandRunner", "ExecutionService", "ReportFn", "UnapprovedCommandError"]
+__all__ = [
+    "ArtifactSink",
+    "ArtifactWriter",
+    "CommandRunner",
+    "ExecutionService",
+    "ReportFn",
+    "UnapprovedCommandError",
+]
 
 _log = logging.getLogger("perfgate")
 
@@ -51,6 +58,16 @@ class ArtifactSink(Protocol):
     """Where a record's artifact files go (the tool's evidence builder)."""
 
     def path(self, name: str) -> Path: ...
+
+
+class ArtifactWriter(ArtifactSink, Protocol):
+    """A sink that also writes a record's artifacts; each returns the file it wrote."""
+
+    def write_bytes(self, name: str, data: bytes) -> Path: ...
+
+    def write_json(self, name: str, value: Any) -> Path: ...
+
+    def copy_in(self, name: str, source: BinaryIO) -> Path: ...
 
 
 class UnapprovedCommandError(RuntimeError):

@@ -29,21 +29,25 @@ import argparse
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 __all__ = [
     "SLURM_MODULE",
+    "SUBMIT_PROGRAMS",
     "SlurmResources",
     "job_ids_in",
     "main",
+    "missing_programs",
+    "steering_env",
     "submission_argv",
     "time_limit_minutes",
 ]
@@ -55,6 +59,9 @@ _SALLOC_JOB = re.compile(r"(?:Granted|Pending) job allocation (\d+)")
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:,=+-]{0,127}$")
 """Partition, GRES and job names: Slurm's own characters, nothing a shell or option parser would read."""
 _WAIT_GONE_S = 4.0
+SUBMIT_PROGRAMS = ("salloc", "srun", "scancel", "squeue")
+"""What the server's host needs on its PATH to submit, follow and cancel a Slurm launch."""
+_STEERING_PREFIXES = ("SLURM_", "SALLOC_", "SBATCH_", "PET_")
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,17 @@ def submission_argv(resources: SlurmResources, command: Sequence[str]) -> list[s
     # path, and a ``perfgate/`` folder there would run in place of this launcher.
     isolated = "-P" if sys.version_info >= (3, 11) else "-I"
     return [sys.executable, isolated, "-m", SLURM_MODULE, *resources.options(), "--", *command]
+
+
+def steering_env(env: Mapping[str, str]) -> list[str]:
+    """Variables of ``env`` that Slurm or torchrun would read as job options, which the approved argv
+    would not show (resources go into `SlurmResources`, the time limit comes from the launch's timeout)."""
+    return sorted(k for k in env if k.startswith(_STEERING_PREFIXES))
+
+
+def missing_programs(path: str) -> list[str]:
+    """The `SUBMIT_PROGRAMS` not found on ``path`` (a ``PATH`` value)."""
+    return [p for p in SUBMIT_PROGRAMS if shutil.which(p, path=path) is None]
 
 
 def job_ids_in(text: str) -> list[str]:
@@ -301,8 +319,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if value is not None and not NAME.match(value):
             print(f"--{what} {value!r}: only letters, digits and _.:,=+- (not first)", file=sys.stderr)
             return 2
-    import shutil
-
     missing = [p for p in ("salloc", "srun", "scancel", "squeue", "scontrol") if shutil.which(p) is None]
     if missing:
         print(f"Slurm commands not found on PATH: {', '.join(missing)}", file=sys.stderr)

@@ -22,12 +22,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MAX_TICKS", "LaunchTicks", "TickListener"]
+__all__ = ["MAX_TICKS", "LaunchTicks", "TickListener", "ticks_path"]
 
 MAX_TICKS = 1_000_000
 """Boundaries kept per launch (all ranks): ~24 MB of tuples at most."""
 _MAX_LINE = 64
 _POLL_S = 0.2
+
+
+def ticks_path(run_dir: Path) -> Path:
+    """The FIFO the harness of a run in ``run_dir`` sends step boundaries to (named in the request's env,
+    so it is approved)."""
+    return run_dir / "ticks"
 
 
 @dataclass

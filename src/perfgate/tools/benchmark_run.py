@@ -17,13 +17,15 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
+from perfgate.benchmarking.provenance import RunProvenance
+from perfgate.benchmarking.window_run import Launched
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution import detached
 from perfgate.execution.ticks import LaunchTicks
 from perfgate.tools._runtime import ToolRuntime
 from perfgate.tools._spec import ToolSpec
-from perfgate.tools.run_benchmark_window import RunBenchmarkWindowInput, RunBenchmarkWindowOutput
+from perfgate.tools.run_benchmark_window_models import RunBenchmarkWindowInput, RunBenchmarkWindowOutput
 
 __all__ = ["SPEC", "BenchmarkRunInput", "BenchmarkRunOutput", "run"]
 
@@ -268,7 +270,7 @@ async def _result_once(
 
     scrub = Scrubber.for_values(request.env, request.argv)
 
-    async def launch_once(launch: int, label: str) -> tuple[int | None, str | None, Path, Path]:
+    async def launch_once(launch: int, label: str) -> Launched:
         for stream in ("stdout", "stderr"):
             src = directory / f"launch{launch}_{stream}.log"
             if src.is_file():  # kept as artifacts without the secrets the command was given or printed
@@ -277,7 +279,7 @@ async def _result_once(
                 await anyio.to_thread.run_sync(scrub_file, target, scrub)
         if launch >= len(exit_codes):
             why = "the run was cancelled" if st["state"] == "cancelled" else f"the run is {st['state']}"
-            return None, f"{why} before this launch finished", *_private(directory, launch)
+            return Launched(None, f"{why} before this launch finished", *_private(directory, launch))
         code = exit_codes[launch]
         failure: str | None = None
         if launch in timed_out:
@@ -286,12 +288,12 @@ async def _result_once(
             failure = f"exited with status {code}"
         if failure is not None and st["state"] == "cancelled":
             failure = "cancelled (" + failure + ")"
-        return code, failure, *_private(directory, launch)
+        return Launched(code, failure, *_private(directory, launch))
 
     raw = manifest["meta"].get("provenance")
-    provenance = rbw.RunProvenance.model_validate(raw) if isinstance(raw, dict) else None
+    provenance = RunProvenance.model_validate(raw) if isinstance(raw, dict) else None
     # the code state was captured at launch; its diff artifact stays with the start record
-    out = await rbw.measure(
+    out = await rbw.record_windows(
         window_inp, wrt, request, ev, launch_once, provenance, run_id=inp.run_id, observed=observed
     )
     # Whole or not at all: a reader never sees a part of it (the lock orders the writers).

@@ -23,7 +23,6 @@ from perfgate.envprobe import (
     EnvironmentSummary,
     Fingerprint,
     Provenance,
-    Redactor,
     SystemTool,
     Unavailable,
     Visibility,
@@ -32,6 +31,7 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandError, CommandProgress, CommandResult, ExecLimits, execute
 from perfgate.execution.request import CommandRequest
+from perfgate.redactor import Redactor
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
 

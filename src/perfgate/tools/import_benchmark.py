@@ -17,13 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from perfgate._safeopen import open_file
 from perfgate.benchmarking import BenchmarkError, Contract
+from perfgate.benchmarking.contract import BenchmarkContract
+from perfgate.benchmarking.results import Throughput, WindowResult, window_result
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
 from perfgate.tools._glob import GlobRefused, expand, has_magic, shown
 from perfgate.tools._health import TrainingHealth, health_model
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
-from perfgate.tools.run_benchmark_window import BenchmarkContract, Throughput, WindowResult, window_result
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.imported import ImportRequest

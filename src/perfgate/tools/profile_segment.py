@@ -11,8 +11,6 @@ start-up fast.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -28,9 +26,12 @@ from perfgate.benchmarking.launch import (
     prepare_harness_path,
     wrap_command,
 )
+from perfgate.benchmarking.measured import measured_environment
+from perfgate.benchmarking.provenance import RunProvenance, run_provenance
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.request import CommandRequest
+from perfgate.execution.rundir import input_run_dir, one_run
 from perfgate.harness.config import ProfileConfig
 from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
 from perfgate.tools._spec import ToolSpec
@@ -43,7 +44,6 @@ from perfgate.tools._traces import (
     trace_brief,
     trace_files,
 )
-from perfgate.tools.run_benchmark_window import RunProvenance, measured_environment, one_run, run_provenance
 from perfgate.traces import Finding, RankProfile, RankSkew, TraceError
 from perfgate.traces.external import (
     ExternalCapture,
@@ -199,10 +199,8 @@ class ProfileSegmentOutput(BaseModel):
 
 
 def _run_dir(inp: ProfileSegmentInput, rt: ToolRuntime) -> Path:
-    # Deterministic in the input: the approved request must be identical on every gate round.
-    key = hashlib.sha256(json.dumps(inp.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
     # In the trust root: the harness writes its records and traces where the agent cannot replace them.
-    return rt.private_dir / "profile-runs" / key
+    return input_run_dir(rt.private_dir / "profile-runs", inp.model_dump(mode="json"))
 
 
 def command(inp: ProfileSegmentInput, rt: ToolRuntime) -> CommandRequest | None:
@@ -302,7 +300,9 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         profiled = False
     else:
         run_dir = _run_dir(inp, rt)
-        with one_run(run_dir, rt):  # refused when a run of this same input holds its folder
+        with one_run(
+            run_dir, rt.tool, rt.relative(run_dir)
+        ):  # refused when a run of this same input holds its folder
             fresh_dir(run_dir)  # what the agent planted there (a link, say) is removed, never followed
             make_dirs(run_dir / "traces")
             profiles = []
@@ -315,8 +315,9 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                 from perfgate.traces.hostload import HostLoadSampler
 
                 assert inp.command is not None
+                argv, cwd = inp.command, rt.resolve_path(inp.cwd, kind="dir")
                 provenance = await anyio.to_thread.run_sync(
-                    run_provenance, inp.command, inp.cwd, inp.env, rt, ev
+                    run_provenance, argv, inp.cwd, cwd, inp.env, rt.workspace, ev
                 )
                 sampler = HostLoadSampler()
                 sampler.start()

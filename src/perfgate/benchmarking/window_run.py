@@ -1,0 +1,195 @@
+"""A window run from its launches to its figures: each launch's windows, the measured batch checked against
+the contract, the server's corroboration of the timing, and the warnings a reader of the figures needs.
+
+The launches themselves are the caller's (`LaunchFn`): a blocking call runs them, a detached run's
+result reads what its supervisor left, and both end in `measure_windows`, so their evidence has one form.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio.to_thread
+
+from perfgate.benchmarking.collect import WindowFailure, collect_records, harness_windows, log_windows
+from perfgate.benchmarking.corroborate import TimingCheck, corroborate_launch
+from perfgate.benchmarking.dumps import TensorDump, tensor_dumps, unreached_dump_warning
+from perfgate.benchmarking.errors import BenchmarkError
+from perfgate.benchmarking.measured import ObservedBatch, launch_stream, observe_batch, window_health
+from perfgate.benchmarking.provenance import RunProvenance
+from perfgate.benchmarking.window_plan import WindowPlan
+
+if TYPE_CHECKING:
+    from perfgate.benchmarking.aggregate import RunSummary, WindowSummary
+    from perfgate.benchmarking.importing import HealthSummary
+    from perfgate.benchmarking.records import RankRecord
+    from perfgate.execution.service import ArtifactWriter
+    from perfgate.execution.ticks import LaunchTicks
+
+__all__ = ["LaunchFn", "Launched", "WindowRun", "measure_windows"]
+
+
+@dataclass(frozen=True)
+class Launched:
+    """What one launch left: its exit status, why it failed (None: it ran to the end), the folder holding
+    its rank records and its stdout log (both in the trust root, where the agent cannot write; never the
+    copies in the workspace), and another process that kept the host busy while it ran."""
+
+    exit_code: int | None
+    failure: str | None
+    record_dir: Path
+    stdout: Path
+    busy_neighbour: str | None = None
+
+
+LaunchFn = Callable[[int, str], Awaitable[Launched]]
+"""``(launch index, log label) -> what the launch left``."""
+
+
+@dataclass
+class WindowRun:
+    """What a window run measured, and why it failed when it did (``failure``)."""
+
+    windows: list[tuple[int, WindowSummary]] = field(default_factory=list[tuple[int, "WindowSummary"]])
+    """(launch, window) in launch order."""
+    summary: RunSummary | None = None
+    """The windows pooled; None when none was measured or a launch failed."""
+    world_size: int | None = None
+    first_launch: list[RankRecord] = field(default_factory=list["RankRecord"])
+    exit_code: int | None = None
+    failure: str | None = None
+    warnings: list[str] = field(default_factory=list[str])
+    batch: ObservedBatch | None = None
+    sample_streams: list[str | None] = field(default_factory=list[str | None])
+    health: tuple[HealthSummary, int, int] | None = None
+    """Training health over the measured windows, with the first and last step it covers."""
+    timing_checks: list[TimingCheck] = field(default_factory=list[TimingCheck])
+    tensor_dumps: list[TensorDump] = field(default_factory=list[TensorDump])
+    reported_metrics: dict[str, float] = field(default_factory=dict[str, float])
+    series_artifact: str | None = None
+
+    @property
+    def first_record(self) -> RankRecord | None:
+        """Rank 0's record of the first launch: its device and environment stand for the run."""
+        return self.first_launch[0] if self.first_launch else None
+
+    @property
+    def contract_problems(self) -> list[str]:
+        return self.batch.problems if self.batch is not None else []
+
+
+async def measure_windows(
+    plan: WindowPlan,
+    artifacts: ArtifactWriter,
+    launch_once: LaunchFn,
+    *,
+    workspace: Path,
+    provenance: RunProvenance | None = None,
+    observed: Mapping[int, LaunchTicks] | None = None,
+) -> WindowRun:
+    """Run (or collect) every launch of ``plan`` through ``launch_once`` and summarise its windows; the
+    rank records and the step series become ``artifacts``.
+
+    ``observed`` maps a launch to the server's stamps of its step boundaries, where it listened to them.
+    """
+    from perfgate.benchmarking.aggregate import summarize_run
+    from perfgate.benchmarking.series import SERIES_NAME, series_document
+
+    out = WindowRun()
+    warnings = out.warnings
+    all_records: list[RankRecord] = []
+    try:
+        for launch in range(plan.launches):
+            label = f"launch{launch}_" if plan.launches > 1 else ""
+            launched = await launch_once(launch, label)
+            out.exit_code = launched.exit_code
+            if launched.busy_neighbour is not None:
+                warnings.append(
+                    f"launch {launch}: {launched.busy_neighbour}: its windows may be slowed; re-measure on a "
+                    "quiet host"
+                )
+            if launched.failure is not None:
+                raise WindowFailure(f"launch {launch}: {launched.failure}")
+            if plan.timing == "log":
+                # Parsing and record reading are CPU-bound: off the event loop, cancellable.
+                got = await anyio.to_thread.run_sync(log_windows, plan, launched.stdout)
+                out.world_size = 1
+            else:
+                records, problems = await anyio.to_thread.run_sync(
+                    collect_records, artifacts, launched.record_dir, launch
+                )
+                got = harness_windows(plan, records, problems)
+                ticks = observed.get(launch) if observed is not None else None
+                out.timing_checks.append(corroborate_launch(launch, records, ticks))
+                out.first_launch = out.first_launch or records
+                all_records.extend(records)
+                out.tensor_dumps.extend(tensor_dumps(workspace, launch, records))
+                out.sample_streams.append(launch_stream(records))
+                out.reported_metrics = (
+                    {k: v for k, v in records[0].metrics.items() if math.isfinite(v)} if records else {}
+                )
+                out.world_size = records[0].world_size
+                warnings.extend(f"rank {r.rank}: {note}" for r in records for note in r.notes)
+            out.windows.extend((launch, w) for w in got)
+    except BenchmarkError as exc:  # a WindowFailure among them
+        out.failure = str(exc)
+
+    if out.windows and out.failure is None:
+        out.summary = summarize_run([w for _, w in out.windows])
+    if out.summary is not None and out.world_size is not None:
+        out.batch = observe_batch(
+            plan.contract, out.world_size, out.first_launch, plan.warmup_steps, plan.samples_per_step
+        )
+        warnings.extend(out.batch.warnings)
+        if out.batch.problems:
+            # measured beats declared: a window whose run contradicts its contract is no evidence
+            out.failure = "the run contradicts its contract: " + "; ".join(out.batch.problems)
+        elif out.batch.samples_per_step is None and plan.timing != "log":
+            warnings.append(
+                "global batch unverified: no DataLoader batch and no forward of a module with trainable "
+                "parameters was seen on every measured step, so throughput and the global batch rest on what "
+                "was declared; compare_benchmarks names it as unverified"
+            )
+    if plan.capture is not None and all_records:
+        captured = {d.launch for d in out.tensor_dumps if d.step == plan.capture.step}
+        absent = [n for n in range(plan.launches) if n not in captured]
+        if absent:
+            warnings.append(
+                f"capture at step {plan.capture.step} wrote no file in launch(es) {', '.join(map(str, absent))} "
+                "(the rank notes say why): call perfgate.harness.dump_tensors in the script for what the "
+                "harness cannot find"
+            )
+    if (
+        not out.tensor_dumps
+        and provenance is not None
+        and any(r.stop_reason == "window_complete" for r in all_records)
+    ):
+        scripts = {name: workspace / name for name in provenance.files}
+        unreached = await anyio.to_thread.run_sync(unreached_dump_warning, scripts, plan.warmup_steps)
+        if unreached is not None:
+            warnings.append(unreached)
+    if out.windows:
+        out.series_artifact = SERIES_NAME
+        artifacts.write_json(SERIES_NAME, series_document(out.windows))
+    if out.summary is not None and out.summary.stats.noisy:
+        warnings.append(
+            f"noisy windows (IQR/median {out.summary.stats.iqr_ratio:.2f} >= 0.10): other load on the machine, "
+            "too few steps, or periodic work (logging, checkpoints) inside the window"
+        )
+    distrusted = [
+        f"launch {c.launch}: {c.status}, {c.consistency}: {'; '.join(c.reasons[:2])}"
+        for c in out.timing_checks
+        if c.blocks_keep
+    ]
+    if distrusted:
+        # first: these figures cannot support a keep, whatever else the answer says
+        warnings.insert(0, "timing not corroborated, no keep can rest on this run: " + " | ".join(distrusted))
+    if out.summary is not None:
+        out.health = window_health(all_records)
+    if out.health is not None and out.health[0].verdict == "unhealthy":
+        warnings.append("training health: " + "; ".join(out.health[0].findings[:3]))
+    return out

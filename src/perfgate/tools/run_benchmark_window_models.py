@@ -1,0 +1,321 @@
+"""run_benchmark_window's input and output models: the call's schema and the record it commits."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from perfgate.benchmarking.contract import BenchmarkContract
+from perfgate.benchmarking.corroborate import TimingCheck
+from perfgate.benchmarking.dumps import TensorDump
+from perfgate.benchmarking.provenance import RunProvenance
+from perfgate.benchmarking.results import ModelFacts, RankResult, Throughput, WindowResult
+from perfgate.benchmarking.window_plan import Timing
+from perfgate.evidence import EvidenceState
+from perfgate.tools._health import TrainingHealth
+from perfgate.traces.models import HostLoad
+
+__all__ = ["Launcher", "RunBenchmarkWindowInput", "RunBenchmarkWindowOutput", "SlurmLaunch", "TensorCapture"]
+
+Launcher = Literal["local", "slurm"]
+_SLURM_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.:,=+-]{0,127}$"
+
+
+class SlurmLaunch(BaseModel):
+    """Resources of a Slurm launch; all of them are in the approved argv."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: Annotated[int, Field(ge=1, le=4096, description="Nodes to allocate.")] = 1
+    ntasks_per_node: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=1024,
+            description="Tasks per node: one per rank for `python train.py` (srun numbers the ranks), or 1 "
+            "with a `torchrun` command (torchrun starts the node's ranks; its rendezvous is set from the "
+            "allocation).",
+        ),
+    ] = 1
+    cpus_per_task: Annotated[int | None, Field(ge=1, le=4096, description="CPUs per task.")] = None
+    gres: Annotated[
+        str | None, Field(pattern=_SLURM_NAME, description="Generic resources per node, e.g. 'gpu:8'.")
+    ] = None
+    partition: Annotated[
+        str | None, Field(pattern=_SLURM_NAME, description="Partition; default: the cluster's default.")
+    ] = None
+
+
+class TensorCapture(BaseModel):
+    """Tensors the harness writes itself at one step, as a dump_tensors call in the script would."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: Annotated[
+        int,
+        Field(
+            ge=1,
+            description="Optimizer steps completed when the file is written (right after that update). Below "
+            "warmup_steps keeps the windows as planned; inside a window it discards that window, which restarts "
+            "after a fresh warm-up.",
+        ),
+    ]
+    what: Annotated[
+        list[Literal["parameters", "gradients", "optimizer_state"]],
+        Field(
+            min_length=1,
+            description="parameters (by name, e.g. 'fc.weight'), gradients (grad/<name>), optimizer_state "
+            "(optimizer/<name>/<key>) of the top-level module and the optimizer that steps.",
+        ),
+    ] = Field(default_factory=lambda: ["parameters"])
+    path: Annotated[
+        str,
+        Field(
+            min_length=1,
+            max_length=500,
+            description="safetensors file relative to cwd; {label}, {launch}, {rank} are filled in as dump_tensors "
+            "does.",
+        ),
+    ] = "captures/{label}.safetensors"
+
+    @model_validator(mode="after")
+    def _inside(self) -> TensorCapture:
+        if os.path.isabs(self.path) or ".." in Path(self.path).parts:
+            raise ValueError(f"capture path {self.path!r} must be relative to cwd, without '..'")
+        return self
+
+
+class RunBenchmarkWindowInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    command: Annotated[
+        list[str],
+        Field(
+            min_length=1,
+            description="Training command as an argv list, e.g. ['python', 'train.py', '--steps', '200'] or "
+            "['torchrun', '--nproc-per-node', '8', 'train.py']. With timing='harness' perfgate puts its harness in "
+            "front of the script (give the command alone); the script should run at least warmup + measure "
+            "optimizer steps.",
+        ),
+    ]
+    cwd: Annotated[str, Field(description="Working directory, relative to the workspace.")] = "."
+    env: Annotated[
+        dict[str, str], Field(description="Environment variables to set for the run (changes only).")
+    ] = Field(default_factory=dict[str, str])
+    warmup_steps: Annotated[int, Field(ge=0, description="Optimizer steps excluded before each window.")] = 5
+    measure_steps: Annotated[int, Field(ge=1, description="Optimizer steps per measured window.")] = 20
+    repeats: Annotated[
+        int,
+        Field(ge=1, le=50, description="Independent windows; each is a separate launch unless same_process."),
+    ] = 3
+    same_process: Annotated[
+        bool,
+        Field(
+            description="Measure the repeats as consecutive windows of one launch (faster, but blind to "
+            "launch-to-launch variation)."
+        ),
+    ] = False
+    timeout_s: Annotated[float, Field(gt=0, description="Wall-clock limit per launch, seconds.")] = 600.0
+    timing: Annotated[
+        Timing,
+        Field(
+            description="'harness': optimizer updates are steps, no code change; 'explicit': the script "
+            "times itself with perfgate.harness.Window; 'log': parse step times from stdout (last resort)."
+        ),
+    ] = "harness"
+    log_pattern: Annotated[
+        str | None,
+        Field(
+            description="timing='log': regex with named groups `step` and `step_time_ms`, searched per line."
+        ),
+    ] = None
+    samples_per_step: Annotated[
+        int | None,
+        Field(
+            ge=1, description="Global samples per optimizer step (all ranks); default: counted from batches."
+        ),
+    ] = None
+    tokens_per_step: Annotated[
+        int | None, Field(ge=1, description="Global tokens per optimizer step (all ranks).")
+    ] = None
+    label: Annotated[
+        str | None,
+        Field(
+            description="Free-form label, e.g. 'baseline' or 'candidate'; dump_tensors fills {label} in its path "
+            "with it, so the two sides' runs write a file each from one line of code."
+        ),
+    ] = None
+    contract: Annotated[
+        BenchmarkContract,
+        Field(description="Declared invariants and execution settings; compare_benchmarks relies on them."),
+    ] = Field(default_factory=BenchmarkContract)
+    capture: Annotated[
+        TensorCapture | None,
+        Field(
+            description="timing='harness': the harness writes the model's tensors at this step itself (no script "
+            "edit), bound to the run like a dump_tensors file; compare_tensors reads it."
+        ),
+    ] = None
+    environment_id: Annotated[
+        str | None, Field(description="collect_env evidence id of the environment this runs in.")
+    ] = None
+    harness_on_path: Annotated[
+        bool,
+        Field(
+            description="Put perfgate's copy on PYTHONPATH, for a script that imports perfgate itself "
+            "(timing='explicit') in an interpreter that lacks it (otherwise `pip install perfgate` there). "
+            "timing='harness' starts the harness from that copy anyway."
+        ),
+    ] = False
+    reason: Annotated[
+        str, Field(max_length=2000, description="Why this run is needed (shown to the approver).")
+    ] = ""
+    launcher: Annotated[
+        Launcher,
+        Field(
+            description="'local': the command runs on the server's machine (a `torchrun` command included); "
+            "'slurm': each launch is a Slurm job (salloc + srun from this machine, resources in `slurm`), "
+            "every rank under the harness, records returned through srun's output (no shared filesystem "
+            "needed); the time limit is timeout_s rounded up to minutes; cancel maps to scancel."
+        ),
+    ] = "local"
+    slurm: Annotated[
+        SlurmLaunch | None,
+        Field(
+            description="launcher='slurm': nodes, tasks per node, CPUs, GRES, partition (approved as a whole)."
+        ),
+    ] = None
+    detach: Annotated[
+        bool,
+        Field(
+            description="Start the run and return a run_id at once (same approval); the run outlives this call, "
+            "a client disconnect and a server restart. Follow it with benchmark_run(action='status'|'wait'|"
+            "'result'|'cancel', run_id=...); 'result' records the same evidence a blocking call would."
+        ),
+    ] = False
+
+    @model_validator(mode="after")
+    def _pattern_matches_timing(self) -> RunBenchmarkWindowInput:
+        if (self.timing == "log") != (self.log_pattern is not None):
+            raise ValueError("log_pattern is required with timing='log' and only used with it")
+        if self.slurm is not None and self.launcher != "slurm":
+            raise ValueError("slurm resources are only used with launcher='slurm'")
+        if self.capture is not None:
+            if self.timing != "harness":
+                raise ValueError(
+                    "capture needs timing='harness' (its optimizer hook finds the model); with explicit timing "
+                    "call perfgate.harness.dump_tensors in the script"
+                )
+            last = self.warmup_steps + self.measure_steps * (self.repeats if self.same_process else 1)
+            if self.capture.step >= last:
+                raise ValueError(
+                    f"capture step {self.capture.step} is never reached: the harness ends the script after step "
+                    f"{last}; capture before step {self.warmup_steps} to keep the windows as planned"
+                )
+        return self
+
+
+class RunBenchmarkWindowOutput(BaseModel):
+    evidence_id: str
+    state: EvidenceState
+    exit_code: int | None = Field(
+        description="Exit status of the last launch (0 when the harness stopped it)."
+    )
+    failure_reason: str | None = Field(description="Why the evidence is failed, when it is.")
+    label: str | None
+    timing: Timing
+    world_size: int | None
+    device: str | None = Field(description="Device kind and name the ranks timed (rank 0).")
+    windows_measured: int
+    steps_measured: int = Field(description="Measured steps over all windows (warm-up excluded).")
+    median_step_ms: float | None = Field(
+        description="Median step time of the slowest rank, pooled over windows."
+    )
+    p95_step_ms: float | None
+    iqr_ratio: float | None = Field(description="IQR / median of the pooled step times.")
+    noisy: bool | None = Field(
+        description="iqr_ratio >= 0.10: re-measure on a quieter machine or longer windows."
+    )
+    throughput: Throughput | None
+    peak_memory_bytes: int | None = Field(description="Max over ranks of the window's peak memory.")
+    peak_memory_kind: Literal["device_allocated", "host_rss"] | None
+    data_wait_fraction: float | None = Field(
+        description="Worst rank's share of time blocked on data loading."
+    )
+    slowest_rank: int | None
+    rank_skew: float | None = Field(description="Busy time of the slowest rank over the fastest's, minus 1.")
+    ranks: list[RankResult]
+    windows: list[WindowResult]
+    step_series_artifact: str | None = Field(description="Artifact with every window's per-step times.")
+    artifacts: list[str]
+    contract_problems: list[str] = Field(description="Where the run contradicted the declared contract.")
+    measured_batch: int | None = Field(
+        default=None,
+        description="Global samples per optimizer step measured by the harness over the measured steps: the "
+        "leading dimension of the top-level module's inputs (every micro-batch), else the DataLoader batches; "
+        "null: unverified (see batch_source). compare_benchmarks refuses sides that differ in it.",
+    )
+    sample_streams: list[str | None] = Field(
+        default_factory=list[str | None],
+        description="Per launch: a digest of the inputs of the first training forwards of the warm-up, over "
+        "all ranks (null: not read, e.g. no warm-up). Sides whose launches agree within each side but differ "
+        "between them changed the data path: the keep then needs a sample audit.",
+    )
+    batch_source: Literal["model_inputs", "data_loader", "unverified"] | None = Field(
+        default=None,
+        description="Where measured_batch comes from; 'unverified': neither a top-level module's forward nor a "
+        "DataLoader batch was seen on every measured step (the batch is only what was declared).",
+    )
+    environment_fingerprint: dict[str, str | None]
+    provenance: RunProvenance | None = Field(
+        default=None, description="What ran: argv, env changes, code state, digests of files argv names."
+    )
+    warnings: list[str]
+    health: TrainingHealth | None = Field(
+        default=None,
+        description="Loss health over the measured steps (losses read at window edges only), non-finite "
+        "losses on any rank, updates GradScaler skipped; null when no scalar loss went through backward().",
+    )
+    host_load: list[HostLoad] = Field(
+        default_factory=list[HostLoad],
+        description="Per launch: other processes' CPU use on the host while it ran (/proc at its edges); "
+        "measured=false means unknown, never idle.",
+    )
+    tensor_dumps: list[TensorDump] = Field(
+        default_factory=list[TensorDump],
+        description="Files perfgate.harness.dump_tensors wrote in the launched processes: they are this run's "
+        "output, and compare_tensors binds a file with these bytes to this record (its launch and code state).",
+    )
+    reported_metrics: dict[str, float] = Field(
+        default_factory=dict[str, float],
+        description="Task-quality metrics the run reported with perfgate.harness.report_metric (rank 0 of the "
+        "last launch): check_training_health offers them as eval:<name>.",
+    )
+    timing_checks: list[TimingCheck] = Field(
+        default_factory=list[TimingCheck],
+        description="Per launch: the harness's figures checked against the server's own observation (its "
+        "clock on each step boundary as it arrived, the launch's duration) and the windows against the steady "
+        "steps around them. A launch that is untrusted or measurement_dependent supports no keep.",
+    )
+    model: ModelFacts | None = Field(
+        default=None,
+        description="The top-level training module the harness saw (first launch, rank 0): class, parameter "
+        "counts and a structure digest; compare_benchmarks says 'training may differ' when the sides' differ.",
+    )
+    launch_started_unix_s: list[float] = Field(
+        default_factory=list[float],
+        description="Per launch: when it started, Unix seconds on the server's clock (empty for detached runs); "
+        "compare_benchmarks reads the launch order and the drift of the host from them.",
+    )
+    launch_host_speed: list[float] = Field(
+        default_factory=list[float],
+        description="Per launch: the server's fixed CPU probe just before and after it (additions per second, "
+        "geometric mean): the host's speed at the time, which compare_benchmarks compares across calls.",
+    )
+    profiled: bool = False
+    run_id: str | None = Field(
+        default=None, description="Detached runs: the id for benchmark_run (status, wait, result, cancel)."
+    )
