@@ -33,9 +33,9 @@ from mcp import Client
 
 from perfgate.evidence import Ledger
 from perfgate.server import build_server
+from perfgate.serving.answer import CHARS_PER_TOKEN, answer_text
+from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import REGISTRY
-from perfgate.tools._answer import CHARS_PER_TOKEN, answer_text
-from perfgate.tools._runtime import ServerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 PLANTED = REPO / "tests" / "fixtures" / "traces" / "planted"

@@ -199,7 +199,7 @@ def worker_perfgate_tool(ref: Path, cand: Path) -> dict[str, Any]:
     import perfgate.tensors  # noqa: F401  # pyright: ignore[reportUnusedImport]
     from _mcp import trust_env
     from perfgate.evidence import Ledger
-    from perfgate.tools._runtime import ServerConfig, ToolRuntime
+    from perfgate.serving.runtime import ServerConfig, ToolRuntime
     from perfgate.tools.compare_tensors import CompareTensorsInput, run
     from perfgate.trust import TrustRoot
 

@@ -11,7 +11,7 @@ import perfgate.tools
 from _gated_tool import SPEC
 from perfgate._stdio import run_stdio
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 perfgate.tools.REGISTRY = (*perfgate.tools.REGISTRY, SPEC)
 run_stdio(build_server(ServerConfig.create(Path(sys.argv[1]))))  # as `perfgate serve` serves it

@@ -8,8 +8,8 @@ from pydantic import BaseModel, Field
 
 from perfgate.evidence import EvidenceState
 from perfgate.execution.request import CommandRequest
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 
 class RunInput(BaseModel):

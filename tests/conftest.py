@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from perfgate.trust import TrustRoot
 
 REPO = Path(__file__).resolve().parents[1]

@@ -32,7 +32,7 @@ from _gated_tool import SPEC
 from perfgate.evidence import Ledger
 from perfgate.execution.approvals import ApprovalStatus, ApprovalStore
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from perfgate.trust import TrustRoot
 
 pytestmark = pytest.mark.anyio

@@ -25,7 +25,7 @@ from mcp import Client
 
 from _trust import operator_policy
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from perfgate.trust import TrustRoot
 from test_agent_user import Agent, _give_to_agent, agent, agent_workspace  # pyright: ignore[reportPrivateUsage]  # noqa: F401  # the fixtures
 

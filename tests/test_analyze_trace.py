@@ -10,7 +10,7 @@ import pytest
 from mcp import Client
 
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from perfgate.traces import analyze_trace, analyze_traces
 
 pytestmark = pytest.mark.anyio

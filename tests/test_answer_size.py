@@ -12,9 +12,9 @@ from mcp import Client
 from pydantic import BaseModel
 
 from perfgate.server import build_server
-from perfgate.tools import _answer
-from perfgate.tools._answer import TEXT_BUDGET_CHARS, answer_text, compact_json
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving import answer
+from perfgate.serving.answer import TEXT_BUDGET_CHARS, answer_text, compact_json
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 
@@ -37,9 +37,9 @@ def test_a_small_result_is_compact_json_with_rounded_floats_and_no_empty_fields(
 def _rounds_reference(value: Any, budget: int) -> tuple[str, bool]:
     """`compact_json` by its definition: each round shortens the whole value with its own limits."""
     text = ""
-    for k, (max_list, max_str) in enumerate(_answer._ROUNDS):
+    for k, (max_list, max_str) in enumerate(answer._ROUNDS):
         text = json.dumps(
-            _answer._shorten(value, max_list, max_str), separators=(",", ":"), ensure_ascii=False
+            answer._shorten(value, max_list, max_str), separators=(",", ":"), ensure_ascii=False
         )
         if len(text) <= budget:
             return text, k > 0
@@ -59,8 +59,8 @@ def test_a_shortened_result_rounds_each_float_once_and_reads_as_each_round_alone
     for budget in (100, 600, 1500, 3000, 20000):
         assert compact_json(value, budget) == _rounds_reference(value, budget)
     rounded: list[float] = []
-    original = _answer._round
-    monkeypatch.setattr(_answer, "_round", lambda x: rounded.append(x) or original(x))
+    original = answer._round
+    monkeypatch.setattr(answer, "_round", lambda x: rounded.append(x) or original(x))
     text, shortened = compact_json(value, 600)
     assert shortened and len(text) <= 600
     assert len(rounded) == 60 + 2 * 9  # every float once, not once per round

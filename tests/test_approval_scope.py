@@ -31,7 +31,7 @@ from perfgate.execution.approvals import ApprovalStatus, ApprovalStore
 from perfgate.execution.audit import APPROVAL_TOOL
 from perfgate.execution.changes import MAX_DIFF_LINES, internal_references
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ from mcp import Client
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
 from perfgate.server import build_server
+from perfgate.serving.runtime import ServerConfig, ToolRuntime
 from perfgate.tools import REGISTRY
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
 from perfgate.tools.audit_samples import SPEC, AuditSamplesInput, AuditSamplesOutput, run
 
 pytestmark = pytest.mark.anyio

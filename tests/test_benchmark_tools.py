@@ -18,8 +18,8 @@ from _trust import any_code_rules, operator_policy
 from perfgate.benchmarking.verdict import decide
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.server import build_server
+from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import compare_benchmarks, run_benchmark_window
-from perfgate.tools._runtime import ServerConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -479,7 +479,7 @@ async def test_a_run_of_the_same_input_is_refused_while_one_is_in_progress(
     first had just written its records into, ran, and removed it, so the first read no records."""
     import anyio
 
-    from perfgate.tools._runtime import ToolRuntime
+    from perfgate.serving.runtime import ToolRuntime
 
     args = paced(2.0, measure_steps=5, repeats=1)
     real = ToolRuntime.run_command

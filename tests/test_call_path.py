@@ -27,9 +27,9 @@ from pydantic import BaseModel, Field, ValidationError
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, EvidenceState, Ledger, canonical_json
 from perfgate.redaction import Scrubber
 from perfgate.redactor import placeholder
-from perfgate.tools._adapter import compact_schema, inline_refs
-from perfgate.tools._catalog import CatalogTool
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
+from perfgate.serving.adapter import compact_schema, inline_refs
+from perfgate.serving.catalog import CatalogTool
+from perfgate.serving.runtime import ServerConfig, ToolRuntime
 
 MFU_ARGS: dict[str, Any] = {
     "buckets": [{"name": "b", "flops_per_step": 1e14, "step_time_s": 0.5}],
@@ -233,7 +233,7 @@ async def test_the_answer_shows_what_was_stored_and_names_fields_as_before(works
     output; with an alias the structured result keeps the wire name and the text the field's name."""
     from types import SimpleNamespace
 
-    from perfgate.tools._adapter import _answer  # pyright: ignore[reportPrivateUsage]
+    from perfgate.serving.adapter import _answer  # pyright: ignore[reportPrivateUsage]
 
     spec: Any = SimpleNamespace(name="t", brief=None, output_model=_Out)
     rt = ToolRuntime(config=ServerConfig.create(workspace), ledger=Ledger(workspace), tool="t")
@@ -261,8 +261,8 @@ async def test_the_sdk_validates_only_what_is_not_a_dump_of_the_output_model(
     """The SDK validates a returned result's structured content against the output model; a tool's
     answer (the dump of an instance of that very model) skips that second pass, any other result
     (a hand-built one, a wrong shape) is still validated and refused."""
+    from perfgate.serving.adapter import PerfgateTool, make_tool_function
     from perfgate.tools import compute_mfu
-    from perfgate.tools._adapter import PerfgateTool, make_tool_function
 
     checked: list[Any] = []
     real = FuncMetadata._output_adapter  # pyright: ignore[reportPrivateUsage]
@@ -606,7 +606,7 @@ def test_the_answer_json_is_what_plain_json_dumps_of_the_plain_shortening_gives(
     """The answer's shortening dispatches on exact types and its JSON comes from an encoder made once:
     the text is byte for byte what the plain shortening and ``json.dumps`` write (NaN, infinities,
     integral floats, non-string keys, empty values dropped, lists cut)."""
-    from perfgate.tools._answer import _dumps, _shorten  # pyright: ignore[reportPrivateUsage]
+    from perfgate.serving.answer import _dumps, _shorten  # pyright: ignore[reportPrivateUsage]
 
     expected = json.dumps(
         _reference_shorten(tree, rounds, rounds and 40), separators=(",", ":"), ensure_ascii=False
@@ -800,8 +800,8 @@ _BAD_VALUES: list[Any] = [
 def _two_step_message(tool: Any, spec: Any, arguments: dict[str, Any]) -> str | None:
     """The argument error as the two validations gave it: the SDK's model of the flat parameters, then
     the tool's input model on what that one returned (None: both accept the arguments)."""
-    from perfgate.tools._adapter import validation_message
-    from perfgate.tools._failures import argument_message, field_errors
+    from perfgate.serving.adapter import validation_message
+    from perfgate.serving.failures import argument_message, field_errors
 
     try:
         kwargs = FuncMetadata.validate_arguments(tool.fn_metadata, arguments)
@@ -869,7 +869,7 @@ async def test_the_internal_input_keyword_cannot_be_sent_as_an_argument(workspac
     keyword itself (with a forged input, alone or beside valid arguments) is refused as an unknown field
     and nothing is recorded."""
     from perfgate.server import build_server
-    from perfgate.tools._adapter import _INPUT  # pyright: ignore[reportPrivateUsage]
+    from perfgate.serving.adapter import _INPUT  # pyright: ignore[reportPrivateUsage]
 
     server = build_server(ServerConfig.create(workspace))
     forged = {**MFU_ARGS, "peak_tflops": 1.0}

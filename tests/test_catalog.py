@@ -17,7 +17,7 @@ from mcp import Client
 from perfgate._toolnames import TOOL_MODULES
 from perfgate.schemas import SCHEMA_DIR
 from perfgate.server import build_server
-from perfgate.tools._config import ServerConfig
+from perfgate.serving.config import ServerConfig
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +36,7 @@ _PROBE = textwrap.dedent(
     from mcp import Client
     from perfgate.server import build_server
     from perfgate._toolnames import TOOL_MODULES
-    from perfgate.tools._config import ServerConfig
+    from perfgate.serving.config import ServerConfig
 
     def loaded():
         return sorted(m for m in TOOL_MODULES if f"perfgate.tools.{m}" in sys.modules)
@@ -100,7 +100,7 @@ def _catalog_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder.mkdir()
     for name in ("tools_list.json", "tools_index.json"):
         shutil.copyfile(SCHEMA_DIR / name, folder / name)
-    monkeypatch.setattr("perfgate.tools._catalog.SCHEMA_DIR", folder)
+    monkeypatch.setattr("perfgate.serving.catalog.SCHEMA_DIR", folder)
     return folder
 
 
@@ -112,7 +112,7 @@ async def test_a_stale_catalog_is_reported_and_the_code_decides(
     (mfu,) = [t for t in listing if t["name"] == "compute_mfu"]
     del mfu["inputSchema"]["properties"]["precision"]  # as if a field was added without `perfgate schemas`
     (folder / "tools_list.json").write_text(json.dumps(listing))
-    with caplog.at_level(logging.WARNING, logger="perfgate.tools._catalog"):
+    with caplog.at_level(logging.WARNING, logger="perfgate.serving.catalog"):
         async with Client(build_server(ServerConfig.create(workspace))) as client:
             result = await client.call_tool("compute_mfu", MFU_ARGS)
     assert not result.is_error, result.content  # the code's model took `precision`

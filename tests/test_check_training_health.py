@@ -9,7 +9,7 @@ import pytest
 from mcp import Client
 
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -26,8 +26,8 @@ from perfgate.envprobe import compare_fingerprints, probe_script
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
 from perfgate.server import build_server
+from perfgate.serving.runtime import ServerConfig, ToolRuntime
 from perfgate.tools import collect_env
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
 from perfgate.tools.collect_env import CollectEnvInput, CollectEnvOutput, command, run
 from perfgate.trust import TrustRoot
 

@@ -14,7 +14,7 @@ import pytest
 
 from perfgate.evidence import Ledger
 from perfgate.redactor import REDACTED, Redactor, is_secret_name
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
+from perfgate.serving.runtime import ServerConfig, ToolRuntime
 from perfgate.tools.collect_env import CollectEnvInput, run
 
 FAKES = Path(__file__).parent / "fakes"

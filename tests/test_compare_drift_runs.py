@@ -20,8 +20,8 @@ from mcp import Client
 import perfgate.tools
 from _trust import any_code_rules, operator_policy
 from perfgate.server import build_server
+from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import compare_benchmarks, run_benchmark_window
-from perfgate.tools._runtime import ServerConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

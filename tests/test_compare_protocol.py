@@ -15,7 +15,7 @@ from _trust import any_code_rules, operator_policy
 from perfgate.benchmarking.protocol import IMPORTED_FIELDS, LAUNCHED_FIELDS
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from perfgate.tools.import_benchmark import ImportBenchmarkInput
 from perfgate.tools.run_benchmark_window_models import RunBenchmarkWindowInput
 

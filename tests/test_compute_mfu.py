@@ -9,7 +9,7 @@ import pytest
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
 from perfgate.hardware.peaks import PRECISIONS, PeakLookupError, device_names, find_device, lookup_peak
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
+from perfgate.serving.runtime import ServerConfig, ToolRuntime
 from perfgate.tools.compute_mfu import Bucket, ComputeMfuInput, ComputeMfuOutput, run
 
 pytestmark = pytest.mark.anyio

@@ -16,7 +16,7 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.hardware import cpu_peak
 from perfgate.hardware.cpu_peak import ProbeResult
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
+from perfgate.serving.runtime import ServerConfig, ToolRuntime
 from perfgate.tools.compute_mfu import ComputeMfuInput, ComputeMfuOutput, run
 
 pytestmark = pytest.mark.anyio

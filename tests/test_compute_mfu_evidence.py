@@ -11,7 +11,7 @@ from mcp import Client
 
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -20,8 +20,8 @@ from perfgate.benchmarking.vocabulary import (
     vocabulary_problems,
 )
 from perfgate.server import build_server
+from perfgate.serving.runtime import ServerConfig
 from perfgate.skills.catalog import reference
-from perfgate.tools._runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -27,7 +27,7 @@ from perfgate.evidence import Ledger
 from perfgate.execution.approve_cli import approve
 from perfgate.execution.audit import APPROVAL_TOOL
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

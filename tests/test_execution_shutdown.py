@@ -16,7 +16,7 @@ import perfgate.tools
 from _gated_tool import SPEC
 from _trust import any_code_rules, operator_policy
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -10,8 +10,8 @@ from mcp import Client
 
 import perfgate.server
 from perfgate.evidence import EvidenceState, Ledger
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
-from perfgate.tools._spec import AnySpec
+from perfgate.serving.runtime import ServerConfig, ToolRuntime
+from perfgate.serving.spec import AnySpec
 from perfgate.tools.compute_mfu import ComputeMfuInput
 from perfgate.tools.compute_mfu import run as run_mfu
 from perfgate.tools.estimate_flops import SPEC, EstimateFlopsInput, run

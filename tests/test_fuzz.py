@@ -48,9 +48,9 @@ from perfgate.benchmarking.logparse import compile_pattern, parse_step_log
 from perfgate.benchmarking.records import read_record
 from perfgate.harness.dump import dump_tensors
 from perfgate.server import build_server
+from perfgate.serving.runtime import ServerConfig
 from perfgate.tensors import TensorInputError
 from perfgate.tensors.source import open_tensor_source
-from perfgate.tools._runtime import ServerConfig
 from perfgate.traces import TraceError, analyze_trace
 
 EXAMPLES = int(os.environ.get("PERFGATE_FUZZ_EXAMPLES", "10"))

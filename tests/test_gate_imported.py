@@ -10,7 +10,7 @@ import pytest
 from mcp import Client
 
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from test_import_benchmark import CONTRACT, LOGS
 from test_record_decision import Evidence, _open, _text
 

@@ -143,7 +143,7 @@ async def test_each_execution_key_is_kept_where_it_shows_and_nothing_else_may_di
 
 def _server(workspace: Path) -> Any:
     from perfgate.server import build_server
-    from perfgate.tools._runtime import ServerConfig
+    from perfgate.serving.runtime import ServerConfig
 
     return build_server(ServerConfig.create(workspace))
 

@@ -13,7 +13,7 @@ from mcp import Client
 
 from _trust import any_code_rules, operator_policy
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from test_record_decision import Evidence, _text
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

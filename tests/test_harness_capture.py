@@ -16,8 +16,8 @@ from pydantic import ValidationError
 import perfgate.tools
 from _trust import any_code_rules, operator_policy
 from perfgate.server import build_server
+from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import compare_tensors, compute_mfu, run_benchmark_window
-from perfgate.tools._runtime import ServerConfig
 from perfgate.tools.run_benchmark_window_models import RunBenchmarkWindowInput
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

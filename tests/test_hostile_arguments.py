@@ -16,9 +16,9 @@ from perfgate import server as server_module
 from perfgate.evidence import Ledger
 from perfgate.schemas import SCHEMA_DIR
 from perfgate.server import build_server
+from perfgate.serving.failures import crash_message
+from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import REGISTRY
-from perfgate.tools._failures import crash_message
-from perfgate.tools._runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -20,7 +20,7 @@ from perfgate.audit.read import read_observed
 from perfgate.audit.read_csv import MAX_ROW_BYTES
 from perfgate.evidence import Ledger
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from perfgate.traces import AnalysisOptions, TraceTooLargeError, analyze_trace
 
 pytestmark = pytest.mark.anyio

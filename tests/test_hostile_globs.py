@@ -16,8 +16,8 @@ import pytest
 from mcp import Client
 
 from perfgate.server import build_server
-from perfgate.tools import _glob
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving import globs
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -83,7 +83,7 @@ async def test_a_refusal_never_names_where_a_link_leads(workspace: Path, outside
 async def test_a_pattern_that_looks_at_too_many_names_is_refused_with_the_bound(
     workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_glob, "MAX_ENTRIES", 50)
+    monkeypatch.setattr(globs, "MAX_ENTRIES", 50)
     tree = workspace / "many"
     for i in range(30):
         (tree / f"d{i}").mkdir(parents=True)

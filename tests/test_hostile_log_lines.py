@@ -16,7 +16,7 @@ from mcp import Client
 
 from perfgate._loglines import capped_lines
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ from mcp import Client
 from perfgate._safeopen import UnsafeFileError, open_file
 from perfgate.evidence import Ledger
 from perfgate.harness.dump import dump_tensors
-from perfgate.tools._runtime import ToolRuntime
+from perfgate.serving.runtime import ToolRuntime
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ from perfgate.benchmarking.userregex import (
     compile_user_regex,
 )
 from perfgate.evidence import Ledger
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
+from perfgate.serving.runtime import ServerConfig, ToolRuntime
 from perfgate.tools.run_benchmark_window import command
 from perfgate.tools.run_benchmark_window_models import RunBenchmarkWindowInput
 

@@ -24,8 +24,8 @@ from _trust import any_code_rules, operator_policy
 from perfgate import _statefs
 from perfgate._safeopen import UnsafeFileError
 from perfgate.server import build_server
+from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import run_benchmark_window
-from perfgate.tools._runtime import ServerConfig
 from perfgate.tools.run_benchmark_window_models import RunBenchmarkWindowInput
 
 pytestmark = pytest.mark.anyio
@@ -230,7 +230,7 @@ def test_an_artifact_copied_in_replaces_a_link_at_its_name_and_never_writes_thro
     import io
 
     from perfgate.evidence import Ledger
-    from perfgate.tools._runtime import EvidenceBuilder
+    from perfgate.serving.runtime import EvidenceBuilder
 
     ev = EvidenceBuilder(
         id=Ledger.new_id(), tool="t", dir=Ledger(workspace).artifact_dir("ev-x"), started_at=""

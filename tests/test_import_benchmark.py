@@ -13,7 +13,7 @@ from mcp import Client
 from perfgate.benchmarking.importing import expand_steps, health_of
 from perfgate.benchmarking.logformats import parse_log
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

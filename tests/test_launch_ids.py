@@ -20,7 +20,7 @@ from perfgate.evidence import Ledger
 from perfgate.execution.launches import COUNTER_FILE, launch_variables, next_launch_id
 from perfgate.harness import samples
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 PY = sys.executable
 

@@ -86,7 +86,7 @@ async def test_the_lead_lines_give_the_ids_and_paths_the_next_call_takes(
 def test_an_artifact_name_is_not_offered_for_the_next_call() -> None:
     from pydantic import BaseModel
 
-    from perfgate.tools._answer import answer_text
+    from perfgate.serving.answer import answer_text
 
     class Out(BaseModel):
         evidence_id: str = "ev-1"

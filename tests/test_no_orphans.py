@@ -23,7 +23,7 @@ from _gated_tool import SPEC
 from _trust import any_code_rules, operator_policy
 from perfgate.evidence import Ledger
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ from mcp import Client
 import perfgate.server
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, Ledger
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
+from perfgate.serving.runtime import ServerConfig, ToolRuntime
 from perfgate.tools.plan_parallel_layout import SPEC, PlanParallelLayoutInput, run
 
 pytestmark = pytest.mark.anyio

@@ -20,7 +20,7 @@ from _gated_tool import SPEC
 from _trust import any_code_rules, operator_policy
 from perfgate.redaction import install_log_filter
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from perfgate.trust import TrustRoot
 
 pytestmark = pytest.mark.anyio

@@ -12,8 +12,8 @@ from mcp import Client
 from perfgate.evidence import Ledger
 from perfgate.schemas import SCHEMA_DIR
 from perfgate.server import INSTRUCTIONS, build_server
+from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import REGISTRY, registered_specs
-from perfgate.tools._runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -70,7 +70,7 @@ def test_every_tool_that_plots_stored_a_png_of_the_right_size(demo: Any) -> None
 async def test_mismatching_tensors_get_an_error_histogram_returned_as_image(workspace: Path) -> None:
     from perfgate.harness import dump_tensors
     from perfgate.server import build_server
-    from perfgate.tools._runtime import ServerConfig
+    from perfgate.serving.runtime import ServerConfig
 
     rng = np.random.default_rng(0)
     ref = {"w": rng.standard_normal(4096).astype(np.float32), "b": np.zeros(16, np.float32)}

@@ -67,7 +67,7 @@ async def test_a_plotting_tool_still_answers_and_says_plots_are_off(
     from mcp import Client
 
     from perfgate.server import build_server
-    from perfgate.tools._runtime import ServerConfig
+    from perfgate.serving.runtime import ServerConfig
 
     np.save(workspace / "ref.npy", np.zeros(64, np.float32))
     np.save(workspace / "cand.npy", np.full(64, 1e-3, np.float32))

@@ -15,7 +15,7 @@ from mcp import Client
 from _png import png_size
 from perfgate.report import raster
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 PLANTED = Path(__file__).parent / "fixtures" / "traces" / "planted"
 

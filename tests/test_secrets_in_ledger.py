@@ -11,7 +11,7 @@ from perfgate.evidence import EvidenceState, Ledger
 from perfgate.execution.audit import Decision, How, record_decision
 from perfgate.execution.request import CommandRequest
 from perfgate.redactor import placeholder
-from perfgate.tools._runtime import ServerConfig, ToolRuntime
+from perfgate.serving.runtime import ServerConfig, ToolRuntime
 
 pytestmark = pytest.mark.anyio
 SECRET = "hf_abcdefghijklmnopqrstuvwxyz0123"

@@ -24,7 +24,7 @@ from mcp.types import ElicitRequestParams, ElicitResult
 from _trust import any_code_rules, operator_policy
 from perfgate.evidence import Ledger
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from perfgate.trust import TrustRoot
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -15,8 +15,8 @@ import perfgate.server
 from perfgate.evidence import Ledger
 from perfgate.harness.dump import dump_tensors
 from perfgate.server import build_server
+from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import compare_tensors
-from perfgate.tools._runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 
@@ -201,8 +201,8 @@ async def test_cancelling_the_call_stops_the_comparison_and_records_nothing(
 
     import perfgate.tensors.compare
     import perfgate.tensors.session
+    from perfgate.serving.runtime import ToolRuntime
     from perfgate.tensors import ComparisonCancelled
-    from perfgate.tools._runtime import ToolRuntime
 
     monkeypatch.setattr(perfgate.tensors.compare, "_PROGRESS_EVERY_BYTES", 1)  # report after every chunk
     finished = threading.Event()

@@ -22,7 +22,7 @@ from perfgate.benchmarking.corroborate import corroborate_launch
 from perfgate.benchmarking.records import RankRecord, StepColumns, WindowRecord
 from perfgate.execution.ticks import LaunchTicks
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -14,11 +14,11 @@ from mcp import Client
 from mcp.server.mcpserver.tools import Tool
 
 from perfgate.server import build_server, tool_for
+from perfgate.serving.adapter import make_tool_function
+from perfgate.serving.config import ServerConfig
+from perfgate.serving.lean import lean_schema
 from perfgate.skills.catalog import tool_reference
 from perfgate.tools import registered_specs
-from perfgate.tools._adapter import make_tool_function
-from perfgate.tools._config import ServerConfig
-from perfgate.tools._lean import lean_schema
 
 pytestmark = pytest.mark.anyio
 
@@ -178,7 +178,7 @@ async def test_a_read_only_server_lists_less_and_names_the_same_pages(workspace:
 
 
 def test_data_inside_a_schema_keeps_its_own_description_and_title_keys() -> None:
-    from perfgate.tools._lean import listed_schema
+    from perfgate.serving.lean import listed_schema
 
     data = {"description": "a value, not a doc", "title": "T"}
     schema = {

@@ -17,8 +17,8 @@ from mcp import Client
 
 from _trust import operator_policy
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
-from perfgate.tools._traces import trace_brief
+from perfgate.serving.runtime import ServerConfig
+from perfgate.tools.trace_analysis import trace_brief
 from perfgate.traces import analyze_traces, combine
 from perfgate.traces.diagnose import _OP_LEVEL, THRESHOLDS  # pyright: ignore[reportPrivateUsage]
 from perfgate.traces.models import HostLoad, OtherProcess
@@ -135,7 +135,7 @@ async def test_a_capture_beside_a_burner_names_host_contention_before_op_level_f
 def test_the_next_line_opens_a_hypothesis_on_the_jobs_own_wall_not_the_hosts() -> None:
     """The host's contention ranks first, but it is no change to the job: the next call names the first
     wall the job owns and says the figures are inflated; a report of contention alone says to quiet the host."""
-    from perfgate.tools._traces import trace_brief
+    from perfgate.tools.trace_analysis import trace_brief
 
     report = _with_load("tiny_ops", _load(other=2.0, job=2.0))
     assert report.findings[0].wall == "host_contention"

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from mcp import Client
 
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from perfgate.traces import AnalysisOptions, analyze_trace, pool
 from perfgate.traces.analyze import analyze_table
 from perfgate.traces.models import RankProfile

@@ -151,7 +151,7 @@ def test_each_phase_of_a_top_level_loop_carries_its_own_line(profile: RankProfil
 async def test_the_tool_reports_the_measured_sync_and_the_lines(
     trace: Path, profile: RankProfile, workspace: Path
 ) -> None:
-    from perfgate.tools._runtime import ServerConfig, ToolRuntime
+    from perfgate.serving.runtime import ServerConfig, ToolRuntime
     from perfgate.tools.profile_segment import ProfileSegmentInput, run
 
     (workspace / "traces").mkdir()

@@ -19,7 +19,7 @@ from mcp import Client
 
 from perfgate._deadline import DeadlineExceeded
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 from perfgate.traces import AnalysisOptions, TraceError, analyze_trace, pool
 from perfgate.traces.analyze import load_table
 from perfgate.traces.reader import TraceStream

@@ -13,7 +13,7 @@ from mcp import Client
 from _trust import any_code_rules, operator_policy
 from perfgate.benchmarking.dumps import dump_call_lines
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -107,7 +107,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     gc.disable()
     try:
         from perfgate.server import build_server
-        from perfgate.tools._config import ServerConfig
+        from perfgate.serving.config import ServerConfig
 
         config = ServerConfig.create(
             workspace, read_only=args.read_only, read_roots=args.read_root, trust=_trust(args), limits=limits

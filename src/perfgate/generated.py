@@ -18,10 +18,10 @@ import anyio
 from perfgate.benchmarking.vocabulary import render_vocabulary
 from perfgate.schemas import SCHEMA_DIR
 from perfgate.server import build_server, tool_for
+from perfgate.serving.config import ServerConfig
 from perfgate.skills.catalog import reference, tool_reference
+from perfgate.skills.reference_page import render_tool_reference
 from perfgate.tools import registered_specs
-from perfgate.tools._reference import render_tool_reference
-from perfgate.tools._runtime import ServerConfig
 
 __all__ = ["check_schemas", "render_schemas", "write_schemas"]
 
@@ -41,7 +41,7 @@ def render_schemas() -> dict[str, str]:
     """File name -> content for every generated schema file.
 
     ``<tool>.input.json`` is the documented input schema (with every field's description), which the
-    server validates with; tools/list carries its listed form (`perfgate.tools._lean.listed_schema`).
+    server validates with; tools/list carries its listed form (`perfgate.serving.lean.listed_schema`).
     """
     tools = anyio.run(_tools_list)
     specs = registered_specs(read_only=False)

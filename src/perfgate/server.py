@@ -1,6 +1,6 @@
 """Build the MCP server: tools from the registry, the skill as resources and prompts, state in the lifespan.
 
-The shipped tools are registered from the generated catalog (`perfgate.tools._catalog`): a tool's module
+The shipped tools are registered from the generated catalog (`perfgate.serving.catalog`): a tool's module
 is imported when the tool is first called, so start-up does not pay for every tool's models.
 """
 
@@ -16,14 +16,14 @@ from mcp.types import ToolAnnotations
 
 import perfgate.tools
 from perfgate import __version__
+from perfgate.serving.catalog import catalog_tools
+from perfgate.serving.config import ServerConfig
+from perfgate.serving.state import AppState
 from perfgate.tools import registered_specs, shipped_registry
-from perfgate.tools._catalog import catalog_tools
-from perfgate.tools._config import ServerConfig
-from perfgate.tools._state import AppState
 
 if TYPE_CHECKING:
-    from perfgate.tools._adapter import PerfgateTool
-    from perfgate.tools._spec import AnySpec
+    from perfgate.serving.adapter import PerfgateTool
+    from perfgate.serving.spec import AnySpec
 
 __all__ = ["INSTRUCTIONS", "build_server", "tool_for"]
 
@@ -46,7 +46,7 @@ def _state(ctx: Context) -> AppState:
 
 def tool_for(spec: AnySpec) -> PerfgateTool:
     """The registered form of a tool module's ``SPEC``."""
-    from perfgate.tools._adapter import PerfgateTool, make_tool_function
+    from perfgate.serving.adapter import PerfgateTool, make_tool_function
 
     return PerfgateTool.for_function(
         make_tool_function(spec, _state),

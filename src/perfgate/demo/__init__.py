@@ -122,7 +122,7 @@ async def _demo(workspace: Path, say: Callable[[str], None], policy: Path) -> De
     from mcp import Client
 
     from perfgate.server import build_server
-    from perfgate.tools._runtime import ServerConfig
+    from perfgate.serving.config import ServerConfig
     from perfgate.trust import TrustRoot
 
     evidence: dict[str, str] = {}

@@ -3,7 +3,7 @@
 Files: ``<tool>.input.json``, ``<tool>.output.json``, ``tools_list.json`` (the exact ``tools/list``
 answer of a default server: names, order, descriptions, schemas, annotations) and ``tools_index.json``
 (each tool's module, and whether it runs commands or writes), from which a server lists its tools
-without importing them (`perfgate.tools._catalog`). `perfgate.generated` writes and checks them.
+without importing them (`perfgate.serving.catalog`). `perfgate.generated` writes and checks them.
 """
 
 from __future__ import annotations

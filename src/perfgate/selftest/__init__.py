@@ -261,7 +261,7 @@ async def _run(
     from mcp import Client
 
     from perfgate.server import build_server
-    from perfgate.tools._runtime import ServerConfig
+    from perfgate.serving.config import ServerConfig
     from perfgate.trust import TrustRoot
 
     server = build_server(ServerConfig.create(workspace, trust=TrustRoot.locate(policy=policy)))

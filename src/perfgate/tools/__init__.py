@@ -1,7 +1,11 @@
 """The ordered tool registry: the server registers exactly these, in this order.
 
+Each tool is a module here defining ``SPEC`` (a `perfgate.serving.spec.ToolSpec`): an adapter from its
+domain packages to the serving framework (`perfgate.serving`), which knows no tool by name.
+`trace_analysis` and `run_benchmark_window_models` are not tools: they hold what two tools share.
+
 The tool modules (their models, their domain packages) load on first use of ``REGISTRY`` or of a module,
-not with this package: a server started from the generated catalog (`perfgate.tools._catalog`) imports a
+not with this package: a server started from the generated catalog (`perfgate.serving.catalog`) imports a
 tool's module only when that tool is first called.
 """
 
@@ -14,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 from perfgate._toolnames import TOOL_MODULES
 
 if TYPE_CHECKING:
-    from perfgate.tools._spec import AnySpec, ToolSpec
+    from perfgate.serving.spec import AnySpec
 
     REGISTRY: tuple[AnySpec, ...]
 
-__all__ = ["REGISTRY", "ToolSpec", "registered_specs", "shipped_registry"]
+__all__ = ["REGISTRY", "registered_specs", "shipped_registry"]
 
 
 def _shipped() -> tuple[AnySpec, ...]:
@@ -26,13 +30,9 @@ def _shipped() -> tuple[AnySpec, ...]:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "REGISTRY":
-        value: Any = _shipped()
-    elif name == "ToolSpec":
-        from perfgate.tools._spec import ToolSpec as value
-    else:
+    if name != "REGISTRY":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value  # later lookups skip __getattr__
+    value = globals()[name] = _shipped()  # later lookups skip __getattr__
     return value
 
 

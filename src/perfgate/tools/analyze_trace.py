@@ -13,9 +13,9 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.evidence.access import as_list
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
-from perfgate.tools._traces import (
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
+from perfgate.tools.trace_analysis import (
     TraceAnalysisFields,
     TraceFile,
     analyze_paths,

@@ -23,8 +23,8 @@ from perfgate.audit import (
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
 from perfgate.report.plots import coverage_png
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 __all__ = ["SPEC", "AuditSamplesInput", "AuditSamplesOutput", "InputFile", "run"]
 

@@ -23,8 +23,8 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution import detached
 from perfgate.execution.ticks import LaunchTicks
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
 from perfgate.tools.run_benchmark_window_models import RunBenchmarkWindowInput, RunBenchmarkWindowOutput
 
 __all__ = ["SPEC", "BenchmarkRunInput", "BenchmarkRunOutput", "run"]

@@ -12,11 +12,11 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from perfgate.benchmarking.health import TrainingHealth
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState
-from perfgate.tools._health import TrainingHealth
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 __all__ = ["SPEC", "CheckTrainingHealthInput", "CheckTrainingHealthOutput", "run"]
 

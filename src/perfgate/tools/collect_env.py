@@ -32,8 +32,8 @@ from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandError, CommandProgress, CommandResult, ExecLimits, execute
 from perfgate.execution.request import CommandRequest
 from perfgate.redactor import Redactor
-from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import EvidenceBuilder, ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 __all__ = ["SPEC", "CollectEnvInput", "CollectEnvOutput", "command", "run"]
 

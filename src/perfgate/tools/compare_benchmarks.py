@@ -21,8 +21,8 @@ from perfgate.benchmarking.vocabulary import vocabulary_name
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState
 from perfgate.report.plots import ab_distribution_png
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 __all__ = ["SPEC", "CompareBenchmarksInput", "CompareBenchmarksOutput", "run"]
 

@@ -18,8 +18,8 @@ from perfgate.digests import ALGORITHM, DIGEST_PATTERN, format_digest
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.report.plots import tensor_errors_png
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 if TYPE_CHECKING:
     from perfgate.digests import Algorithm

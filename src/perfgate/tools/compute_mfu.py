@@ -15,8 +15,8 @@ from perfgate.flops.bucket_sources import BucketEvidenceError, resolve_bucket
 from perfgate.flops.utilization import BucketFigures, BucketInput, FlopsKind, judge_utilization, utilization
 from perfgate.hardware.peaks import PeakLookupError, Precision
 from perfgate.hardware.run_peak import resolve_peak, run_record
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 __all__ = ["SPEC", "Bucket", "ComputeMfuInput", "ComputeMfuOutput", "run"]
 

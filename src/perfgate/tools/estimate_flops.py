@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from perfgate.evidence import EvidenceState
 from perfgate.flops import Convention, FlopBreakdown, ModelConfig, ParamCounts, Recompute, estimate_flops
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 __all__ = ["SPEC", "EstimateFlopsInput", "EstimateFlopsOutput", "run"]
 

@@ -18,13 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from perfgate._safeopen import open_file
 from perfgate.benchmarking import BenchmarkError, Contract
 from perfgate.benchmarking.contract import BenchmarkContract
+from perfgate.benchmarking.health import TrainingHealth, health_model
 from perfgate.benchmarking.results import Throughput, WindowResult, window_result
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
-from perfgate.tools._glob import GlobRefused, expand, has_magic, shown
-from perfgate.tools._health import TrainingHealth, health_model
-from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.globs import GlobRefused, expand, has_magic, shown
+from perfgate.serving.runtime import EvidenceBuilder, ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.imported import ImportRequest

@@ -28,8 +28,8 @@ from perfgate.planning import (
     search_layouts,
 )
 from perfgate.planning.search import MAX_WORLD_SIZE, SearchTooLarge
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 __all__ = ["SEARCH_DEADLINE_S", "SPEC", "PlanParallelLayoutInput", "PlanParallelLayoutOutput", "run"]
 

@@ -33,9 +33,9 @@ from perfgate.evidence import EvidenceState
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.rundir import input_run_dir, one_run
 from perfgate.harness.config import ProfileConfig
-from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
-from perfgate.tools._spec import ToolSpec
-from perfgate.tools._traces import (
+from perfgate.serving.runtime import EvidenceBuilder, ToolRuntime
+from perfgate.serving.spec import ToolSpec
+from perfgate.tools.trace_analysis import (
     TraceAnalysisFields,
     TraceFile,
     analyze_paths,

@@ -16,8 +16,8 @@ from perfgate.decisions.gates import Gate, evaluate_keep, next_step, summarize
 from perfgate.decisions.render import render_decisions
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, Ledger
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import ToolSpec
 
 __all__ = ["SPEC", "EvidenceLink", "RecordDecisionInput", "RecordDecisionOutput", "run"]
 

@@ -20,6 +20,7 @@ from perfgate._statefs import fresh_dir, remove_tree
 from perfgate.benchmarking import BenchmarkError
 from perfgate.benchmarking.collect import launch_failure
 from perfgate.benchmarking.drift import host_speed_probe
+from perfgate.benchmarking.health import health_model
 from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path
 from perfgate.benchmarking.measured import measured_environment
 from perfgate.benchmarking.provenance import RunProvenance, run_provenance
@@ -41,9 +42,8 @@ from perfgate.execution.slurm import SlurmResources, time_limit_minutes
 from perfgate.execution.ticks import LaunchTicks, TickListener, ticks_path
 from perfgate.harness.ticks import TICKS_ENV
 from perfgate.report.plots import step_times_png
-from perfgate.tools._health import health_model
-from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
-from perfgate.tools._spec import ToolSpec
+from perfgate.serving.runtime import EvidenceBuilder, ToolRuntime
+from perfgate.serving.spec import ToolSpec
 from perfgate.tools.run_benchmark_window_models import (
     RunBenchmarkWindowInput,
     RunBenchmarkWindowOutput,

@@ -11,11 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from perfgate.benchmarking.contract import BenchmarkContract
 from perfgate.benchmarking.corroborate import TimingCheck
 from perfgate.benchmarking.dumps import TensorDump
+from perfgate.benchmarking.health import TrainingHealth
 from perfgate.benchmarking.provenance import RunProvenance
 from perfgate.benchmarking.results import ModelFacts, RankResult, Throughput, WindowResult
 from perfgate.benchmarking.window_plan import Timing
 from perfgate.evidence import EvidenceState
-from perfgate.tools._health import TrainingHealth
 from perfgate.traces.models import HostLoad
 
 __all__ = ["Launcher", "RunBenchmarkWindowInput", "RunBenchmarkWindowOutput", "SlurmLaunch", "TensorCapture"]

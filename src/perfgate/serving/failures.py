@@ -2,7 +2,7 @@
 
 The SDK reports argument errors as pydantic's raw text (with a documentation URL) and any other
 exception as a bare "Error executing tool X". `argument_message` and `crash_message` replace both with
-text an agent can act on; `PerfgateTool` (in `_adapter`) applies them to every registered tool.
+text an agent can act on; `PerfgateTool` (in `perfgate.serving.adapter`) applies them to every registered tool.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Training health as tool output: the model shared by import_benchmark, run_benchmark_window and
-check_training_health."""
+"""Training health as evidence reports it: a health summary (`benchmarking.importing.HealthSummary`) as
+the model the results of import_benchmark, run_benchmark_window and check_training_health carry."""
 
 from __future__ import annotations
 

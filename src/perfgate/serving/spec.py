@@ -9,7 +9,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from perfgate.execution.request import CommandRequest
-from perfgate.tools._runtime import ToolRuntime
+from perfgate.serving.runtime import ToolRuntime
 
 __all__ = ["ToolSpec"]
 
@@ -38,7 +38,7 @@ class ToolSpec(Generic[InT, OutT]):
     field's description) has the rest.
 
     ``brief`` returns the few lines that lead the text an agent reads (headline figures, the next call);
-    without it the common fields lead (see `perfgate.tools._answer`).
+    without it the common fields lead (see `perfgate.serving.answer`).
     """
 
     name: str

@@ -1,7 +1,7 @@
 """A tool's skill reference page, rendered from its documented schemas (``perfgate schemas`` writes it).
 
 tools/list carries each tool's short description and a listed schema without field descriptions
-(`perfgate.tools._lean`); this page has the rest: what the tool is for at length, every input field with
+(`perfgate.serving.lean`); this page has the rest: what the tool is for at length, every input field with
 its type, default, bounds and meaning (nested objects included), and the fields its answer leads with.
 """
 

@@ -23,7 +23,7 @@ from perfgate.evidence._writer import run_in_ledger_thread
 from perfgate.execution.executor import CommandResult
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.service import CommandRunner, UnapprovedCommandError
-from perfgate.tools._config import ServerConfig
+from perfgate.serving.config import ServerConfig
 
 __all__ = ["EvidenceBuilder", "ProgressFn", "ServerConfig", "ToolRuntime"]
 

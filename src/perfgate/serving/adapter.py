@@ -21,13 +21,13 @@ from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, WithJsonSchema
 
 from perfgate.errors import ToolError
-from perfgate.tools._answer import answer_text
-from perfgate.tools._failures import argument_message, crash_message, field_errors
-from perfgate.tools._gating import APPROVAL_PARAM, PREPARED_PARAM, gate_parameters, settle
-from perfgate.tools._lean import inline_refs, lean_schema, listed_schema
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import AnySpec
-from perfgate.tools._state import AppState
+from perfgate.serving.answer import answer_text
+from perfgate.serving.failures import argument_message, crash_message, field_errors
+from perfgate.serving.gating import APPROVAL_PARAM, PREPARED_PARAM, gate_parameters, settle
+from perfgate.serving.lean import inline_refs, lean_schema, listed_schema
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import AnySpec
+from perfgate.serving.state import AppState
 
 __all__ = ["AppState", "PerfgateTool", "make_tool_function", "validation_message"]
 

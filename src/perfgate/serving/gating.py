@@ -34,8 +34,8 @@ from pydantic import BaseModel
 from perfgate.execution.gate import ConsentForm, Grant
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.service import ExecutionService
-from perfgate.tools._runtime import ToolRuntime
-from perfgate.tools._spec import AnySpec
+from perfgate.serving.runtime import ToolRuntime
+from perfgate.serving.spec import AnySpec
 
 __all__ = ["APPROVAL_PARAM", "PREPARED_PARAM", "Prepared", "client_label", "gate_parameters", "settle"]
 

@@ -8,7 +8,7 @@ import anyio.to_thread
 
 from perfgate.evidence import Ledger
 from perfgate.execution.service import ExecutionService
-from perfgate.tools._config import ServerConfig
+from perfgate.serving.config import ServerConfig
 
 __all__ = ["AppState"]
 

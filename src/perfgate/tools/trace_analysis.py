@@ -1,4 +1,5 @@
-"""Trace analysis shared by `analyze_trace` (read-only) and `profile_segment` (the gated capture).
+"""Trace analysis shared by `analyze_trace` (read-only) and `profile_segment` (the gated capture); not a
+tool of its own.
 
 Both tools take the same analysis knobs (`TraceAnalysisFields`), resolve trace paths inside the
 workspace the same way, and draw the same key plot, so a captured segment and an analyzed trace answer
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from perfgate._deadline import DeadlineExceeded
 from perfgate.errors import ToolError
 from perfgate.report.plots import breakdown_png, top_ops_png
-from perfgate.tools._runtime import EvidenceBuilder, ToolRuntime
+from perfgate.serving.runtime import EvidenceBuilder, ToolRuntime
 from perfgate.traces import RankProfile, RankSkew, TraceError
 from perfgate.traces.models import Finding
 
