@@ -131,15 +131,17 @@ async def test_nanogpt_keeps_an_honest_speedup_in_few_calls(tmp_path: Path) -> N
     async with Client(build_server(ServerConfig.create(ws)), elicitation_callback=human) as client:
         agent = Agent(client)
         try:
-            await _walk(agent)
+            base = await _walk(agent)
+            assert agent.calls <= 12 and len(human.asked) <= 2, (agent.calls, len(human.asked))
+            await _shortcut(agent, base)
         finally:
             out = os.environ.get("PERFGATE_WALKTHROUGH_OUT")
             if out:
                 Path(out).write_text("\n\n".join(agent.transcript) + f"\n\napprovals: {len(human.asked)}\n")
-        assert agent.calls <= 12 and len(human.asked) <= 2, (agent.calls, len(human.asked))
 
 
-async def _walk(agent: Agent) -> None:
+async def _walk(agent: Agent) -> dict[str, Any]:
+    """The honest speedup, kept; returns the baseline window."""
     env = await agent.call("collect_env", {})
     base = await agent.call("run_benchmark_window", window(1, "baseline"))
     assert base.get("state") == "executed", base
@@ -201,3 +203,41 @@ async def _walk(agent: Agent) -> None:
         lines=12,
     )
     assert keep.get("accepted") is True, keep
+    return base
+
+
+async def _shortcut(agent: Agent, base: dict[str, Any]) -> None:
+    """The same micro-batch change on a model with one layer fewer: faster, and a different training."""
+    opened = await agent.call(
+        "record_decision",
+        {
+            "action": "open",
+            "hypothesis": "one micro-batch of 16, and one transformer layer is enough",
+            "classification": "system_optimization",
+            "changed_variable": "microbatch",
+            "tolerance": {"atol": 1e-5, "rtol": 1e-5},
+        },
+    )
+    cand = await agent.call("run_benchmark_window", window(16, "shortcut", "--n_layer=1"))
+    compared = await agent.call(
+        "compare_benchmarks",
+        {
+            "baseline": [base["evidence_id"]],
+            "candidate": [cand["evidence_id"]],
+            "declared_changes": ["microbatch", "accumulation"],
+        },
+    )
+    assert compared.get("verdict") != "improved", compared
+    keep = await agent.call(
+        "record_decision",
+        {
+            "action": "decide",
+            "experiment_id": opened["experiment_id"],
+            "decision": "keep",
+            "rationale": "faster",
+            "rollback": "--n_layer=2",
+            "evidence": [{"id": compared["evidence_id"], "role": "comparison"}],
+        },
+        lines=4,
+    )
+    assert "error" in keep and "keep refused" in keep["error"], keep
