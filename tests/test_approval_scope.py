@@ -126,7 +126,9 @@ async def test_a_monkeypatch_committed_in_an_imported_helper_shows_as_its_diff_l
         for line in lead
     ), lead
     assert any(
-        line.startswith("Accepting grants this command with this code, up to 8 call(s) within 2 h")
+        line.startswith(
+            "Accepting grants this command with this code (timed, profiled or captured by perfgate), up to 8"
+        )
         for line in lead
     )
     diff = lines[lines.index("the change (unified diff, at most the first lines):") + 1 :]

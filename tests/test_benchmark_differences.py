@@ -172,6 +172,47 @@ def test_a_changed_measured_batch_is_semantic_whatever_the_contracts_say() -> No
     assert any(u.startswith("measured global batch (baseline:") for u in missing.unverified)
 
 
+def _split(micro: int, source: str = "model_inputs", measured: int | None = 32) -> EvidenceRecord:
+    """nanoGPT's shape: ``--batch_size`` is the micro-batch, ``--gradient_accumulation_steps`` the rest."""
+    execution = {"compile": False, "microbatch": micro, "accumulation": 32 // micro}
+    return record(
+        f"m{micro}",
+        command=[
+            "python",
+            "train.py",
+            f"--batch_size={micro}",
+            f"--gradient_accumulation_steps={32 // micro}",
+        ],
+        contract={**CONTRACT, "execution": execution},
+        measured_batch=measured,
+        batch_source=source,
+    )
+
+
+def test_a_batch_named_option_is_judged_by_the_measured_global_batch() -> None:
+    declared = ["microbatch", "accumulation"]
+    found = differences(_split(1), _split(32), declared)
+    assert "argv.batch_size" in found and found["argv.batch_size"].classification == "declared_execution"
+    assert "same global batch (32)" in found["argv.batch_size"].note
+    assert found["argv"].classification == "declared_execution"
+    assert judge(_split(1), _split(32), declared) == []
+
+
+def test_a_batch_named_option_stays_semantic_unless_the_measurement_corroborates() -> None:
+    declared = ["microbatch", "accumulation"]
+    # the global batch changed, was not counted, or was read from an unverified source: the name decides
+    changed = differences(_split(1), _split(32, measured=64), declared)
+    assert changed["argv.batch_size"].classification == "semantic"
+    assert changed["measured.global_batch"].classification == "semantic"
+    uncounted = differences(_split(1, measured=None), _split(32, measured=None), declared)
+    assert uncounted["argv.batch_size"].classification == "semantic"
+    unverified = differences(_split(1, "unverified"), _split(32, "unverified"), declared)
+    assert unverified["argv.batch_size"].classification == "semantic"
+    # measured equal, but no declared change splits the batch (a bare 'argv' does not): the name decides
+    for other in (["threads"], ["argv"]):
+        assert differences(_split(1), _split(32), other)["argv.batch_size"].classification == "semantic"
+
+
 def test_a_code_change_needs_code_declared() -> None:
     cand = record("b", code={"commit": "b" * 40, "diff_files": {}})
     assert differences(record("a"), cand, [])["code"].classification == "undeclared"

@@ -63,6 +63,18 @@ def test_the_same_job_in_two_blocks_under_a_ramping_load_is_within_noise_with_th
     assert result.ci_low <= result.speedup <= result.ci_high
 
 
+def test_bursty_load_that_tilts_the_sides_opposite_ways_is_not_extrapolated_as_a_trend() -> None:
+    """A busy 2-core host: the baseline slowing, the candidate speeding up as a burst ends; a line through
+    each side points another way, so no trend is carried across the gap and a 4x speedup stays improved."""
+    base, bi = _side("a", "call-a", [0.0, 5.0, 10.0, 15.0], [0.020, 0.026, 0.030, 0.021])
+    cand, ci = _side("b", "call-b", [60.0, 65.0, 70.0, 75.0], [0.0075, 0.0071, 0.0052, 0.005])
+    rates_result = compare_windows(base, cand, launches={**bi, **ci})
+    assert rates_result.drift is not None
+    assert not any(s.startswith("trend:") for s in rates_result.drift.sources)
+    assert any("tilting opposite ways" in u for u in rates_result.drift.unmeasured)
+    assert rates_result.verdict == "improved"
+
+
 def test_a_load_started_between_two_calls_is_caught_by_the_host_speed_probe() -> None:
     """A burner between the calls: each side steady, the candidate (the same job) 25% slower, and the
     probe 30% slower around its launches."""

@@ -271,6 +271,18 @@ def test_windows_faster_than_their_neighbours_are_measurement_dependent() -> Non
     assert corroborate_launch(0, [slow], _stamps(slow)).consistency == "consistent"
 
 
+def test_load_on_some_neighbouring_steps_is_noise_not_measurement_dependence() -> None:
+    """A busy host slows some of the steps around the windows (here the warm-up tail, 2 of 4 guard
+    steps): their spread widens the margin, so the same windows are consistent."""
+    bursty = [10.0] * 4 + [18.0, 16.0, 17.0, 10.0] + [10.0] * 20 + [18.0, 10.0, 19.0, 10.0]
+    record = _record(bursty, 8, 20)
+    check = corroborate_launch(0, [record], _stamps(record))
+    assert check.consistency == "consistent", check.reasons
+    # the same neighbours at a steady pace around windows 1.8x faster than them: still caught
+    steady = [10.0] * 8 + [5.5] * 20 + [10.0] * 4
+    assert corroborate_launch(0, [_record(steady, 8, 20)], None).consistency == "measurement_dependent"
+
+
 def test_without_stamps_the_launch_is_unobserved_and_does_not_block() -> None:
     record = _record([10.0] * 30, 4, 20)
     check = corroborate_launch(0, [record], None)

@@ -12,8 +12,9 @@ clock or skip work only while it is measured. Two checks keep such figures from 
    tampering or a lost channel: the timing is not corroborated.
 2. **Consistency.** The harness keeps timing steps after the last window (guard steps) and times the
    warm-up. The windows' median step must not be faster than the median of these neighbours by more
-   than ``max(CONSISTENCY_MARGIN, 3 x the windows' IQR/median)``: work that the script skips only while it
-   is measured makes its windows faster than the steps around them. (One-sided: a window slower than
+   than ``max(CONSISTENCY_MARGIN, 3 x IQR/median)``, the spread being the larger of the windows' and the
+   neighbours' (a script can widen either by varying its own steps, so neither is trusted more): work that
+   the script skips only while it is measured makes its windows faster than the steps around them. (One-sided: a window slower than
    its neighbours is periodic work or load, reported elsewhere.)
 
 A launch without observations (a Slurm launch, whose boundaries do not reach this machine as they happen,
@@ -155,7 +156,9 @@ def _clock(record: RankRecord, stamps: dict[int, int], reasons: list[str]) -> tu
 
 
 def _neighbour_ratio(record: RankRecord) -> tuple[float | None, float]:
-    """(median neighbouring steady step / median measured step, the windows' IQR/median) for one rank."""
+    """(median neighbouring steady step / median measured step, the larger IQR/median of the two) for one
+    rank: either side's noise (load on a busy host lands on some steps, not others) widens what counts as
+    "beyond noise"."""
     times = record.steps.step_time_ns
     measured: list[int] = []
     for w in record.windows:
@@ -171,11 +174,15 @@ def _neighbour_ratio(record: RankRecord) -> tuple[float | None, float]:
     mid = statistics.median(measured)
     if mid <= 0:
         return None, 0.0
-    spread = 0.0
-    if len(measured) >= 4:
-        q = statistics.quantiles(measured, n=4)
-        spread = (q[2] - q[0]) / mid
-    return statistics.median(neighbours) / mid, spread
+    return statistics.median(neighbours) / mid, max(_spread(measured), _spread(neighbours))
+
+
+def _spread(times: Sequence[int]) -> float:
+    """IQR / median of step times (0 with fewer than 4)."""
+    if len(times) < 4:
+        return 0.0
+    q = statistics.quantiles(times, n=4)
+    return (q[2] - q[0]) / q[1] if q[1] > 0 else 0.0
 
 
 def corroborate_launch(launch: int, records: Sequence[RankRecord], ticks: LaunchTicks | None) -> TimingCheck:

@@ -204,12 +204,35 @@ def _env_differences(
         )
 
 
+_MEASURED_SEMANTIC: dict[str, str] = {"global_batch": "measured_batch"}
+"""Semantic entries the harness measures itself (entry -> the window result's field): an option named
+after one is judged by the measurement, not by its name."""
+
+_VERIFIED_BATCH = ("model_inputs", "data_loader")
+
+
+def measured_alike(base: EvidenceRecord, cand: EvidenceRecord) -> frozenset[str]:
+    """The measured semantic entries whose measurement both sides hold and agree on (the global batch
+    counted at the model's inputs or from the DataLoader, equal on both sides)."""
+    same: set[str] = set()
+    for entry, key in _MEASURED_SEMANTIC.items():
+        b, c = base.result.get(key), cand.result.get(key)
+        sources = (base.result.get("batch_source"), cand.result.get("batch_source"))
+        if isinstance(b, int) and b == c and all(s in _VERIFIED_BATCH for s in sources):
+            same.add(entry)
+    return frozenset(same)
+
+
 def semantic_flag_differences(
-    b_argv: list[str], c_argv: list[str], declared: Sequence[str]
+    b_argv: list[str], c_argv: list[str], declared: Sequence[str], alike: frozenset[str] = frozenset()
 ) -> list[Difference]:
     """Options named by a semantic vocabulary key (``--batch``, ``--lr``, ``--seq-len``, ``--epochs``, ...)
     whose value differs: a semantic change whatever else was declared (declared by its vocabulary name it
-    is a training change, comparable but never an equivalent speedup)."""
+    is a training change, comparable but never an equivalent speedup).
+
+    A batch-named option is left out when the global batch is in ``alike`` (measured on both sides and
+    equal) and a micro-batch or accumulation change is declared: the measurement shows the name misleads
+    (nanoGPT's ``--batch_size`` is the micro-batch) and the declared split explains the option."""
     b_opts, c_opts = argv_options(b_argv), argv_options(c_argv)
     names = {vocabulary_name(d) for d in declared} | {
         term.name for d in declared if (term := VOCABULARY.get(canonical_key(d))) is not None
@@ -218,6 +241,8 @@ def semantic_flag_differences(
     for flag in sorted(set(b_opts) | set(c_opts)):
         term = VOCABULARY.get(canonical_key(flag))
         if term is None or term.cls != "semantic" or b_opts.get(flag) == c_opts.get(flag):
+            continue
+        if _batch_split_explains(declared, flag, alike):
             continue
         declared_here = vocabulary_name(flag) in names or term.name in names
         out.append(
@@ -249,12 +274,25 @@ def _argv_differences(
         for i in range(max(len(b_list), len(c_list)))
         if i >= len(b_list) or i >= len(c_list) or b_list[i] != c_list[i]
     ]
-    semantic_flags = semantic_flag_differences(b_list, c_list, declared)
+    alike = measured_alike(base, cand)
+    semantic_flags = semantic_flag_differences(b_list, c_list, declared, alike)
     out.items.extend(semantic_flags)
     flagged = {"--" + d.field.removeprefix("argv.") for d in semantic_flags}
     unexplained: list[str] = []
     for o in argv_changes(b_list, c_list):
         by = explains(declared, "option", o) if o.startswith("--") else None
+        if by is None and o.startswith("--") and (by := _batch_split_explains(declared, o, alike)):
+            out.items.append(
+                Difference(
+                    field=f"argv.{o.lstrip('-')}",
+                    kind="argv",
+                    baseline=argv_options(b_list).get(o[2:]),
+                    candidate=argv_options(c_list).get(o[2:]),
+                    classification="declared_execution",
+                    note=f"named like the global batch, but the harness measured the same global batch "
+                    f"({base.result.get('measured_batch')}) on both sides: attributed to the declared {by!r}",
+                )
+            )
         if by is not None:
             out.used.add(by)  # the command line is what ran: a declared option that changed happened
         elif o not in flagged:
@@ -282,6 +320,19 @@ def _argv_differences(
             ),
         )
     )
+
+
+_BATCH_SPLIT = ("microbatch", "accumulation")
+
+
+def _batch_split_explains(declared: Sequence[str], option: str, alike: frozenset[str]) -> str | None:
+    """A batch-named option whose global batch the harness measured unchanged splits that batch another
+    way: a declared micro-batch or accumulation change explains it (the contract check holds the declared
+    accumulation to the backward passes counted)."""
+    term = VOCABULARY.get(option_name(option))
+    if term is None or term.name != "global_batch" or "global_batch" not in alike:
+        return None
+    return next((d for d in declared if vocabulary_name(d) in _BATCH_SPLIT), None)
 
 
 def _code_differences(

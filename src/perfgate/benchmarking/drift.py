@@ -13,7 +13,8 @@ just before and just after the launch), and how much of the CPUs the job and oth
 - **blocks**: one side ran wholly before the other. Drift between them is estimated, in log throughput,
   as the largest of
   - *trend*: the within-side slope of log launch throughput over time (one slope, each side its own
-    level), when it is significant at 95%, times the gap between the sides' mean launch times;
+    level), when it is significant at 95% and each side's own slope points the same way (bursty load
+    tilts the sides at random), times the gap between the sides' mean launch times;
   - *A/A across calls*: where a side holds launches of several calls (evidence records), the largest
     log ratio between those calls' throughputs: the same code measured at two times;
   - *host speed*: the same fixed probe, A/A across time: ``w * |log(speed_baseline / speed_candidate)|``
@@ -155,6 +156,8 @@ def _trend(rates: Sequence[LaunchRate]) -> tuple[float, float, int] | None:
         xs.extend(t - t.mean())
         ys.extend(y - y.mean())
     x, y = np.asarray(xs), np.asarray(ys)
+    if not _sides_agree(rates, xs, ys):
+        return None
     sxx = float(np.dot(x, x))
     df = x.size - 3  # two levels and one slope
     if sxx <= 0 or df < 1:
@@ -163,6 +166,21 @@ def _trend(rates: Sequence[LaunchRate]) -> tuple[float, float, int] | None:
     resid = y - slope * x
     se = math.sqrt(float(np.dot(resid, resid)) / df / sxx)
     return slope, se, df
+
+
+def _sides_agree(rates: Sequence[LaunchRate], xs: Sequence[float], ys: Sequence[float]) -> bool:
+    """Whether each side's own slope points the pooled slope's way. A steady drift (a ramping load, a
+    cooling or heating part) moves both sides alike; load that comes and goes in bursts tilts each side at
+    random, and a line through it, extrapolated across the gap between the sides, is no measurement."""
+    n_a = sum(1 for r in rates if r.side == "baseline")
+    x, y = np.asarray(xs), np.asarray(ys)
+    slopes: list[float] = []
+    for part in (slice(0, n_a), slice(n_a, None)):
+        sxx = float(np.dot(x[part], x[part]))
+        if sxx <= 0:
+            return False
+        slopes.append(float(np.dot(x[part], y[part])) / sxx)
+    return slopes[0] * slopes[1] > 0
 
 
 def _aa_across_calls(rates: Sequence[LaunchRate]) -> tuple[float, str] | None:
@@ -232,7 +250,10 @@ def measure_drift(rates: Sequence[LaunchRate]) -> Drift:
     drifts: list[float] = [0.0]
     trend = _trend(rates) if timed else None
     if timed and trend is None:
-        unmeasured.append("trend (fewer than four launches, or a side with one)")
+        unmeasured.append(
+            "trend (fewer than four launches, a side with one, or the sides tilting opposite ways: load in "
+            "bursts, not a steady drift)"
+        )
     if trend is not None:
         slope, se, df = trend
         mean_a = float(np.mean([r.info.started_s or 0.0 for r in rates if r.side == "baseline"]))

@@ -84,16 +84,24 @@ def launch_env(env: dict[str, str], pycache: Path, copy: Path | None) -> dict[st
 
     Raises:
         BenchmarkError: ``env`` sets one of the variables that choose start-up code or the bytecode cache,
-            a ``PET_*`` variable torchrun would read as an option, or the launch id the server gives.
+            a ``PET_*`` variable torchrun would read as an option, the launch id the server gives, or a
+            variable of perfgate's harness.
     """
     from perfgate.execution.launcher import torchrun_env_options
     from perfgate.execution.launches import GIVEN_ENV, LAUNCH_ENV
+    from perfgate.execution.scope import measuring_variable
 
     numbered = sorted(k for k in env if k in (LAUNCH_ENV, GIVEN_ENV))
     if numbered:
         raise BenchmarkError(
             f"env sets {', '.join(numbered)}: perfgate numbers each launch itself (1, 2, 3 ... per workspace, "
             "what {launch} in a dump path becomes); drop it"
+        )
+    own = sorted(k for k in env if measuring_variable(k))
+    if own:
+        raise BenchmarkError(
+            f"env sets {', '.join(own)}: perfgate sets its harness's variables itself from the tool's inputs "
+            "(warmup_steps, measure_steps, capture, ...); drop them and use those inputs"
         )
     refused = [k for k in _START_UP_VARIABLES if k in env] + torchrun_env_options(env)
     if refused:

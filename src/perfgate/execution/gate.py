@@ -91,7 +91,8 @@ def change_store(store: ApprovalStore) -> ChangeStore:
 def grants_line(policy: ExecutionPolicy, verb: str) -> str:
     hours = policy.grant_ttl_s / 3600
     return (
-        f"{verb} grants this command with this code, up to {policy.grant_runs} call(s) within {hours:g} h; "
+        f"{verb} grants this command with this code (timed, profiled or captured by perfgate), up to "
+        f"{policy.grant_runs} call(s) within {hours:g} h; "
         "another command, other code, a further call or a later one asks again."
     )
 

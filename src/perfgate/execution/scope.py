@@ -19,11 +19,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.execution.request import CommandRequest
 
-__all__ = ["OWN_OUTPUT_ENV", "ApprovalScope", "request_print", "template_digest"]
+__all__ = ["ApprovalScope", "measuring_variable", "request_print", "template_digest"]
 
-OWN_OUTPUT_ENV = ("PERFGATE_RECORD_DIR", "PERFGATE_PROFILE_DIR")
-"""perfgate's own output folders (in the trust root), derived from the whole tool input: with flags that
-may vary, they differ with them, so a template with ``vary`` leaves their values out."""
+HARNESS_ENV_PREFIX = "PERFGATE_"
+BOUND_HARNESS_ENV = ("PERFGATE_LOG_PATTERN",)
+"""A perfgate variable the template keeps: which log lines are read as step times is the human's to see."""
+
+
+def measuring_variable(name: str) -> bool:
+    """Whether ``name`` is one of the variables perfgate sets to configure its harness (windows, profile
+    schedule, capture, output folders). The agent cannot set these (`perfgate.benchmarking.launch.launch_env`
+    refuses them); they say how perfgate measures the approved command, not what runs, so a scope's
+    template leaves them out: one grant covers a window, a profile and a capture of the same command."""
+    return name.startswith(HARNESS_ENV_PREFIX) and name not in BOUND_HARNESS_ENV
 
 
 def _h(text: str) -> str:
@@ -43,10 +51,11 @@ def request_print(request: CommandRequest) -> dict[str, Any]:
 
 
 def template_digest(printed: dict[str, Any], vary: tuple[str, ...] = ()) -> str:
-    """Digest of a `request_print` with the values of ``vary`` flags (``--lr 3`` and ``--lr=3``) and
-    perfgate's own output folders masked: two requests with the same template differ only in their code
-    or in a varied flag's value."""
+    """Digest of a `request_print` with the values of ``vary`` flags (``--lr 3`` and ``--lr=3``) masked and
+    perfgate's measuring variables (`measuring_variable`) left out: two requests with the same template
+    differ only in their code, in a varied flag's value, or in how perfgate measures them."""
     fields = json.loads(json.dumps(printed))
+    fields["env"] = {k: v for k, v in fields["env"].items() if not measuring_variable(k)}
     if vary:
         flags = {_h(f) for f in vary}
         argv: list[list[str | None]] = fields["argv"]
@@ -57,7 +66,6 @@ def template_digest(printed: dict[str, Any], vary: tuple[str, ...] = ()) -> str:
             else:
                 masked.append([token, flag])
         fields["argv"] = masked
-        fields["env"] = {k: ("*" if k in OWN_OUTPUT_ENV else v) for k, v in fields["env"].items()}
         fields["vary"] = sorted(vary)
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
