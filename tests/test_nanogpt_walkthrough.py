@@ -23,7 +23,7 @@ from mcp import Client
 from mcp.types import ElicitRequestParams, ElicitResult
 
 from perfgate.server import build_server
-from perfgate.tools._runtime import ServerConfig
+from perfgate.serving.runtime import ServerConfig
 
 pytestmark = pytest.mark.anyio
 

@@ -240,6 +240,7 @@ def states_a_tool_sets(module: Path) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.keyword) and node.arg == "state":
             collect(node.value)
+            found.update(_domain_states(tree, node.value))
         elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and "state" in t.id.lower() for t in targets):
@@ -251,6 +252,34 @@ def states_a_tool_sets(module: Path) -> set[str]:
         ):
             collect(node)
     return found
+
+
+def _domain_states(tree: ast.Module, value: ast.expr) -> set[str]:
+    """``EvidenceState(f(...))`` where ``f`` is imported from a domain module: the string literals ``f``
+    returns there (the tool is an adapter; the domain decides the state)."""
+    if not (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == "EvidenceState"
+        and value.args
+        and isinstance(value.args[0], ast.Call)
+        and isinstance(value.args[0].func, ast.Name)
+    ):
+        return set()
+    name = value.args[0].func.id
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and any(a.name == name for a in node.names):
+            source = SRC.parent / Path(*node.module.split(".")).with_suffix(".py")
+            for fn in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+                if isinstance(fn, ast.FunctionDef) and fn.name == name:
+                    return {
+                        c.value
+                        for r in ast.walk(fn)
+                        if isinstance(r, ast.Return) and r.value is not None
+                        for c in ast.walk(r.value)
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value in _STATES
+                    }
+    return set()
 
 
 def test_the_state_table_lists_exactly_the_evidence_states() -> None:
