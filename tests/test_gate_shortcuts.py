@@ -66,6 +66,58 @@ async def test_an_equivalent_keep_is_held_to_the_per_dtype_ceiling_whatever_was_
     assert "next: record_decision(action='open', hypothesis=..., classification='training_change'" in text
 
 
+@pytest.mark.parametrize(
+    "differs",
+    [
+        ["loss: 15 of 15 common steps differ (step 10 2.5 -> 1.25)"],  # the loss halved, tensors at step 0
+        ["loss: 3 of 15 common steps differ (step 12 2.41 -> 2.9)"],  # a doubled learning rate, later
+        ["model size: 1,000,000 -> 500,000 parameters (0.50x, model.GPT)"],
+    ],
+)
+async def test_an_equivalent_keep_needs_the_same_training_whatever_tensors_passed(
+    server: Any, workspace: Path, differs: list[str]
+) -> None:
+    """A bit-exact tensor check (dumped before the change could act) passes; the losses and the model the
+    harness recorded for the compared launches still refuse the keep, and say how to keep it honestly."""
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client)
+        links, ids = _honest(ev)
+        comp = ev.add(
+            "compare_benchmarks",
+            "passed",
+            {"status": "comparable", "verdict": "improved", "speedup": 1.4, "training_may_differ": differs},
+            {"baseline": ids["base"], "candidate": ids["cand"], "declared_changes": ["num_workers"]},
+        )
+        result = await _keep(client, exp, [*_drop(links, "comparison"), {"id": comp, "role": "comparison"}])
+        assert result.is_error, _text(result)
+        text = _text(result)
+        assert "same_training: the candidate trains differently: " + differs[0] in text
+        assert "classification='training_change'" in text
+        # the same comparison without the difference is kept, saying what it could not check
+        exp2 = await _open(client)
+        fresh, fresh_ids = _honest(ev)
+        honest = ev.add(
+            "compare_benchmarks",
+            "passed",
+            {
+                "status": "comparable",
+                "verdict": "improved",
+                "speedup": 1.4,
+                "training_may_differ": [],
+                "training_unchecked": ["loss (candidate: no loss recorded)"],
+            },
+            {
+                "baseline": fresh_ids["base"],
+                "candidate": fresh_ids["cand"],
+                "declared_changes": ["num_workers"],
+            },
+        )
+        kept = await _keep(client, exp2, [*_drop(fresh, "comparison"), {"id": honest, "role": "comparison"}])
+    assert not kept.is_error, _text(kept)
+    assert "not checked: loss (candidate: no loss recorded)" in _gate(kept, "same_training")["reason"]
+
+
 async def test_a_change_past_the_ceiling_is_kept_only_as_a_training_change_with_task_quality(
     server: Any, workspace: Path
 ) -> None:

@@ -714,6 +714,40 @@ def _equivalence_gate(exp: Experiment, ev: _Evidence) -> Gate:
     )
 
 
+def _same_training_gate(exp: Experiment, ev: _Evidence) -> Gate:
+    """An equivalent speedup trains what the baseline trains: the comparison found no other model, first
+    inputs or loss at the same optimizer steps (`perfgate.benchmarking.training`, from what the harness
+    recorded for every compared launch). What could not be checked (no loss recorded: a custom loop
+    without ``backward()`` on a scalar) is named and left to the tensor and audit gates."""
+    comparisons = [
+        r for i in exp.ids("comparison") if (r := ev.get(i)) is not None and r.tool == "compare_benchmarks"
+    ]
+    if not comparisons or comparisons[-1].result.get("verdict") is None:
+        return _na("same_training", "no comparison with a verdict is attached yet (the comparison gate asks)")
+    latest = comparisons[-1]
+    differs = str_list(latest.result.get("training_may_differ"))
+    unchecked = str_list(latest.result.get("training_unchecked"))
+    if differs:
+        return _gate(
+            "same_training",
+            False,
+            "the candidate trains differently: " + "; ".join(differs),
+            [latest.id],
+            "if that is the point, record_decision(action='open', classification='training_change', "
+            f"changed_variable={exp.changed_variable!r}, quality={{'metric': 'loss_last_ratio', "
+            "'direction': 'lower', 'threshold': ...}) and keep that on task quality; otherwise find what "
+            "moves it (the first step named: seed, data order, learning rate, loss scaling), re-run the "
+            "candidate and compare_benchmarks again",
+        )
+    return _gate(
+        "same_training",
+        True,
+        "same model, first inputs and loss at every common step"
+        + (f" (not checked: {'; '.join(unchecked)})" if unchecked else ""),
+        [latest.id],
+    )
+
+
 def _quality_gate(exp: Experiment, ev: _Evidence) -> Gate:
     from perfgate.decisions.binding import QUALITY_KINDS, quality_problems
 
@@ -765,6 +799,7 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
         if exp.classification == "system_optimization":
             gates.append(tensors)
             gates.append(_equivalence_gate(exp, ev))
+            gates.append(_same_training_gate(exp, ev))
         else:
             gates.append(
                 _na("correctness", "a training change alters numerics by design; task quality decides")
