@@ -4,15 +4,16 @@
 A tiny model on a CPU spends its step in many small ops. minGPT writes its attention (matmul, scale, mask,
 softmax, matmul) and its tanh-GELU (seven elementwise ops) out by hand; PyTorch's fused
 ``F.scaled_dot_product_attention(is_causal=True)`` and ``F.gelu(approximate="tanh")`` compute the same
-functions in one op each (dropout is off in this configuration, so no random stream changes). That edit
-of ``mingpt/model.py`` is kept in at most 12 calls and 2 approvals, with the tensors after one step equal
-within 1e-5. The shortcuts the same user could take next (a smaller model, fewer samples per step) are refused at keep. Set ``PERFGATE_WALKTHROUGH_OUT`` to a file to write the call
-sequence and each answer's leading lines.
+functions in one op each (dropout is off in this configuration, so no random stream changes). On top of
+that edit, the shortcuts the same user could take next (a smaller model, fewer samples per step) are
+refused at keep, each as a training change.
+
+The edit alone (1.2-1.9x per launch) is not asserted kept: on a busy 2-core host its comparison is often
+``within_noise`` once the host's measured speed trend between the sides widens the interval.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -145,27 +146,6 @@ class Agent:
         return result.structured_content
 
 
-@pytest.mark.xfail(
-    reason="on a busy 2-CPU host the fused-op speedup (1.2-1.9x per run) is often within_noise: the interval "
-    "is widened by the host's measured speed trend between the sides, so keep is refused for want of evidence",
-    strict=False,
-)
-async def test_mingpt_user_keeps_the_fused_attention(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    pytest.importorskip("numpy")  # mingpt.utils imports it
-    ws = mingpt_workspace(tmp_path)
-    human = Human()
-    async with Client(build_server(ServerConfig.create(ws)), elicitation_callback=human) as client:
-        agent = Agent(client)
-        try:
-            await _walk(agent, ws)
-            assert agent.calls <= 12 and len(human.asked) <= 2, (agent.calls, len(human.asked))
-        finally:
-            out = os.environ.get("PERFGATE_WALKTHROUGH_OUT")
-            if out:
-                Path(out).write_text("\n\n".join(agent.transcript) + f"\n\napprovals: {len(human.asked)}\n")
-
-
 async def test_mingpt_user_shortcuts_are_refused_at_keep(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("numpy")
@@ -178,72 +158,6 @@ async def test_mingpt_user_shortcuts_are_refused_at_keep(tmp_path: Path) -> None
         fuse(ws)
         await _shortcut(agent, base, env, "one transformer layer is enough", "--model.n_layer=1")
         await _shortcut(agent, base, env, "half the samples per step", "--trainer.batch_size=8")
-
-
-async def _walk(agent: Agent, ws: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The honest speedup, kept; returns the baseline window and the environment."""
-    env = await agent.call("collect_env", {})
-    base = await agent.call("run_benchmark_window", window(False, "baseline"))
-    assert base.get("state") == "executed", base
-    profile = await agent.call(
-        "profile_segment",
-        {"mode": "run", "command": argv(), "env": ENV, "timeout_s": 600},
-        lines=6,
-    )
-    assert profile.get("findings"), profile
-    opened = await agent.call(
-        "record_decision",
-        {
-            "action": "open",
-            "hypothesis": "the step is many tiny ops; minGPT's hand-written attention and GELU are ~20 ops "
-            "each way that PyTorch's fused SDPA and tanh-GELU do in one, computing the same functions",
-            "classification": "system_optimization",
-            "changed_variable": "attention_backend",
-            "tolerance": {"atol": 1e-5, "rtol": 1e-5},
-        },
-    )
-    fuse(ws)
-    cand = await agent.call("run_benchmark_window", window(True, "candidate"))
-    assert cand.get("state") == "executed", cand
-    bases, cands = [base], [cand]
-    compared = await agent.call("compare_benchmarks", comparison(bases, cands))
-    if compared.get("verdict") == "within_noise":
-        # on a busy host the interval may still straddle 1 after five launches a side: re-measure both
-        # sides (as the answer advises) and compare all ten launches a side
-        subprocess.run(["git", "checkout", "-q", "mingpt/model.py"], cwd=ws, check=True)
-        bases.append(await agent.call("run_benchmark_window", window(False, "baseline again")))
-        fuse(ws)
-        cands.append(await agent.call("run_benchmark_window", window(True, "candidate again")))
-        compared = await agent.call("compare_benchmarks", comparison(bases, cands))
-    assert compared.get("verdict") == "improved", compared
-    tensors = await agent.call(
-        "compare_tensors",
-        {
-            "reference": base["tensor_dumps"][0]["path"],
-            "candidate": cand["tensor_dumps"][0]["path"],
-            "atol": 1e-5,
-            "rtol": 1e-5,
-        },
-    )
-    assert tensors.get("status") == "match", tensors
-    keep = await agent.call(
-        "record_decision",
-        {
-            "action": "decide",
-            "experiment_id": opened["experiment_id"],
-            "decision": "keep",
-            "rationale": "the same attention and GELU as fused ops; tensors after one step equal within 1e-5",
-            "rollback": "git checkout mingpt/model.py",
-            "evidence": [
-                {"id": env["evidence_id"], "role": "environment"},
-                {"id": compared["evidence_id"], "role": "comparison"},
-                {"id": tensors["evidence_id"], "role": "correctness"},
-            ],
-        },
-        lines=12,
-    )
-    assert keep.get("accepted") is True, keep
-    return base, env
 
 
 async def _shortcut(agent: Agent, base: dict[str, Any], env: dict[str, Any], why: str, change: str) -> None:
@@ -276,3 +190,5 @@ async def _shortcut(agent: Agent, base: dict[str, Any], env: dict[str, Any], why
         lines=4,
     )
     assert "error" in keep and "keep refused" in keep["error"], keep
+    assert compared.get("verdict") != "improved" or "training_change" in keep["error"], (compared, keep)
+    assert "training_change" in str(compared.get("reasons")) + keep["error"], (compared, keep)
