@@ -126,6 +126,11 @@ async def test_harness_timed_tiny_training_through_the_protocol(allowed: Path, m
     health = out["health"]  # the losses were read at window edges
     assert health["verdict"] == "healthy" and health["losses_seen"] == 16
     assert health["finite"] and health["loss_first"] > 0
+    job = out[
+        "job_health"
+    ]  # every step each launch recorded: its 3 warm-up steps and the windows' 8, at least
+    assert job["verdict"] == "healthy" and job["losses_seen"] >= 2 * (3 + 8) and job["first_step"] == 0
+    assert job["nonfinite_loss_steps"] == [] and job["loss_spikes"] == []
 
 
 def _artifact(workspace: Path, out: dict[str, Any], name: str) -> Path:

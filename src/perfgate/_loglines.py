@@ -9,9 +9,9 @@ is at its start) and the rest of it is read past in bounded pieces, never kept.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
-__all__ = ["MAX_LINE_CHARS", "capped_lines"]
+__all__ = ["MAX_LINE_CHARS", "capped_byte_lines", "capped_lines"]
 
 MAX_LINE_CHARS = 1 << 16
 """Longest line a log reader looks at (64 Ki characters; a step line is a few hundred)."""
@@ -24,3 +24,20 @@ def capped_lines(fh: TextIO, limit: int = MAX_LINE_CHARS) -> Iterator[str]:
             while (rest := fh.readline(limit)) and not rest.endswith("\n"):
                 pass  # the rest of an over-long line: read past it, a piece at a time
         yield line
+
+
+def capped_byte_lines(fh: BinaryIO, limit: int = MAX_LINE_CHARS) -> Iterator[tuple[bytes, bool]]:
+    """``(line, cut)`` for each line of ``fh``: its bytes (with the newline when it has one) cut to at most
+    ``limit``, and whether it was longer. Bytes, so a reader can tell a torn UTF-8 sequence from a
+    character, and a last line without its newline from a whole one."""
+    while line := fh.readline(limit):
+        cut = False
+        if len(line) == limit and not line.endswith(b"\n"):
+            rest = fh.readline(limit)
+            if rest == b"\n":
+                line += rest  # exactly ``limit`` bytes: whole
+            elif rest:
+                cut = True
+                while not rest.endswith(b"\n") and (rest := fh.readline(limit)):
+                    pass  # the rest of an over-long line: read past it, a piece at a time
+        yield line, cut

@@ -100,8 +100,9 @@ def assess_import(run: ImportedRun, *, environment_known: bool) -> ImportAssessm
         warnings.append(f"noisy windows (IQR/median {summary.stats.iqr_ratio:.2f} >= {NOISY_IQR_RATIO:.2f})")
     if not environment_known:
         warnings.append("no environment_id: this evidence is bound to no collected environment")
-    if run.health is not None and run.health.summary.verdict == "unhealthy":
-        warnings.append("training health: " + "; ".join(run.health.summary.findings[:3]))
+    job = run.health.job if run.health is not None else None
+    if job is not None and job.job_verdict == "unhealthy":
+        warnings.append("training health (whole log): " + "; ".join(job.findings[:3]))
     peak, kind = peak_memory(run.windows)
     return ImportAssessment(
         summary=summary,

@@ -1,5 +1,6 @@
 """A run perfgate did not launch, read from its files: per-rank training logs or benchmark JSON become
-windows, a world size that says where it came from, the work per step, and the log's training health."""
+windows, a world size that says where it came from, the work per step, and the log's training health (over
+the measured windows, and over every line of the log). Lines not known whole are never read, and said."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfgate._loglines import capped_lines
 from perfgate.benchmarking.aggregate import WindowSummary, windows_from_series
 from perfgate.benchmarking.contract import Contract, check_contract
 from perfgate.benchmarking.errors import BenchmarkError
@@ -24,7 +24,14 @@ from perfgate.benchmarking.importing import (
     read_benchmark_json,
     windows_from_ranks,
 )
-from perfgate.benchmarking.logformats import FORMATS, ParsedLog, compile_user_pattern, parse_log
+from perfgate.benchmarking.logformats import (
+    FORMATS,
+    MEGATRON_INITIAL_LOSS_SCALE,
+    ParsedLog,
+    compile_user_pattern,
+    parse_log,
+)
+from perfgate.benchmarking.loglines import read_log_lines
 
 __all__ = [
     "BENCHMARK_JSON",
@@ -36,6 +43,7 @@ __all__ = [
     "read_benchmark_files",
     "read_import",
     "read_logs",
+    "unread_lines",
     "world_size_of_logs",
 ]
 
@@ -62,13 +70,16 @@ class ImportRequest:
 
 @dataclass(frozen=True)
 class LogHealth:
-    """Training health over the measured steps, with whole-log NaN and skipped counts."""
+    """Training health over the measured steps, with whole-log NaN and skipped counts, and over every line of
+    the log (``job``: what check_training_health judges)."""
 
     summary: HealthSummary
     whole_log_nan_iterations: int
     whole_log_skipped_iterations: int
     first_step: int
     last_step: int
+    job: HealthSummary | None = None
+    job_covers: str = ""
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,19 @@ def ranks_from_paths(paths: Sequence[Path]) -> list[int]:
     return [r for r in ranks if r is not None]
 
 
+_UNREAD_SHOWN = 3
+
+
+def unread_lines(rank: int, name: str, parsed: ParsedLog) -> str:
+    """One warning for the lines of a log that were not read because they are not known whole."""
+    shown = "; ".join(f"line {no}: {why}" for no, why in parsed.refused[:_UNREAD_SHOWN])
+    more = len(parsed.refused) - _UNREAD_SHOWN
+    steps = f", {parsed.refused_steps} of them step lines" if parsed.refused_steps else ""
+    return f"rank {rank} ({name}): {len(parsed.refused)} line(s) not read{steps}: {shown}" + (
+        f" (+{more} more)" if more > 0 else ""
+    )
+
+
 def world_size_of_logs(
     parsed: Sequence[ParsedLog], files: int, given: int | None, contract: Contract
 ) -> tuple[WorldSize, list[str]]:
@@ -172,9 +196,9 @@ def read_logs(request: ImportRequest, paths: list[Path]) -> ImportedRun:
     warnings: list[str] = []
     parsed_by_rank: list[tuple[int, ParsedLog]] = []
     for rank, path in sorted(zip(ranks, paths, strict=True)):
-        with path.open(encoding="utf-8", errors="replace") as fh:
+        with path.open("rb") as fh:
             parsed = parse_log(
-                capped_lines(fh),
+                read_log_lines(fh),
                 fmt,
                 pattern=pattern,
                 mean_since_previous=request.interval_mean,
@@ -182,6 +206,8 @@ def read_logs(request: ImportRequest, paths: list[Path]) -> ImportedRun:
                 world_size=request.world_size,
             )
         warnings += [f"rank {rank}: {n}" for n in parsed.notes]
+        if parsed.refused:
+            warnings.insert(0, unread_lines(rank, path.name, parsed))
         parsed_by_rank.append((rank, parsed))
     world, unknown = world_size_of_logs(
         [p for _, p in parsed_by_rank], len(paths), request.world_size, request.contract
@@ -211,14 +237,25 @@ def read_logs(request: ImportRequest, paths: list[Path]) -> ImportedRun:
     # the window is cut on that rank's steps so a rank that logs every line leads
     order = [rank_steps[health_rank]] + [r for i, r in enumerate(rank_steps) if i != health_rank]
     cut = windows_from_ranks(order, request.windows, request.measure_steps, samples, tokens)
-    parsed_ref = timed[health_rank][1]
+    health_rank_no, parsed_ref = timed[health_rank]
     used_steps = {s for steps, _ in cut for s in steps}
+    initial_scale = parsed_ref.initial_loss_scale
+    if initial_scale is None and parsed_ref.format == "megatron":
+        initial_scale = MEGATRON_INITIAL_LOSS_SCALE
+    job = health_of(parsed_ref.entries, initial_scale)
+    job.unread_step_lines = parsed_ref.refused_steps
+    first_used, last_used = min(used_steps), max(used_steps)
+    measured = [e for e in parsed_ref.entries if e.step in used_steps]
+    before = [e.loss_scale for e in parsed_ref.entries if e.step < first_used and e.loss_scale is not None]
     health = LogHealth(
-        health_of([e for e in parsed_ref.entries if e.step in used_steps]),
+        health_of(measured, before[-1] if before else initial_scale),
         sum(e.nan for e in parsed_ref.entries),
         sum(e.skipped for e in parsed_ref.entries),
-        min(used_steps),
-        max(used_steps),
+        first_used,
+        last_used,
+        job,
+        f"every step line of rank {health_rank_no}'s log ({len(parsed_ref.entries)} lines, warm-up and steps "
+        "after the windows included)",
     )
     if len(paths) > 1 and len(paths) < (world.ranks or 0):
         warnings.append(f"logs of {len(paths)} of {world.ranks} ranks: the slowest rank is among those only")

@@ -5,23 +5,22 @@ line covers the steps ``(previous, step]`` and is used only when all of them lie
 first such line is never used (its interval starts before the log). A line that times one step is used
 when ``step - s0 >= warmup_steps``. Used steps are cut into ``windows`` consecutive windows.
 
-Health is read from the lines inside the measured windows: non-finite losses and gradient norms, NaN
-and skipped iterations (an iteration skipped while the loss scale dropped is an AMP overflow, explained;
-any other skip is unexplained), the loss trend (mean of the last quarter of the finite losses over the
-first quarter's, minus 1), the smallest loss scale and the largest gradient norm.
+Health (`perfgate.benchmarking.health`, re-exported here) is read twice with the same rules: from the lines
+inside the measured windows (the loss level and trend a baseline comparison reads), and from every line of
+the log (what check_training_health judges: a NaN after the last window fails it).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 from perfgate.benchmarking.aggregate import RankWindow, WindowSummary
 from perfgate.benchmarking.errors import BenchmarkError
+from perfgate.benchmarking.health import HealthSummary, health_from_windows, health_of
 from perfgate.benchmarking.logformats import LogEntry, ParsedLog
-from perfgate.benchmarking.records import WindowRecord
 from perfgate.benchmarking.stats import step_stats
 
 __all__ = [
@@ -175,138 +174,6 @@ def windows_from_ranks(
             )
         )
     return out
-
-
-# --------------------------------------------------------------------------- health
-
-
-@dataclass
-class HealthSummary:
-    """Training health over the measured steps of one log (see the module docstring)."""
-
-    lines: int
-    losses_seen: int
-    nonfinite_loss_steps: list[int] = field(default_factory=list[int])
-    nonfinite_grad_norm_steps: list[int] = field(default_factory=list[int])
-    nan_iterations: int = 0
-    skipped_iterations: int = 0
-    explained_skips: int = 0
-    unexplained_skips: int = 0
-    loss_first: float | None = None
-    loss_last: float | None = None
-    loss_trend: float | None = None
-    min_loss_scale: float | None = None
-    max_grad_norm: float | None = None
-    findings: list[str] = field(default_factory=list[str])
-
-    @property
-    def finite(self) -> bool:
-        return not (self.nonfinite_loss_steps or self.nonfinite_grad_norm_steps or self.nan_iterations)
-
-    @property
-    def verdict(self) -> str:
-        if not self.finite or self.unexplained_skips:
-            return "unhealthy"
-        if self.losses_seen == 0:
-            return "unknown"
-        return "healthy"
-
-
-def _quarter_mean(values: Sequence[float], last: bool) -> float:
-    q = max(1, len(values) // 4)
-    part = values[-q:] if last else values[:q]
-    return math.fsum(part) / len(part)
-
-
-def health_of(entries: Sequence[LogEntry]) -> HealthSummary:
-    """Health over ``entries`` (log lines in order; the previous line's loss scale explains a skip)."""
-    h = HealthSummary(lines=len(entries), losses_seen=0)
-    finite_losses: list[float] = []
-    prev_scale: float | None = None
-    for e in entries:
-        if e.loss is not None:
-            h.losses_seen += 1
-            if math.isfinite(e.loss):
-                finite_losses.append(e.loss)
-            else:
-                h.nonfinite_loss_steps.append(e.step)
-        if e.grad_norm is not None:
-            if math.isfinite(e.grad_norm):
-                h.max_grad_norm = max(h.max_grad_norm or 0.0, e.grad_norm)
-            else:
-                h.nonfinite_grad_norm_steps.append(e.step)
-        h.nan_iterations += e.nan
-        if e.skipped:
-            h.skipped_iterations += e.skipped
-            dropped = e.loss_scale is not None and prev_scale is not None and e.loss_scale < prev_scale
-            if dropped:
-                h.explained_skips += e.skipped
-                h.findings.append(
-                    f"step {e.step}: {e.skipped} skipped iteration(s) with the loss scale dropping "
-                    f"{prev_scale:g} -> {e.loss_scale:g} (AMP overflow)"
-                )
-            else:
-                h.unexplained_skips += e.skipped
-                h.findings.append(
-                    f"step {e.step}: {e.skipped} skipped iteration(s) without a loss-scale drop (unexplained)"
-                )
-        if e.loss_scale is not None:
-            h.min_loss_scale = (
-                e.loss_scale if h.min_loss_scale is None else min(h.min_loss_scale, e.loss_scale)
-            )
-            prev_scale = e.loss_scale
-    if h.nonfinite_loss_steps:
-        h.findings.append(f"non-finite loss at step(s) {h.nonfinite_loss_steps[:10]}")
-    if h.nonfinite_grad_norm_steps:
-        h.findings.append(f"non-finite gradient norm at step(s) {h.nonfinite_grad_norm_steps[:10]}")
-    if h.nan_iterations:
-        h.findings.append(f"{h.nan_iterations} NaN iteration(s) reported by the trainer")
-    if finite_losses:
-        h.loss_first = _quarter_mean(finite_losses, last=False)
-        h.loss_last = _quarter_mean(finite_losses, last=True)
-        if h.loss_first != 0:
-            h.loss_trend = h.loss_last / h.loss_first - 1.0
-    return h
-
-
-def health_from_windows(by_rank: Sequence[tuple[int, Sequence[WindowRecord]]]) -> HealthSummary | None:
-    """Health of harness windows: the lowest rank's losses for the trend, non-finite losses of any rank.
-
-    A harness skip is a GradScaler step that did not reach the optimizer, which only happens on
-    inf/NaN gradients: every such skip is an AMP overflow (explained). None when no rank saw a loss.
-    """
-    with_loss = [(rank, wins) for rank, wins in sorted(by_rank) if any(w.loss for w in wins)]
-    if not with_loss:
-        return None
-    _, reference = with_loss[0]
-    entries: list[LogEntry] = []
-    scale_start: float | None = None
-    scale_end: float | None = None
-    for w in reference:
-        skipped = {s: n for s, n in (w.skipped_steps or [])}
-        bad = set(w.nonfinite_loss_steps or [])
-        losses = w.loss or []
-        for i, step in enumerate(range(w.first_step, w.last_step + 1)):
-            value = losses[i] if i < len(losses) else None
-            loss = math.nan if step in bad else value
-            entries.append(LogEntry(step=step, step_ms=None, line=0, loss=loss, skipped=skipped.get(step, 0)))
-        scale_start = w.loss_scale_start if scale_start is None else scale_start
-        scale_end = w.loss_scale_end if w.loss_scale_end is not None else scale_end
-    h = health_of(entries)
-    others = sorted({s for _, wins in by_rank for w in wins for s in (w.nonfinite_loss_steps or [])})
-    extra = [s for s in others if s not in h.nonfinite_loss_steps]
-    if extra:
-        h.nonfinite_loss_steps = sorted([*h.nonfinite_loss_steps, *extra])
-        h.findings.append(f"non-finite loss on another rank at step(s) {extra[:10]}")
-    if h.skipped_iterations:
-        h.findings = [f for f in h.findings if "skipped iteration" not in f]
-        h.explained_skips, h.unexplained_skips = h.skipped_iterations, 0
-        scale = f"; loss scale {scale_start:g} -> {scale_end:g}" if scale_start and scale_end else ""
-        h.findings.append(
-            f"GradScaler skipped {h.skipped_iterations} update(s) on inf/NaN gradients (AMP overflow){scale}"
-        )
-    h.min_loss_scale = min((v for v in (scale_start, scale_end) if v is not None), default=None)
-    return h
 
 
 # --------------------------------------------------------------------------- benchmark JSON

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from perfgate.benchmarking.contract import Contract, check_observed
 
 if TYPE_CHECKING:
-    from perfgate.benchmarking.importing import HealthSummary
+    from perfgate.benchmarking.health import HealthSummary
     from perfgate.benchmarking.records import RankRecord
 
 __all__ = [
@@ -108,7 +108,7 @@ def measured_environment(record: RankRecord | None) -> dict[str, str | None]:
 def window_health(records: Sequence[RankRecord]) -> tuple[HealthSummary, int, int] | None:
     """Training health over the measured windows of every rank, with the first and last step it covers;
     ``None`` when no rank saw a loss."""
-    from perfgate.benchmarking.importing import health_from_windows
+    from perfgate.benchmarking.health import health_from_windows
 
     by_rank: dict[int, list[Any]] = {}
     for r in records:

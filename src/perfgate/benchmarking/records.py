@@ -19,6 +19,7 @@ __all__ = [
     "MAX_WORLD_SIZE",
     "DeviceRecord",
     "ModelRecord",
+    "OutsideRecord",
     "RankRecord",
     "RecordSet",
     "StepColumns",
@@ -97,6 +98,17 @@ class WindowRecord(msgspec.Struct, frozen=True):
     backward_calls: int | None = None
 
 
+class OutsideRecord(msgspec.Struct, frozen=True):
+    """Losses and skipped updates of the steps no measured window holds (the warm-up, a discarded window, the
+    steps after the last window): read for the whole job's health, never for timing."""
+
+    loss: list[tuple[_Count, float]] = msgspec.field(default_factory=list[tuple[int, float]])
+    """(step, finite loss)."""
+    nonfinite_loss_steps: list[_Count] = msgspec.field(default_factory=list[int])
+    skipped_steps: list[tuple[_Count, _Count]] = msgspec.field(default_factory=list[tuple[int, int]])
+    """(step, updates GradScaler skipped)."""
+
+
 class TensorDumpRecord(msgspec.Struct, frozen=True):
     """A file ``dump_tensors`` wrote inside the launched process (absolute path, as written)."""
 
@@ -162,6 +174,8 @@ class RankRecord(msgspec.Struct, frozen=True):
     """Digest of the inputs of the first training forwards of the warm-up (the data path), when read."""
     model: ModelRecord | None = None
     """The top-level training module, as the forward hook found it (None: no training forward seen)."""
+    outside_windows: OutsideRecord | None = None
+    """Health of the steps outside the measured windows (None: a harness that did not record them)."""
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,14 @@ from perfgate.benchmarking.collect import WindowFailure, collect_records, harnes
 from perfgate.benchmarking.corroborate import TimingCheck, corroborate_launch
 from perfgate.benchmarking.dumps import TensorDump, tensor_dumps, unreached_dump_warning
 from perfgate.benchmarking.errors import BenchmarkError
+from perfgate.benchmarking.health import job_health_of_launches
 from perfgate.benchmarking.measured import ObservedBatch, launch_stream, observe_batch, window_health
 from perfgate.benchmarking.provenance import RunProvenance
 from perfgate.benchmarking.window_plan import WindowPlan
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.aggregate import RunSummary, WindowSummary
-    from perfgate.benchmarking.importing import HealthSummary
+    from perfgate.benchmarking.health import HealthSummary
     from perfgate.benchmarking.records import RankRecord
     from perfgate.execution.service import ArtifactWriter
     from perfgate.execution.ticks import LaunchTicks
@@ -67,6 +68,8 @@ class WindowRun:
     sample_streams: list[str | None] = field(default_factory=list[str | None])
     health: tuple[HealthSummary, int, int] | None = None
     """Training health over the measured windows, with the first and last step it covers."""
+    job_health: HealthSummary | None = None
+    """Training health over every step the launches recorded (warm-up and steps after the windows too)."""
     timing_checks: list[TimingCheck] = field(default_factory=list[TimingCheck])
     tensor_dumps: list[TensorDump] = field(default_factory=list[TensorDump])
     reported_metrics: dict[str, float] = field(default_factory=dict[str, float])
@@ -102,6 +105,7 @@ async def measure_windows(
     out = WindowRun()
     warnings = out.warnings
     all_records: list[RankRecord] = []
+    launches: list[list[RankRecord]] = []
     try:
         for launch in range(plan.launches):
             label = f"launch{launch}_" if plan.launches > 1 else ""
@@ -127,6 +131,7 @@ async def measure_windows(
                 out.timing_checks.append(corroborate_launch(launch, records, ticks))
                 out.first_launch = out.first_launch or records
                 all_records.extend(records)
+                launches.append(records)
                 out.tensor_dumps.extend(tensor_dumps(workspace, launch, records))
                 out.sample_streams.append(launch_stream(records))
                 out.reported_metrics = (
@@ -190,6 +195,7 @@ async def measure_windows(
         warnings.insert(0, "timing not corroborated, no keep can rest on this run: " + " | ".join(distrusted))
     if out.summary is not None:
         out.health = window_health(all_records)
-    if out.health is not None and out.health[0].verdict == "unhealthy":
-        warnings.append("training health: " + "; ".join(out.health[0].findings[:3]))
+        out.job_health = job_health_of_launches(launches)
+    if out.job_health is not None and out.job_health.job_verdict == "unhealthy":
+        warnings.append("training health (whole job): " + "; ".join(out.job_health.findings[:3]))
     return out

@@ -8,7 +8,10 @@ synchronised elapsed time. Where the device has timing events, one is recorded p
 synchronisation) and read back once the window has ended.
 
 The first ``warmup_steps`` steps are kept in the record (for plots) but belong to no window; then
-``windows`` consecutive windows of ``measure_steps`` steps each follow.
+``windows`` consecutive windows of ``measure_steps`` steps each follow. The losses and skipped updates of
+steps outside every window (the warm-up, a discarded window, steps after the last window) are kept too, in
+the record's ``outside_windows``: the whole job's health reads them. They are read back at the next window's
+start edge or when the record is written, never inside a window.
 
 Nothing perfgate itself does runs inside a measured window: the modules its in-process helpers need
 are imported when the window object is built; sample records written while a window is open are held
@@ -51,6 +54,18 @@ digest: the data path a comparison's sides share when their digests agree."""
 
 # One tuple per step: (end_ns, data_wait_ns, backward_ns, samples, tokens).
 _Step = tuple[int, int, int, "int | None", "int | None"]
+
+
+def _per_step(losses: list[tuple[int, Any]]) -> dict[int, list[float]] | None:
+    """Each step's losses (its micro-steps'), read back in one transfer; None without torch."""
+    torch = sys.modules.get("torch")
+    if not losses or torch is None:
+        return None
+    values = torch.stack([v.detach().float().reshape(()) for _, v in losses]).cpu().tolist()
+    per_step: dict[int, list[float]] = {}
+    for (step, _), value in zip(losses, values, strict=True):
+        per_step.setdefault(step, []).append(float(value))
+    return per_step
 
 
 class WindowComplete(SystemExit):
@@ -164,8 +179,11 @@ class Window:
         self._inputs_header: str = ""
         self._model: dict[str, Any] | None = None
         """The top-level training module's class, parameter counts and structure digest (hooks.model_facts)."""
-        # training health: scalar losses of the open window's steps, kept on the device until its edge
+        # training health: scalar losses of the steps since the last edge, kept on the device until the next
         self._losses: list[tuple[int, Any]] = []
+        self._outside_loss: list[tuple[int, float]] = []
+        self._outside_bad: list[int] = []
+        self._outside_skipped: list[list[int]] = []
         self._scaled_id: int | None = None
         self._scaler: Any = None
         self._scaler_steps = 0
@@ -415,10 +433,11 @@ class Window:
     def add_loss(self, tensor: Any) -> None:
         """Called by the backward hook: a scalar it runs on is a loss of the current step.
 
-        Kept as a detached device tensor (no synchronisation) and read once at the window's edge. The
-        scaled loss of a GradScaler is skipped: its unscaled value was noted by ``note_scaled_loss``.
+        Kept as a detached device tensor (no synchronisation) and read once at the next edge (a window's,
+        or the record's). The scaled loss of a GradScaler is skipped: its unscaled value was noted by
+        ``note_scaled_loss``.
         """
-        if self._open is None or id(tensor) == self._scaled_id:
+        if self._done or id(tensor) == self._scaled_id:
             return
         numel = getattr(tensor, "numel", None)
         if numel is not None and numel() == 1:
@@ -429,7 +448,7 @@ class Window:
         self._scaler = scaler
         self._scaled_id = id(scaled)
         numel = getattr(loss, "numel", None)
-        if self._open is not None and numel is not None and numel() == 1:
+        if not self._done and numel is not None and numel() == 1:
             self._losses.append((self._count, loss.detach()))
 
     def add_scaler_step(self, scaler: Any) -> None:
@@ -442,7 +461,7 @@ class Window:
         # Optimizer timing: this boundary is the one scaler step that reached the optimizer; any other
         # scaler step since the previous boundary was skipped (an inf/NaN gradient under AMP).
         skipped = self._scaler_steps - 1 if self.timing == "optimizer" else 0
-        if skipped > 0 and self._open is not None:
+        if skipped > 0 and not self._done:
             self._skipped.append([n - 1, skipped])
             # the skipped iterations' losses belong to no update: keep the last iteration's only
             del self._losses[self._step_loss_start : self._scaler_marks[-2]]
@@ -464,6 +483,8 @@ class Window:
         hooks.deactivate(self)
         self._run_deferred()
         self._ticks.close()
+        if not self._done:
+            self._read_outside()  # an unfinished run: its open window's steps are outside every window
         return self._write()
 
     def __enter__(self) -> Window:
@@ -540,6 +561,11 @@ class Window:
             "metrics": dict(self._metrics),
             "sample_stream": self._inputs.hexdigest() if self._inputs_read and self._inputs_known else None,
             "model": self._model,
+            "outside_windows": {
+                "loss": [list(p) for p in self._outside_loss],
+                "nonfinite_loss_steps": list(self._outside_bad),
+                "skipped_steps": list(self._outside_skipped),
+            },
         }
 
     # ------------------------------------------------------------------ internals
@@ -627,6 +653,7 @@ class Window:
             self._sync()
         self._user_work = {}
         self._check_runtime_env(len(self._windows))
+        self._read_outside()  # the losses since the previous edge (the warm-up's), before the window's start
         backend = self._device()
         backend.reset_peak_memory()
         events: list[Any] | None = None
@@ -639,9 +666,6 @@ class Window:
         self._events = events
         self._event_base = n
         self._window_starts[n] = start - self._origin_ns
-        self._losses = []
-        self._step_loss_start = 0
-        self._skipped = []
         self._open = {
             "index": len(self._windows),
             "first_step": n,
@@ -754,19 +778,17 @@ class Window:
         micro-loss by the accumulation count, so the sum is the step's loss).
         """
         losses, self._losses = self._losses, []
+        skipped, self._skipped = self._skipped, []
+        self._step_loss_start = 0
         out: dict[str, Any] = {
             "loss": None,
             "nonfinite_loss_steps": None,
-            "skipped_steps": list(self._skipped),
+            "skipped_steps": skipped,
             "loss_scale_end": self._loss_scale(),
         }
-        torch = sys.modules.get("torch")
-        if not losses or torch is None:
+        per_step = _per_step(losses)
+        if per_step is None:
             return out
-        values = torch.stack([v.detach().float().reshape(()) for _, v in losses]).cpu().tolist()
-        per_step: dict[int, list[float]] = {}
-        for (step, _), value in zip(losses, values, strict=True):
-            per_step.setdefault(step, []).append(float(value))
         loss: list[float | None] = []
         bad: list[int] = []
         for step in range(first, last + 1):
@@ -782,7 +804,30 @@ class Window:
         out["nonfinite_loss_steps"] = bad
         return out
 
+    def _read_outside(self) -> None:
+        """Read the losses and skips gathered since the previous edge, outside every window, into the
+        record's ``outside_windows`` (one transfer; at an edge, or before the record is written)."""
+        losses, self._losses = self._losses, []
+        self._step_loss_start = 0
+        self._outside_skipped += self._skipped
+        self._skipped = []
+        if not losses:
+            return
+        try:
+            per_step = _per_step(losses)
+        except (RuntimeError, TypeError, ValueError) as exc:  # a device already torn down at exit
+            self._notes.append(
+                f"the losses of {len(losses)} step(s) outside the windows could not be read: {exc}"
+            )
+            return
+        for step, vals in sorted((per_step or {}).items()):
+            if all(math.isfinite(v) for v in vals):
+                self._outside_loss.append((step, math.fsum(vals)))
+            else:
+                self._outside_bad.append(step)
+
     def _finish(self) -> None:
+        self._read_outside()  # the steps after the last window: no window is open
         self._done = True
         self._next_special = 0
         self._stop_reason = "window_complete"

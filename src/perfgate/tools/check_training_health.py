@@ -1,5 +1,9 @@
 """check_training_health: a pass/fail training-health verdict over window evidence, against a baseline.
 
+Finite values, skipped iterations, loss spikes and the loss scale are judged over the whole job the evidence
+holds (``job_health``: every logged line, every step the harness recorded), the loss level and trend against
+a baseline over the measured windows. The rules are `perfgate.benchmarking.health`'s.
+
 The record carries ``quality_kind: "training_health"`` so the keep gates can tell it from other
 task-quality evidence: it is the evidence behind a short screen's loss health and a winner's
 "at least N steps, finite, no unexplained skips" validation.
@@ -12,7 +16,7 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from perfgate.benchmarking.health import TrainingHealth
+from perfgate.benchmarking.health import SPIKE_RULE, JobHealth, TrainingHealth, job_checks
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState
 from perfgate.serving.runtime import ToolRuntime
@@ -57,6 +61,10 @@ class CheckTrainingHealthInput(BaseModel):
         int | None,
         Field(ge=0, description="AMP-overflow skips tolerated (loss scale dropped); null: any number."),
     ] = None
+    max_loss_spikes: Annotated[
+        int,
+        Field(ge=0, description=f"Loss spikes tolerated over the whole job (a spike: {SPIKE_RULE})."),
+    ] = 0
 
     @model_validator(mode="after")
     def _tolerance_with_baseline(self) -> CheckTrainingHealthInput:
@@ -80,7 +88,12 @@ class CheckTrainingHealthOutput(BaseModel):
     checks: list[HealthCheck]
     failed_checks: list[str]
     steps_measured: int
-    health: TrainingHealth | None
+    health: TrainingHealth | None = Field(description="Health over the measured windows.")
+    job_health: JobHealth | None = Field(
+        default=None,
+        description="Health over every step the evidence holds, which the finite, skip, spike and loss-scale "
+        "checks judge; null for evidence recorded before perfgate kept it (its windows are judged then).",
+    )
     baseline_health: TrainingHealth | None
     loss_last_ratio: float | None = Field(description="Candidate final loss / baseline final loss.")
     metrics: dict[str, float] = Field(
@@ -97,6 +110,11 @@ class CheckTrainingHealthOutput(BaseModel):
 def _health(record: EvidenceRecord) -> TrainingHealth | None:
     raw = record.result.get("health")
     return TrainingHealth.model_validate(raw) if isinstance(raw, dict) else None
+
+
+def _job_health(record: EvidenceRecord) -> JobHealth | None:
+    raw = record.result.get("job_health")
+    return JobHealth.model_validate(raw) if isinstance(raw, dict) else None
 
 
 async def _window(rt: ToolRuntime, evidence_id: str, role: str) -> EvidenceRecord:
@@ -122,6 +140,7 @@ async def run(inp: CheckTrainingHealthInput, rt: ToolRuntime) -> CheckTrainingHe
     steps_value = cand.result.get("steps_measured")
     steps = steps_value if isinstance(steps_value, int) else 0
     check("steps", steps >= inp.min_steps, f"{steps} measured step(s), {inp.min_steps} required")
+    job = _job_health(cand)
     if h is None or h.losses_seen == 0:
         check(
             "losses_visible",
@@ -131,6 +150,24 @@ async def run(inp: CheckTrainingHealthInput, rt: ToolRuntime) -> CheckTrainingHe
     else:
         check(
             "losses_visible", True, f"{h.losses_seen} loss value(s) over steps {h.first_step}..{h.last_step}"
+        )
+    if job is not None:
+        for name, passed, detail in job_checks(
+            job,
+            max_unexplained_skips=inp.max_unexplained_skips,
+            max_explained_skips=inp.max_explained_skips,
+            max_loss_spikes=inp.max_loss_spikes,
+        ):
+            check(name, passed, detail)
+        if job.unread_step_lines:
+            warnings.append(
+                f"{job.unread_step_lines} step line(s) of the log were not read whole (import_benchmark's "
+                "warnings name them): their values are not judged"
+            )
+    elif h is not None and h.losses_seen:
+        warnings.append(
+            "this evidence predates whole-job health: only its measured windows were checked (re-import or "
+            "re-run it to check every step)"
         )
         bad = h.nonfinite_loss_steps + h.nonfinite_grad_norm_steps
         check(
@@ -204,6 +241,7 @@ async def run(inp: CheckTrainingHealthInput, rt: ToolRuntime) -> CheckTrainingHe
         failed_checks=failed,
         steps_measured=steps,
         health=h,
+        job_health=job,
         baseline_health=bh,
         loss_last_ratio=ratio,
         metrics={k: v for k, v in metrics.items() if math.isfinite(v)},
@@ -225,13 +263,16 @@ SPEC = ToolSpec(
     name="check_training_health",
     title="Check training health (task-quality evidence)",
     description=(
-        "Pass/fail training health of a window or imported run: finite losses, no unexplained skipped steps, "
-        "enough steps, loss against a baseline. Attach it in role 'quality'."
+        "Pass/fail training health of a window or imported run over all its steps: finite losses, no "
+        "unexplained skips, no loss spike or scale collapse, enough steps, loss vs a baseline. Role 'quality'."
     ),
     details=(
-        "Pass/fail training health of a run_benchmark_window or import_benchmark record: losses visible and "
-        "finite, no NaN iterations, no unexplained skipped iterations (AMP-overflow skips optional), at least "
-        "min_steps measured, and with a baseline the final loss and loss trend within a declared tolerance. The "
+        "Pass/fail training health of a run_benchmark_window or import_benchmark record. Over every step it "
+        "holds (warm-up and steps after the windows included): losses and gradient norms finite, no NaN "
+        "iterations, no unexplained skipped iterations (AMP-overflow skips optional), no loss spike (above the "
+        "run's own recent median by more than its spread allows; max_loss_spikes tolerates some), no loss-scale "
+        "collapse. Over the measured windows: at least min_steps, and with a baseline the final loss and loss "
+        "trend within a declared tolerance. The "
         "record has quality_kind 'training_health': attach it with role 'quality' (short screens, and the "
         "'run the winner >= 50 steps' validation with min_steps=50)."
     ),

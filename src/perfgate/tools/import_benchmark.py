@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from perfgate._safeopen import open_file
 from perfgate.benchmarking import BenchmarkError, Contract
 from perfgate.benchmarking.contract import BenchmarkContract
-from perfgate.benchmarking.health import TrainingHealth, health_model
+from perfgate.benchmarking.health import JobHealth, TrainingHealth, health_model, job_health_model
 from perfgate.benchmarking.results import Throughput, WindowResult, window_result
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
@@ -197,7 +197,15 @@ class ImportBenchmarkOutput(BaseModel):
     )
     ranks: list[ImportedRankResult]
     windows: list[WindowResult]
-    health: TrainingHealth | None = Field(description="Loss and iteration health read from the log.")
+    health: TrainingHealth | None = Field(
+        description="Loss and iteration health over the measured windows (the loss level and trend a baseline "
+        "comparison reads)."
+    )
+    job_health: JobHealth | None = Field(
+        default=None,
+        description="Health over every step line of the log (warm-up and after the windows too): what "
+        "check_training_health judges.",
+    )
     contract: BenchmarkContract = Field(description="The contract this evidence is compared under.")
     contract_problems: list[str]
     environment_fingerprint: dict[str, str | None]
@@ -338,6 +346,9 @@ async def run(inp: ImportBenchmarkInput, rt: ToolRuntime) -> ImportBenchmarkOutp
             health.first_step,
             health.last_step,
         ),
+        job_health=None
+        if health is None or health.job is None
+        else job_health_model(health.job, health.job_covers),
         contract=BenchmarkContract(
             invariants=got.contract.invariants,
             execution=got.contract.execution,
@@ -360,7 +371,12 @@ def _brief(out: ImportBenchmarkOutput) -> list[str]:
             f"median step {out.median_step_ms:.4g} ms over {out.steps_measured} steps in {out.windows_measured} "
             f"window(s), slowest rank {out.slowest_rank}"
         )
-    if out.health is not None:
+    job = out.job_health
+    if job is not None:
+        lines.append(
+            f"health over the whole log {job.verdict}" + (f": {job.findings[0]}" if job.findings else "")
+        )
+    elif out.health is not None:
         lines.append(
             f"health {out.health.verdict}" + (f": {out.health.findings[0]}" if out.health.findings else "")
         )
@@ -378,7 +394,10 @@ SPEC = ToolSpec(
         "Turn a training log perfgate did not launch (Megatron, nanoGPT, torchtitan, or your regex; one file per "
         "rank allowed) or seed benchmark JSON (schema 1/2) into window evidence labelled 'imported', without "
         "re-running anything: warm-up skipped, steps cut into windows, world size and memory from the log, and "
-        "training health (non-finite loss/grad norm, NaN and skipped iterations, loss scale, loss trend). "
+        "training health over every logged step (non-finite loss/grad norm, NaN and skipped iterations, loss "
+        "scale, loss spikes, loss trend). Lines not known whole (a last line without its newline, torn UTF-8, a "
+        "cut number) are never read and are named with their line numbers; timestamp, logger and rank "
+        "prefixes are recognised for every format. "
         "compare_benchmarks accepts it like run_benchmark_window evidence. Attach environment_id when known. "
         "Contract keys: skill://perfgate/references/vocabulary.md."
     ),

@@ -20,7 +20,7 @@ from perfgate._statefs import fresh_dir, remove_tree
 from perfgate.benchmarking import BenchmarkError
 from perfgate.benchmarking.collect import launch_failure
 from perfgate.benchmarking.drift import host_speed_probe
-from perfgate.benchmarking.health import health_model
+from perfgate.benchmarking.health import HARNESS_COVERS, health_model, job_health_model
 from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path
 from perfgate.benchmarking.measured import measured_environment
 from perfgate.benchmarking.provenance import RunProvenance, run_provenance
@@ -280,6 +280,9 @@ def _render(
         "warnings": got.warnings,
         "timing_checks": got.timing_checks,
         "health": health_model(health[0], None, None, health[1], health[2]) if health is not None else None,
+        "job_health": job_health_model(got.job_health, HARNESS_COVERS)
+        if got.job_health is not None
+        else None,
         "sample_streams": got.sample_streams,
         "measured_batch": batch.batch if batch is not None else None,
         "batch_source": batch.source if batch is not None else None,

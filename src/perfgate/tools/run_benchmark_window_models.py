@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from perfgate.benchmarking.contract import BenchmarkContract
 from perfgate.benchmarking.corroborate import TimingCheck
 from perfgate.benchmarking.dumps import TensorDump
-from perfgate.benchmarking.health import TrainingHealth
+from perfgate.benchmarking.health import JobHealth, TrainingHealth
 from perfgate.benchmarking.provenance import RunProvenance
 from perfgate.benchmarking.results import ModelFacts, RankResult, Throughput, WindowResult
 from perfgate.benchmarking.window_plan import Timing
@@ -278,6 +278,11 @@ class RunBenchmarkWindowOutput(BaseModel):
         default=None,
         description="Loss health over the measured steps (losses read at window edges only), non-finite "
         "losses on any rank, updates GradScaler skipped; null when no scalar loss went through backward().",
+    )
+    job_health: JobHealth | None = Field(
+        default=None,
+        description="Health over every step the harness recorded (warm-up, windows, steps after them): what "
+        "check_training_health judges; null when no scalar loss went through backward().",
     )
     host_load: list[HostLoad] = Field(
         default_factory=list[HostLoad],
