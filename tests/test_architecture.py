@@ -65,3 +65,19 @@ def test_import_contracts_hold() -> None:
         pytest.skip("import-linter is not installed (pip install -e '.[dev]')")
     done = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_no_two_packages_import_each_other() -> None:
+    """The layers contract lets domain packages import one another; none may do it both ways (a
+    ``TYPE_CHECKING`` or function-level import counts: the circle is in the design either way)."""
+    grimp = pytest.importorskip("grimp", reason="grimp comes with import-linter (the dev extra)")
+    graph = grimp.build_graph("perfgate")
+    tops = sorted({m.split(".")[1] for m in graph.modules if m.count(".") >= 1})
+    circles = [
+        (a, b)
+        for i, a in enumerate(tops)
+        for b in tops[i + 1 :]
+        if graph.chain_exists(importer=f"perfgate.{a}", imported=f"perfgate.{b}", as_packages=True)
+        and graph.chain_exists(importer=f"perfgate.{b}", imported=f"perfgate.{a}", as_packages=True)
+    ]
+    assert not circles, circles

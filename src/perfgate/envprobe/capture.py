@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from perfgate.envprobe.collect import Assembled, assemble, learn_host
 from perfgate.envprobe.models import SystemTool
@@ -16,8 +16,33 @@ from perfgate.envprobe.systools import collect_system_tools
 from perfgate.quoting import file_text
 from perfgate.redactor import Redactor
 
-if TYPE_CHECKING:
-    from perfgate.execution.executor import CommandResult
+
+class _Tail(Protocol):
+    @property
+    def tail(self) -> str: ...
+
+
+class CommandResult(Protocol):
+    """What this module reads of the probe run's result (`perfgate.execution.executor.CommandResult`
+    has it; named structurally so environment probing does not depend on the executor)."""
+
+    @property
+    def argv(self) -> list[str]: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def signal(self) -> str | None: ...
+    @property
+    def timed_out(self) -> bool: ...
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def stderr(self) -> _Tail: ...
+    @property
+    def approved_how(self) -> str | None: ...
+    @property
+    def approval_evidence_id(self) -> str | None: ...
+
 
 __all__ = [
     "MAX_LOG_REWRITE_BYTES",
