@@ -359,3 +359,27 @@ async def test_an_identical_training_window_rerun_is_not_asked_again(workspace: 
             assert not result.is_error, text(result)
     assert len(human.asked) == 1
     assert "train.py" in human.asked[0] and "up to 8 call(s) within 2 h" in human.asked[0]
+
+
+def test_one_scope_covers_timing_profiling_and_capturing_the_same_command(tmp_path: Path) -> None:
+    """perfgate's harness variables (windows, profile schedule, capture, output folders) say how it measures
+    the approved command, not what runs: they leave the template. The agent cannot set them itself, and a
+    variable of its own, or perfgate's log pattern, still changes the template."""
+    from perfgate.benchmarking.launch import BenchmarkError, launch_env
+    from perfgate.execution.request import CommandRequest
+    from perfgate.execution.scope import request_print, template_digest
+
+    def template(env: dict[str, str]) -> str:
+        request = CommandRequest(argv=(PY, "train.py"), cwd=tmp_path, env=env, timeout_s=600)
+        return template_digest(request_print(request))
+
+    user = {"OMP_NUM_THREADS": "1"}
+    window = template(
+        {**user, "PERFGATE_WARMUP_STEPS": "10", "PERFGATE_RECORD_DIR": "/a", "PERFGATE_CAPTURE_STEP": "1"}
+    )
+    profile = template({**user, "PERFGATE_PROFILE_DIR": "/b", "PERFGATE_PROFILE_ACTIVE": "3"})
+    assert window == profile == template(user)
+    assert template({"OMP_NUM_THREADS": "2"}) != window
+    assert template({**user, "PERFGATE_LOG_PATTERN": "step (\\d+)"}) != window
+    with pytest.raises(BenchmarkError, match="PERFGATE_STOP: perfgate sets its harness's variables itself"):
+        launch_env({"PERFGATE_STOP": "0"}, tmp_path / "pycache", None)

@@ -18,10 +18,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.execution.request import CommandRequest
+from perfgate.harness.config import ENV_PREFIX
 
 __all__ = ["ApprovalScope", "measuring_variable", "request_print", "template_digest"]
 
-HARNESS_ENV_PREFIX = "PERFGATE_"
 BOUND_HARNESS_ENV = ("PERFGATE_LOG_PATTERN",)
 """A perfgate variable the template keeps: which log lines are read as step times is the human's to see."""
 
@@ -31,7 +31,7 @@ def measuring_variable(name: str) -> bool:
     schedule, capture, output folders). The agent cannot set these (`perfgate.benchmarking.launch.launch_env`
     refuses them); they say how perfgate measures the approved command, not what runs, so a scope's
     template leaves them out: one grant covers a window, a profile and a capture of the same command."""
-    return name.startswith(HARNESS_ENV_PREFIX) and name not in BOUND_HARNESS_ENV
+    return name.startswith(ENV_PREFIX) and name not in BOUND_HARNESS_ENV
 
 
 def _h(text: str) -> str:
