@@ -208,6 +208,17 @@ def test_a_batch_named_option_stays_semantic_unless_the_measurement_corroborates
     assert uncounted["argv.batch_size"].classification == "semantic"
     unverified = differences(_split(1, "unverified"), _split(32, "unverified"), declared)
     assert unverified["argv.batch_size"].classification == "semantic"
+    # an option that names the global batch outright is what it says, whatever was measured
+    explicit = [
+        record(
+            f"g{gb}",
+            command=["python", "train.py", f"--global-batch-size={gb}"],
+            contract={**CONTRACT, "execution": {"compile": False, "accumulation": gb // 8}},
+            batch_source="model_inputs",
+        )
+        for gb in (32, 16)
+    ]
+    assert differences(*explicit, declared)["argv.global_batch_size"].classification == "semantic"
     # measured equal, but no declared change splits the batch (a bare 'argv' does not): the name decides
     for other in (["threads"], ["argv"]):
         assert differences(_split(1), _split(32), other)["argv.batch_size"].classification == "semantic"

@@ -323,14 +323,16 @@ def _argv_differences(
 
 
 _BATCH_SPLIT = ("microbatch", "accumulation")
+_BARE_BATCH = ("batch_size", "batch")
+"""Batch spellings whose meaning varies by framework (nanoGPT's ``--batch_size`` is the micro-batch, a
+bare ``--batch`` elsewhere the global one); ``--global-batch-size`` and the like say what they are."""
 
 
 def _batch_split_explains(declared: Sequence[str], option: str, alike: frozenset[str]) -> str | None:
-    """A batch-named option whose global batch the harness measured unchanged splits that batch another
-    way: a declared micro-batch or accumulation change explains it (the contract check holds the declared
+    """A bare batch option (`_BARE_BATCH`) whose global batch the harness measured unchanged splits that
+    batch another way: a declared micro-batch or accumulation change explains it (the contract check holds the declared
     accumulation to the backward passes counted)."""
-    term = VOCABULARY.get(option_name(option))
-    if term is None or term.name != "global_batch" or "global_batch" not in alike:
+    if option_name(option) not in _BARE_BATCH or "global_batch" not in alike:
         return None
     return next((d for d in declared if vocabulary_name(d) in _BATCH_SPLIT), None)
 
