@@ -8,7 +8,9 @@ sets the transport's longest message.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import threading
 
 from mcp.server import MCPServer
@@ -16,6 +18,8 @@ from mcp.server import MCPServer
 import perfgate._stdio
 from perfgate._stdio import run_stdio
 
+# as perfgate's build_server does: plain lines, not the SDK's rich handler (which wraps at 80 columns)
+logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[logging.StreamHandler(sys.stderr)])
 server = MCPServer("probe")
 
 

@@ -155,3 +155,18 @@ def test_perfgate_serve_whose_client_stops_reading_says_so_in_a_sentence(workspa
     assert "perfgate: the client closed the server's stdout, so the server stopped" in err
     assert "next: reconnect from the agent host" in err
     assert "Traceback" not in err
+
+
+def test_perfgate_logs_plain_lines_where_rich_is_installed(tmp_path: Path) -> None:
+    """The SDK installs a rich log handler when rich is importable, and rich wraps a long message at the
+    terminal's width; perfgate's server logs one plain line per message instead."""
+    pytest.importorskip("rich")
+    code = (
+        "import logging, sys; from pathlib import Path; from perfgate.server import build_server; "
+        "from perfgate.serving.config import ServerConfig; build_server(ServerConfig.create(Path(sys.argv[1]))); "
+        "print(*sorted(type(h).__name__ for h in logging.getLogger().handlers))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["StreamHandler"], done.stdout + done.stderr

@@ -6,6 +6,8 @@ is imported when the tool is first called, so start-up does not pay for every to
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -85,6 +87,13 @@ def build_server(config: ServerConfig, *, catalog: bool = True) -> MCPServer[App
     tools = catalog_tools(config.read_only, tool_for) if catalog and shipped else None
     if tools is None:
         tools = [tool_for(spec) for spec in registered_specs(config.read_only)]
+    # One plain line per log message on stderr: the SDK would install a rich handler where rich is
+    # importable, which wraps long messages at the terminal's width (its set-up is a no-op once the root
+    # logger has a handler).
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(message)s", handlers=[logging.StreamHandler(sys.stderr)]
+        )
     server: MCPServer[AppState] = MCPServer(
         "perfgate",
         title="perfgate",
