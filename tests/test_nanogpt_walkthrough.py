@@ -151,9 +151,10 @@ async def _walk(agent: Agent) -> dict[str, Any]:
         lines=4,
     )
     assert profile.get("findings"), profile
-    # on a busy machine host contention leads, rightly; of the job's own walls the micro-batch leads
+    # On a busy machine host contention leads, rightly. Of the job's own walls the micro-batch leads, or
+    # follows host_overhead (the same tiny ops named generally) when that one's time at stake is larger.
     walls = [f["wall"] for f in profile["findings"] if f["wall"] != "host_contention"]
-    assert walls[:1] == ["small_micro_batch"], profile["findings"][:3]
+    assert walls[:1] == ["small_micro_batch"] or walls[:2] == ["host_overhead", "small_micro_batch"], walls
     opened = await agent.call(
         "record_decision",
         {
