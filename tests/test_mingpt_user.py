@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 from mcp import Client
-from mcp.types import ElicitRequestParams, ElicitResult
 
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
+from test_nanogpt_walkthrough import Agent, Human
 
 pytestmark = pytest.mark.anyio
 
@@ -114,36 +114,6 @@ def mingpt_workspace(root: Path) -> Path:
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "minGPT"]):
         subprocess.run(["git", "-c", "user.name=u", "-c", "user.email=u@u", *args], cwd=ws, check=True)
     return ws
-
-
-class Human:
-    """Accepts every approval, counting them."""
-
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-
-    async def __call__(self, context: Any, params: ElicitRequestParams) -> ElicitResult:
-        self.asked.append(params.message)
-        return ElicitResult(action="accept", content={"note": ""})
-
-
-class Agent:
-    """Calls tools, keeping the transcript (each answer's leading lines)."""
-
-    def __init__(self, client: Client) -> None:
-        self.client = client
-        self.calls = 0
-        self.transcript: list[str] = []
-
-    async def call(self, tool: str, args: dict[str, Any], lines: int = 3) -> dict[str, Any]:
-        self.calls += 1
-        result = await self.client.call_tool(tool, args)
-        text = result.content[0].text  # type: ignore[union-attr]
-        self.transcript.append(f"[{self.calls}] {tool}\n" + "\n".join(text.splitlines()[:lines]))
-        if result.is_error:
-            return {"error": text}
-        assert result.structured_content is not None, text
-        return result.structured_content
 
 
 async def test_mingpt_user_shortcuts_are_refused_at_keep(tmp_path: Path) -> None:
