@@ -274,6 +274,32 @@ def test_record_pieces_reassemble_whatever_the_order_between_ranks(tmp_path: Pat
     assert half.incomplete == [0] and half.records == {}
 
 
+def test_a_record_line_with_another_ranks_bytes_spliced_in_is_dropped_never_decoded() -> None:
+    """srun forwards task output in messages of at most 1024 bytes and may write one rank's message into the
+    middle of another's longer line; such a line must fail its checksum, and the next whole version of the
+    record must still assemble (a lost piece of the earlier version does not block it)."""
+    from perfgate.harness.record import RecordStreamReader, stream_record
+
+    def lines(record: dict[str, object]) -> list[str]:
+        r, w = os.pipe()
+        stream_record(record, fd=w)
+        os.close(w)
+        with os.fdopen(r) as fh:
+            return fh.read().splitlines()
+
+    first, other = lines({"rank": 1, "pad": "a" * 4000}), lines({"rank": 0, "pad": "b" * 4000})
+    assert max(len(line) for line in first + other) < 1024
+    mark, piece = first[1].rsplit(" ", 1)
+    spliced = f"{mark} {piece[:400]}{other[1].rsplit(' ', 1)[1][:400]}{piece[400:]}"
+    reader = RecordStreamReader()
+    for line in (first[0], spliced, *first[2:]):
+        assert reader.feed(line)
+    assert reader.bad_lines == 1 and reader.records == {} and reader.incomplete == [1]
+    for line in lines({"rank": 1, "pad": "c" * 3000, "final": True}):
+        reader.feed(line)
+    assert json.loads(reader.records[1])["final"] is True and reader.incomplete == []
+
+
 def test_slurm_step_variables_become_torch_distributed_ones() -> None:
     from perfgate.harness._node import slurm_rank_env
 

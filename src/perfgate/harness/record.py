@@ -27,7 +27,10 @@ RECORD_SCHEMA = "perfgate.harness.record"
 RECORD_VERSION = 1
 RECORD_STREAM_MARK = "[perfgate-record]"
 """Starts each stdout line that carries a piece of a streamed record (``PERFGATE_RECORD_STREAM=1``)."""
-_CHUNK = 3000  # base64 characters per line: one line stays below PIPE_BUF (4096), so it is written whole
+_CHUNK = 900
+"""Base64 characters per line. A whole line (mark, header, checksum, piece) stays under 1024 bytes: Slurm's
+step daemon forwards task output in messages of at most 1024 bytes, and srun writes two tasks' messages
+in arrival order, so a longer line can have another rank's fragment spliced into its middle."""
 
 
 def record_path(record_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -52,21 +55,25 @@ def write_record(path: Path, record: dict[str, Any]) -> Path:
 
 
 def stream_record(record: dict[str, Any], fd: int = 1) -> None:
-    """Write ``record`` to ``fd`` as marked lines ``[perfgate-record] <rank> <launch> <i>/<n> <base64>``.
+    """Write ``record`` to ``fd`` as marked lines ``[perfgate-record] <rank> <launch> <i>/<n> <crc32> <base64>``.
 
     For launchers that forward each rank's stdout to the server (srun does, over its own connection):
-    the records reach the server without a filesystem it shares with the nodes. Each line is one
-    ``write`` below PIPE_BUF, so ranks sharing a pipe never cut into each other's lines; the reader
-    puts the pieces together per (rank, launch id) whatever their order between ranks.
+    the records reach the server without a filesystem it shares with the nodes. Each line is one short
+    ``write``, so ranks sharing a pipe or a forwarder do not cut into each other's lines; should one be cut
+    anyway, its checksum no longer matches and the reader drops it rather than decode another rank's bytes.
+    The reader puts the pieces together per (rank, launch id) whatever their order between ranks.
     """
     import base64
+    import zlib
 
     data = base64.b64encode(json.dumps(record, separators=(",", ":")).encode()).decode("ascii")
     pieces = [data[i : i + _CHUNK] for i in range(0, len(data), _CHUNK)] or [""]
     rank = int(record.get("rank", 0))
     launch = os.environ.get("PERFGATE_LAUNCH_ID", "0")
     for i, piece in enumerate(pieces):
-        os.write(fd, f"{RECORD_STREAM_MARK} {rank} {launch} {i}/{len(pieces)} {piece}\n".encode("ascii"))
+        crc = zlib.crc32(piece.encode("ascii"))
+        line = f"{RECORD_STREAM_MARK} {rank} {launch} {i}/{len(pieces)} {crc:08x} {piece}\n"
+        os.write(fd, line.encode("ascii"))
 
 
 class RecordStreamReader:
@@ -82,17 +89,25 @@ class RecordStreamReader:
         """Take ``line`` when it is a record piece (True); False for any other line."""
         import base64
         import binascii
+        import zlib
 
         if not line.startswith(RECORD_STREAM_MARK + " "):
             return False
         try:
-            _, rank_s, launch, frac, piece = line.rstrip("\r\n").split(" ", 4)
+            _, rank_s, launch, frac, crc_s, piece = line.rstrip("\r\n").split(" ", 5)
             index_s, count_s = frac.split("/")
-            rank, index, count = int(rank_s), int(index_s), int(count_s)
+            rank, index, count, crc = int(rank_s), int(index_s), int(count_s), int(crc_s, 16)
         except ValueError:
             self.bad_lines += 1
             return True
+        if zlib.crc32(piece.encode("ascii", errors="replace")) != crc or not 0 <= index < count:
+            self.bad_lines += 1
+            return True
         key = (rank, launch)
+        if index == 0 or self._sizes.get(key) != count:
+            # one process writes a rank's record piece after piece: a first piece starts a new version,
+            # and what is left of an earlier one (a piece lost on the way) must not mix into it
+            self._parts.pop(key, None)
         parts = self._parts.setdefault(key, {})
         self._sizes[key] = count
         parts[index] = piece
