@@ -8,10 +8,13 @@ is at its start) and the rest of it is read past in bounded pieces, never kept.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
-__all__ = ["MAX_LINE_CHARS", "capped_byte_lines", "capped_lines"]
+__all__ = ["MAX_LINE_CHARS", "capped_byte_lines", "capped_lines", "placed_lines"]
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 MAX_LINE_CHARS = 1 << 16
 """Longest line a log reader looks at (64 Ki characters; a step line is a few hundred)."""
@@ -41,3 +44,27 @@ def capped_byte_lines(fh: BinaryIO, limit: int = MAX_LINE_CHARS) -> Iterator[tup
                 while not rest.endswith(b"\n") and (rest := fh.readline(limit)):
                     pass  # the rest of an over-long line: read past it, a piece at a time
         yield line, cut
+
+
+def placed_lines(fh: BinaryIO, limit: int = MAX_LINE_CHARS) -> Iterator[tuple[str, int]]:
+    """``(line, end)`` for each whole line of ``fh``: its text as `capped_lines` gives it (universal newlines:
+    ``\r``, ``\r\n`` and ``\n`` each end a line, given as ``\n``) and the byte offset just past its end.
+    A last line without its end is left out (the file may stop inside it); an over-long line is given cut,
+    placed at the end of all of it."""
+    while True:
+        start = fh.tell()
+        raw = fh.readline(limit)
+        if not raw:
+            return
+        if len(raw) == limit and not raw.endswith(b"\n"):
+            while (rest := fh.readline(limit)) and not rest.endswith(b"\n"):
+                pass
+            if rest:
+                yield raw.decode("utf-8", errors="replace"), fh.tell()
+            continue
+        at = 0
+        for m in _LINE_END.finditer(raw):
+            yield raw[at : m.start()].decode("utf-8", errors="replace") + "\n", start + m.end()
+            at = m.end()
+        if at < len(raw):
+            return  # only the file's end stops a read short of a line end: the last line may be cut

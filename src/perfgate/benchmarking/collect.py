@@ -11,6 +11,7 @@ from perfgate.benchmarking.window_plan import WindowPlan
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.aggregate import WindowSummary
+    from perfgate.benchmarking.corroborate import TimingCheck
     from perfgate.benchmarking.records import RankRecord
     from perfgate.execution.executor import CommandResult
     from perfgate.execution.service import ArtifactWriter
@@ -86,23 +87,28 @@ def harness_windows(plan: WindowPlan, records: list[RankRecord], problems: list[
     return [summarize_window(records, k, plan.samples_per_step, plan.tokens_per_step) for k in range(want)]
 
 
-def log_windows(plan: WindowPlan, stdout: Path) -> list[WindowSummary]:
-    """The windows one launch's stdout log measured (timing='log'); call it in a worker thread (it checks
-    for cancellation between lines).
+def log_windows(plan: WindowPlan, stdout: Path, launch: int = 0) -> tuple[list[WindowSummary], TimingCheck]:
+    """The windows one launch's stdout log measured (timing='log'), and the check of its step times against
+    the server's stamps of the log's lines (`perfgate.execution.linestamps`, kept beside the log); call it in
+    a worker thread (it checks for cancellation between lines).
 
     Raises:
         WindowFailure: the log holds fewer steps than a window needs.
     """
     import anyio.from_thread
 
-    from perfgate._loglines import capped_lines
+    from perfgate._loglines import placed_lines
     from perfgate.benchmarking.aggregate import windows_from_series
-    from perfgate.benchmarking.logparse import compile_pattern, log_window, parse_step_log
+    from perfgate.benchmarking.corroborate import corroborate_log
+    from perfgate.benchmarking.logparse import compile_pattern, log_window, parse_placed_log
+    from perfgate.execution.linestamps import OutputStamps, stamps_path
 
     pattern = compile_pattern(plan.log_pattern or "")
-    with stdout.open(encoding="utf-8", errors="replace") as fh:
-        entries = parse_step_log(capped_lines(fh), pattern, check=anyio.from_thread.check_cancelled)
+    with stdout.open("rb") as fh:
+        placed = parse_placed_log(placed_lines(fh), pattern, check=anyio.from_thread.check_cancelled)
+    entries = [(step, ms) for step, ms, _ in placed]
     out: list[WindowSummary] = []
+    spans: list[tuple[int, int]] = []
     for k in range(plan.windows_per_launch):
         window = log_window(entries, plan.warmup_steps + k * plan.measure_steps, plan.measure_steps)
         if len(window.step_ms) < plan.measure_steps:
@@ -110,4 +116,5 @@ def log_windows(plan: WindowPlan, stdout: Path) -> list[WindowSummary]:
                 f"the log holds {len(window.step_ms)} of {plan.measure_steps} steps for window {k}: run more steps"
             )
         out.append(windows_from_series(window.step_ms, plan.samples_per_step, plan.tokens_per_step, index=k))
-    return out
+        spans.append((window.first_step, window.last_step))
+    return out, corroborate_log(launch, placed, spans, OutputStamps.load(stamps_path(stdout)))

@@ -19,6 +19,13 @@ clock or skip work only while it is measured. Two checks keep such figures from 
 
 A launch without observations (a Slurm launch, whose boundaries do not reach this machine as they happen,
 or an older record) is ``unobserved``: its figures stand on the harness's word, and the answer says so.
+
+A log-timed launch (`corroborate_log`) is held to the same two checks. Its clock is the time that passed
+between its step lines on the server's clock (`perfgate.execution.linestamps`): the steps a window's lines
+report must add up to the time between the line before the window and the window's last line, within
+``LOG_ABS_SLACK_NS + LOG_REL_SLACK x span``. The wider bound covers the stamping on the server's event loop
+and the printing itself; a log whose step times leave out part of each iteration (a timer around the
+forward and backward only) is not corroborated either: its figures do not say how fast the job runs.
 """
 
 from __future__ import annotations
@@ -30,14 +37,18 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from perfgate.benchmarking.records import RankRecord
+from perfgate.execution.linestamps import OutputStamps
 from perfgate.execution.ticks import LaunchTicks
 
 __all__ = [
     "ABS_SLACK_NS",
     "CONSISTENCY_MARGIN",
+    "LOG_ABS_SLACK_NS",
+    "LOG_REL_SLACK",
     "REL_SLACK",
     "TimingCheck",
     "corroborate_launch",
+    "corroborate_log",
 ]
 
 ABS_SLACK_NS = 25_000_000
@@ -51,6 +62,11 @@ MIN_NEIGHBOURS = 3
 MIN_COVERAGE = 0.9
 """Share of a rank's boundaries that must have been observed for its timing to count as corroborated."""
 
+LOG_ABS_SLACK_NS = 50_000_000
+"""`ABS_SLACK_NS` for log lines, stamped as the server's event loop reads them (not a dedicated thread)."""
+LOG_REL_SLACK = 0.10
+"""`REL_SLACK` for log lines: the time between two step lines holds the printing and logging too."""
+
 Status = Literal["corroborated", "untrusted", "unobserved"]
 Consistency = Literal["consistent", "measurement_dependent", "unverified"]
 
@@ -61,7 +77,8 @@ class TimingCheck(BaseModel):
     launch: int = Field(description="Launch index within the run.")
     status: Status = Field(
         description="corroborated: every rank's reported times match the server's stamps of the same step "
-        "boundaries; untrusted: they disagree beyond the bound, a boundary arrived twice, or most were never "
+        "boundaries (for timing='log', the step times printed match the time between the lines as they "
+        "arrived); untrusted: they disagree beyond the bound, a boundary arrived twice, or most were never "
         "seen (no keep can rest on this launch); unobserved: no stamps (Slurm launch), the harness's word only."
     )
     consistency: Consistency = Field(
@@ -84,9 +101,12 @@ class TimingCheck(BaseModel):
         default=None, description="server_span_ms / reported_span_ms: 1.0 when the record's clock is true."
     )
     boundaries_observed: int = Field(
-        default=0, description="Step boundaries stamped by the server, all ranks."
+        default=0, description="Step boundaries stamped by the server, all ranks (timing='log': step lines)."
     )
-    boundaries_reported: int = Field(default=0, description="Step boundaries the records report, all ranks.")
+    boundaries_reported: int = Field(
+        default=0,
+        description="Step boundaries the records report, all ranks (timing='log': step lines the log holds).",
+    )
     neighbour_ratio: float | None = Field(
         default=None,
         description="Median neighbouring steady step / median measured step (slowest rank); above 1 means the "
@@ -156,17 +176,25 @@ def _clock(record: RankRecord, stamps: dict[int, int], reasons: list[str]) -> tu
 
 
 def _neighbour_ratio(record: RankRecord) -> tuple[float | None, float]:
+    """`_step_neighbour_ratio` of one rank's record."""
+    return _step_neighbour_ratio(
+        record.steps.step_time_ns, [(w.first_step, w.last_step) for w in record.windows]
+    )
+
+
+def _step_neighbour_ratio(
+    times: Sequence[float], windows: Sequence[tuple[int, int]]
+) -> tuple[float | None, float]:
     """(median neighbouring steady step / median measured step, the larger IQR/median of the two) for one
-    rank: either side's noise (load on a busy host lands on some steps, not others) widens what counts as
-    "beyond noise"."""
-    times = record.steps.step_time_ns
-    measured: list[int] = []
-    for w in record.windows:
-        measured.extend(times[w.first_step : w.last_step + 1])
-    if not measured or not record.windows:
+    series of step times and its windows (first and last step, inclusive): either side's noise (load on a busy
+    host lands on some steps, not others) widens what counts as "beyond noise"."""
+    measured: list[float] = []
+    for a, b in windows:
+        measured.extend(times[a : b + 1])
+    if not measured:
         return None, 0.0
-    last = max(w.last_step for w in record.windows)
-    first = min(w.first_step for w in record.windows)
+    last = max(b for _, b in windows)
+    first = min(a for a, _ in windows)
     # the second half of the warm-up (its start holds compilation and caches) and every guard step
     neighbours = list(times[first // 2 : first]) + list(times[last + 1 :])
     if len(neighbours) < MIN_NEIGHBOURS:
@@ -177,7 +205,7 @@ def _neighbour_ratio(record: RankRecord) -> tuple[float | None, float]:
     return statistics.median(neighbours) / mid, max(_spread(measured), _spread(neighbours))
 
 
-def _spread(times: Sequence[int]) -> float:
+def _spread(times: Sequence[float]) -> float:
     """IQR / median of step times (0 with fewer than 4)."""
     if len(times) < 4:
         return 0.0
@@ -235,3 +263,97 @@ def corroborate_launch(launch: int, records: Sequence[RankRecord], ticks: Launch
         check.clock_ratio = round(server / said, 4)
     check.status = "corroborated" if ok and records else "untrusted"
     return check
+
+
+def corroborate_log(
+    launch: int,
+    entries: Sequence[tuple[int, float, int]],
+    windows: Sequence[tuple[int, int]],
+    stamps: OutputStamps | None,
+) -> TimingCheck:
+    """Check a log-timed launch: its step lines (``(step, step_time_ms, end offset in the log)``, as
+    `perfgate.benchmarking.logparse.parse_placed_log` gives them), the windows read from them (first and last
+    step of each), against the server's stamps of the log's arrival (``None``: not stamped)."""
+    check = TimingCheck(launch=launch, status="unobserved", consistency="unverified")
+    reasons = check.reasons
+    check.boundaries_reported = len(entries)
+    index = {step: i for i, (step, _, _) in enumerate(entries)}
+    spans = [(index[a], index[b]) for a, b in windows if a in index and b in index]
+    _log_consistency(check, entries, spans)
+    if stamps is None:
+        return check
+    check.launch_duration_ms = max(0, stamps.ended_ns - stamps.started_ns) / 1e6
+    arrivals = [stamps.arrival(end) for _, _, end in entries]
+    seen = [t for t in arrivals if t is not None]
+    check.boundaries_observed = len(seen)
+    if seen:
+        check.head_ms = (seen[0] - stamps.started_ns) / 1e6
+        check.tail_ms = (stamps.ended_ns - seen[-1]) / 1e6
+    ok = bool(spans)
+    server_total = said_total = 0.0
+    for w, (i, j) in enumerate(spans):
+        start = max(0, i - 1)
+        said = sum((entries[k][0] - entries[k - 1][0]) * entries[k][1] for k in range(start + 1, j + 1)) * 1e6
+        t0, t1 = arrivals[start], arrivals[j]
+        if t0 is None or t1 is None or start == j:
+            reasons.append(f"window {w}: its step lines never reached the server as they were printed")
+            ok = False
+            continue
+        server = t1 - t0
+        server_total += server
+        said_total += said
+        if abs(server - said) <= LOG_ABS_SLACK_NS + LOG_REL_SLACK * max(server, said):
+            continue
+        ok = False
+        first, last = entries[start][0], entries[j][0]
+        if server < said:
+            bursts = len(set(arrivals[start : j + 1]))
+            reasons.append(
+                f"window {w}: the lines of steps {first}-{last} arrived within {server / 1e6:.1f} ms "
+                f"({bursts} read(s)) but report {said / 1e6:.1f} ms: the output reached the server in bursts "
+                "(print each step line with flush=True; perfgate sets PYTHONUNBUFFERED for Python) or the times "
+                "are inflated"
+            )
+        else:
+            reasons.append(
+                f"window {w}: steps {first}-{last} took {server / 1e6:.1f} ms on the server's clock between "
+                f"their lines but {said / 1e6:.1f} ms by the log (x{server / max(said, 1):.2f}): the printed "
+                "times leave out part of each step or were bent; log a time that covers the whole iteration, or "
+                "use timing='harness'"
+            )
+    if said_total > 0:
+        check.server_span_ms = server_total / 1e6
+        check.reported_span_ms = said_total / 1e6
+        check.clock_ratio = round(server_total / said_total, 4)
+    if stamps.dropped:
+        reasons.append(f"{stamps.dropped} reads of the log were not stamped (more than the server keeps)")
+    check.status = "corroborated" if ok else "untrusted"
+    return check
+
+
+def _log_consistency(
+    check: TimingCheck, entries: Sequence[tuple[int, float, int]], spans: Sequence[tuple[int, int]]
+) -> None:
+    """The log's windows against the steady steps around them (`corroborate_launch`'s second check): one
+    time per step, a line standing for the steps since the previous one."""
+    times: list[float] = []
+    starts: list[int] = []
+    prev = None
+    for step, ms, _ in entries:
+        starts.append(len(times))
+        times.extend([ms] * (1 if prev is None else max(1, step - prev)))
+        prev = step
+    steps = [(starts[i], starts[j + 1] - 1 if j + 1 < len(starts) else len(times) - 1) for i, j in spans]
+    ratio, spread = _step_neighbour_ratio(times, steps)
+    if ratio is None:
+        check.reasons.append("too few steady steps around the windows to compare them with (run more steps)")
+        return
+    check.neighbour_ratio = round(ratio, 4)
+    if ratio > 1 + max(CONSISTENCY_MARGIN, 3 * spread):
+        check.consistency = "measurement_dependent"
+        check.reasons.append(
+            f"the measured windows' median step is {ratio:.2f}x faster than the steady steps around them in the "
+            "log: the script works differently while it is measured"
+        )
+    else:
+        check.consistency = "consistent"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from perfgate.benchmarking.errors import BenchmarkError
 from perfgate.benchmarking.userregex import LinearPattern, UserRegexError, compile_user_regex
 
-__all__ = ["LogWindow", "compile_pattern", "log_window", "parse_step_log"]
+__all__ = ["LogWindow", "compile_pattern", "log_window", "parse_placed_log", "parse_step_log"]
 
 
 _EXAMPLE = r"'step (?P<step>\d+) .*step_time_ms (?P<step_time_ms>[0-9.]+)'"
@@ -44,8 +44,17 @@ def parse_step_log(
     Lines whose numbers do not parse (or whose time is not a finite positive number) are skipped.
     ``check`` is called every few thousand lines; it raises to stop (e.g. `anyio.from_thread.check_cancelled`).
     """
-    out: list[tuple[int, float]] = []
-    for n, line in enumerate(lines):
+    placed = ((line, n) for n, line in enumerate(lines))
+    return [(step, ms) for step, ms, _ in parse_placed_log(placed, pattern, check)]
+
+
+def parse_placed_log(
+    lines: Iterable[tuple[str, int]], pattern: LinearPattern, check: Callable[[], None] | None = None
+) -> list[tuple[int, float, int]]:
+    """`parse_step_log` over ``(line, place)`` pairs: ``(step, step_time_ms, place)`` for every matching
+    line, ``place`` being whatever the caller tags a line with (its end's byte offset in the log)."""
+    out: list[tuple[int, float, int]] = []
+    for n, (line, place) in enumerate(lines):
         if check is not None and n % _CHECK_EVERY_LINES == 0:
             check()
         groups = pattern.search(line)
@@ -59,7 +68,7 @@ def parse_step_log(
         except ValueError:
             continue
         if 0 < ms < float("inf"):  # also drops NaN; a step takes time
-            out.append((step, ms))
+            out.append((step, ms, place))
     return out
 
 

@@ -13,13 +13,11 @@ from perfgate.benchmarking.errors import BenchmarkError
 from perfgate.benchmarking.launch import harness_entry, launch_env, wrap_command
 from perfgate.benchmarking.logparse import compile_pattern
 from perfgate.benchmarking.window_plan import WindowPlan
+from perfgate.execution.linestamps import LOG_PATTERN_ENV
 from perfgate.execution.slurm import SlurmResources, missing_programs, steering_env, submission_argv
 from perfgate.execution.ticks import ticks_path
 
 __all__ = ["LOG_PATTERN_ENV", "WindowLaunch", "record_dir", "window_launch"]
-
-LOG_PATTERN_ENV = "PERFGATE_LOG_PATTERN"
-"""The request's environment carries the log pattern, so the approval digest covers it."""
 
 
 @dataclass(frozen=True)
@@ -110,6 +108,9 @@ def window_launch(
         # Bound to the approval: the human sees which lines will be read as step times, and a changed
         # pattern needs a new approval. The launched program ignores this variable.
         out_env[LOG_PATTERN_ENV] = plan.log_pattern or ""
+        # Lines reach the server as they are printed, so it can stamp them (`perfgate.execution.linestamps`);
+        # Python block-buffers a piped stdout otherwise.
+        out_env.setdefault("PYTHONUNBUFFERED", "1")
     if slurm is not None:
         missing = missing_programs(env.get("PATH", os.environ.get("PATH", os.defpath)))
         if missing:

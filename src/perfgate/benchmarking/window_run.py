@@ -120,7 +120,8 @@ async def measure_windows(
                 raise WindowFailure(f"launch {launch}: {launched.failure}")
             if plan.timing == "log":
                 # Parsing and record reading are CPU-bound: off the event loop, cancellable.
-                got = await anyio.to_thread.run_sync(log_windows, plan, launched.stdout)
+                got, check = await anyio.to_thread.run_sync(log_windows, plan, launched.stdout, launch)
+                out.timing_checks.append(check)
                 out.world_size = 1
             else:
                 records, problems = await anyio.to_thread.run_sync(

@@ -26,10 +26,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from perfgate._statefs import fresh_dir, remove_tree, write_file
 from perfgate.execution.launches import launch_variables, next_launch_id
+from perfgate.execution.linestamps import LOG_PATTERN_ENV, OutputStamps, stamps_path
 from perfgate.execution.ticks import TickListener
 
 __all__ = ["DETACHED_DIR", "RunNotFoundError", "cancel", "main", "read_status", "run_dir", "start"]
@@ -70,6 +71,16 @@ def run_dir(state_dir: Path, run_id: str) -> Path:
     if not (path / "manifest.json").is_file():
         raise RunNotFoundError(f"no detached run {run_id} in this workspace")
     return path
+
+
+def _copy_stamped(source: IO[bytes], out: IO[bytes], stamps: OutputStamps) -> None:
+    """Copy the launch's stdout into its log, stamping each read as it arrives."""
+    total = 0
+    while chunk := os.read(source.fileno(), 1 << 16):
+        total += len(chunk)
+        stamps.feed(total, chunk)
+        out.write(chunk)
+        out.flush()
 
 
 def _write_json(path: Path, value: Any) -> None:
@@ -260,8 +271,11 @@ class _Supervisor:
             fresh_dir(Path(record_dir))
         label = f"launch{k}_"
         ticks_fifo = m["env"].get("PERFGATE_TICKS")  # the harness's step boundaries, stamped here
+        stdout_log = self.dir / f"{label}stdout.log"
+        # a log-timed launch's lines, stamped here as they arrive
+        stamps = OutputStamps() if LOG_PATTERN_ENV in m["env"] else None
         with (
-            (self.dir / f"{label}stdout.log").open("wb") as out,
+            stdout_log.open("wb") as out,
             (self.dir / f"{label}stderr.log").open("wb") as err,
             TickListener(Path(ticks_fifo)) if ticks_fifo else contextlib.nullcontext() as listener,
         ):
@@ -271,10 +285,17 @@ class _Supervisor:
                 # the workspace's next launch id (its trust-root folder holds this run's folder)
                 env={**_launch_env(m["env"]), **launch_variables(next_launch_id(self.dir.parents[1]))},
                 stdin=subprocess.DEVNULL,
-                stdout=out,
+                stdout=out if stamps is None else subprocess.PIPE,
                 stderr=err,
                 start_new_session=True,
             )
+            copier = None
+            if stamps is not None:
+                assert self.proc.stdout is not None
+                copier = threading.Thread(
+                    target=_copy_stamped, args=(self.proc.stdout, out, stamps), daemon=True
+                )
+                copier.start()
             self.status["pid"] = self.proc.pid  # its process group: cancel reaches it even if we are gone
             self.save()
             deadline = time.monotonic() + float(m["timeout_s"])
@@ -285,6 +306,10 @@ class _Supervisor:
                     break
                 time.sleep(0.1)
             self._stop_group()  # anything the command left behind in its group
+            if copier is not None:
+                copier.join(timeout=_KILL_GRACE_S)
+        if stamps is not None:
+            stamps.save(stamps_path(stdout_log))
         if listener is not None:
             _write_json(self.dir / f"{label}ticks.json", listener.stop().to_json())
         code = self.proc.returncode

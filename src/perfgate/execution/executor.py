@@ -31,6 +31,7 @@ import anyio.abc
 from pydantic import BaseModel, Field
 
 from perfgate.execution.launches import launch_variables
+from perfgate.execution.linestamps import LOG_PATTERN_ENV, OutputStamps, stamps_path
 from perfgate.execution.reaper import (
     RUN_TAG_VAR,
     RunHandle,
@@ -247,9 +248,13 @@ class _Stream:
     lines: int = 0
     tail: bytearray = field(default_factory=bytearray)
     last_line: bytes = b""
+    stamps: OutputStamps | None = None
+    """The server's arrival times of the stream's lines, where they are kept (log-timed launches)."""
 
     def feed(self, chunk: bytes) -> None:
         self.bytes_total += len(chunk)
+        if self.stamps is not None:
+            self.stamps.feed(self.bytes_total, chunk)
         self.lines += chunk.count(b"\n")
         room = self.max_log_bytes - self.bytes_logged
         if room > 0:
@@ -347,6 +352,8 @@ async def execute(
     started = time.monotonic()
     with stdout_path.open("wb") as out_file, stderr_path.open("wb") as err_file:
         out = _Stream(stdout_path, limits.tail_bytes, limits.max_log_bytes, out_file)
+        if LOG_PATTERN_ENV in request.env:
+            out.stamps = OutputStamps()
         err = _Stream(stderr_path, limits.tail_bytes, limits.max_log_bytes, err_file)
         try:
             process = await anyio.open_process(
@@ -411,6 +418,8 @@ async def execute(
                     registry.discard(run)
                 await process.aclose()
         await report()
+    if out.stamps is not None:
+        out.stamps.save(stamps_path(stdout_path))
 
     code = process.returncode
     assert code is not None

@@ -166,8 +166,9 @@ class ApprovalGate:
 
     def _without_own_env(self, request: CommandRequest) -> CommandRequest:
         """``request`` less the variables perfgate sets itself with its own values (the bytecode cache in
-        the trust root): the operator's ``allow_env`` is about what the agent sets."""
-        own = {"PYTHONPYCACHEPREFIX": str(self.ledger.trust.pycache_dir)}
+        the trust root, unbuffered output for a log-timed launch): the operator's ``allow_env`` is about what
+        the agent sets."""
+        own = {"PYTHONPYCACHEPREFIX": str(self.ledger.trust.pycache_dir), "PYTHONUNBUFFERED": "1"}
         env = {k: v for k, v in request.env.items() if own.get(k) != v}
         return request if len(env) == len(request.env) else request.model_copy(update={"env": env})
 

@@ -17,12 +17,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from perfgate.execution.linestamps import LOG_PATTERN_ENV
 from perfgate.execution.request import CommandRequest
 from perfgate.harness.config import ENV_PREFIX
 
 __all__ = ["ApprovalScope", "measuring_variable", "request_print", "template_digest"]
 
-BOUND_HARNESS_ENV = ("PERFGATE_LOG_PATTERN",)
+BOUND_HARNESS_ENV = (LOG_PATTERN_ENV,)
 """A perfgate variable the template keeps: which log lines are read as step times is the human's to see."""
 
 
