@@ -156,8 +156,8 @@ async def test_an_export_names_no_host_user_path_or_dataset_and_its_map_puts_the
 
 def test_placeholders_are_stable_and_only_whole_names_are_replaced(tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
-    share = Sanitizer(workspace, "/home/alice", hosts=["vm"], users=["alice"], datasets=["/data/train"])
-    text = f"alice ran {workspace}/x.py on vm (llvm, vm-2) reading /data/train and /data/train2/a"
+    share = Sanitizer(workspace, "/home/alice", hosts=["vm"], users=["alice"], datasets=["/data/train/"])
+    text = f"alice ran {workspace}/x.py on vm (llvm, vm-2) reading /data/train/a and /data/train2/a"
     once = share.text(text)
     assert once == share.text(text)
     assert "llvm" in once and "vm-2" in once and "alice" not in once

@@ -53,9 +53,9 @@ _ARGV_KEYS = frozenset({"command", "argv"})
 # A setting that names where data is read from: Megatron's --data-path/--train-data-path, torchtitan's
 # dataset_path, Hugging Face's --train_file, a DATA_DIR variable (the vocabulary's `dataset` entry too).
 _DATA_NAME = re.compile(
-    r"^(?:(?:train|valid|validation|val|eval|test)_)?"
-    r"(?:(?:data|dataset|datasets|corpus)(?:_(?:path|paths|dir|root|file|files|prefix|url|location|cache_path))?"
-    r"|files?)$"
+    r"^(?:(?:train|valid|validation|val|eval|test)_)?(?:data|dataset|datasets|corpus)"
+    r"(?:_(?:path|paths|dir|root|file|files|prefix|url|location|cache_path))?$"
+    r"|^(?:train|valid|validation|val|eval|test)_files?$"
 )
 _DATA_VARIABLE = re.compile(r"(?:^|_)(?:DATA|DATASET|DATASETS)(?:_|$)")
 _NOT_IDENTIFYING = frozenset({"localhost", "localhost.localdomain", "127.0.0.1", "0.0.0.0", "::1"})
@@ -93,7 +93,8 @@ class Sanitizer:
         usernames = {v for v in users if len(v) >= _SHORTEST}
         names = hostnames | usernames
         literal: dict[str, str] = {}
-        for kind, values in (("dataset", datasets), ("host", hosts), ("user", users)):
+        located = {d.rstrip("/") for d in datasets if d.rstrip("/")}  # '/data/x/' names '/data/x/train' too
+        for kind, values in (("dataset", located), ("host", hosts), ("user", users)):
             for value in values:
                 if (value in names or (kind == "dataset" and value)) and value not in literal:
                     literal[value] = placeholder(kind, value)
@@ -125,7 +126,7 @@ class Sanitizer:
     def for_export(cls, workspace: Path, records: Iterable[EvidenceRecord]) -> Sanitizer:
         """A sanitizer for an export of ``records`` from ``workspace``: this host's names and user, and the
         hosts, users and dataset locations the records name."""
-        hosts = {socket.gethostname(), socket.getfqdn()}
+        hosts = {socket.gethostname()}  # not getfqdn(): a reverse DNS lookup can stall on a cluster node
         users = {getpass.getuser()}
         datasets: set[str] = set()
         for record in records:
