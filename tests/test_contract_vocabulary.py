@@ -197,3 +197,73 @@ def test_command_line_degrees_are_read_through_the_vocabulary() -> None:
         "context_parallel": "2",
         "data_parallel": "8",
     }
+
+
+@pytest.mark.parametrize(
+    ("spelling", "member"),
+    [
+        # Megatron-Core options and Megatron-Bridge / NeMo config fields
+        ("--num-experts", "num_experts"),
+        ("num_moe_experts", "num_experts"),
+        ("--moe-router-topk", "router_topk"),
+        ("--moe-expert-capacity-factor", "capacity_factor"),
+        ("--moe-token-drop-policy", "token_drop_policy"),
+        ("--moe-aux-loss-coeff", "aux_loss_coeff"),
+        ("--moe-z-loss-coeff", "z_loss_coeff"),
+        ("--moe-router-load-balancing-type", "load_balancing_type"),
+        ("--moe-router-score-function", "router_score_function"),
+        ("--moe-router-topk-scaling-factor", "router_topk_scaling_factor"),
+        ("--moe-router-enable-expert-bias", "router_expert_bias"),
+        ("--moe-router-dtype", "router_dtype"),
+        # Megatron-DeepSpeed options
+        ("--topk", "router_topk"),
+        ("--moe-train-capacity-factor", "capacity_factor"),
+        ("--moe-eval-capacity-factor", "eval_capacity_factor"),
+        ("--moe-min-capacity", "min_capacity"),
+        ("--moe-loss-coeff", "aux_loss_coeff"),
+        ("--disable-moe-token-dropping", "dropless"),
+        # DeepSpeed's MoE layer
+        ("capacity_factor", "capacity_factor"),
+        ("eval_capacity_factor", "eval_capacity_factor"),
+        ("min_capacity", "min_capacity"),
+        ("drop_tokens", "drop_tokens"),
+        ("noisy_gate_policy", "noisy_gate_policy"),
+        # torchtitan's MoEArgs
+        ("top_k", "router_topk"),
+        ("score_func", "router_score_function"),
+        ("load_balance_coeff", "aux_loss_coeff"),
+        ("route_scale", "router_topk_scaling_factor"),
+        # Hugging Face MoE configs, MegaBlocks
+        ("num_experts_per_tok", "router_topk"),
+        ("router_aux_loss_coef", "aux_loss_coeff"),
+        ("moe_top_k", "router_topk"),
+        ("moe_num_experts", "num_experts"),
+        ("moe_capacity_factor", "capacity_factor"),
+        ("moe_loss_weight", "aux_loss_coeff"),
+    ],
+)
+def test_routing_spellings_of_the_moe_frameworks_are_semantic_members_of_moe_routing(
+    spelling: str, member: str
+) -> None:
+    from perfgate.benchmarking.observed import option_name
+    from perfgate.benchmarking.vocabulary import classify
+
+    key = option_name(spelling)  # a command-line option is read as the comparison reads it
+    assert vocabulary_name(key) == member
+    assert classify(key) == ("semantic", "vocabulary: moe_routing")
+
+
+def test_a_routing_key_declared_as_an_execution_setting_is_refused_as_a_training_change() -> None:
+    contract = Contract({"moe_router_topk": 2}, {})
+    assert contract.invariants == {"router_topk": 2}
+    problems = vocabulary_problems({}, {"moe_router_topk": 2, "moe_expert_capacity_factor": 1.0}, {})
+    assert len([p for p in problems if "is a semantic setting" in p and "training_change" in p]) == 2
+    refused = vocabulary_problems({}, {"moe_router_topk": 2}, {"moe_router_topk": "execution"})
+    assert any("the vocabulary's class cannot be overridden" in p for p in refused)
+
+
+def test_padding_experts_to_capacity_is_an_execution_setting_of_its_own() -> None:
+    from perfgate.benchmarking.vocabulary import classify
+
+    assert vocabulary_name("moe-pad-expert-input-to-capacity") == "expert_padding"
+    assert classify("moe_pad_expert_input_to_capacity")[0] == "execution"

@@ -558,6 +558,45 @@ async def test_a_semantic_option_on_the_command_line_is_a_semantic_change_whatev
                 assert out["status"] == "comparable", out["reasons"]
 
 
+async def test_a_routing_change_on_the_command_line_is_a_training_change_not_an_execution_setting(
+    server: Any, workspace: Path
+) -> None:
+    """Top-k, capacity and the balancing loss decide which experts see each token: a candidate that changes
+    one is never an equivalent speedup, whatever execution change it declares beside it."""
+    from perfgate.evidence import Ledger
+
+    ledger = Ledger(workspace)
+    moe = ["python", "pretrain_gpt.py", "--num-experts", "8", "--moe-router-topk", "2"]
+    async with Client(server) as client:
+        for option, declared, field, classification in (
+            (["--moe-router-topk", "1"], ["expert_parallel", "argv"], "argv.moe_router_topk", "semantic"),
+            (["--moe-expert-capacity-factor=1.0"], ["argv"], "argv.moe_expert_capacity_factor", "semantic"),
+            (["--moe-aux-loss-coeff", "0"], ["code"], "argv.moe_aux_loss_coeff", "semantic"),
+            (["--moe-router-topk", "1"], ["router_topk"], "argv.moe_router_topk", "declared_semantic"),
+            (["--moe-router-topk", "1"], ["moe_routing"], "argv.moe_router_topk", "declared_semantic"),
+        ):
+            base = [_series_window(ledger, moe, i) for i in range(3)]
+            # an option given twice: the parser keeps the last value, as argparse does
+            cand = [_series_window(ledger, [*moe, *option], i) for i in range(3)]
+            result = await client.call_tool(
+                "compare_benchmarks", {"baseline": base, "candidate": cand, "declared_changes": declared}
+            )
+            out = result.structured_content
+            assert out is not None, _text(result)
+            flags = {
+                d["field"]: d["classification"] for d in out["differences"] if d["field"].startswith("argv.")
+            }
+            assert flags == {field: classification}, (option, out["differences"])
+            if classification == "semantic":
+                assert out["status"] == "incomparable"
+                assert any(
+                    r.startswith(field) and "that is a training_change, never an equivalent speedup" in r
+                    for r in out["reasons"]
+                ), out["reasons"]
+            else:
+                assert out["status"] == "comparable", out["reasons"]
+
+
 def _series_window(ledger: Any, command: list[str], launch: int) -> str:
     """A launched window as run_benchmark_window records it (its step series artifact included)."""
     import json

@@ -232,3 +232,32 @@ def test_package_data_ships_every_skill_file() -> None:
     for path in skill_files().values():
         rel = path.relative_to(package_root)
         assert any(rel.match(g) for g in globs), f"{rel} is not covered by package-data {globs}"
+
+
+def _section(text: str, heading: str) -> str:
+    """The section under ``heading``, its lines joined into one (a phrase may wrap)."""
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return " ".join(text[start : end if end != -1 else len(text)].split())
+
+
+FIRST_READ_LINES = 47
+"""The front matter, the introduction, the working rules and "When to use it": what an agent reads before
+the loop. A rule the agent needs later goes where it is needed, not here."""
+
+
+def test_the_seed_rules_sit_where_the_agent_needs_them_and_the_first_read_does_not_grow() -> None:
+    skill = (SKILL_DIR / SKILL_FILE).read_text(encoding="utf-8")
+    first, _, _ = skill.partition("\n## The loop")
+    assert len(first.splitlines()) <= FIRST_READ_LINES
+    loop = _section(skill, "## The loop")
+    edit_step = loop[loop.index("6. **One change.**") : loop.index("7. **Correctness.**")]
+    assert "repository's own instructions" in edit_step  # read before the first edit
+    specialists = _section(skill, "## Other skills and tools")
+    assert "known skill roots" in specialists and "`.claude/skills/`" in specialists  # discovery
+    assert "fixed thresholds" in specialists and "MoE recipes" in specialists and "inference" in specialists
+    reporting = _section(skill, "## Reporting")
+    assert "Stop when" in reporting and "`within_noise`" in reporting  # stop criteria
+    assert "Before reporting a blocker, finish the authorised work that does not depend on it" in reporting
+    casebook = " ".join((SKILL_DIR / "references" / "casebook.md").read_text(encoding="utf-8").split())
+    assert "documentation of the version `collect_env` reported" in casebook  # docs of the installed version

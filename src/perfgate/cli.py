@@ -308,7 +308,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from perfgate.decisions.experiments import load_experiment
-    from perfgate.decisions.export import export_experiment
+    from perfgate.decisions.export import export_experiment, restore_export, share_map_path
     from perfgate.evidence.artifacts import ArtifactChanged
 
     ledger = _existing_ledger(args)
@@ -321,16 +321,37 @@ def _cmd_export(args: argparse.Namespace) -> int:
             "`perfgate ledger show --tool record_decision` lists the experiments",
         )
         return 2
+    if args.restore:
+        try:
+            restored = restore_export(ledger, exp.id, args.out)
+        except FileNotFoundError:
+            _fail(
+                f"no map of a sanitised export of {exp.id} into {args.out} ({share_map_path(ledger, exp.id, args.out)})",
+                "restore runs in the workspace that made the export, on the folder it wrote",
+            )
+            return 2
+        for path in restored:
+            print(path)
+        return 0
     try:
-        written = export_experiment(ledger, exp, args.out)
+        done = export_experiment(ledger, exp, args.out, sanitize=not args.no_sanitize)
     except ArtifactChanged as exc:
         _fail(
             f"export of {exp.id} stopped: {exc}",
             "`perfgate ledger verify` lists what changed; record that evidence again before exporting",
         )
         return 1
-    for path in written:
+    for path in done.written:
         print(path)
+    if done.map_path is not None:
+        print(
+            f"sanitised: host and user names, home, workspace, absolute paths and dataset locations are "
+            f"placeholders; the map back is {done.map_path} (not in the export; "
+            f"`perfgate export {exp.id} {args.out} --restore` puts the real values back)",
+            file=sys.stderr,
+        )
+    for path in done.unsanitised:
+        print(f"not sanitised (binary): {path}: check it before sharing", file=sys.stderr)
     return 0
 
 
@@ -539,6 +560,17 @@ def _build_parser() -> argparse.ArgumentParser:
     _workspace_arg(export)
     export.add_argument("experiment", help="experiment id (exp-...)")
     export.add_argument("out", type=Path, help="directory to create")
+    export.add_argument(
+        "--no-sanitize",
+        action="store_true",
+        help="keep host and user names, home and absolute paths and dataset locations as recorded (by "
+        "default they become placeholders, with the map back kept under .perfgate/exports/)",
+    )
+    export.add_argument(
+        "--restore",
+        action="store_true",
+        help="put the real values back into a sanitised export in OUT, from its map",
+    )
     export.set_defaults(handler=_cmd_export)
 
     report = sub.add_parser(

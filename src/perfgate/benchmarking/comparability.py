@@ -125,8 +125,8 @@ def difference_reasons(
         if d.kind in ("env", "measured") or d.field.startswith("argv."):  # argv.<option>: a semantic option
             name = d.field.split(".", 1)[1]
             term = VOCABULARY.get(canonical_key(name))
-            if term is not None:
-                happened.add(term.name)
+            if term is not None:  # the entry changed, and the member it is stored as (``lr`` of the hparams)
+                happened.update((term.name, vocabulary_name(name)))
             if d.kind != "argv":  # where an entry shows (benchmarking.observed): the entry changed
                 happened.update(entries_showing("env" if d.kind == "env" else "fingerprint", name))
     for name in sorted(set(declared)):

@@ -54,6 +54,7 @@ WHERE_SHOWN: dict[str, Shows] = {
     "context_parallel": Shows(),
     "expert_parallel": Shows(),
     "sequence_parallel": Shows(),
+    "expert_padding": Shows(),
     "sharding": Shows(),
     "compile": Shows(env=("TORCHINDUCTOR_*", "TORCHDYNAMO_*", "TORCH_COMPILE_*")),
     "cuda_graphs": Shows(env=("TORCHINDUCTOR_*CUDAGRAPH*",)),
