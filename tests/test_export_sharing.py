@@ -17,7 +17,7 @@ from mcp import Client
 
 from perfgate.cli import main as cli_main
 from perfgate.decisions.export import share_map_path
-from perfgate.decisions.sharing import Sanitizer, restore_text
+from perfgate.decisions.sharing import SHARED_USERS, Sanitizer, restore_text
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from test_record_decision import INVARIANTS, Evidence, _open, _text
 
@@ -25,6 +25,7 @@ pytestmark = pytest.mark.anyio
 
 DATASET = "/lustre/acme-research/corpora/web-2025-q1/train"
 OTHER_HOST = "gpu-node-017.cluster.acme.internal"
+OTHER_USER = "jdoe"
 
 
 def _profile(ledger: Ledger, workspace: Path) -> str:
@@ -68,12 +69,17 @@ def _window(ev: Evidence, workspace: Path, workers: int) -> str:
                 "python": f"{home}/venvs/train/bin/python",
                 "code": {"import_roots": [str(workspace), "/opt/site/acme-libs/python"]},
             },
-            "notes": [f"{user} launched it on {host}; data under {DATASET}"],
+            "notes": [f"{user} launched it on {host} for {OTHER_USER}; data under {DATASET}"],
         },
         {
             "command": command,
             "cwd": str(workspace),
-            "env": {"USER": user, "DATA_DIR": DATASET, "MASTER_ADDR": OTHER_HOST},
+            "env": {
+                "USER": user,
+                "SLURM_JOB_USER": OTHER_USER,
+                "DATA_DIR": DATASET,
+                "MASTER_ADDR": OTHER_HOST,
+            },
             "contract": {"invariants": {**INVARIANTS, "dataset": DATASET}, "execution": {"workers": workers}},
         },
     )
@@ -96,8 +102,9 @@ def _leaks(text: str, workspace: Path) -> list[str]:
         for name in (socket.gethostname(), OTHER_HOST, "gpu-node-017")
         if re.search(r"(?<![A-Za-z0-9\-])" + re.escape(name) + r"(?![A-Za-z0-9\-])", text)
     ]
-    user = getpass.getuser()
-    users = [user] if re.search(r"(?<![\w\-])" + re.escape(user) + r"(?![\w\-])", text) else []
+    # an account every machine has ("root" on CI) names nobody and is left as it is
+    named = [u for u in (getpass.getuser(), OTHER_USER) if u not in SHARED_USERS]
+    users = [u for u in named if re.search(r"(?<![\w\-])" + re.escape(u) + r"(?![\w\-])", text)]
     paths = (str(workspace), str(workspace.resolve()), str(Path.home()) + "/", DATASET, "/opt/site/acme-libs")
     return hosts + users + [p for p in paths if p in text]
 

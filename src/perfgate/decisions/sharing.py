@@ -26,7 +26,7 @@ from perfgate.benchmarking.vocabulary import vocabulary_name
 from perfgate.evidence import EvidenceRecord
 from perfgate.redactor import placeholder
 
-__all__ = ["HOME", "WORKSPACE", "Sanitizer", "restore_text"]
+__all__ = ["HOME", "SHARED_USERS", "WORKSPACE", "Sanitizer", "restore_text"]
 
 WORKSPACE = "<workspace>"
 HOME = "<home>"
@@ -59,6 +59,9 @@ _DATA_NAME = re.compile(
 )
 _DATA_VARIABLE = re.compile(r"(?:^|_)(?:DATA|DATASET|DATASETS)(?:_|$)")
 _NOT_IDENTIFYING = frozenset({"localhost", "localhost.localdomain", "127.0.0.1", "0.0.0.0", "::1"})
+SHARED_USERS = frozenset({"root", "user", "ubuntu", "admin", "nobody"})
+"""Account names every machine has: they say nothing of who ran the job, and as words they are everywhere
+("root cause", a JSON key ``root``). Their home folder is still replaced (``<home>``)."""
 _SHORTEST = 2
 """Host and user names shorter than this are left alone: a one-letter name would rewrite every word."""
 # An absolute path of two or more parts that does not continue a word, a URL or a placeholder.
@@ -90,7 +93,7 @@ class Sanitizer:
     ) -> None:
         self.mapping: dict[str, str] = {}
         hostnames = {v for v in hosts if len(v) >= _SHORTEST and v not in _NOT_IDENTIFYING}
-        usernames = {v for v in users if len(v) >= _SHORTEST}
+        usernames = {v for v in users if len(v) >= _SHORTEST and v not in SHARED_USERS}
         names = hostnames | usernames
         literal: dict[str, str] = {}
         located = {d.rstrip("/") for d in datasets if d.rstrip("/")}  # '/data/x/' names '/data/x/train' too
