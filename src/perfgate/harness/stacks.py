@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import importlib
 import json
 import os
 import signal
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -39,7 +41,7 @@ _installed_pid: int | None = None
 _stack_file: IO[str] | None = None  # held open for faulthandler, which writes to its descriptor
 
 
-def flight_recorder_on(env: dict[str, str] | os._Environ[str] | None = None) -> bool:
+def flight_recorder_on(env: Mapping[str, str] | None = None) -> bool:
     """PyTorch's flight recorder keeps entries in this process (its buffer size variable is > 0)."""
     src = os.environ if env is None else env
     for name in _FR_VARS:
@@ -96,11 +98,9 @@ def _start_flight_recorder_trigger(folder: Path, rank: int) -> bool:
 def _dump_on_request(fd: int, target: Path) -> None:
     while os.read(fd, 64):
         try:
-            from torch._C._distributed_c10d import (  # pyright: ignore[reportMissingImports, reportMissingModuleSource]
-                _dump_fr_trace_json,  # pyright: ignore[reportUnknownVariableType]
-            )
-
-            raw: object = _dump_fr_trace_json(True, False)  # pyright: ignore[reportUnknownVariableType]
+            c10d = importlib.import_module("torch._C._distributed_c10d")
+            dump: Callable[[bool, bool], object] = c10d._dump_fr_trace_json  # includeCollectives, onlyActive
+            raw = dump(True, False)
         except Exception as exc:  # noqa: BLE001 (a trigger thread must outlive whatever torch raises)
             raw = json.dumps({"error": f"{type(exc).__name__}: {exc}"})
         data = raw if isinstance(raw, bytes) else str(raw).encode("utf-8")
