@@ -22,6 +22,7 @@ from perfgate.execution.hang import (
     HangWatch,
     RankHang,
     diagnose,
+    ends_run,
     stall_limit_s,
 )
 from perfgate.execution.hang_read import last_flight_entry, parse_stacks, place
@@ -121,6 +122,15 @@ def test_the_stall_rule_is_given_or_derived_from_the_slowest_step() -> None:
     assert stall_limit_s(None, 0.1)[0] == STALL_FLOOR_S
     limit, rule = stall_limit_s(None, 10.0)
     assert limit == STALL_STEP_FACTOR * 10.0 and "slowest observed step" in rule
+
+
+def test_the_default_rule_ends_a_run_only_when_no_rank_is_working() -> None:
+    busy = _rank(0, RANK0).model_copy(update={"state": "elsewhere", "collective": None})
+    assert ends_run(None, [_rank(0, RANK0), _rank(1, RANK1)])
+    # rank 0 writes a checkpoint while rank 1 waits for it in the barrier: slow, not (yet) a hang
+    assert not ends_run(None, [busy, _rank(1, RANK1)])
+    assert not ends_run(None, [])
+    assert ends_run(20.0, [busy, _rank(1, RANK1)])  # a given stall_s ends it whatever the ranks do
 
 
 @pytest.mark.anyio

@@ -4,9 +4,9 @@
 on either stream. **The rule** (`stall_limit_s`): with ``stall_s`` given, a run is stalled after
 ``stall_s`` seconds without progress, start-up included; without it, the watch arms once a step time has
 been observed and allows ``max(STALL_FLOOR_S, STALL_STEP_FACTOR x the slowest step seen)``. Under that
-default a stall ends the run only when a rank is found inside a torch.distributed call; otherwise
-(a long evaluation or checkpoint that prints nothing) the stacks are kept as a warning and the allowance
-doubles.
+default a stall ends the run only when every rank that answered waits inside a torch.distributed call
+(none is working); otherwise (rank 0 writes a long checkpoint while the others wait in a barrier, an
+evaluation that prints nothing) the stacks are kept as a warning and the allowance doubles.
 
 **The capture** (`HangWatch.on_stall`): the harness announced each rank in ``<record_dir>/hang/``
 (:mod:`perfgate.harness.stacks`). Each announced pid that belongs to the run and whose signal mask
@@ -45,6 +45,7 @@ __all__ = [
     "HangWatch",
     "RankHang",
     "diagnose",
+    "ends_run",
     "stall_limit_s",
 ]
 
@@ -183,6 +184,13 @@ def diagnose(ranks: list[RankHang]) -> tuple[list[int], list[int], str | None, s
     return waiting, odd, collective, "ranks disagree: " + "; ".join(parts) + at
 
 
+def ends_run(stall_s: float | None, ranks: list[RankHang]) -> bool:
+    """Whether a stall stops the run: always under a given ``stall_s``; under the default rule only when
+    every rank that answered waits in a collective (none is working)."""
+    answered = [r for r in ranks if r.state in ("in_collective", "elsewhere")]
+    return stall_s is not None or (bool(answered) and all(r.state == "in_collective" for r in answered))
+
+
 def _sig_caught(pid: int, signum: int) -> bool:
     """The process has a handler for ``signum`` (its SigCgt mask), so the signal cannot kill it."""
     try:
@@ -275,7 +283,7 @@ class HangWatch:
         t0 = time.monotonic()
         ranks = await self._capture(pids)
         waiting, odd, collective, sentence = diagnose(ranks)
-        end = self.stall_s is not None or bool(waiting)
+        end = ends_run(self.stall_s, ranks)
         idle_s = (now_ns - self._last_progress_ns(last_output_ns)) / 1e9
         summary = f"no progress for {idle_s:.1f} s ({rule}): {sentence}"
         self.diagnoses.append(

@@ -128,7 +128,7 @@ class RunBenchmarkWindowInput(BaseModel):
             "seconds, start-up included, after capturing each rank's Python stack (and the flight recorder's "
             "last collective where TORCH_FR_BUFFER_SIZE is set): the answer's `hang` names the ranks and the "
             "collective that disagree. Default: once a step was observed, max(60 s, 20 x the slowest step), "
-            "and only when a rank waits in a torch.distributed call. Not with detach.",
+            "and only when every rank that answered waits in a torch.distributed call. Not with detach.",
         ),
     ] = None
     timing: Annotated[
