@@ -33,8 +33,10 @@ __all__ = ["HANG_DIR", "STACK_SIGNAL", "flight_recorder_on", "install"]
 
 HANG_DIR = "hang"
 """Folder of the record directory that announcements, stacks and flight-recorder dumps go to."""
-STACK_SIGNAL = signal.SIGRTMIN + 4
-"""The signal that makes a rank write its stacks (glibc keeps the first real-time signals for itself)."""
+_RTMIN: int | None = getattr(signal, "SIGRTMIN", None)
+STACK_SIGNAL: int | None = _RTMIN + 4 if _RTMIN is not None and hasattr(faulthandler, "register") else None
+"""The signal that makes a rank write its stacks (glibc keeps the first real-time signals for itself);
+None where there are no real-time signals or no `faulthandler.register` (macOS, Windows): no stacks."""
 _FR_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 _installed_pid: int | None = None
@@ -62,7 +64,7 @@ def install(record_dir: str | os.PathLike[str], rank: int) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         stacks = False
-        if signal.getsignal(STACK_SIGNAL) in (signal.SIG_DFL, None):
+        if STACK_SIGNAL is not None and signal.getsignal(STACK_SIGNAL) in (signal.SIG_DFL, None):
             _stack_file = (folder / f"rank{rank}.stacks.txt").open("a", encoding="utf-8")
             faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
             stacks = True
@@ -70,7 +72,7 @@ def install(record_dir: str | os.PathLike[str], rank: int) -> None:
         note = {
             "rank": rank,
             "pid": os.getpid(),
-            "signal": int(STACK_SIGNAL),
+            "signal": STACK_SIGNAL or 0,
             "stacks": stacks,
             "flight_recorder": fr,
         }
