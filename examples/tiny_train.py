@@ -5,6 +5,10 @@ Knobs for perfgate's tests and demos:
   --slow-rank R --slow-ms Y   rank R spends Y ms more per step, before its forward pass
   --ddp               wrap the model in DistributedDataParallel (gloo) when WORLD_SIZE > 1
   --log-every N       print "step S loss L step_time_ms T" lines (for log-based timing)
+  --sync-loss         all-reduce the loss every step (as scripts do to log a global mean), barrier at the end
+  --skip-sync-rank R --skip-sync-step S   rank R skips that all_reduce at step S: the ranks' collectives
+                      no longer line up and the job hangs (rank R ends in the final barrier while the others
+                      wait in their last all_reduce), a hang for perfgate's diagnosis to find
 
 Run plainly, under the harness, or under torchrun:
   python examples/tiny_train.py --steps 30
@@ -20,6 +24,7 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -38,6 +43,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, default=-1, help="rank that is made slower")
     p.add_argument("--slow-ms", type=float, default=10.0, help="extra ms per step on --slow-rank")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel over gloo")
+    p.add_argument("--sync-loss", action="store_true", help="all_reduce the loss every step (gloo)")
+    p.add_argument("--skip-sync-rank", type=int, default=-1, help="rank that skips one loss all_reduce")
+    p.add_argument("--skip-sync-step", type=int, default=-1, help="step at which it skips it")
     p.add_argument("--log-every", type=int, default=0, help="print a step line every N steps")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
@@ -51,8 +59,6 @@ def main() -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     distributed = world > 1
     if distributed:
-        import torch.distributed as dist
-
         dist.init_process_group("gloo")
     model: nn.Module = nn.Sequential(
         nn.Linear(32, args.width),
@@ -80,6 +86,12 @@ def main() -> None:
             x, y = next(batches)
             loss = loss_fn(model(x), y) / args.accumulation
             loss.backward()
+        if (
+            distributed
+            and args.sync_loss
+            and not (rank == args.skip_sync_rank and step == args.skip_sync_step)
+        ):
+            dist.all_reduce(loss.detach().clone())
         pacer.wait()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -88,8 +100,8 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.4f} step_time_ms {(now - last) * 1000:.3f}", flush=True)
             last = now
     if distributed:
-        import torch.distributed as dist
-
+        if args.sync_loss:
+            dist.barrier()
         dist.destroy_process_group()
 
 

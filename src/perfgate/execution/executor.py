@@ -4,8 +4,8 @@ The child gets ``stdin=/dev/null`` and pipes for stdout and stderr, so it can ne
 a stdio MCP stream. It starts a new session (``setsid``), which makes it the leader of a process group,
 and carries a run tag in its environment; with the server a child subreaper, everything it starts is
 found even after ``setsid``, ``setpgid`` or a double fork (`perfgate.execution.reaper`). Every stop
-(timeout, client cancellation, server shutdown, processes left behind after a normal exit) sends SIGTERM
-to all of them, waits ``kill_grace_s``, then SIGKILLs what is left.
+(timeout, a stall its ``watch`` declares, client cancellation, server shutdown, processes left behind
+after a normal exit) sends SIGTERM to all of them, waits ``kill_grace_s``, then SIGKILLs what is left.
 
 Output streams to ``stdout_path`` / ``stderr_path`` in full (up to ``max_log_bytes`` each) while only the
 last ``tail_bytes`` stay in memory for the result.
@@ -21,10 +21,10 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 import anyio
 import anyio.abc
@@ -49,12 +49,15 @@ __all__ = [
     "CommandResult",
     "ExecLimits",
     "ProcessRegistry",
+    "ProgressWatch",
     "StreamCapture",
     "execute",
     "resolve_program",
 ]
 
 _POLL_S = 0.02
+_WATCH_S = 0.5
+"""How often a ``watch`` is asked whether the run stalled."""
 
 
 class CommandError(RuntimeError):
@@ -85,6 +88,19 @@ class CommandProgress:
 ProgressCallback = Callable[[CommandProgress], Awaitable[None]]
 
 
+class ProgressWatch(Protocol):
+    """Decides that a running command stopped making progress, and looks at it before it is stopped
+    (`perfgate.execution.hang.HangWatch`)."""
+
+    def due(self, last_output_ns: int, now_ns: int) -> bool:
+        """No progress for too long, given the last output seen (``time.monotonic_ns``)."""
+        ...
+
+    async def on_stall(self, pids: Set[int], last_output_ns: int, now_ns: int) -> bool:
+        """Look at the run's processes ``pids``; True stops the run, False lets it go on."""
+        ...
+
+
 class StreamCapture(BaseModel):
     """One output stream: the full log on disk and the tail kept for the result."""
 
@@ -107,6 +123,9 @@ class CommandResult(BaseModel):
     exit_code: int | None = Field(description="Exit status; None when a signal ended it.")
     signal: str | None = Field(description="Name of the signal that ended it (e.g. SIGKILL), if any.")
     timed_out: bool
+    stalled: bool = Field(
+        default=False, description="Stopped because it made no progress for the watch's allowance."
+    )
     duration_s: float = Field(description="Wall-clock seconds from start to the group's end.")
     stragglers_killed: bool = Field(
         description="Processes of its group outlived it and were terminated when it exited."
@@ -119,10 +138,14 @@ class CommandResult(BaseModel):
     @property
     def succeeded(self) -> bool:
         """Exited by itself with status 0 within its timeout."""
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and not self.stalled
 
     def summary(self) -> str:
-        if self.timed_out:
+        if self.stalled:
+            how = (
+                f"made no progress and was stopped after {self.duration_s:.1f} s ({self.signal or 'exited'})"
+            )
+        elif self.timed_out:
             how = f"timed out after {self.duration_s:.1f} s and was killed ({self.signal or 'exited'})"
         elif self.signal:
             how = f"was killed by {self.signal}"
@@ -327,9 +350,12 @@ async def execute(
     on_progress: ProgressCallback | None = None,
     registry: ProcessRegistry | None = None,
     launch: int | None = None,
+    watch: ProgressWatch | None = None,
 ) -> CommandResult:
     """Run ``request`` to completion, timeout or cancellation; ``launch`` is its launch id
     (`perfgate.execution.launches`), given to the process tree after the request's own environment.
+    ``watch``, when given, is asked every `_WATCH_S` whether the run stalled; when it says so and its
+    ``on_stall`` agrees, the run is stopped as on a timeout (``stalled`` in the result).
 
     The caller is responsible for having approved ``request`` and checked the policy's limits;
     this function only refuses what cannot be started.
@@ -386,7 +412,27 @@ async def execute(
                 await report()
 
         timed_out = False
+        stalled = False
         stragglers = False
+        wait_scope = anyio.CancelScope(deadline=anyio.current_time() + request.timeout_s)
+
+        async def watch_loop() -> None:
+            nonlocal stalled
+            if watch is None:
+                return
+            seen, last_output = -1, time.monotonic_ns()
+            while True:
+                await anyio.sleep(_WATCH_S)
+                now = time.monotonic_ns()
+                total = out.bytes_total + err.bytes_total
+                if total != seen:
+                    seen, last_output = total, now
+                if watch.due(last_output, now) and await watch.on_stall(members([run]), last_output, now):
+                    if process.returncode is None:  # it may have ended by itself while being looked at
+                        stalled = True
+                        wait_scope.cancel()
+                    return
+
         try:
             await report()
             async with anyio.create_task_group() as tg:
@@ -401,9 +447,10 @@ async def execute(
 
                 tg.start_soon(pumps)
                 tg.start_soon(progress_loop)
-                with anyio.move_on_after(request.timeout_s) as deadline:
+                tg.start_soon(watch_loop)
+                with wait_scope:
                     await process.wait()
-                timed_out = deadline.cancelled_caught
+                timed_out = wait_scope.cancelled_caught and not stalled
                 signalled = await _stop_run(process, run, limits.kill_grace_s)
                 stragglers = signalled and not timed_out
                 # A process that left the group may still hold the pipes; do not wait on it forever.
@@ -432,6 +479,7 @@ async def execute(
         exit_code=code if code >= 0 else None,
         signal=signal.Signals(-code).name if code < 0 else None,
         timed_out=timed_out,
+        stalled=stalled,
         duration_s=time.monotonic() - started,
         stragglers_killed=stragglers,
         stdout=out.capture(),

@@ -29,6 +29,7 @@ from perfgate.execution.executor import (
     CommandResult,
     ExecLimits,
     ProcessRegistry,
+    ProgressWatch,
     StreamCapture,
     execute,
     resolve_program,
@@ -253,8 +254,10 @@ class CommandRunner:
         *,
         label: str = "",
         log_dir: Path | None = None,
+        watch: ProgressWatch | None = None,
     ) -> CommandResult:
         """Run ``request`` after checking it is the approved one; logs go to ``{label}stdout.log`` etc.
+        ``watch`` may stop it early when it stalls (`perfgate.execution.executor.execute`).
 
         The output is captured where only the operator can write (``log_dir``, or a temporary folder in
         the trust root), without secrets, then copied to the artifacts: the copy in the workspace is for
@@ -306,6 +309,7 @@ class CommandRunner:
                     on_progress=on_progress,
                     registry=self._service.registry,
                     launch=launch,
+                    watch=watch,
                 )
             except CommandError as exc:
                 raise ToolError(

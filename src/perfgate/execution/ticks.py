@@ -48,6 +48,10 @@ class LaunchTicks:
     """Lines beyond `MAX_TICKS`, or that were not ``<rank> <boundary>``."""
     duplicates: int = 0
     """Boundaries that arrived more than once for a rank (the harness sends each once)."""
+    last_ns: int = 0
+    """Arrival of the newest boundary of any rank (0: none yet): the hang watch's sign of progress."""
+    slowest_step_ns: int = 0
+    """Longest time between two consecutive boundaries of one rank (0: no step observed yet)."""
 
     @property
     def duration_ns(self) -> int:
@@ -177,3 +181,7 @@ class TickListener:
             ticks.duplicates += 1
         else:
             seen[boundary] = stamp
+            ticks.last_ns = stamp
+            previous = seen.get(boundary - 1)
+            if previous is not None:
+                ticks.slowest_step_ns = max(ticks.slowest_step_ns, stamp - previous)

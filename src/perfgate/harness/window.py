@@ -226,6 +226,9 @@ class Window:
         self._activate_probes()
         if cfg.record_dir is not None:
             atexit.register(self._close_at_exit)
+            from perfgate.harness import stacks
+
+            stacks.install(cfg.record_dir, self.rank.rank)
         self._schedule_next()
         if _optimizer_mode:
             self.begin()

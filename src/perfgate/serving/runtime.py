@@ -20,7 +20,7 @@ from perfgate._statefs import make_dirs, write_file
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, Ledger
 from perfgate.evidence._writer import run_in_ledger_thread
-from perfgate.execution.executor import CommandResult
+from perfgate.execution.executor import CommandResult, ProgressWatch
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.service import CommandRunner, UnapprovedCommandError
 from perfgate.serving.config import ServerConfig
@@ -115,6 +115,7 @@ class ToolRuntime:
         *,
         label: str = "",
         log_dir: Path | None = None,
+        watch: ProgressWatch | None = None,
     ) -> CommandResult:
         """Run the command this call was approved for; its logs become artifacts of ``evidence``.
 
@@ -124,7 +125,8 @@ class ToolRuntime:
         ``{label}stderr.log``; ``result.stdout.path`` is the private copy when ``log_dir`` is given: read
         figures from there, never from the workspace. Progress is reported while it runs. A non-zero
         exit is a result (``exit_code``, ``signal``, ``timed_out``), not an exception: record it as
-        ``failed`` evidence, with ``command=result.argv, exit_code=result.exit_code``.
+        ``failed`` evidence, with ``command=result.argv, exit_code=result.exit_code``. ``watch`` (see
+        `perfgate.execution.hang.HangWatch`) stops a run that makes no progress (``result.stalled``).
 
         Raises:
             ToolError: outside the operator's limits, or the program/cwd does not exist.
@@ -132,7 +134,7 @@ class ToolRuntime:
         """
         if self.commands is None:
             raise UnapprovedCommandError(f"{self.tool} declares no ToolSpec.command; it cannot run commands")
-        return await self.commands.run(request, evidence, label=label, log_dir=log_dir)
+        return await self.commands.run(request, evidence, label=label, log_dir=log_dir, watch=watch)
 
     async def start_detached(
         self, request: CommandRequest, *, launches: int, record_dir: str | None, meta: dict[str, Any]

@@ -36,6 +36,7 @@ from perfgate.benchmarking.window_plan import Capture, WindowPlan
 from perfgate.benchmarking.window_run import Launched, LaunchFn, WindowRun, measure_windows
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
+from perfgate.execution.hang import HangDiagnosis, HangWatch
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.rundir import input_run_dir, one_run
 from perfgate.execution.slurm import SlurmResources, time_limit_minutes
@@ -184,6 +185,7 @@ async def _run_blocking(
     starts: list[float] = []
     speeds: list[float] = []
     observed: dict[int, LaunchTicks] = {}
+    hangs: list[HangDiagnosis] = []
     listen = TICKS_ENV in request.env
 
     async def launch_once(launch: int, label: str) -> Launched:
@@ -193,13 +195,22 @@ async def _run_blocking(
         before = await anyio.to_thread.run_sync(host_speed_probe)
         starts.append(time.time())
         with TickListener(ticks_path(run_dir)) if listen else contextlib.nullcontext() as listener:
-            result = await rt.run_command(request, ev, label=label, log_dir=run_dir)
+            ticks = listener.ticks if listener is not None else None
+            watch = HangWatch(inp.stall_s, None if inp.timing == "log" else records, ticks)
+            result = await rt.run_command(request, ev, label=label, log_dir=run_dir, watch=watch)
         if listener is not None:
             observed[launch] = listener.ticks
+        for diagnosis in watch.diagnoses:
+            if watch.dumps:
+                ev.write_bytes(f"{label}hang_stacks.txt", watch.dumps_text().encode("utf-8"))
+                diagnosis.stacks_artifact = rt.relative(ev.dir / f"{label}hang_stacks.txt")
+            hangs.append(diagnosis)
         load = sampler.stop()
         host_loads.append(load)
         speeds.append(math.sqrt(before * await anyio.to_thread.run_sync(host_speed_probe)))
         failure = None if result.succeeded else launch_failure(result)
+        if result.stalled and watch.ended is not None:
+            failure = f"it made no progress and was stopped: {watch.ended.summary}"
         return Launched(result.exit_code, failure, records, Path(result.stdout.path), busy_neighbour(load))
 
     try:
@@ -214,6 +225,7 @@ async def _run_blocking(
             observed=observed,
             launch_starts=starts,
             launch_speeds=speeds,
+            hangs=hangs,
         )
     finally:
         remove_tree(run_dir)
@@ -232,12 +244,14 @@ async def record_windows(
     observed: Mapping[int, LaunchTicks] | None = None,
     launch_starts: Sequence[float] = (),
     launch_speeds: Sequence[float] = (),
+    hangs: Sequence[HangDiagnosis] = (),
 ) -> RunBenchmarkWindowOutput:
     """Measure every launch (`perfgate.benchmarking.window_run.measure_windows`), render the answer and commit
     it as this tool's record: the blocking call and a detached run's result both end here.
 
     ``host_loads``, ``launch_starts`` and ``launch_speeds`` (one per launch) are filled by ``launch_once``
-    where the launches run here; ``observed`` too, where the request named a tick FIFO.
+    where the launches run here; ``observed`` too, where the request named a tick FIFO; ``hangs`` holds
+    what the hang watch found (the one that ended a launch is the answer's ``hang``, others are warnings).
     """
     got = await measure_windows(
         plan(inp), ev, launch_once, workspace=rt.workspace, provenance=provenance, observed=observed
@@ -254,6 +268,8 @@ async def record_windows(
     out.launch_started_unix_s = list(launch_starts)
     out.launch_host_speed = list(launch_speeds)
     out.run_id = run_id
+    out.hang = next((h for h in hangs if h.ended_run), None)
+    out.warnings += [f"a launch stalled and went on: {h.summary}" for h in hangs if not h.ended_run]
     return await rt.commit(
         ev, out, command=list(request.argv), exit_code=got.exit_code, environment_id=inp.environment_id
     )

@@ -16,6 +16,7 @@ from perfgate.benchmarking.provenance import RunProvenance
 from perfgate.benchmarking.results import ModelFacts, RankResult, Throughput, WindowResult
 from perfgate.benchmarking.window_plan import Timing
 from perfgate.evidence import EvidenceState
+from perfgate.execution.hang import HangDiagnosis
 from perfgate.traces.models import HostLoad
 
 __all__ = ["Launcher", "RunBenchmarkWindowInput", "RunBenchmarkWindowOutput", "SlurmLaunch", "TensorCapture"]
@@ -119,6 +120,17 @@ class RunBenchmarkWindowInput(BaseModel):
         ),
     ] = False
     timeout_s: Annotated[float, Field(gt=0, description="Wall-clock limit per launch, seconds.")] = 600.0
+    stall_s: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            description="End a launch that makes no progress (no step boundary, no output line) for this many "
+            "seconds, start-up included, after capturing each rank's Python stack (and the flight recorder's "
+            "last collective where TORCH_FR_BUFFER_SIZE is set): the answer's `hang` names the ranks and the "
+            "collective that disagree. Default: once a step was observed, max(60 s, 20 x the slowest step), "
+            "and only when every rank that answered waits in a torch.distributed call. Not with detach.",
+        ),
+    ] = None
     timing: Annotated[
         Timing,
         Field(
@@ -201,6 +213,8 @@ class RunBenchmarkWindowInput(BaseModel):
     def _pattern_matches_timing(self) -> RunBenchmarkWindowInput:
         if (self.timing == "log") != (self.log_pattern is not None):
             raise ValueError("log_pattern is required with timing='log' and only used with it")
+        if self.stall_s is not None and self.detach:
+            raise ValueError("stall_s is watched by a blocking call only; leave it out with detach=true")
         if self.slurm is not None and self.launcher != "slurm":
             raise ValueError("slurm resources are only used with launcher='slurm'")
         if self.capture is not None:
@@ -225,6 +239,11 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="Exit status of the last launch (0 when the harness stopped it)."
     )
     failure_reason: str | None = Field(description="Why the evidence is failed, when it is.")
+    hang: HangDiagnosis | None = Field(
+        default=None,
+        description="A launch stopped making progress: each rank's Python stack top, the collective it waits "
+        "in, and the ranks that disagree (the run was ended when ended_run). Full dumps: stacks_artifact.",
+    )
     label: str | None
     timing: Timing
     world_size: int | None
