@@ -26,6 +26,7 @@ import numpy as np
 
 from perfgate.benchmarking.drift import Drift, LaunchInfo, LaunchRate, fold, interleaved_plan, measure_drift
 from perfgate.benchmarking.errors import BenchmarkError
+from perfgate.benchmarking.robust import RankShift, rank_shift
 from perfgate.benchmarking.stats import t975
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT, Verdict, decide
 
@@ -245,6 +246,10 @@ class Comparison:
     warnings: list[str]
     drift: Drift | None = None
     """How the sides lay in time and the drift folded into the interval (None: no launch facts given)."""
+    rank: RankShift | None = None
+    """The rank test over launches (`perfgate.benchmarking.robust`); None under two launches a side."""
+    decided_by_rank: bool = False
+    """The verdict is the rank test's: the pooled interval was swamped by a few wild launches."""
 
 
 def _launch_rates(
@@ -354,6 +359,14 @@ def compare_windows(
             "so it cannot be told from the host changing speed. Settle it with interleaved launches: "
             + (settle or interleaved_plan("the baseline's inputs", "the candidate's inputs")),
         )
+    rates = [_rates(w, unit) for w in (baseline, candidate)]
+    rank = rank_shift(rates[0], rates[1])
+    decided_by_rank = False
+    if enough and verdict == "within_noise" and rank is not None and not swamped:
+        by_rank = _rank_verdict(rank, speedup, median_speedup, drift, min_effect)
+        if by_rank is not None:
+            verdict, decided_by_rank = by_rank, True
+            warnings.insert(0, _rank_note(rank, by_rank, speedup, low, high, rates, drift))
     if (
         drift is not None
         and drift.design != "interleaved"
@@ -380,4 +393,55 @@ def compare_windows(
         median_step_speedup=median_speedup,
         warnings=warnings,
         drift=drift,
+        rank=rank,
+        decided_by_rank=decided_by_rank,
+    )
+
+
+def _rates(windows: Sequence[WindowSample], unit: Unit) -> list[float]:
+    """Each launch's pooled throughput."""
+    return [float(work.sum() / step_s.sum()) for step_s, work in _launches(windows, unit) if step_s.sum() > 0]
+
+
+def _rank_verdict(
+    rank: RankShift, speedup: float, median_speedup: float | None, drift: Drift | None, min_effect: float
+) -> Verdict | None:
+    """improved/regressed when the rank test's interval, widened by the drift, excludes no change, and the
+    pooled and median-step figures point the same way by at least ``min_effect``; else None."""
+    factor = drift.factor if drift is not None else 1.0
+    said = decide(rank.estimate, rank.low / factor, rank.high * factor, min_effect)
+    if said == "within_noise":
+        return None
+    agree = [decide(x, x, x, min_effect) for x in (speedup, median_speedup) if x is not None]
+    return said if all(a == said for a in agree) else None
+
+
+def _rank_note(
+    rank: RankShift,
+    verdict: Verdict,
+    speedup: float,
+    low: float,
+    high: float,
+    rates: Sequence[Sequence[float]],
+    drift: Drift | None,
+) -> str:
+    """Why the verdict is the rank test's, naming the launches that widened the pooled interval."""
+    wild: list[str] = []
+    for side, values in zip(("baseline", "candidate"), rates, strict=True):
+        centre = float(np.median(values))
+        far = [k for k, v in enumerate(values) if abs(math.log(v / centre)) > 0.1]
+        if far:
+            wild.append(f"{side} launch(es) {', '.join(map(str, far))} ran >10% from their side's median")
+    factor = drift.factor if drift is not None else 1.0
+    faster = verdict == "improved"
+    ahead, way = (rank.u, "ahead") if faster else (rank.pairs - rank.u, "behind")
+    p = rank.p_faster if faster else rank.p_slower
+    return (
+        f"decided by a rank test over launches: the pooled interval {low:.3f}-{high:.3f} crosses 1 because "
+        + ("; ".join(wild) if wild else "the launches spread widely")
+        + f", but {ahead:g} of {rank.pairs} baseline/candidate launch pairs put the candidate {way} (Mann-Whitney, "
+        f"one-sided p={p:.3g}); Hodges-Lehmann speedup {rank.estimate:.3f}x, "
+        f"95% {rank.low / factor:.3f}-{rank.high * factor:.3f}"
+        + (f" with the drift x/÷ {factor:.3f} folded in" if factor > 1 else "")
+        + f"; the pooled speedup {speedup:.3f}x points the same way"
     )
