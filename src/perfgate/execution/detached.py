@@ -260,6 +260,8 @@ class _Supervisor:
             fresh_dir(Path(record_dir))
         label = f"launch{k}_"
         ticks_fifo = m["env"].get("PERFGATE_TICKS")  # the harness's step boundaries, stamped here
+        launch_id = next_launch_id(self.dir.parents[1])
+        self.status.setdefault("launch_ids", []).append(launch_id)
         with (
             (self.dir / f"{label}stdout.log").open("wb") as out,
             (self.dir / f"{label}stderr.log").open("wb") as err,
@@ -269,7 +271,7 @@ class _Supervisor:
                 m["argv"],
                 cwd=m["cwd"],
                 # the workspace's next launch id (its trust-root folder holds this run's folder)
-                env={**_launch_env(m["env"]), **launch_variables(next_launch_id(self.dir.parents[1]))},
+                env={**_launch_env(m["env"]), **launch_variables(launch_id)},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,

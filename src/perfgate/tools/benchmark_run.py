@@ -155,6 +155,7 @@ def _status(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path, message: s
     st = detached.read_status(directory)
     launch = int(st.get("launch", 0))
     exit_codes: list[int | None] = list(st.get("exit_codes", []))
+    launch_ids = [i if isinstance(i, int) else None for i in st.get("launch_ids", [])]
     done, total = _progress(directory, launch)
     latest, health = _so_far(directory, len(exit_codes), window_inp)
     jobs: list[str] = []
@@ -288,7 +289,8 @@ async def _result_once(
             failure = f"exited with status {code}"
         if failure is not None and st["state"] == "cancelled":
             failure = "cancelled (" + failure + ")"
-        return Launched(code, failure, *_private(directory, launch))
+        given = launch_ids[launch] if launch < len(launch_ids) else None
+        return Launched(code, failure, *_private(directory, launch), launch_id=given)
 
     raw = manifest["meta"].get("provenance")
     provenance = RunProvenance.model_validate(raw) if isinstance(raw, dict) else None
