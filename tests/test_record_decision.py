@@ -34,7 +34,9 @@ class Evidence:
         self.ledger = Ledger(workspace)
         self.next_launch = 1
         # the script the windows' recorded command runs: what ROLLBACK checks out again
-        (workspace / "train.py").write_text("# the training script\n")
+        script = workspace / "train.py"
+        if not script.exists():
+            script.write_text("# the training script\n")
 
     def add(
         self,
@@ -434,8 +436,8 @@ CHEATS = {
 }
 
 
-def _drop(links: list[dict[str, str]], role: str) -> list[dict[str, str]]:
-    return [link for link in links if link["role"] != role]
+def _drop(links: list[dict[str, str]], *roles: str) -> list[dict[str, str]]:
+    return [link for link in links if link["role"] not in roles]
 
 
 def _swap_comparison(
