@@ -62,7 +62,9 @@ async def test_missing_ids_fail_and_the_summary_names_the_finding(workspace: Pat
     # epoch 0 lost two ids; epoch 1, the run's last, read them all: epoch 0 did not end part-way
     path = workspace / write_records(workspace, list(range(6)))
     with path.open("a") as f:
-        f.writelines(json.dumps({"sample_id": i, "epoch": 1, "rank": 0, "worker": -1}) + "\n" for i in range(8))
+        f.writelines(
+            json.dumps({"sample_id": i, "epoch": 1, "rank": 0, "worker": -1}) + "\n" for i in range(8)
+        )
     out = await call(workspace, observed="samples", expected_range=[0, 8], world_size=1)
     assert (out.state.value, out.status) == ("failed", "failed")
     assert "missing_ids (2)" in out.summary

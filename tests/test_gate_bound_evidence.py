@@ -51,7 +51,9 @@ async def test_an_audit_of_another_run_is_refused_and_the_candidates_own_audit_i
             (ev.audit(other_exp), "another run or experiment"),
             (ev.add("audit_samples", "passed", {"status": "passed", "launches": []}), "names no launch"),
         ):
-            text = _refused_by(await _keep(client, exp, [*links, {"id": audit, "role": "audit"}]), "sample_audit")
+            text = _refused_by(
+                await _keep(client, exp, [*links, {"id": audit, "role": "audit"}]), "sample_audit"
+            )
             assert whose in text
             assert "next: audit_samples(observed=<the folder the candidate's own run_benchmark_window" in text
         # the next step taken: the candidate's own audit, attached with the keep
@@ -68,9 +70,14 @@ async def test_repeats_are_allowed_only_where_the_contract_declares_replacement(
         exp = await _open(client, touches_data=True)
         links, ids = _honest(ev)
         lenient = ev.audit(ids["cand"], allow_repeats=True)
-        text = _refused_by(await _keep(client, exp, [*links, {"id": lenient, "role": "audit"}]), "sample_audit")
+        text = _refused_by(
+            await _keep(client, exp, [*links, {"id": lenient, "role": "audit"}]), "sample_audit"
+        )
         assert "allow_repeats=true" in text and "replacement=true" in text
-        assert "next: audit_samples(observed=..., expected_range=[...]) on the same folder without allow_repeats" in text
+        assert (
+            "next: audit_samples(observed=..., expected_range=[...]) on the same folder without allow_repeats"
+            in text
+        )
         kept = await _keep(client, exp, [{"id": ev.audit(ids["cand"]), "role": "audit"}])
         assert not kept.is_error, _text(kept)
 
@@ -119,7 +126,9 @@ async def test_a_failed_check_attached_in_any_role_blocks_the_keep(
         assert not kept.is_error, _text(kept)
 
 
-async def test_doubled_peak_memory_is_refused_unless_the_keep_accepts_it(server: Any, workspace: Path) -> None:
+async def test_doubled_peak_memory_is_refused_unless_the_keep_accepts_it(
+    server: Any, workspace: Path
+) -> None:
     ev = Evidence(workspace)
     async with Client(server) as client:
         exp = await _open(client)

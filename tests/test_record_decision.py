@@ -308,11 +308,23 @@ async def test_a_rollback_must_name_a_commit_a_file_or_a_baseline_setting_that_e
     server: Any, workspace: Path
 ) -> None:
     ev = Evidence(workspace)
-    git = ["git", "-C", str(workspace), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    git = [
+        "git",
+        "-C",
+        str(workspace),
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@t",
+        "-c",
+        "commit.gpgsign=false",
+    ]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "train.py"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "baseline"], check=True)
-    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     async with Client(server) as client:
         exp = await _open(client)
         links, _ = _honest(ev)

@@ -146,7 +146,9 @@ def audit_records(records: ObservedRecords, expected: ExpectedIds | None, policy
         epochs=reports,
         findings=found.findings(),
         sources=list(records.sources),
-        launches=[] if records.session is None else sorted({int(v) for v in np.unique(records.session).tolist()}),
+        launches=[]
+        if records.session is None
+        else sorted({int(v) for v in np.unique(records.session).tolist()}),
         partial_epochs=[r.epoch for r in reports if r.partial],
     )
 

@@ -109,7 +109,9 @@ def check_epoch(
         # sample or shard leaves the ranks uneven (or one of them empty)
         counts = rank_records[:world_size]
         share = -(-n_ids // world_size)
-        stopped = bool(counts.shape[0]) and int(counts.min()) == int(counts.max()) and 0 < int(counts[0]) < share
+        stopped = (
+            bool(counts.shape[0]) and int(counts.min()) == int(counts.max()) and 0 < int(counts[0]) < share
+        )
         if cov.missing > allowed and last and not cov.extra_ids and stopped:
             partial = True
             found.add(

@@ -137,5 +137,6 @@ class AuditReport(BaseModel):
         "speaks for, which a keep binds to the candidate's runs. Empty: the records carry no session.",
     )
     partial_epochs: list[int] = Field(
-        default_factory=list[int], description="Epochs the run ended part-way through, audited for what they cover."
+        default_factory=list[int],
+        description="Epochs the run ended part-way through, audited for what they cover.",
     )

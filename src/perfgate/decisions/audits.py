@@ -55,13 +55,19 @@ def declares_replacement(record: EvidenceRecord) -> bool:
     ``sampling`` naming it)."""
     from perfgate.benchmarking.vocabulary import vocabulary_name
 
-    raw = record.result.get("contract") if record.tool == "import_benchmark" else record.inputs.get("contract")
+    raw = (
+        record.result.get("contract") if record.tool == "import_benchmark" else record.inputs.get("contract")
+    )
     invariants = {vocabulary_name(str(k)): v for k, v in as_dict(as_dict(raw).get("invariants")).items()}
     value = invariants.get(REPLACEMENT_KEY)
-    if value is True or (isinstance(value, str) and value.strip().lower() in ("true", "yes", "with_replacement")):
+    if value is True or (
+        isinstance(value, str) and value.strip().lower() in ("true", "yes", "with_replacement")
+    ):
         return True
     sampling = invariants.get("sampling")
-    return isinstance(sampling, str) and "replacement" in sampling.lower() and "without" not in sampling.lower()
+    return (
+        isinstance(sampling, str) and "replacement" in sampling.lower() and "without" not in sampling.lower()
+    )
 
 
 def audit_binding(exp: Experiment, comparison: EvidenceRecord | None, lookup: Lookup) -> AuditBinding:

@@ -955,7 +955,11 @@ def _rollback_gate(exp: Experiment, ev: _Evidence, rollback: str | None) -> Gate
         "decide keep again with a rollback that names what restores the baseline and can be checked: a commit of "
         "this repository (rollback='git revert <sha>'), a workspace file (rollback='git checkout HEAD -- <path>' "
         "or 'git apply -R <patch file>')"
-        + (f", or the baseline's own options as its windows ran them (e.g. {' '.join(options)!r})" if options else ""),
+        + (
+            f", or the baseline's own options as its windows ran them (e.g. {' '.join(options)!r})"
+            if options
+            else ""
+        ),
     )
 
 

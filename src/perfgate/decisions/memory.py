@@ -56,7 +56,8 @@ def peak_memory_verdict(
     if unseen or not peaks["baseline"] or not peaks["candidate"]:
         return MemoryVerdict(
             "unavailable",
-            "peak memory was not observed for " + (", ".join(unseen[:4]) or "a side")
+            "peak memory was not observed for "
+            + (", ".join(unseen[:4]) or "a side")
             + ": growth cannot be judged here (report it as unmeasured)",
         )
     if len(kinds) > 1:
@@ -77,7 +78,9 @@ def peak_memory_verdict(
     if growth <= noise:
         return MemoryVerdict("passed", f"{figures}, within noise ({_mib(noise)})", growth)
     if accepted:
-        return MemoryVerdict("passed", f"{figures} ({_mib(growth)}), accepted with the keep: {accepted}", growth)
+        return MemoryVerdict(
+            "passed", f"{figures} ({_mib(growth)}), accepted with the keep: {accepted}", growth
+        )
     return MemoryVerdict(
         "failed",
         f"{figures} ({_mib(growth)}, {growth / max(base, 1):+.0%}), beyond noise ({_mib(noise)}) and not accepted",

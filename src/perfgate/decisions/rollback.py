@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 
 from perfgate.evidence import EvidenceRecord
@@ -51,11 +52,12 @@ def _baseline_ran(token: str, baseline: Sequence[EvidenceRecord]) -> bool:
         env = {str(k): str(v) for k, v in as_dict(record.inputs.get("env")).items()}
         if token.startswith("-"):
             name, eq, value = token.partition("=")
-            if token in argv or (eq and any(a == name and b == value for a, b in zip(argv, argv[1:]))):
+            if token in argv or (eq and any(a == name and b == value for a, b in pairwise(argv))):
                 return True
-        elif (m := _ASSIGN.fullmatch(token)) is not None:
-            if env.get(m.group(1)) == m.group(2) or token in argv:
-                return True
+        elif (m := _ASSIGN.fullmatch(token)) is not None and (
+            env.get(m.group(1)) == m.group(2) or token in argv
+        ):
+            return True
     return False
 
 

@@ -41,9 +41,7 @@ def validation_verdict(
     exp: Experiment, steps: int, comparison: EvidenceRecord | None, lookup: Lookup
 ) -> ValidationVerdict:
     compared = str_list(comparison.inputs.get("candidate")) if comparison is not None else []
-    commands = {
-        tuple(str_list(r.inputs.get("command"))) for i in compared if (r := lookup(i)) is not None
-    }
+    commands = {tuple(str_list(r.inputs.get("command"))) for i in compared if (r := lookup(i)) is not None}
     windows: list[EvidenceRecord] = [r for i in compared if (r := lookup(i)) is not None]
     for wid in exp.ids("candidate"):
         record = lookup(wid)
@@ -63,7 +61,10 @@ def validation_verdict(
         if verdict == "unhealthy":
             findings = "; ".join(str_list(as_dict(w.result.get("job_health")).get("findings"))[:2])
             return ValidationVerdict(
-                False, f"the candidate run {w.id} is unhealthy: {findings or 'see its job_health'}", [w.id], True
+                False,
+                f"the candidate run {w.id} is unhealthy: {findings or 'see its job_health'}",
+                [w.id],
+                True,
             )
     ids = {w.id for w in windows}
     for link in exp.links:

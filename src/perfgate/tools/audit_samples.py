@@ -160,9 +160,7 @@ def _summary(report: AuditReport) -> str:
         return f"{head}; no error found, but without expected ids missing samples cannot be seen"
     partial = [e for e in report.epochs if e.partial]
     if partial:
-        covered = ", ".join(
-            f"epoch {e.epoch}: {e.unique} of {report.expected_ids} ids" for e in partial[:4]
-        )
+        covered = ", ".join(f"epoch {e.epoch}: {e.unique} of {report.expected_ids} ids" for e in partial[:4])
         return (
             f"{head}; no error in what was read; partial: the run ended part-way ({covered}), so the audit "
             "speaks for the ids it read"

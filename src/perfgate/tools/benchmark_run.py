@@ -155,7 +155,6 @@ def _status(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path, message: s
     st = detached.read_status(directory)
     launch = int(st.get("launch", 0))
     exit_codes: list[int | None] = list(st.get("exit_codes", []))
-    launch_ids = [i if isinstance(i, int) else None for i in st.get("launch_ids", [])]
     done, total = _progress(directory, launch)
     latest, health = _so_far(directory, len(exit_codes), window_inp)
     jobs: list[str] = []
@@ -264,6 +263,7 @@ async def _result_once(
         raise ToolError(f"run {inp.run_id}: its manifest no longer matches its inputs (edited?); re-run it")
     ev = wrt.evidence()
     exit_codes: list[int | None] = list(st.get("exit_codes", []))
+    launch_ids = [i if isinstance(i, int) else None for i in st.get("launch_ids", [])]
     timed_out: list[int] = list(st.get("timed_out", []))
     observed = _observed(directory, len(exit_codes))
 

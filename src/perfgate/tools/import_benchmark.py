@@ -192,7 +192,8 @@ class ImportBenchmarkOutput(BaseModel):
     peak_memory_bytes: int | None
     peak_memory_kind: Literal["device_allocated", "device_reserved"] | None
     peak_memory_unavailable: str | None = Field(
-        default=None, description="Why peak memory is null: the log reports none (the keep's gate is unavailable)."
+        default=None,
+        description="Why peak memory is null: the log reports none (the keep's gate is unavailable).",
     )
     slowest_rank: int | None
     rank_skew: float | None = Field(

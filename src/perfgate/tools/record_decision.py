@@ -202,8 +202,12 @@ class RecordDecisionInput(BaseModel):
                 + ", ".join(QUALITY_METRICS)
                 + ")"
             )
-        if self.memory_growth_reason is not None and not (self.action == "decide" and self.decision == "keep"):
-            raise ValueError("memory_growth_reason accepts a keep's memory growth: give it with decision='keep'")
+        if self.memory_growth_reason is not None and not (
+            self.action == "decide" and self.decision == "keep"
+        ):
+            raise ValueError(
+                "memory_growth_reason accepts a keep's memory growth: give it with decision='keep'"
+            )
         if self.action == "attach" and not self.evidence:
             raise ValueError("action 'attach' needs at least one evidence link")
         return self
