@@ -59,11 +59,26 @@ async def test_unknown_coverage_is_never_passed_evidence(workspace: Path) -> Non
 
 
 async def test_missing_ids_fail_and_the_summary_names_the_finding(workspace: Path) -> None:
-    write_records(workspace, list(range(6)))
+    # epoch 0 lost two ids; epoch 1, the run's last, read them all: epoch 0 did not end part-way
+    path = workspace / write_records(workspace, list(range(6)))
+    with path.open("a") as f:
+        f.writelines(
+            json.dumps({"sample_id": i, "epoch": 1, "rank": 0, "worker": -1}) + "\n" for i in range(8)
+        )
     out = await call(workspace, observed="samples", expected_range=[0, 8], world_size=1)
     assert (out.state.value, out.status) == ("failed", "failed")
     assert "missing_ids (2)" in out.summary
     assert out.epochs[0].examples.missing == [6, 7]
+
+
+async def test_the_last_epoch_of_a_run_stopped_part_way_passes_for_what_it_read_and_says_so(
+    workspace: Path,
+) -> None:
+    write_records(workspace, list(range(6)))
+    out = await call(workspace, observed="samples", expected_range=[0, 8], world_size=1)
+    assert (out.state.value, out.status, out.coverage) == ("passed", "passed", "checked")
+    assert out.epochs[0].partial is True and out.partial_epochs == [0]
+    assert "partial" in out.summary and "6 of 8" in out.summary
 
 
 async def test_input_problems_are_tool_errors_without_a_record(workspace: Path) -> None:

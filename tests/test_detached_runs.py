@@ -112,6 +112,10 @@ async def test_a_detached_two_rank_run_survives_restarts_and_matches_the_blockin
     assert {k: detached[k] for k in same} == {k: blocking[k] for k in same}
     assert detached["health"]["verdict"] == blocking["health"]["verdict"] == "healthy"
     assert [r["rank"] for r in detached["ranks"]] == [0, 1]
+    # each launch names the id the server gave it (what its sample records carry as their session)
+    for out in (detached, blocking):
+        assert len(out["launch_ids"]) == 1 and isinstance(out["launch_ids"][0], int), out["launch_ids"]
+    assert detached["launch_ids"] != blocking["launch_ids"]
     # the supervisor stamped both ranks' step boundaries as the server does for a blocking run
     for out in (detached, blocking):
         assert [c["status"] for c in out["timing_checks"]] == ["corroborated"], out["timing_checks"]

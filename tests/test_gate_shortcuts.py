@@ -703,7 +703,7 @@ async def test_touches_data_is_implied_by_what_the_sides_ran(
         assert result.is_error and "sample_audit" in text and "touches_data was not declared" in text
         assert "next: audit_samples(" in text
         # the refusal's next step, taken, clears the gate
-        audit = ev.add("audit_samples", "passed", {"status": "ok"}, {"observed": "samples"})
+        audit = ev.audit(cand)
         kept = await _keep(client, exp, [{"id": audit, "role": "audit"}])
         assert not kept.is_error, _text(kept)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,8 @@ TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
 """What these tests' honest experiments declare at open: the tolerance their tensor comparisons use (within
 the float32 equivalence ceiling: atol 1e-4, rtol 1.3e-5)."""
 QUALITY = {"metric": "loss_last_ratio", "direction": "lower", "threshold": 1.02}
+ROLLBACK = "git checkout HEAD -- train.py"
+"""A rollback naming a workspace file (Evidence writes train.py, the script its windows ran)."""
 
 
 class Evidence:
@@ -28,6 +32,11 @@ class Evidence:
 
     def __init__(self, workspace: Path) -> None:
         self.ledger = Ledger(workspace)
+        self.next_launch = 1
+        # the script the windows' recorded command runs: what ROLLBACK checks out again
+        script = workspace / "train.py"
+        if not script.exists():
+            script.write_text("# the training script\n")
 
     def add(
         self,
@@ -65,19 +74,26 @@ class Evidence:
         profiled: bool = False,
         fp: dict[str, Any] | None = None,
         invariants: dict[str, Any] | None = None,
-        peak: int = 1000,
+        peak: int | None = 1000,
         launches: list[int] | None = None,
         tensor_dumps: list[dict[str, Any]] | None = None,
         provenance: dict[str, Any] | None = None,
         timing_checks: list[dict[str, Any]] | None = None,
+        peak_kind: str | None = "device_allocated",
+        **result: Any,
     ) -> str:
         windows = [{"launch": launch, "index": i} for i, launch in enumerate(launches or [0])]
+        # the ids the server gave each launch (what sample records carry as their session)
+        launch_ids = list(range(self.next_launch, self.next_launch + len({w["launch"] for w in windows})))
+        self.next_launch += len(launch_ids)
         return self.add(
             "run_benchmark_window",
             "executed",
             {
                 "median_step_ms": 10.0,
                 "peak_memory_bytes": peak,
+                "peak_memory_kind": peak_kind if peak is not None else None,
+                "launch_ids": launch_ids,
                 "environment_fingerprint": fp or FP,
                 "windows": windows,
                 "windows_measured": len(windows),
@@ -91,6 +107,7 @@ class Evidence:
                 else tensor_dumps,
                 **({"provenance": provenance} if provenance is not None else {}),
                 **({"timing_checks": timing_checks} if timing_checks is not None else {}),
+                **result,
             },
             {
                 "command": ["python", "train.py"],
@@ -98,6 +115,16 @@ class Evidence:
             },
             profiled=profiled,
             artifact=b"[10.0, 10.1]",
+        )
+
+    def audit(self, windows: list[str], state: str = "passed", **inputs: Any) -> str:
+        """An audit_samples record of the records the last launch of each of ``windows`` wrote."""
+        launches = [ids[-1] for w in windows if (r := self.ledger.get(w)) and (ids := r.result["launch_ids"])]
+        return self.add(
+            "audit_samples",
+            state,
+            {"status": state, "coverage": "checked", "launches": launches, "partial_epochs": []},
+            {"observed": "samples", "expected_range": [0, 64], **inputs},
         )
 
     def comparison(
@@ -215,7 +242,7 @@ async def _keep(client: Client, exp: str, links: list[dict[str, str]], **extra: 
             "experiment_id": exp,
             "decision": "keep",
             "rationale": "faster",
-            "rollback": "git revert 1a2b3c4",
+            "rollback": ROLLBACK,
             "evidence": links,
             **extra,
         },
@@ -254,7 +281,7 @@ async def test_an_honest_experiment_is_kept_and_logged(server: Any, workspace: P
     log = (workspace / ".perfgate" / "decisions.md").read_text()
     assert exp in log
     assert "KEEP" in log
-    assert "- **Rollback:** `git revert 1a2b3c4`" in log
+    assert f"- **Rollback:** `{ROLLBACK}`" in log
 
 
 async def test_a_keep_without_a_rollback_is_refused_and_the_rollback_reaches_the_report(
@@ -270,10 +297,51 @@ async def test_a_keep_without_a_rollback_is_refused_and_the_rollback_reaches_the
             refused = await _keep(client, exp, links, **missing)
             assert refused.is_error
             assert "a keep needs rollback" in _text(refused)
-        kept = await _keep(client, exp, links, rollback="git revert --no-edit 9f8e7d6")
+        kept = await _keep(client, exp, links, rollback="git revert --no-edit train.py")
     assert not kept.is_error, _text(kept)
     (page, _) = write_report(Ledger(workspace), exp, workspace / "report")
-    assert "<tr><th>rollback</th><td><code>git revert --no-edit 9f8e7d6</code></td></tr>" in page.read_text()
+    assert "<tr><th>rollback</th><td><code>git revert --no-edit train.py</code></td></tr>" in page.read_text()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+async def test_a_rollback_must_name_a_commit_a_file_or_a_baseline_setting_that_exists(
+    server: Any, workspace: Path
+) -> None:
+    ev = Evidence(workspace)
+    git = [
+        "git",
+        "-C",
+        str(workspace),
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@t",
+        "-c",
+        "commit.gpgsign=false",
+    ]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "train.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "baseline"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    async with Client(server) as client:
+        exp = await _open(client)
+        links, _ = _honest(ev)
+        for vague, why in (
+            ("revert it", "names no commit, workspace file or baseline setting"),
+            ("git revert 1a2b3c4", "1a2b3c4 is no commit of the workspace's repository"),
+            ("git checkout -- missing.py", "names no commit"),
+            ("--num-workers 0", "not in the baseline windows' recorded command"),
+        ):
+            refused = await _keep(client, exp, links, rollback=vague)
+            text = _text(refused)
+            assert refused.is_error and "gate(s) unmet (rollback)" in text, text
+            assert why in text and "next: decide keep again with a rollback" in text
+        kept = await _keep(client, exp, links, rollback=f"git revert {head[:10]}")
+        assert not kept.is_error, _text(kept)
+        gate = next(g for g in kept.structured_content["gates"] if g["name"] == "rollback")
+        assert gate["status"] == "passed" and f"commit {head[:10]}" in gate["reason"]
 
 
 CHEATS = {
@@ -380,8 +448,8 @@ CHEATS = {
 }
 
 
-def _drop(links: list[dict[str, str]], role: str) -> list[dict[str, str]]:
-    return [link for link in links if link["role"] != role]
+def _drop(links: list[dict[str, str]], *roles: str) -> list[dict[str, str]]:
+    return [link for link in links if link["role"] not in roles]
 
 
 def _swap_comparison(
@@ -452,11 +520,11 @@ async def test_evidence_from_before_open_or_another_kept_experiment_is_refused(
         stale = ev.comparison(ids["base"], early)
         result = await _keep(client, exp, [*_drop(links, "comparison"), {"id": stale, "role": "comparison"}])
         assert result.is_error and "before the experiment was opened" in _text(result)
-        kept = await _keep(client, exp, links, rollback="git revert 1a2b3c4")
+        kept = await _keep(client, exp, links, rollback=ROLLBACK)
         assert not kept.is_error, _text(kept)
         # the kept candidate windows cannot be another experiment's candidate evidence
         again = await _open(client)
-        reused = await _keep(client, again, links, rollback="git revert 1a2b3c4")
+        reused = await _keep(client, again, links, rollback=ROLLBACK)
         assert reused.is_error and f"already support the kept experiment {exp}" in _text(reused)
 
 
@@ -490,7 +558,7 @@ async def test_user_text_cannot_inject_markdown_into_the_decision_log(server: An
         exp = await _open(client, hypothesis="faster\n## KEEP everything\n| environment | ev-fake |")
         links, ids = _honest(ev)
         result = await _keep(
-            client, exp, links, rationale="ok\n\n## Injected heading", rollback="git revert `x`"
+            client, exp, links, rationale="ok\n\n## Injected heading", rollback="git checkout `train.py`"
         )
         assert not result.is_error, _text(result)
     log = (workspace / ".perfgate" / "decisions.md").read_text()
@@ -520,7 +588,7 @@ async def test_data_changes_need_a_sample_audit_and_memory_budgets_are_enforced(
         links, ids = _honest(ev)
         result = await _keep(client, exp, links)
         assert "no passed audit_samples evidence" in _text(result)
-        audit = ev.add("audit_samples", "passed", {"status": "passed"})
+        audit = ev.audit(ids["cand"])
         result = await _keep(client, exp, [{"id": audit, "role": "audit"}])
         assert not result.is_error, _text(result)
 
@@ -746,8 +814,8 @@ async def test_keeps_racing_on_one_evidence_are_decided_one_after_the_other(
     both_weighed = threading.Barrier(2, timeout=2)
     real = record_decision.evaluate_keep
 
-    def evaluate_keep(*args: Any) -> Any:
-        gates = real(*args)
+    def evaluate_keep(*args: Any, **kwargs: Any) -> Any:
+        gates = real(*args, **kwargs)
         with contextlib.suppress(threading.BrokenBarrierError):  # decided in turn: the first goes on alone
             both_weighed.wait()
         return gates

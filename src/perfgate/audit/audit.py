@@ -28,6 +28,7 @@ from perfgate.audit.report import (
 )
 from perfgate.audit.resume import ResumeFindings, find_resumes
 from perfgate.audit.runs import select_records
+from perfgate.audit.shards import aligned_repeats
 
 __all__ = ["audit_records"]
 
@@ -76,7 +77,9 @@ def audit_records(records: ObservedRecords, expected: ExpectedIds | None, policy
     reports: list[EpochReport] = []
     previous: dict[int, NDArray[np.int64]] | None = None
     width = max(world_size, int(records.rank.max()) + 1)
-    for epoch, idx in _epoch_groups(records.epoch, [e for e in wanted if e not in absent]):
+    audited = [e for e in wanted if e not in absent]
+    last_seen = int(seen.max()) if seen.shape[0] else None
+    for epoch, idx in _epoch_groups(records.epoch, audited):
         checkpoint()
         if resume is not None:
             idx = idx[~resume.rolled_back[idx]]
@@ -88,9 +91,31 @@ def audit_records(records: ObservedRecords, expected: ExpectedIds | None, policy
         replayed_per_rank = (
             np.zeros(width, np.int64) if replayed is None else np.bincount(rank[replayed], minlength=width)
         )
-        padding = check_epoch(
-            epoch, cov, ids, policy, world_size, n_replayed, cov.records_per_rank - replayed_per_rank, found
+        padding, partial = check_epoch(
+            epoch,
+            cov,
+            ids,
+            policy,
+            world_size,
+            n_replayed,
+            cov.records_per_rank - replayed_per_rank,
+            found,
+            last=epoch == last_seen and not _resume_gap(resume, epoch),
         )
+        n_ids = ids.expected_count if ids.expected_count is not None else cov.unique
+        shard = aligned_repeats(codes, owner[idx], owners.rank, owners.worker, n_ids)
+        if shard.duplicated:
+            found.add(
+                "duplicated_shard",
+                "error",
+                shard.aligned,
+                f"epoch {epoch}: {shard.aligned} positions where two owners read the same id at the same place "
+                f"in their streams (chance explains {shard.chance:.1f}): owners "
+                + ", ".join(f"rank {r} worker {w}" for r, w in shard.owners)
+                + " read one shard; allow_repeats does not excuse this",
+                epoch,
+                sorted({r for r, _ in shard.owners}),
+            )
         current = rank_sequences(codes, rank)
         if previous is not None and policy.shuffle:
             ranks = repeated_orders(previous, current)
@@ -105,7 +130,9 @@ def audit_records(records: ObservedRecords, expected: ExpectedIds | None, policy
                 )
         previous = current
         rolled = 0 if resume is None else sum(g.rolled_back for g in resume.groups if g.epoch == epoch)
-        reports.append(_epoch_report(epoch, cov, ids, padding, n_replayed, rolled))
+        report = _epoch_report(epoch, cov, ids, padding, n_replayed, rolled)
+        report.partial, report.aligned_repeats = partial, shard.aligned
+        reports.append(report)
     n_int, n_str = records.ids.counts_by_type()
     return AuditReport(
         status="failed" if found.failed else "passed",
@@ -119,6 +146,10 @@ def audit_records(records: ObservedRecords, expected: ExpectedIds | None, policy
         epochs=reports,
         findings=found.findings(),
         sources=list(records.sources),
+        launches=[]
+        if records.session is None
+        else sorted({int(v) for v in np.unique(records.session).tolist()}),
+        partial_epochs=[r.epoch for r in reports if r.partial],
     )
 
 
@@ -151,6 +182,13 @@ def _epoch_groups(epoch: NDArray[np.int32], wanted: list[int]) -> Iterator[tuple
     for e in wanted:
         lo, hi = np.searchsorted(sorted_epochs, [e, e + 1])
         yield e, order[int(lo) : int(hi)]
+
+
+def _resume_gap(resume: ResumeFindings | None, epoch: int) -> bool:
+    """A restart in ``epoch`` skipped or replayed work: its missing ids are that, not an unfinished run."""
+    return resume is not None and any(
+        g.epoch == epoch and (g.skipped_steps or g.replayed) for g in resume.groups
+    )
 
 
 def _resume_findings(resume: ResumeFindings, has_steps: bool, found: FindingCollector) -> None:

@@ -47,6 +47,11 @@ ADVICE: dict[str, str] = {
     "epoch_not_observed": "the requested epoch has no records: check the epoch numbers",
     "dropped_by_drop_last": "drop_last=True drops N mod world_size ids per epoch, as declared",
     "drop_last_mismatch": "drop_last was declared but no id was dropped: check the sampler's drop_last",
+    "partial_epoch": "the audit speaks for the ids the run read; to cover the whole epoch, record a run that "
+    "finishes it (or audit only complete epochs with `epochs`)",
+    "duplicated_shard": "two ranks or workers read the same shard in the same order: pass each sampler its own "
+    "rank and the true world size, and split an IterableDataset by worker (torch.utils.data.get_worker_info); "
+    "sampling with replacement never lines ids up position by position",
     "repeats_allowed": "repeats are allowed by allow_repeats (sampling with replacement)",
     "earlier_runs": "each launch that starts at the run's first epoch and step is a new run (repeated "
     "benchmark launches append to one folder); if one of them resumed the run instead, record the step "

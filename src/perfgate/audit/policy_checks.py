@@ -94,13 +94,36 @@ def check_epoch(
     replayed: int,
     rank_records: NDArray[np.int64],
     found: FindingCollector,
-) -> int:
-    """Add this epoch's findings; returns the repeats attributed to sampler padding."""
+    *,
+    last: bool = False,
+) -> tuple[int, bool]:
+    """Add this epoch's findings; returns the repeats attributed to sampler padding, and whether the epoch
+    is audited as a partial one: the run's last epoch, ended part-way (ids missing, nothing extra, every
+    rank at the same count short of its share), is accepted for the ids it covers, and a finding says so."""
     n_ids = ids.expected_count if ids.expected_count is not None else cov.unique
     tail = n_ids % world_size
+    partial = False
     if cov.missing is not None:
         allowed = tail if policy.drop_last else 0
-        if cov.missing > allowed:
+        # a run stopped after k steps leaves every rank at the same count, short of its share; a lost
+        # sample or shard leaves the ranks uneven (or one of them empty)
+        counts = rank_records[:world_size]
+        share = -(-n_ids // world_size)
+        stopped = (
+            bool(counts.shape[0]) and int(counts.min()) == int(counts.max()) and 0 < int(counts[0]) < share
+        )
+        if cov.missing > allowed and last and not cov.extra_ids and stopped:
+            partial = True
+            found.add(
+                "partial_epoch",
+                "warning",
+                cov.missing,
+                f"epoch {epoch}: the run ended part-way through it: {cov.unique} of {n_ids} expected ids were "
+                "read; the audit covers those (duplicates, extra ids, ranks) and cannot see ids the run never "
+                "reached",
+                epoch,
+            )
+        elif cov.missing > allowed:
             extra_note = f", {allowed} of them dropped by drop_last" if allowed else ""
             found.add(
                 "missing_ids",
@@ -129,9 +152,9 @@ def check_epoch(
             f"(e.g. {_ids_text(ids, cov.extra_examples)})",
             epoch,
         )
-    padding = _check_repeats(epoch, cov, ids, policy, world_size, n_ids, replayed, found)
+    padding = _check_repeats(epoch, cov, ids, policy, world_size, n_ids, replayed, found, partial=partial)
     _check_ranks(epoch, rank_records, world_size, found)
-    return padding
+    return padding, partial
 
 
 def _check_repeats(
@@ -143,12 +166,14 @@ def _check_repeats(
     n_ids: int,
     replayed: int,
     found: FindingCollector,
+    *,
+    partial: bool = False,
 ) -> int:
     pad = -n_ids % world_size  # ceil(N / R) * R - N
     padding = 0
     if policy.allow_padding_repeats and not policy.drop_last and not policy.allow_repeats:
         padding = min(cov.cross_rank_repeats, pad)
-        if cov.cross_rank_repeats < pad:
+        if cov.cross_rank_repeats < pad and not partial:  # the padding comes at the end of an epoch
             found.add(
                 "padding_mismatch",
                 "error",

@@ -98,6 +98,16 @@ class EpochReport(BaseModel):
     rolled_back: int = Field(description="Records before a resume whose step was redone after it.")
     records_per_rank: list[RankCount]
     examples: EpochExamples
+    partial: bool = Field(
+        default=False,
+        description="The run ended part-way through this epoch: it is audited for the ids it read (missing "
+        "ids are not counted against it).",
+    )
+    aligned_repeats: int = Field(
+        default=0,
+        description="Positions of the epoch at which two (rank, worker) owners read the same id: a "
+        "duplicated shard when more than chance explains, whatever repeats the policy allows.",
+    )
 
 
 class IdTypes(BaseModel):
@@ -121,3 +131,12 @@ class AuditReport(BaseModel):
     epochs: list[EpochReport]
     findings: list[Finding]
     sources: list[str] = Field(description="Files read, in order.")
+    launches: list[int] = Field(
+        default_factory=list[int],
+        description="The launch ids (the records' session) of the records counted: the launches the audit "
+        "speaks for, which a keep binds to the candidate's runs. Empty: the records carry no session.",
+    )
+    partial_epochs: list[int] = Field(
+        default_factory=list[int],
+        description="Epochs the run ended part-way through, audited for what they cover.",
+    )

@@ -151,7 +151,7 @@ _TERMS: tuple[Term, ...] = (
         "semantic",
         "sample order and sampler",
         (),
-        ("sampler", "shuffle", "data_order", "drop_last"),
+        ("sampler", "shuffle", "data_order", "drop_last", "replacement"),
     ),
     Term("seed", "semantic", "seed policy", ("seed_policy", "random_seed")),
     Term(

@@ -45,6 +45,8 @@ class Launched:
     record_dir: Path
     stdout: Path
     busy_neighbour: str | None = None
+    launch_id: int | None = None
+    """The id the server gave the launch (the ``session`` of the sample records it wrote); None: unknown."""
 
 
 LaunchFn = Callable[[int, str], Awaitable[Launched]]
@@ -72,6 +74,8 @@ class WindowRun:
     """Training health over every step the launches recorded (warm-up and steps after the windows too)."""
     timing_checks: list[TimingCheck] = field(default_factory=list[TimingCheck])
     tensor_dumps: list[TensorDump] = field(default_factory=list[TensorDump])
+    launch_ids: list[int | None] = field(default_factory=list[int | None])
+    """Per launch: the id the server gave it (None: unknown)."""
     reported_metrics: dict[str, float] = field(default_factory=dict[str, float])
     series_artifact: str | None = None
 
@@ -111,6 +115,7 @@ async def measure_windows(
             label = f"launch{launch}_" if plan.launches > 1 else ""
             launched = await launch_once(launch, label)
             out.exit_code = launched.exit_code
+            out.launch_ids.append(launched.launch_id)
             if launched.busy_neighbour is not None:
                 warnings.append(
                     f"launch {launch}: {launched.busy_neighbour}: its windows may be slowed; re-measure on a "

@@ -109,6 +109,8 @@ class Experiment:
     """Correctness tolerances declared at open (bit-exact when none were declared)."""
     quality: QualityCriteria | None = None
     """Task-quality acceptance declared at open (a training change needs one)."""
+    validation_steps: int | None = None
+    """Healthy steps a candidate run must train before a keep (the winner's validation), when asked at open."""
     links: list[Link] = field(default_factory=list[Link])
     decisions: list[DecisionEntry] = field(default_factory=list[DecisionEntry])
     attempts: list[DecisionEntry] = field(default_factory=list[DecisionEntry])
@@ -159,6 +161,7 @@ def _apply(experiments: dict[str, Experiment], record: EvidenceRecord) -> None:
             )
             if quality.get("metric") is not None and quality.get("threshold") is not None
             else None,
+            validation_steps=v if isinstance(v := record.inputs.get("validation_steps"), int) else None,
         )
     exp = experiments.get(exp_id)
     if exp is None:

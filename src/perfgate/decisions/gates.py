@@ -23,7 +23,9 @@ __all__ = [
 ]
 
 MIN_WINDOWS = 3
-GateStatus = Literal["passed", "failed", "not_applicable"]
+GateStatus = Literal["passed", "failed", "not_applicable", "unavailable"]
+"""``unavailable``: the figure the gate reads could not be observed here (a peak memory counter the device
+lacks); it does not block a keep, and it is reported as unmeasured, never as passed."""
 _OK_STATES = {"executed", "passed"}
 
 
@@ -47,6 +49,10 @@ def _gate(name: str, ok: bool, reason: str, ids: Iterable[str] = (), fix: str | 
 
 def _na(name: str, reason: str) -> Gate:
     return Gate(name=name, status="not_applicable", reason=reason, evidence_ids=[], satisfy_with=None)
+
+
+def _unavailable(name: str, reason: str, ids: Iterable[str] = ()) -> Gate:
+    return Gate(name=name, status="unavailable", reason=reason, evidence_ids=list(ids), satisfy_with=None)
 
 
 def _attach(exp: Experiment, role: str) -> str:
@@ -273,32 +279,6 @@ def _window_gates(
     else:
         gates.append(_environment_difference_gate(exp, comparison, windows, set(baseline), prints))
 
-    if exp.memory_budget_bytes is None:
-        gates.append(_na("memory_budget", "no memory budget was declared"))
-    else:
-        base_peak = _max_peak(ev, baseline)
-        cand_peak = _max_peak(ev, candidate)
-        if base_peak is None or cand_peak is None:
-            gates.append(
-                _gate(
-                    "memory_budget",
-                    False,
-                    "peak memory is missing from the windows",
-                    baseline + candidate,
-                    rerun,
-                )
-            )
-        else:
-            growth = cand_peak - base_peak
-            gates.append(
-                _gate(
-                    "memory_budget",
-                    growth <= exp.memory_budget_bytes,
-                    f"candidate peak {cand_peak} B vs baseline {base_peak} B: growth {growth} B, budget {exp.memory_budget_bytes} B",
-                    baseline + candidate,
-                    "reduce the candidate's memory or revert",
-                )
-            )
     return gates
 
 
@@ -405,18 +385,28 @@ def _environment_difference_gate(
     )
 
 
-def _max_peak(ev: _Evidence, ids: list[str]) -> int | None:
-    peaks: list[int] = []
-    for wid in ids:
-        record = ev.get(wid)
-        value = record.result.get("peak_memory_bytes") if record else None
-        if not isinstance(value, int):
-            return None
-        peaks.append(value)
-    return max(peaks) if peaks else None
+def _memory_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence, accepted: str | None) -> Gate:
+    """Peak memory may not grow beyond noise unless the ledger records its acceptance (`decisions.memory`)."""
+    from perfgate.decisions.memory import peak_memory_verdict
+
+    baseline = str_list(comparison.inputs.get("baseline"))
+    candidate = str_list(comparison.inputs.get("candidate"))
+    verdict = peak_memory_verdict(exp, baseline, candidate, ev.get, accepted)
+    ids = baseline + candidate
+    if verdict.status == "unavailable":
+        return _unavailable("peak_memory", verdict.reason, ids)
+    fix = (
+        "reduce the candidate's memory and re-run it, or decide 'revert'"
+        if exp.memory_budget_bytes is not None
+        else "if the growth is acceptable, decide keep again with memory_growth_reason='<why it is acceptable>' "
+        "(recorded with the keep); else reduce the candidate's memory and re-run it, or decide 'revert'"
+    )
+    return _gate("peak_memory", verdict.status == "passed", verdict.reason, ids, fix)
 
 
-def _comparison_gates(exp: Experiment, ev: _Evidence, fewer_reason: str | None) -> list[Gate]:
+def _comparison_gates(
+    exp: Experiment, ev: _Evidence, fewer_reason: str | None, memory_accepted: str | None = None
+) -> list[Gate]:
     ids = exp.ids("comparison")
     fix = "compare_benchmarks(baseline=[...], candidate=[...]), then " + _attach(exp, "comparison")
     comparisons = [r for i in ids if (r := ev.get(i)) is not None and r.tool == "compare_benchmarks"]
@@ -481,7 +471,12 @@ def _comparison_gates(exp: Experiment, ev: _Evidence, fewer_reason: str | None) 
     else:
         gates = [_gate("comparison", True, f"improved: speedup {figure}", [latest.id])]
     gates += _binding_gates(exp, latest, ev)
-    return [*gates, *_window_gates(exp, latest, ev, fewer_reason), _timing_gate(exp, latest, ev)]
+    return [
+        *gates,
+        *_window_gates(exp, latest, ev, fewer_reason),
+        _memory_gate(exp, latest, ev, memory_accepted),
+        _timing_gate(exp, latest, ev),
+    ]
 
 
 def _timing_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:
@@ -785,8 +780,17 @@ def _passed_by(exp: Experiment, ev: _Evidence, role: str, tool: str | None, name
     return _gate(name, True, f"{role} evidence passed", good)
 
 
-def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | None = None) -> list[Gate]:
-    """Every gate for keeping ``exp``, each with its status; the keep is accepted when none failed."""
+def evaluate_keep(
+    exp: Experiment,
+    ledger: Ledger,
+    fewer_windows_reason: str | None = None,
+    *,
+    rollback: str | None = None,
+    memory_growth_reason: str | None = None,
+) -> list[Gate]:
+    """Every gate for keeping ``exp``, each with its status; the keep is accepted when none failed
+    (``unavailable`` and ``not_applicable`` do not block). ``rollback`` and ``memory_growth_reason`` are
+    what the decide call gives (None for ``show``)."""
     ev = _Evidence(ledger)
     gates = [_environment_gate(exp, ev)]
     tensors = _correctness_gate(exp, ev)
@@ -795,7 +799,7 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
         gates.append(_equivalence_gate(exp, ev))
         gates.append(_new_baseline_gate(exp, ev))
     else:
-        gates.extend(_comparison_gates(exp, ev, fewer_windows_reason))
+        gates.extend(_comparison_gates(exp, ev, fewer_windows_reason, memory_growth_reason))
         if exp.classification == "system_optimization":
             gates.append(tensors)
             gates.append(_equivalence_gate(exp, ev))
@@ -806,15 +810,9 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
             )
             gates.append(_quality_gate(exp, ev))
     implied = _implied_data_change(exp, ev)
-    if exp.touches_data or implied:
-        audit = _passed_by(
-            exp,
-            ev,
-            "audit",
-            "audit_samples",
-            "sample_audit",
-            "audit_samples(observed=..., expected_range=[...]), then " + _attach(exp, "audit"),
-        )
+    audit_gated = bool(exp.touches_data or implied)
+    if audit_gated:
+        audit = _audit_gate(exp, ev)
         if implied and not exp.touches_data:
             # measured, not declared: the reason says why the audit applies
             audit.reason = f"{audit.reason} (required: {'; '.join(implied)}; touches_data was not declared)"
@@ -823,6 +821,9 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
         gates.append(
             _na("sample_audit", "the change does not touch data loading or sharding (declared and measured)")
         )
+    gates.append(_failed_checks_gate(exp, ev, audit_gated))
+    gates.append(_validation_gate(exp, ev))
+    gates.append(_rollback_gate(exp, ev, rollback))
     gates.append(_runs_finished_gate(exp, ev))
     report = ledger.verify()
     gates.append(
@@ -837,6 +838,129 @@ def evaluate_keep(exp: Experiment, ledger: Ledger, fewer_windows_reason: str | N
         )
     )
     return gates
+
+
+def _latest_comparison(exp: Experiment, ev: _Evidence) -> EvidenceRecord | None:
+    comparisons = [
+        r for i in exp.ids("comparison") if (r := ev.get(i)) is not None and r.tool == "compare_benchmarks"
+    ]
+    return comparisons[-1] if comparisons else None
+
+
+def _audit_gate(exp: Experiment, ev: _Evidence) -> Gate:
+    """A passed audit of the candidate's own launches (`decisions.audits`), none failed."""
+    from perfgate.decisions.audits import RECORD_HOW, audit_binding
+
+    base = _passed_by(exp, ev, "audit", "audit_samples", "sample_audit", RECORD_HOW)
+    if base.status == "failed":
+        if any((r := ev.get(i)) is not None and r.state.value == "failed" for i in exp.ids("audit")):
+            # a failed audit stays with this experiment: the repaired change is a new one
+            base.satisfy_with = (
+                "fix the sampling the audit names, then record_decision(action='open', ...) a new experiment "
+                "for the repaired change with its own runs and audit; or decide 'revert'"
+            )
+        return base
+    binding = audit_binding(exp, _latest_comparison(exp, ev), ev.get)
+    if binding.good:
+        return _gate(
+            "sample_audit",
+            True,
+            "a passed audit of the candidate's own launches"
+            + (f"; {'; '.join(binding.notes)}" if binding.notes else "")
+            + (f" (not counted: {'; '.join(binding.problems)})" if binding.problems else ""),
+            binding.good,
+        )
+    return _gate("sample_audit", False, "; ".join(binding.problems), exp.ids("audit"), binding.fix)
+
+
+_CHECK_TOOLS = {
+    "compare_tensors": "correctness",
+    "audit_samples": "audit",
+    "check_training_health": "quality",
+    "compare_benchmarks": "comparison",
+}
+"""Tools whose failed record is a failed check, and the role whose gate reads it."""
+
+
+def _failed_checks_gate(exp: Experiment, ev: _Evidence, audit_gated: bool) -> Gate:
+    """A failed check attached in any role blocks: one no other gate reads (under ``note``, ``profile``,
+    another check's role, or a role whose gate does not apply to this experiment) is named here.
+
+    A comparison is read at its latest; a training change's failed tensor check is what changed numerics
+    look like (its keep rests on task quality), so neither blocks here."""
+    read_by_gate = {
+        "correctness": exp.classification != "training_change",
+        "audit": audit_gated,
+        "quality": exp.classification == "training_change",
+        "comparison": exp.classification != "correctness_repair",
+    }
+    blocking: list[str] = []
+    for link in exp.links:
+        record = ev.get(link.evidence_id)
+        if record is None or record.state.value != "failed" or record.tool not in _CHECK_TOOLS:
+            continue
+        home = _CHECK_TOOLS[record.tool]
+        if record.tool == "compare_benchmarks" and link.role == "comparison":
+            continue  # the comparison gate reads the latest comparison; a superseded one is history
+        if record.tool == "compare_tensors" and exp.classification == "training_change":
+            continue
+        if link.role == home and read_by_gate[home]:
+            continue  # its own gate reads it
+        blocking.append(f"{record.id} ({record.tool}, failed) attached as {link.role!r}")
+    if not blocking:
+        return _gate("failed_checks", True, "no failed check is attached in a role its gate does not read")
+    return _gate(
+        "failed_checks",
+        False,
+        "a failed check blocks a keep in any role: " + "; ".join(blocking[:5]),
+        [b.split(" ", 1)[0] for b in blocking],
+        "a failed check stays with the experiment: fix what it found, then record_decision(action='open', ...) "
+        "a new experiment for the repaired change with its own evidence; or decide 'revert' or 'inconclusive'",
+    )
+
+
+def _validation_gate(exp: Experiment, ev: _Evidence) -> Gate:
+    from perfgate.decisions.validation import validation_verdict
+
+    steps = exp.validation_steps
+    if steps is None:
+        return _na("validation_run", "the experiment asked for no validation run at open (validation_steps)")
+    verdict = validation_verdict(exp, steps, _latest_comparison(exp, ev), ev.get)
+    if verdict.unhealthy:
+        fix = "fix what makes the candidate's training unhealthy and re-run it, or decide 'revert'"
+    else:
+        fix = (
+            f"run_benchmark_window(command=<the candidate's command>, contract=<its contract>, warmup_steps=5, "
+            f"measure_steps={steps}, repeats=1), then decide keep again with evidence=[{{'id': <that window>, "
+            "'role': 'candidate'}]"
+        )
+    return _gate("validation_run", verdict.ok, verdict.reason, verdict.ids, fix)
+
+
+def _rollback_gate(exp: Experiment, ev: _Evidence, rollback: str | None) -> Gate:
+    from perfgate.decisions.rollback import example_options, rollback_check
+
+    if rollback is None:
+        return _na("rollback", "named by the keep itself (decide's rollback), checked then")
+    comparison = _latest_comparison(exp, ev)
+    ids = str_list(comparison.inputs.get("baseline")) if comparison is not None else exp.ids("baseline")
+    baseline = [r for i in ids if (r := ev.get(i)) is not None]
+    found, problem = rollback_check(rollback, ev.ledger.workspace, baseline)
+    options = example_options(baseline)
+    return _gate(
+        "rollback",
+        problem is None,
+        problem or "the rollback names " + "; ".join(found[:3]),
+        [],
+        "decide keep again with a rollback that names what restores the baseline and can be checked: a commit of "
+        "this repository (rollback='git revert <sha>'), a workspace file (rollback='git checkout HEAD -- <path>' "
+        "or 'git apply -R <patch file>')"
+        + (
+            f", or the baseline's own options as its windows ran them (e.g. {' '.join(options)!r})"
+            if options
+            else ""
+        ),
+    )
 
 
 def _runs_finished_gate(exp: Experiment, ev: _Evidence) -> Gate:

@@ -9,7 +9,7 @@ from perfgate.evidence.access import str_list
 
 __all__ = ["render_decisions", "render_experiment"]
 
-_STATUS_MARK = {"passed": "pass", "failed": "FAIL", "not_applicable": "n/a"}
+_STATUS_MARK = {"passed": "pass", "failed": "FAIL", "not_applicable": "n/a", "unavailable": "unmeasured"}
 _ESCAPE = str.maketrans({c: "\\" + c for c in "\\`*_[]<>|#!"})
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "Executable",
     "change_view",
     "code_tree",
+    "commit_exists",
     "internal_references",
     "resolve_executables",
 ]
@@ -322,6 +323,13 @@ def _git(workspace: Path, args: list[str], max_bytes: int = 64 << 20) -> bytes |
         max_bytes,
     )
     return run.stdout_bytes if run.ok else None
+
+
+def commit_exists(workspace: Path, rev: str) -> bool:
+    """``rev`` (hex, 7 to 64 digits) names a commit of the workspace's git repository (read only)."""
+    if not re.fullmatch(r"[0-9a-fA-F]{7,64}", rev):
+        return False
+    return _git(workspace, ["cat-file", "-e", f"{rev}^{{commit}}"]) is not None
 
 
 def _head(workspace: Path) -> tuple[str, dict[str, str]] | None:

@@ -274,6 +274,8 @@ class _Supervisor:
         stdout_log = self.dir / f"{label}stdout.log"
         # a log-timed launch's lines, stamped here as they arrive
         stamps = OutputStamps() if LOG_PATTERN_ENV in m["env"] else None
+        launch_id = next_launch_id(self.dir.parents[1])
+        self.status.setdefault("launch_ids", []).append(launch_id)
         with (
             stdout_log.open("wb") as out,
             (self.dir / f"{label}stderr.log").open("wb") as err,
@@ -283,7 +285,7 @@ class _Supervisor:
                 m["argv"],
                 cwd=m["cwd"],
                 # the workspace's next launch id (its trust-root folder holds this run's folder)
-                env={**_launch_env(m["env"]), **launch_variables(next_launch_id(self.dir.parents[1]))},
+                env={**_launch_env(m["env"]), **launch_variables(launch_id)},
                 stdin=subprocess.DEVNULL,
                 stdout=out if stamps is None else subprocess.PIPE,
                 stderr=err,

@@ -134,6 +134,11 @@ class CommandResult(BaseModel):
     stderr: StreamCapture
     approved_how: str | None = Field(default=None, description="Gate path that approved it (allowlist, ...).")
     approval_evidence_id: str | None = Field(default=None, description="Ledger record of that approval.")
+    launch_id: int | None = Field(
+        default=None,
+        description="The launch id the server gave the process tree (PERFGATE_LAUNCH_ID): the session of the "
+        "sample records it wrote.",
+    )
 
     @property
     def succeeded(self) -> bool:

@@ -320,7 +320,11 @@ class CommandRunner:
             if log_dir is None:
                 result = published
         return result.model_copy(
-            update={"approved_how": self.grant.how.value, "approval_evidence_id": self.grant.evidence_id}
+            update={
+                "approved_how": self.grant.how.value,
+                "approval_evidence_id": self.grant.evidence_id,
+                "launch_id": launch,
+            }
         )
 
 

@@ -27,7 +27,7 @@ h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid
 table{border-collapse:collapse;width:100%;margin:.5rem 0}th,td{border:1px solid #ddd;padding:.3rem .5rem;text-align:left;vertical-align:top}
 th{background:#f5f5f7}code,pre{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
 pre{background:#f5f5f7;padding:.6rem;overflow-x:auto;white-space:pre-wrap}
-.passed,.keep{color:#0a7d2c;font-weight:600}.failed,.revert{color:#b3261e;font-weight:600}.not_applicable{color:#777}
+.passed,.keep{color:#0a7d2c;font-weight:600}.failed,.revert{color:#b3261e;font-weight:600}.not_applicable{color:#777}.unavailable{color:#8a5a00;font-style:italic}
 figure{margin:1rem 0}figure img{max-width:100%;border:1px solid #eee}figcaption{color:#555;font-size:12px}
 .badge{display:inline-block;padding:.1rem .5rem;border-radius:.6rem;background:#eee;font-size:12px}
 """

@@ -75,7 +75,9 @@ class AuditSamplesInput(BaseModel):
     allow_repeats: Annotated[
         bool,
         Field(
-            description="Sampling with replacement: repeats are not errors. Never excuses missing or extra ids."
+            description="Sampling with replacement: repeats are not errors. Never excuses missing or extra ids, "
+            "nor one shard read by two owners (the same ids at the same positions); a keep accepts it only "
+            "when the candidate windows' contract declares replacement=true."
         ),
     ] = False
     shuffle: Annotated[
@@ -128,6 +130,16 @@ class AuditSamplesOutput(BaseModel):
     epochs_total: int
     findings: list[Finding] = Field(description="Errors first; each message says what to fix.")
     files: list[InputFile] = Field(description="Every file read, with its sha256.")
+    launches: list[int] = Field(
+        default_factory=list[int],
+        description="Launch ids (the records' session) the counted records came from: a keep accepts the "
+        "audit only when these are launches of its candidate windows (run_benchmark_window launch_ids). "
+        "Empty: the records name no launch.",
+    )
+    partial_epochs: list[int] = Field(
+        default_factory=list[int],
+        description="Epochs the run ended part-way through: audited for the ids read, not for ids never reached.",
+    )
 
 
 def _state(report: AuditReport) -> EvidenceState:
@@ -146,6 +158,13 @@ def _summary(report: AuditReport) -> str:
         return f"{head}; failed: " + ", ".join(f"{f.kind} ({f.count})" for f in errors)
     if report.coverage == "unknown":
         return f"{head}; no error found, but without expected ids missing samples cannot be seen"
+    partial = [e for e in report.epochs if e.partial]
+    if partial:
+        covered = ", ".join(f"epoch {e.epoch}: {e.unique} of {report.expected_ids} ids" for e in partial[:4])
+        return (
+            f"{head}; no error in what was read; partial: the run ended part-way ({covered}), so the audit "
+            "speaks for the ids it read"
+        )
     return f"{head}; every epoch covered the expected ids as the policy allows"
 
 
@@ -205,6 +224,8 @@ async def run(inp: AuditSamplesInput, rt: ToolRuntime) -> AuditSamplesOutput:
         epochs_total=len(report.epochs),
         findings=report.findings,
         files=[InputFile(path=rt.relative(p), sha256=sha, size_bytes=size) for p, sha, size in hashed],
+        launches=report.launches,
+        partial_epochs=report.partial_epochs,
     )
     if report.epochs:
         await rt.plot(ev, "coverage.png", lambda: _coverage_plot(report), key=True)

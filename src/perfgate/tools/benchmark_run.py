@@ -263,6 +263,7 @@ async def _result_once(
         raise ToolError(f"run {inp.run_id}: its manifest no longer matches its inputs (edited?); re-run it")
     ev = wrt.evidence()
     exit_codes: list[int | None] = list(st.get("exit_codes", []))
+    launch_ids = [i if isinstance(i, int) else None for i in st.get("launch_ids", [])]
     timed_out: list[int] = list(st.get("timed_out", []))
     observed = _observed(directory, len(exit_codes))
 
@@ -288,7 +289,8 @@ async def _result_once(
             failure = f"exited with status {code}"
         if failure is not None and st["state"] == "cancelled":
             failure = "cancelled (" + failure + ")"
-        return Launched(code, failure, *_private(directory, launch))
+        given = launch_ids[launch] if launch < len(launch_ids) else None
+        return Launched(code, failure, *_private(directory, launch), launch_id=given)
 
     raw = manifest["meta"].get("provenance")
     provenance = RunProvenance.model_validate(raw) if isinstance(raw, dict) else None

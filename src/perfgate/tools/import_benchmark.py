@@ -191,6 +191,10 @@ class ImportBenchmarkOutput(BaseModel):
     throughput: Throughput | None
     peak_memory_bytes: int | None
     peak_memory_kind: Literal["device_allocated", "device_reserved"] | None
+    peak_memory_unavailable: str | None = Field(
+        default=None,
+        description="Why peak memory is null: the log reports none (the keep's gate is unavailable).",
+    )
     slowest_rank: int | None
     rank_skew: float | None = Field(
         description="Elapsed time of the slowest rank over the fastest's, minus 1."
@@ -333,6 +337,9 @@ async def run(inp: ImportBenchmarkInput, rt: ToolRuntime) -> ImportBenchmarkOutp
         else None,
         peak_memory_bytes=found.peak_memory_bytes,
         peak_memory_kind=found.peak_memory_kind,
+        peak_memory_unavailable=None
+        if found.peak_memory_bytes is not None
+        else "the log reports no memory figure: peak memory was not observed",
         slowest_rank=summary.slowest_rank if ok else None,
         rank_skew=summary.rank_skew if ok else None,
         ranks=[ImportedRankResult.model_validate(dataclasses.asdict(r)) for r in found.ranks] if ok else [],

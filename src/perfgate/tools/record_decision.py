@@ -109,7 +109,19 @@ class RecordDecisionInput(BaseModel):
     memory_budget_bytes: Annotated[
         int | None,
         Field(
-            ge=0, description="open: allowed growth of peak device memory, candidate over baseline, in bytes."
+            ge=0,
+            description="open: allowed growth of peak memory, candidate over baseline, in bytes. Without it a "
+            "keep refuses growth beyond noise unless decide gives memory_growth_reason.",
+        ),
+    ] = None
+    validation_steps: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=1_000_000,
+            description="open: the winner's validation: a keep needs a candidate run that trained at least this "
+            "many healthy steps (e.g. 50); a comparison's candidate window counts, or one run of the candidate "
+            "attached in role candidate.",
         ),
     ] = None
     tolerance: Annotated[
@@ -140,13 +152,23 @@ class RecordDecisionInput(BaseModel):
         str | None,
         Field(
             max_length=2000,
-            description="decide: how to undo the change: the command (e.g. 'git revert 1a2b3c4', a config "
-            "edit) or the commit that reverts it. Required for keep; shown in decisions.md and the report.",
+            description="decide: how to undo the change, naming something that can be checked: a commit of the "
+            "workspace's repository ('git revert 1a2b3c4'), a workspace file ('git checkout HEAD -- train.py', "
+            "'git apply -R change.patch'), or the baseline's own option or variable as its windows ran it "
+            "('--num-workers 0', 'OMP_NUM_THREADS=1'). Required for keep; shown in decisions.md and the report.",
         ),
     ] = None
     fewer_windows_reason: Annotated[
         str | None,
         Field(description="decide: why fewer than 3 windows per side are enough (e.g. 30-minute steps)."),
+    ] = None
+    memory_growth_reason: Annotated[
+        str | None,
+        Field(
+            max_length=500,
+            description="decide: why the candidate's peak memory growth beyond noise is acceptable (recorded "
+            "with the keep); without it, or a memory_budget_bytes at open, such growth refuses the keep.",
+        ),
     ] = None
 
     @model_validator(mode="after")
@@ -165,7 +187,9 @@ class RecordDecisionInput(BaseModel):
                 "a keep needs rollback: the command or revert commit that undoes the change "
                 "(e.g. rollback='git revert 1a2b3c4'), so the kept change can be taken back"
             )
-        fixed = [name for name in ("tolerance", "quality") if getattr(self, name) is not None]
+        fixed = [
+            name for name in ("tolerance", "quality", "validation_steps") if getattr(self, name) is not None
+        ]
         if fixed and self.action != "open":
             raise ValueError(
                 f"{', '.join(fixed)} is fixed when the experiment is opened and cannot change later; open a new "
@@ -177,6 +201,12 @@ class RecordDecisionInput(BaseModel):
                 "'loss_last_ratio', 'direction': 'lower', 'threshold': 1.02} (metrics: "
                 + ", ".join(QUALITY_METRICS)
                 + ")"
+            )
+        if self.memory_growth_reason is not None and not (
+            self.action == "decide" and self.decision == "keep"
+        ):
+            raise ValueError(
+                "memory_growth_reason accepts a keep's memory growth: give it with decision='keep'"
             )
         if self.action == "attach" and not self.evidence:
             raise ValueError("action 'attach' needs at least one evidence link")
@@ -264,7 +294,15 @@ def _evaluate(
     for item in inp.evidence:
         exp.links.append(Link(evidence_id=item.id, role=item.role, attached_by="(this call)"))
     links = [EvidenceLink(id=link.evidence_id, role=link.role) for link in exp.links]
-    return exp.id, evaluate_keep(exp, ledger, inp.fewer_windows_reason), links, exp
+    keep = inp.action == "decide" and inp.decision == "keep"
+    gates = evaluate_keep(
+        exp,
+        ledger,
+        inp.fewer_windows_reason,
+        rollback=inp.rollback if keep else None,
+        memory_growth_reason=(inp.memory_growth_reason or "").strip() or None,
+    )
+    return exp.id, gates, links, exp
 
 
 async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput:
@@ -342,7 +380,9 @@ SPEC = ToolSpec(
         "'decide'. A 'keep' is refused unless the ledger holds: an environment record, a passed "
         "compare_benchmarks of non-profiled windows from one environment with an improvement beyond noise, "
         "passed correctness evidence (and a sample audit when data loading changed), and an intact ledger. "
-        "A keep also needs the rollback command or revert commit. 'revert', 'inconclusive' and 'blocked' are always recorded; "
+        "A keep also needs a rollback naming something checkable (a commit, a workspace file, or the baseline's own "
+        "option); any failed check attached in any role blocks it; peak memory may not grow beyond noise unless "
+        "accepted. 'revert', 'inconclusive' and 'blocked' are always recorded; "
         "a kept change can later be reverted (the keep stays in the history). Use 'show' to see what is missing."
     ),
     input_model=RecordDecisionInput,

@@ -211,7 +211,14 @@ async def _run_blocking(
         failure = None if result.succeeded else launch_failure(result)
         if result.stalled and watch.ended is not None:
             failure = f"it made no progress and was stopped: {watch.ended.summary}"
-        return Launched(result.exit_code, failure, records, Path(result.stdout.path), busy_neighbour(load))
+        return Launched(
+            result.exit_code,
+            failure,
+            records,
+            Path(result.stdout.path),
+            busy_neighbour(load),
+            result.launch_id,
+        )
 
     try:
         return await record_windows(
@@ -304,6 +311,7 @@ def _render(
         "batch_source": batch.source if batch is not None else None,
         "model": model_facts(first),
         "tensor_dumps": got.tensor_dumps,
+        "launch_ids": got.launch_ids,
         "reported_metrics": got.reported_metrics,
     }
     summary = got.summary
@@ -347,6 +355,9 @@ def _render(
         peak_memory_kind=None
         if summary.peak_memory_bytes is None
         else ("device_allocated" if has_device_peak else "host_rss"),
+        peak_memory_unavailable=None
+        if summary.peak_memory_bytes is not None
+        else "no rank reported a device allocator peak or a host peak RSS (no such counter where it ran)",
         data_wait_fraction=summary.data_wait_fraction,
         slowest_rank=summary.slowest_rank,
         rank_skew=summary.rank_skew,

@@ -261,6 +261,11 @@ class RunBenchmarkWindowOutput(BaseModel):
     throughput: Throughput | None
     peak_memory_bytes: int | None = Field(description="Max over ranks of the window's peak memory.")
     peak_memory_kind: Literal["device_allocated", "host_rss"] | None
+    peak_memory_unavailable: str | None = Field(
+        default=None,
+        description="Why peak memory is null for a measured run: it could not be observed here (the keep's "
+        "peak_memory gate is then unavailable, never passed).",
+    )
     data_wait_fraction: float | None = Field(
         description="Worst rank's share of time blocked on data loading."
     )
@@ -312,6 +317,11 @@ class RunBenchmarkWindowOutput(BaseModel):
         default_factory=list[TensorDump],
         description="Files perfgate.harness.dump_tensors wrote in the launched processes: they are this run's "
         "output, and compare_tensors binds a file with these bytes to this record (its launch and code state).",
+    )
+    launch_ids: list[int | None] = Field(
+        default_factory=list[int | None],
+        description="Per launch: the id the server gave it (PERFGATE_LAUNCH_ID, the `session` of the sample "
+        "records perfgate.harness recorders wrote in it); a keep binds a sample audit to these launches.",
     )
     reported_metrics: dict[str, float] = Field(
         default_factory=dict[str, float],
