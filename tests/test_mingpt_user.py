@@ -4,12 +4,12 @@
 A tiny model on a CPU spends its step in many small ops. minGPT writes its attention (matmul, scale, mask,
 softmax, matmul) and its tanh-GELU (seven elementwise ops) out by hand; PyTorch's fused
 ``F.scaled_dot_product_attention(is_causal=True)`` and ``F.gelu(approximate="tanh")`` compute the same
-functions in one op each (dropout is off in this configuration, so no random stream changes). On top of
-that edit, the shortcuts the same user could take next (a smaller model, fewer samples per step) are
-refused at keep, each as a training change.
+functions in one op each (dropout is off in this configuration, so no random stream changes). That edit
+is kept as an equivalent speedup (1.2-1.9x per launch); on top of it, the shortcuts the same user could
+take next (a smaller model, fewer samples per step) are refused at keep, each as a training change.
 
-The edit alone (1.2-1.9x per launch) is not asserted kept: on a busy 2-core host its comparison is often
-``within_noise`` once the host's measured speed trend between the sides widens the interval.
+On a busy host the first comparison may not tell (``within_noise``); the user then does what its answer's
+``next:`` line says (interleaved calls, the code switched with git stash between them) and compares again.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def mingpt_workspace(root: Path) -> Path:
     return ws
 
 
-async def test_mingpt_user_shortcuts_are_refused_at_keep(tmp_path: Path) -> None:
+async def test_mingpt_user_keeps_the_fused_ops_and_shortcuts_are_refused(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("numpy")
     ws = mingpt_workspace(tmp_path)
@@ -125,9 +125,84 @@ async def test_mingpt_user_shortcuts_are_refused_at_keep(tmp_path: Path) -> None
         env = await agent.call("collect_env", {})
         base = await agent.call("run_benchmark_window", window(False, "baseline"))
         assert base.get("state") == "executed", base
-        fuse(ws)
+        noisy = await _keep_fused(agent, ws, base, env)
         await _shortcut(agent, base, env, "one transformer layer is enough", "--model.n_layer=1")
         await _shortcut(agent, base, env, "half the samples per step", "--trainer.batch_size=8")
+    if noisy:
+        pytest.skip(f"the host was too noisy to tell the fused ops apart, even interleaved: {noisy}")
+
+
+def _git(ws: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=u", "-c", "user.email=u@u", *args], cwd=ws, check=True)
+
+
+async def _keep_fused(agent: Agent, ws: Path, base: dict[str, Any], env: dict[str, Any]) -> list[str]:
+    """The honest edit, kept: compared (again, interleaved, when the first comparison cannot tell), its
+    captured parameters and gradients compared at the experiment's tolerance, then the keep. Returns the
+    comparison's noise lines when even the interleaved comparison could not tell (nothing is kept then)."""
+    opened = await agent.call(
+        "record_decision",
+        {
+            "action": "open",
+            "hypothesis": "minGPT's hand-written attention and GELU run as many tiny ops; the fused ops compute "
+            "the same functions in one op each",
+            "classification": "system_optimization",
+            "changed_variable": "attention_backend",
+            "tolerance": {"atol": 1e-5, "rtol": 1e-5},
+        },
+    )
+    fuse(ws)
+    cand = await agent.call("run_benchmark_window", window(True, "fused"))
+    assert cand.get("state") == "executed", cand
+    compared = await agent.call("compare_benchmarks", comparison([base], [cand]), lines=6)
+    if compared.get("verdict") == "within_noise":
+        # what the answer says to do next: A B B A, the code switched between the sides
+        nxt = compared["noise"][-1]
+        assert nxt.startswith("next: ") and "git stash" in nxt, compared["noise"]
+        _git(ws, "stash")
+        b1 = await agent.call("run_benchmark_window", {**window(False, "baseline"), "repeats": 3})
+        _git(ws, "stash", "pop")
+        c1 = await agent.call("run_benchmark_window", {**window(True, "fused"), "repeats": 3})
+        c2 = await agent.call("run_benchmark_window", {**window(True, "fused"), "repeats": 3})
+        _git(ws, "stash")
+        b2 = await agent.call("run_benchmark_window", {**window(False, "baseline"), "repeats": 3})
+        _git(ws, "stash", "pop")
+        compared = await agent.call("compare_benchmarks", comparison([b1, b2], [c1, c2]), lines=6)
+        cand = c1
+    if compared.get("verdict") != "improved":
+        # a host this busy cannot tell even interleaved: the answer must say why and what settles it
+        assert compared.get("verdict") == "within_noise" and compared["noise"][-1].startswith("next: "), (
+            compared
+        )
+        return list(compared["noise"])
+    tensors = await agent.call(
+        "compare_tensors",
+        {
+            "reference": base["tensor_dumps"][0]["path"],
+            "candidate": cand["tensor_dumps"][0]["path"],
+            "atol": 1e-5,
+            "rtol": 1e-5,
+        },
+    )
+    assert tensors.get("status") == "match", tensors
+    keep = await agent.call(
+        "record_decision",
+        {
+            "action": "decide",
+            "experiment_id": opened["experiment_id"],
+            "decision": "keep",
+            "rationale": "the same attention and GELU in one fused op each",
+            "rollback": "git checkout mingpt/model.py",
+            "evidence": [
+                {"id": env["evidence_id"], "role": "environment"},
+                {"id": compared["evidence_id"], "role": "comparison"},
+                {"id": tensors["evidence_id"], "role": "correctness"},
+            ],
+        },
+        lines=12,
+    )
+    assert keep.get("accepted") is True, keep
+    return []
 
 
 async def _shortcut(agent: Agent, base: dict[str, Any], env: dict[str, Any], why: str, change: str) -> None:

@@ -32,6 +32,8 @@ class EvidenceComparison:
     warnings: list[str]
     baseline_step_ms: list[float] = field(default_factory=list[float])
     candidate_step_ms: list[float] = field(default_factory=list[float])
+    noise: list[str] = field(default_factory=list[str])
+    """Why the comparison could not tell and what settles it (`perfgate.benchmarking.noise`)."""
 
 
 def _windows(workspace: Path, records: Sequence[EvidenceRecord], per_device: bool) -> list[WindowSample]:
@@ -60,8 +62,9 @@ def compare_evidence(
         BenchmarkError: a stored contract names one entry twice, a window's step series is missing, changed
             or unreadable, or a side has no usable steps.
     """
-    from perfgate.benchmarking.compare import compare_windows
+    from perfgate.benchmarking.compare import compare_windows, launch_throughputs
     from perfgate.benchmarking.drift import interleaved_plan, launch_infos
+    from perfgate.benchmarking.noise import explain_noise
 
     judged = comparability(base, cand, declared, per_device=per_device, busy_share=busy_share)
     if judged.reasons:
@@ -70,9 +73,16 @@ def compare_evidence(
     cand_windows = _windows(workspace, cand, per_device)
     launches = {tag: info for r in [*base, *cand] for tag, info in launch_infos(r.id, r.result).items()}
     settle = interleaved_plan(f"the inputs of {base[0].id}", f"the inputs of {cand[0].id}")
+    if any(d.kind in ("code", "file") for d in judged.differences):
+        settle += (
+            "; the code differs, so put the baseline's code in place before each baseline call (e.g. git stash) "
+            "and the candidate's before each candidate call (git stash pop)"
+        )
     result = compare_windows(
         base_windows, cand_windows, min_effect=min_effect, launches=launches, settle=settle
     )
+    rates = (launch_throughputs(base_windows, result.unit), launch_throughputs(cand_windows, result.unit))
+    noise = explain_noise(base, cand, result, rates, settle)
     training = training_differences(side_training(workspace, base), side_training(workspace, cand))
     imported = (
         [
@@ -89,4 +99,5 @@ def compare_evidence(
         result.warnings + imported + judged.busy,
         [t * 1e3 for w in base_windows for t in w.step_s],
         [t * 1e3 for w in cand_windows for t in w.step_s],
+        noise,
     )

@@ -45,6 +45,7 @@ __all__ = [
     "decide",
     "launch_count",
     "launch_interval",
+    "launch_throughputs",
     "pooled_throughput",
 ]
 
@@ -359,7 +360,7 @@ def compare_windows(
             "so it cannot be told from the host changing speed. Settle it with interleaved launches: "
             + (settle or interleaved_plan("the baseline's inputs", "the candidate's inputs")),
         )
-    rates = [_rates(w, unit) for w in (baseline, candidate)]
+    rates = [launch_throughputs(w, unit) for w in (baseline, candidate)]
     rank = rank_shift(rates[0], rates[1])
     decided_by_rank = False
     if enough and verdict == "within_noise" and rank is not None and not swamped:
@@ -398,7 +399,7 @@ def compare_windows(
     )
 
 
-def _rates(windows: Sequence[WindowSample], unit: Unit) -> list[float]:
+def launch_throughputs(windows: Sequence[WindowSample], unit: Unit) -> list[float]:
     """Each launch's pooled throughput."""
     return [float(work.sum() / step_s.sum()) for step_s, work in _launches(windows, unit) if step_s.sum() > 0]
 

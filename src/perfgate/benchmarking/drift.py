@@ -280,9 +280,11 @@ def measure_drift(rates: Sequence[LaunchRate]) -> Drift:
     return Drift(design, order, max(drifts), sources, unmeasured)
 
 
-def interleaved_plan(baseline_call: str, candidate_call: str, repeats: int = 2) -> str:
-    """The calls that settle a drift question: A B B A at the call level (launches A A B B B B A A), every
-    call with the same repeats (a protocol field both sides must share), compared as one comparison."""
+def interleaved_plan(baseline_call: str, candidate_call: str, repeats: int = 3) -> str:
+    """The calls that settle a drift question: A B B A at the call level (launches AAA BBB BBB AAA), every
+    call with the same repeats (a protocol field both sides must share), compared as one comparison. Six
+    launches a side let the rank test over launches decide with up to 5 of its 36 pairs out of order
+    (four would need every pair in order)."""
     return (
         f"run_benchmark_window({baseline_call}, repeats={repeats}), then run_benchmark_window({candidate_call}, "
         f"repeats={repeats}) twice, then the baseline's call again; compare_benchmarks(baseline=[1st id, 4th id], "

@@ -7,6 +7,7 @@ when called: the bootstrap (numpy) and the series reader (msgspec) stay out of s
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
@@ -105,6 +106,21 @@ class DriftReport(BaseModel):
     summary: str
 
 
+class RankTest(BaseModel):
+    """Mann-Whitney over launch throughputs, with the Hodges-Lehmann speedup and its distribution-free
+    interval (`perfgate.benchmarking.robust`)."""
+
+    speedup: float = Field(description="Median of candidate/baseline over every pair of launches.")
+    ci_low: float | None = Field(
+        description="None: too few launches for any interval at 95% (3 a side or fewer)."
+    )
+    ci_high: float | None
+    candidate_ahead: float = Field(description="Launch pairs in which the candidate was faster (ties half).")
+    pairs: int
+    p_value: float = Field(description="One-sided, in the direction of the pooled speedup.")
+    decided: bool = Field(description="The verdict is this test's (the pooled interval crossed 1).")
+
+
 class CompareBenchmarksOutput(BaseModel):
     caution: str | None = Field(
         default=None,
@@ -162,6 +178,16 @@ class CompareBenchmarksOutput(BaseModel):
         default_factory=list[str],
         description="Which of model, data and loss could not be compared (never counted as the same).",
     )
+    noise: list[str] = Field(
+        default_factory=list[str],
+        description="When the comparison could not tell: what made the runs noisy (launch spread, "
+        "over-subscribed threads, neighbours, host speed), then 'next: ' and the calls that settle it.",
+    )
+    rank_test: RankTest | None = Field(
+        default=None,
+        description="The rank test over launches (two or more a side): it decides when a few wild launches "
+        "swamp the pooled interval (decided=true).",
+    )
 
 
 async def _load(rt: ToolRuntime, ids: list[str]) -> list[EvidenceRecord]:
@@ -214,7 +240,10 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         + " 95% interval = the union of a Welch t interval on per-launch log throughputs and a two-level "
         "bootstrap (launches, then steps; 2000 resamples, seed 0), widened to contain the speedup; "
         f"improved/regressed when the interval excludes 1 and the effect is at least {inp.min_effect:g}, and "
-        "only with at least 2 launches per side",
+        "only with at least 2 launches per side; when that interval crosses 1, a Mann-Whitney rank test over "
+        "launch throughputs (distribution-free: a wild launch counts by rank, not size) decides if its "
+        "Hodges-Lehmann interval, widened by any drift, excludes 1 and the pooled and median-step speedups "
+        "agree",
     }
     result, training = ab.comparison, ab.training
     if result is None or training is None:
@@ -276,7 +305,19 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         baseline_launches=result.baseline_launches,
         candidate_launches=result.candidate_launches,
         median_step_speedup=result.median_step_speedup,
-        warnings=ab.warnings,
+        warnings=ab.warnings + ab.noise[-1:],
+        noise=ab.noise,
+        rank_test=None
+        if (rank := result.rank) is None
+        else RankTest(
+            speedup=rank.estimate,
+            ci_low=rank.low if rank.low > 0 else None,
+            ci_high=rank.high if math.isfinite(rank.high) else None,
+            candidate_ahead=rank.u,
+            pairs=rank.pairs,
+            p_value=rank.p_faster if result.speedup >= 1 else rank.p_slower,
+            decided=result.decided_by_rank,
+        ),
     )
     base_ms, cand_ms = ab.baseline_step_ms, ab.candidate_step_ms
     interval = (result.ci_low, result.ci_high)
