@@ -27,12 +27,18 @@ from perfgate.harness import Window, dump_tensors
 p = argparse.ArgumentParser()
 p.add_argument("--scale", type=float, default=1.0)
 p.add_argument("--out", required=True)
+p.add_argument("--before-update", action="store_true", help="dump before the first step")
+p.add_argument("--key", default="w")
 args = p.parse_args()
 window = Window()
-dump_tensors(args.out, {"w": np.arange(16, dtype=np.float32) * args.scale, "loss": np.ones(1, np.float32)})
-for _ in range(6):
+tensors = {args.key: np.arange(16, dtype=np.float32) * args.scale, "loss": np.ones(1, np.float32)}
+if args.before_update:
+    dump_tensors(args.out, tensors)
+for step in range(8):
     with window.step(samples=4):
         time.sleep(0.002)
+    if step == 0 and not args.before_update:  # after the first update, in the warm-up
+        dump_tensors(args.out, tensors)
 window.close()
 """
 CONTRACT = {
@@ -48,14 +54,14 @@ async def _call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, An
     return result.structured_content
 
 
-async def _window(client: Client, scale: float, out: str) -> dict[str, Any]:
+async def _window(client: Client, scale: float, out: str, *extra: str) -> dict[str, Any]:
     return await _call(
         client,
         "run_benchmark_window",
         {
-            "command": [PY, "train.py", "--scale", str(scale), "--out", out],
+            "command": [PY, "train.py", "--scale", str(scale), "--out", out, *extra],
             "timing": "explicit",
-            "warmup_steps": 1,
+            "warmup_steps": 2,
             "measure_steps": 4,
             "repeats": 1,
             "timeout_s": 120,
@@ -142,3 +148,40 @@ async def test_only_each_sides_own_dump_carries_correctness(workspace: Path) -> 
         # the sides swapped: the candidate's dump as the reference
         reversed_ = await _correctness(client, exp, comp, "cand.safetensors", "ref.safetensors")
         assert "the reference file comes from" in reversed_["gate"]["reason"]
+
+
+async def test_a_dump_from_before_the_first_update_proves_nothing_unless_it_holds_gradients(
+    workspace: Path,
+) -> None:
+    """Issue 48 item 2: weights written before any optimizer step are the initial weights on both sides."""
+    (workspace / "train.py").write_text(SCRIPT)
+    operator_policy("[execution]\n" + any_code_rules([PY, "-m", "perfgate.harness"], [PY, "train.py"]))
+    ev = Evidence(workspace)
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        base = await _window(client, 1.0, "ref.safetensors", "--before-update")
+        assert base["tensor_dumps"][0]["step"] == 0
+        exp = (
+            await _call(
+                client,
+                "record_decision",
+                {
+                    "action": "open",
+                    "hypothesis": "h",
+                    "classification": "system_optimization",
+                    "changed_variable": "workers",
+                },
+            )
+        )["experiment_id"]
+        cand = await _window(client, 1.0, "cand.safetensors", "--before-update")
+        comp = ev.comparison([base["evidence_id"]], [cand["evidence_id"]], declared=["workers"])
+        early = await _correctness(client, exp, comp, "ref.safetensors", "cand.safetensors")
+        assert early["check"]["status"] == "match" and early["gate"]["status"] == "failed"
+        assert "written before the first optimizer update (step 0)" in early["gate"]["reason"]
+        assert "capture={'step': 1, 'what': ['parameters', 'gradients']}" in early["gate"]["reason"]
+
+        # the same moment, but gradients: filled by the training's own backward, so they count
+        base_g = await _window(client, 1.0, "ref_g.safetensors", "--before-update", "--key", "grad/w")
+        cand_g = await _window(client, 1.0, "cand_g.safetensors", "--before-update", "--key", "grad/w")
+        comp_g = ev.comparison([base_g["evidence_id"]], [cand_g["evidence_id"]], declared=["workers"])
+        grads = await _correctness(client, exp, comp_g, "ref_g.safetensors", "cand_g.safetensors")
+        assert grads["gate"]["status"] == "passed", grads["gate"]

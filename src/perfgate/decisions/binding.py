@@ -20,6 +20,7 @@ __all__ = [
     "QUALITY_KINDS",
     "QUALITY_METRICS",
     "TOPOLOGY",
+    "before_change_problems",
     "candidate_after_open_problems",
     "correctness_binding_problems",
     "declaration_for",
@@ -294,6 +295,38 @@ def producer_problems(
     return problems
 
 
+_COMPUTED = ("grad/", "optimizer/")
+"""Tensor names (as the harness's capture writes them) that only the training's own computation fills."""
+
+
+def before_change_problems(check: EvidenceRecord, lookup: Lookup) -> list[str]:
+    """A passed check whose candidate file was written before the first optimizer update (its dump's
+    ``step`` is 0) and holds no gradients or optimizer state compares what no change could have touched
+    yet: the initial weights (both sides start from the same seed) or the data. Such a check proves nothing
+    about the candidate's computation. A dump whose step is not recorded is not judged here."""
+    keys = [str(as_dict(t).get("key", "")) for t in as_list(check.result.get("tensors"))]
+    if any(k.startswith(_COMPUTED) for k in keys):
+        return []
+    for p in (as_dict(x) for x in as_list(check.result.get("producers"))):
+        if p.get("role") != "candidate" or not isinstance(eid := p.get("evidence_id"), str):
+            continue
+        record = lookup(eid)
+        named = entry_digest(p)
+        steps = [
+            d.get("step")
+            for d in (as_dict(x) for x in as_list(record.result.get("tensor_dumps") if record else []))
+            if d.get("path") == p.get("path") and entry_digest(d) == named
+        ]
+        if 0 in steps:
+            return [
+                f"{check.id} compares a candidate file written before the first optimizer update (step 0) with "
+                "no gradients or optimizer state in it: the initial weights and the data are the same whatever "
+                "the candidate computes. Capture after an update on both sides: run_benchmark_window(..., "
+                "capture={'step': 1, 'what': ['parameters', 'gradients']}), then compare_tensors on those dumps"
+            ]
+    return []
+
+
 def _digest_problem(
     check: EvidenceRecord,
     producer: dict[str, Any],
@@ -451,6 +484,7 @@ def correctness_binding_problems(
             continue
         passed.append(record)
         problems.extend(producer_problems(exp, record, comparison, lookup))
+        problems.extend(before_change_problems(record, lookup))
         files = [as_dict(f) for f in as_list(record.result.get("files"))]
         # The same file on both sides proves nothing. Two files with identical bytes are fine: that is what
         # a bit-exact change produces (the runs' own dumps), so only the paths are compared here.
