@@ -96,6 +96,8 @@ class WindowRecord(msgspec.Struct, frozen=True):
     loss_scale_start: float | None = None
     loss_scale_end: float | None = None
     backward_calls: int | None = None
+    replica_digest: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")] | None = None
+    """The parameters' digest after the window's last update (the last window of a multi-rank run)."""
 
 
 class OutsideRecord(msgspec.Struct, frozen=True):

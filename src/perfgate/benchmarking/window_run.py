@@ -22,6 +22,7 @@ from perfgate.benchmarking.errors import BenchmarkError
 from perfgate.benchmarking.health import job_health_of_launches
 from perfgate.benchmarking.measured import ObservedBatch, launch_stream, observe_batch, window_health
 from perfgate.benchmarking.provenance import RunProvenance
+from perfgate.benchmarking.replicas import ReplicaCheck, replica_check
 from perfgate.benchmarking.window_plan import WindowPlan
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class WindowRun:
     job_health: HealthSummary | None = None
     """Training health over every step the launches recorded (warm-up and steps after the windows too)."""
     timing_checks: list[TimingCheck] = field(default_factory=list[TimingCheck])
+    replicas: list[ReplicaCheck] = field(default_factory=list[ReplicaCheck])
     tensor_dumps: list[TensorDump] = field(default_factory=list[TensorDump])
     launch_ids: list[int | None] = field(default_factory=list[int | None])
     """Per launch: the id the server gave it (None: unknown)."""
@@ -135,6 +137,7 @@ async def measure_windows(
                 got = harness_windows(plan, records, problems)
                 ticks = observed.get(launch) if observed is not None else None
                 out.timing_checks.append(corroborate_launch(launch, records, ticks))
+                out.replicas.append(replica_check(launch, records, plan.contract.execution))
                 out.first_launch = out.first_launch or records
                 all_records.extend(records)
                 launches.append(records)
@@ -196,6 +199,9 @@ async def measure_windows(
         for c in out.timing_checks
         if c.blocks_keep
     ]
+    for c in out.replicas:
+        if c.status == "disagree":
+            warnings.insert(0, f"launch {c.launch}: {c.reason}: no keep can rest on this run")
     if distrusted:
         # first: these figures cannot support a keep, whatever else the answer says
         warnings.insert(0, "timing not corroborated, no keep can rest on this run: " + " | ".join(distrusted))

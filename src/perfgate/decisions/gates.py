@@ -476,7 +476,38 @@ def _comparison_gates(
         *_window_gates(exp, latest, ev, fewer_reason),
         _memory_gate(exp, latest, ev, memory_accepted),
         _timing_gate(exp, latest, ev),
+        _replica_gate(exp, latest, ev),
     ]
+
+
+def _replica_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:
+    """The candidate's data-parallel replicas held identical parameters after their last measured update."""
+    ids = str_list(comparison.inputs.get("candidate"))
+    bad: list[str] = []
+    agreed = 0
+    for wid in ids:
+        record = ev.get(wid)
+        if record is None:
+            continue
+        for raw in as_list(record.result.get("replicas")):
+            check = as_dict(raw)
+            if check.get("status") == "disagree":
+                bad.append(f"{wid} launch {check.get('launch')}: {check.get('reason')}")
+            agreed += check.get("status") == "agree"
+    if bad:
+        return _gate(
+            "replicas",
+            False,
+            "the candidate's data-parallel replicas drifted apart: " + " | ".join(bad),
+            ids,
+            "make every rank apply the same update (the gradient all-reduce on every step), re-run the candidate "
+            "with run_benchmark_window, then compare_benchmarks again and " + _attach(exp, "comparison"),
+        )
+    if agreed:
+        return _gate(
+            "replicas", True, f"the replicas agreed after the last update ({agreed} launch(es))", ids
+        )
+    return _na("replicas", "no multi-rank data-parallel candidate launch to compare replicas in")
 
 
 def _timing_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:

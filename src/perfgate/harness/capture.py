@@ -26,7 +26,7 @@ from typing import Any
 
 from perfgate.harness._state import ActiveWindow
 
-__all__ = ["capture_mapping", "on_optimizer_step", "saw_module"]
+__all__ = ["capture_mapping", "on_optimizer_step", "replica_digest", "saw_module"]
 
 _module: weakref.ReferenceType[Any] | None = None
 _first_optimizer: int | None = None
@@ -124,3 +124,31 @@ def on_optimizer_step(window: ActiveWindow, optimizer: Any) -> None:
             f"tensor capture at step {step} wrote nothing: {exc}. Call perfgate.harness.dump_tensors in the "
             "training script for what the harness cannot find"
         )
+
+
+def replica_digest() -> str | None:
+    """A cheap digest of the training module's parameters as they are now, for comparing data-parallel
+    replicas across ranks (every rank applies the same update, so their copies must be bit-identical after
+    it): per parameter, in name order, the float64 sum and sum of squares, computed where the parameter lives
+    and read back in one transfer. Sharded parameters (DTensor) are left out; None when no module was found,
+    it holds no plain parameter, or torch cannot compute it."""
+    module = _module() if _module is not None else None
+    torch: Any = sys.modules.get("torch")
+    if module is None or torch is None:
+        return None
+    import hashlib
+
+    try:
+        with torch.no_grad():
+            parts = [
+                torch.stack([t.sum(), t.square().sum()])
+                for _, p in sorted(_unwrap(module).named_parameters(), key=lambda kv: kv[0])
+                if type(p.data).__name__ != "DTensor"
+                for t in (p.detach().to(torch.float64),)
+            ]
+            if not parts:
+                return None
+            data = torch.cat(parts).cpu().numpy().tobytes()
+    except (RuntimeError, TypeError, ValueError, AttributeError):
+        return None
+    return hashlib.blake2b(data, digest_size=16).hexdigest()

@@ -679,6 +679,17 @@ class Window:
         }
         return start
 
+    def _replica_digest(self) -> str | None:
+        """The parameters' digest after the last window's last update, where several ranks may hold replicas
+        (`perfgate.harness.capture.replica_digest`); None in a single process. Taken after the edge's
+        timestamp and before the next step starts: its cost lands on the first guard step, never on a
+        window, and the step boundaries the server stamps still frame every window exactly."""
+        if self.rank.world_size < 2:
+            return None
+        from perfgate.harness.capture import replica_digest
+
+        return replica_digest()
+
     def _end_window(self, t: int) -> None:
         imported = self._imported_inside()  # first: the edge work below may import modules of its own
         win = self._open
@@ -710,6 +721,8 @@ class Window:
                 "backward_calls": self._backward_calls - win["backward_calls"],
             }
         )
+        if len(self._windows) + 1 == self.config.windows:
+            win["replica_digest"] = self._replica_digest()
         self._windows.append(win)
         self._open = None
         self._events = None

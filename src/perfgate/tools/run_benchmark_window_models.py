@@ -13,6 +13,7 @@ from perfgate.benchmarking.corroborate import TimingCheck
 from perfgate.benchmarking.dumps import TensorDump
 from perfgate.benchmarking.health import JobHealth, TrainingHealth
 from perfgate.benchmarking.provenance import RunProvenance
+from perfgate.benchmarking.replicas import ReplicaCheck
 from perfgate.benchmarking.results import ModelFacts, RankResult, Throughput, WindowResult
 from perfgate.benchmarking.window_plan import Timing
 from perfgate.evidence import EvidenceState
@@ -333,6 +334,11 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="Per launch: the harness's figures checked against the server's own observation (its "
         "clock on each step boundary as it arrived, the launch's duration) and the windows against the steady "
         "steps around them. A launch that is untrusted or measurement_dependent supports no keep.",
+    )
+    replicas: list[ReplicaCheck] = Field(
+        default_factory=list[ReplicaCheck],
+        description="Per launch of a multi-rank run: whether the data-parallel replicas hold identical "
+        "parameters after the last measured update. A launch whose replicas disagree supports no keep.",
     )
     model: ModelFacts | None = Field(
         default=None,
