@@ -181,10 +181,21 @@ def looser_than_declared(exp: Experiment, record: EvidenceRecord) -> list[str]:
             loose.append(f"rtol={tol[1]:g}")
     for override in map(as_dict, as_list(inputs.get("overrides"))):
         o_atol, o_rtol = override.get("atol"), override.get("rtol")
-        if (isinstance(o_atol, (int, float)) and o_atol > declared.atol) or (
-            isinstance(o_rtol, (int, float)) and o_rtol > declared.rtol
+        # an override may use the tolerance open declared for exactly its group, else the global one
+        atol, rtol = declared.for_pattern(str(override.get("pattern"))) or (declared.atol, declared.rtol)
+        if (isinstance(o_atol, (int, float)) and o_atol > atol) or (
+            isinstance(o_rtol, (int, float)) and o_rtol > rtol
         ):
             loose.append(f"override {override.get('pattern')!r} atol={o_atol:g}, rtol={o_rtol:g}")
+    order = [p for p, _, _ in declared.groups]
+    placed = [
+        order.index(p)
+        for o in map(as_dict, as_list(inputs.get("overrides")))
+        if (p := o.get("pattern")) in order
+    ]
+    if placed != sorted(placed):
+        # first match wins: a group moved ahead of one declared before it takes that one's tensors
+        loose.append("overrides in another order than the groups declared at open")
     if inputs.get("allow_nonfinite") and not declared.allow_nonfinite:
         loose.append("allow_nonfinite=true")
     if as_list(inputs.get("keys")):

@@ -30,6 +30,7 @@ __all__ = [
     "applied_tolerances",
     "beyond_ceiling",
     "ceiling",
+    "label_note",
     "stricter_than_defaults",
     "tolerance_by_dtype",
 ]
@@ -175,3 +176,22 @@ def _tighter(dtype: str, tol: tuple[float, float]) -> bool:
     if base is None:
         return tol == (0.0, 0.0)
     return tol[0] < base.atol and tol[1] < base.rtol
+
+
+def label_note(atol: float, rtol: float, groups: Iterable[tuple[str, float, float]] = ()) -> str | None:
+    """What label a tolerance declared at open can lead to, said at once: the common floating dtypes whose
+    equivalence ceiling it exceeds (its loosest atol and rtol, groups included); None when within every one."""
+    loosest_a = max([atol, *(a for _, a, _ in groups)])
+    loosest_r = max([rtol, *(r for _, _, r in groups)])
+    beyond = [
+        f"{dtype} (atol {c.atol:g}, rtol {c.rtol:g})"
+        for dtype in ("float32", "bfloat16", "float16")
+        if (c := ceiling(dtype)) is not None and (loosest_a > c.atol or loosest_r > c.rtol)
+    ]
+    if not beyond:
+        return None
+    return (
+        f"beyond the equivalence ceiling of {', '.join(beyond)}: a check that uses it on such tensors can keep only "
+        "a training_change (open one with classification='training_change' and quality=...), never an "
+        "equivalent speedup"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +39,26 @@ class Tolerance:
     atol: float = 0.0
     rtol: float = 0.0
     allow_nonfinite: bool = False
+    groups: tuple[tuple[str, float, float], ...] = ()
+    """(key glob, atol, rtol) per group of tensors (e.g. ``grad/*``), first match wins over atol/rtol."""
+
+    @classmethod
+    def from_input(cls, raw: Mapping[str, Any]) -> Tolerance:
+        """The tolerance an open call declared (its ``tolerance`` input, as recorded)."""
+        groups = tuple(
+            (str(g.get("pattern")), float(g.get("atol") or 0.0), float(g.get("rtol") or 0.0))
+            for g in map(as_dict, as_list(raw.get("groups")))
+        )
+        return cls(
+            atol=float(raw.get("atol") or 0.0),
+            rtol=float(raw.get("rtol") or 0.0),
+            allow_nonfinite=bool(raw.get("allow_nonfinite")),
+            groups=groups,
+        )
+
+    def for_pattern(self, pattern: str) -> tuple[float, float] | None:
+        """The (atol, rtol) declared for exactly this group pattern; None when no group has it."""
+        return next(((a, r) for p, a, r in self.groups if p == pattern), None)
 
     def describe(self) -> str:
         text = (
@@ -45,6 +66,7 @@ class Tolerance:
             if self.atol == 0 and self.rtol == 0
             else (f"atol={self.atol:g}, rtol={self.rtol:g}")
         )
+        text += "".join(f"; {p}: atol={a:g}, rtol={r:g}" for p, a, r in self.groups)
         return text + (", matching non-finite values allowed" if self.allow_nonfinite else "")
 
 
@@ -119,7 +141,11 @@ class Experiment:
         """What open fixed before any candidate evidence: the tolerance, or a training change's quality."""
         if self.classification == "training_change":
             return "task quality: " + (self.quality.describe() if self.quality else "none declared")
-        return "correctness tolerance: " + self.tolerance.describe()
+        from perfgate.decisions.equivalence import label_note
+
+        tol = self.tolerance
+        note = label_note(tol.atol, tol.rtol, tol.groups)
+        return "correctness tolerance: " + tol.describe() + (f"; {note}" if note else "")
 
     def ids(self, role: Role) -> list[str]:
         return [link.evidence_id for link in self.links if link.role == role]
@@ -147,13 +173,7 @@ def _apply(experiments: dict[str, Experiment], record: EvidenceRecord) -> None:
             memory_budget_bytes=record.inputs.get("memory_budget_bytes"),
             opened_at=record.created_at,
             opened_seq=record.seq,
-            tolerance=Tolerance(
-                atol=float(tol.get("atol") or 0.0),
-                rtol=float(tol.get("rtol") or 0.0),
-                allow_nonfinite=bool(tol.get("allow_nonfinite")),
-            )
-            if tol
-            else BIT_EXACT,
+            tolerance=Tolerance.from_input(tol) if tol else BIT_EXACT,
             quality=QualityCriteria(
                 metric=str(quality["metric"]),
                 direction="higher" if quality.get("direction") == "higher" else "lower",

@@ -632,8 +632,8 @@ def _correctness_gate(exp: Experiment, ev: _Evidence) -> Gate:
 
     declared = exp.tolerance
     fix = (
-        f"compare_tensors(reference=..., candidate=..., atol={declared.atol:g}, rtol={declared.rtol:g}"
-        + (", allow_nonfinite=True" if declared.allow_nonfinite else "")
+        f"compare_tensors(reference=..., candidate=..., experiment_id={exp.id!r}) (the tolerance fixed at open"
+        + (", with allow_nonfinite=True" if declared.allow_nonfinite else "")
         + "), then "
         + _attach(exp, "correctness")
     )

@@ -95,19 +95,34 @@ class CompareTensorsInput(BaseModel):
         Field(min_length=1, description="The tensors produced with the change, in any of the same forms."),
     ]
     atol: Annotated[
-        NonNegative,
-        Field(description="Absolute tolerance declared for this task (no default: choose it for the dtype)."),
-    ]
+        NonNegative | None,
+        Field(
+            description="Absolute tolerance declared for this task (choose it for the dtype); omitted with "
+            "experiment_id: the one fixed at open."
+        ),
+    ] = None
     rtol: Annotated[
-        NonNegative,
+        NonNegative | None,
         Field(
             description="Relative tolerance declared for this task; an element passes when "
-            "|candidate - reference| <= atol + rtol * |reference|."
+            "|candidate - reference| <= atol + rtol * |reference|. Omitted with experiment_id: the one fixed at "
+            "open."
         ),
-    ]
+    ] = None
+    experiment_id: Annotated[
+        str | None,
+        Field(
+            max_length=100,
+            description="The experiment this check is for: atol/rtol and overrides left out take the tolerance "
+            "and per-group tolerances its open fixed (the check is then exactly as strict as the keep asks).",
+        ),
+    ] = None
     overrides: Annotated[
         list[ToleranceOverrideInput],
-        Field(description="Per-key tolerances by glob; the first matching pattern wins over atol/rtol."),
+        Field(
+            description="Per-key tolerances by glob; the first matching pattern wins over atol/rtol. Omitted "
+            "with experiment_id: the groups its open declared."
+        ),
     ] = []
     allow_nonfinite: Annotated[
         bool,
@@ -180,6 +195,7 @@ def _options(inp: CompareTensorsInput, key_map: KeyMapInput) -> CompareOptions:
             drop_segments=tuple(key_map.drop_segments),
             rename=tuple(key_map.rename.items()),
         )
+        assert inp.atol is not None and inp.rtol is not None  # filled by `_declared` where omitted
         return CompareOptions(
             atol=inp.atol,
             rtol=inp.rtol,
@@ -195,6 +211,40 @@ def _options(inp: CompareTensorsInput, key_map: KeyMapInput) -> CompareOptions:
         raise ToolError(str(exc)) from exc
 
 
+def _declared(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsInput:
+    """``inp`` with what it left out taken from its experiment's tolerance (recorded as applied).
+
+    Raises:
+        ToolError: no tolerance and no experiment, or an experiment that does not exist.
+    """
+    from perfgate.decisions.experiments import load_experiment
+
+    if inp.experiment_id is None:
+        if inp.atol is None or inp.rtol is None:
+            raise ToolError(
+                "give atol and rtol for this task's dtype, or experiment_id to use the tolerance the "
+                "experiment's open fixed"
+            )
+        return inp
+    exp = load_experiment(rt.ledger, inp.experiment_id)
+    if exp is None:
+        raise ToolError(
+            f"no experiment {inp.experiment_id!r}: open one with record_decision(action='open', ...), or give "
+            "atol and rtol"
+        )
+    tol = exp.tolerance
+    update: dict[str, Any] = {}
+    if inp.atol is None:
+        update["atol"] = tol.atol
+    if inp.rtol is None:
+        update["rtol"] = tol.rtol
+    if not inp.overrides and tol.groups:
+        update["overrides"] = [ToleranceOverrideInput(pattern=p, atol=a, rtol=r) for p, a, r in tol.groups]
+    out = inp.model_copy(update=update)
+    rt.inputs.update(out.model_dump(mode="json", include=set(update)))  # the record shows what was applied
+    return out
+
+
 async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput:
     from perfgate.decisions.equivalence import tolerance_by_dtype
     from perfgate.tensors import TensorInputError
@@ -207,6 +257,7 @@ async def run(inp: CompareTensorsInput, rt: ToolRuntime) -> CompareTensorsOutput
             "equal_nan applies only with allow_nonfinite=true: by default any NaN or Inf fails parity. Pass "
             "allow_nonfinite=true (recorded with the evidence) if matching non-finite values are acceptable"
         )
+    inp = await anyio.to_thread.run_sync(_declared, inp, rt)
     ref_path = rt.resolve_path(inp.reference)
     cand_path = rt.resolve_path(inp.candidate)
     key_map = inp.key_map or KeyMapInput()

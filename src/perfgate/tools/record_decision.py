@@ -34,6 +34,16 @@ class EvidenceLink(BaseModel):
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
+class ToleranceGroupInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pattern: str = Field(
+        min_length=1, max_length=200, description="Glob over tensor names, e.g. 'grad/*' or '*.running_var'."
+    )
+    atol: NonNegative
+    rtol: NonNegative
+
+
 class ToleranceInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -42,6 +52,13 @@ class ToleranceInput(BaseModel):
     allow_nonfinite: bool = Field(
         default=False,
         description="Matching NaN/Inf may agree (compare_tensors allow_nonfinite); by default they fail.",
+    )
+    groups: list[ToleranceGroupInput] = Field(
+        default_factory=list[ToleranceGroupInput],
+        max_length=32,
+        description="Per group of tensors, by name glob, first match wins over atol/rtol: e.g. gradients looser "
+        "than weights ({'pattern': 'grad/*', 'atol': 1e-4, 'rtol': 1e-3}). compare_tensors given the "
+        "experiment_id applies them as its overrides.",
     )
 
 
@@ -261,7 +278,7 @@ def _criteria(inp: RecordDecisionInput) -> str:
         touches_data=False,
         memory_budget_bytes=None,
         opened_at="",
-        tolerance=Tolerance(**inp.tolerance.model_dump()) if inp.tolerance else BIT_EXACT,
+        tolerance=Tolerance.from_input(inp.tolerance.model_dump()) if inp.tolerance else BIT_EXACT,
         quality=QualityCriteria(**inp.quality.model_dump()) if inp.quality else None,
     )
     return exp.criteria()
