@@ -315,4 +315,6 @@ def test_an_iterable_dataset_that_ignores_its_workers_is_found_duplicated_per_wo
         assert epoch.cross_owner_duplicates == N
         owners = {(o.rank, o.worker) for d in epoch.examples.duplicates for o in d.owners}
         assert owners == {(0, w) for w in range(WORKERS)}
-    assert errors(report) == {"duplicate_records": (WORKERS - 1) * N * EPOCHS}
+    # every worker read the whole stream in the same order: duplicates, and the duplicated-shard bug by name
+    dup = (WORKERS - 1) * N * EPOCHS
+    assert errors(report) == {"duplicate_records": dup, "duplicated_shard": dup}

@@ -116,6 +116,9 @@ def mingpt_workspace(root: Path) -> Path:
     return ws
 
 
+@pytest.mark.timeout(
+    1200
+)  # 10 launches, up to 12 more interleaved, 4 for the shortcuts: 4-6 min on a quiet host
 async def test_mingpt_user_keeps_the_fused_ops_and_shortcuts_are_refused(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("numpy")
@@ -217,7 +220,8 @@ async def _shortcut(agent: Agent, base: dict[str, Any], env: dict[str, Any], why
             "tolerance": {"atol": 1e-5, "rtol": 1e-5},
         },
     )
-    cand = await agent.call("run_benchmark_window", window(True, "shortcut", change))
+    # two launches: enough for the comparison to name the training change the keep refuses
+    cand = await agent.call("run_benchmark_window", {**window(True, "shortcut", change), "repeats": 2})
     compared = await agent.call("compare_benchmarks", comparison([base], [cand]), lines=6)
     keep = await agent.call(
         "record_decision",
