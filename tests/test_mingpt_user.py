@@ -150,7 +150,7 @@ async def _keep_fused(agent: Agent, ws: Path, base: dict[str, Any], env: dict[st
             "hypothesis": "minGPT's hand-written attention and GELU run as many tiny ops; the fused ops compute "
             "the same functions in one op each",
             "classification": "system_optimization",
-            "changed_variable": "attention_backend",
+            "changed_variable": "attention_backend and fused_kernels",
             "tolerance": {"atol": 1e-5, "rtol": 1e-5},
         },
     )
