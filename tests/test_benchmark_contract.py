@@ -33,8 +33,16 @@ def test_model_parallel_degrees_divide_the_world_into_data_parallel_ranks() -> N
 
 
 def test_a_partial_batch_declaration_names_what_is_missing() -> None:
+    (problem,) = check_contract(_c({}, {"microbatch": 8}))
+    assert "invariants.global_batch" in problem
+
+
+def test_a_single_process_needs_no_data_parallel_key() -> None:
+    """Issue 48 item 7: the data-parallel size is 1 unless declared (a run with more ranks measures a larger
+    batch than its global_batch, and that is refused when observed)."""
+    assert check_contract(_c({"global_batch": 64}, {"microbatch": 8, "accumulation": 8})) == []
     (problem,) = check_contract(_c({"global_batch": 64}, {"microbatch": 8}))
-    assert "execution.data_parallel" in problem
+    assert "global_batch 64 != microbatch 8 x accumulation 1 x data_parallel 1 = 8" in problem
 
 
 def test_non_integer_sizes_are_refused() -> None:
@@ -95,8 +103,9 @@ def test_a_global_batch_declared_alone_is_left_to_the_measured_batch() -> None:
     """Without microbatch there is no product to check; the run holds global_batch to what it measures."""
     assert check_contract(_c({"global_batch": 32, "model": "m"}, {})) == []
     assert check_contract(_c({"global_batch": 32}, {"world_size": 2, "accumulation": 2})) == []
+    # microbatch x accumulation with no data-parallel size is one process's: 16, not the declared 32
     (problem,) = check_contract(_c({"global_batch": 32}, {"microbatch": 8, "accumulation": 2}))
-    assert "declare execution.data_parallel (or execution.world_size)" in problem
+    assert "x data_parallel 1 = 16" in problem
     from perfgate.benchmarking.contract import check_observed
 
     (observed,) = check_observed(_c({"global_batch": 32}, {}), world_size=1, samples_per_step=64)

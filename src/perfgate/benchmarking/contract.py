@@ -116,7 +116,8 @@ def check_contract(contract: Contract) -> list[str]:
     Every key must be in the vocabulary or classified in ``classes``, and no semantic key may be an
     execution setting. ``invariants.global_batch`` must equal ``execution.microbatch x accumulation x data-parallel size``
     whenever ``microbatch`` is declared (accumulation defaults to 1 only when the rest is complete); without
-    it, a declared global_batch is checked against the batch the run measures (`check_observed`).
+    it, a declared global_batch is checked against the batch the run measures (`check_observed`). A
+    single-process run needs no ``data_parallel`` or ``world_size``: the data-parallel size is 1 unless declared.
 
     Every refusal ends by naming the vocabulary resource, where the keys and their meanings are.
 
@@ -149,7 +150,6 @@ def _problems(contract: Contract) -> list[str]:
         for name, value in (
             ("invariants.global_batch", global_batch),
             ("execution.microbatch", micro),
-            ("execution.data_parallel (or execution.world_size)", dp),
         )
         if value is None
     ]
@@ -160,7 +160,10 @@ def _problems(contract: Contract) -> list[str]:
             + " (global_batch = microbatch x accumulation x data_parallel)"
         )
         return problems
-    assert global_batch is not None and micro is not None and dp is not None
+    assert global_batch is not None and micro is not None
+    # a single process needs no data_parallel: 1 unless declared, and a run with more ranks measures a
+    # larger batch than its global_batch (check_observed refuses it)
+    dp = dp or 1
     product = micro * (accumulation or 1) * dp
     if product != global_batch:
         problems.append(

@@ -579,7 +579,8 @@ def render_vocabulary() -> str:
         "- Checked: `global_batch` = `microbatch` x `accumulation` x `data_parallel` (or `world_size` / the "
         "model-parallel degrees) whenever `microbatch` is declared. A run checks what it can measure: "
         "`global_batch` against the samples per optimizer step, `accumulation` against the backward() passes, "
-        "`world_size` against the ranks; so `global_batch` alone is enough.",
+        "`world_size` against the ranks; so `global_batch` alone is enough. A single process needs no "
+        "`data_parallel` or `world_size`: the data-parallel size is 1 unless declared.",
         "",
         "| key | class | meaning | synonyms (stored as the key) | members (distinct keys of this kind) |",
         "|---|---|---|---|---|",
