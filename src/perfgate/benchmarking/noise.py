@@ -20,6 +20,7 @@ the run was over-subscribed.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -33,6 +34,7 @@ __all__ = ["explain_noise", "oversubscription", "pinned_threads"]
 
 _SPEED_SPREAD = 0.10
 _BUSY_SHARE = 0.25
+"""`perfgate.traces.hostload.BUSY_NEIGHBOUR_SHARE` (the analyses do not import each other)."""
 
 
 def pinned_threads(free_cpus: float, ranks: int) -> int:
@@ -67,12 +69,7 @@ def oversubscription(record: EvidenceRecord) -> tuple[int, int, float, int] | No
 
 def _spread(values: Sequence[float]) -> float:
     """Largest relative distance of a launch from its side's median."""
-    ordered = sorted(values)
-    mid = (
-        ordered[len(ordered) // 2]
-        if len(ordered) % 2
-        else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
-    )
+    mid = statistics.median(values)
     return max(abs(v / mid - 1) for v in values) if mid > 0 else 0.0
 
 
