@@ -632,9 +632,9 @@ def _correctness_gate(exp: Experiment, ev: _Evidence) -> Gate:
 
     declared = exp.tolerance
     fix = (
-        f"compare_tensors(reference=..., candidate=..., experiment_id={exp.id!r}) (the tolerance fixed at open"
-        + (", with allow_nonfinite=True" if declared.allow_nonfinite else "")
-        + "), then "
+        "compare_tensors(reference=..., candidate=..., experiment_id=...)"
+        + (" with allow_nonfinite=True" if declared.allow_nonfinite else "")
+        + ", then "
         + _attach(exp, "correctness")
     )
     base = _passed_by(exp, ev, "correctness", "compare_tensors", "correctness", fix)

@@ -96,33 +96,24 @@ class CompareTensorsInput(BaseModel):
     ]
     atol: Annotated[
         NonNegative | None,
-        Field(
-            description="Absolute tolerance declared for this task (choose it for the dtype); omitted with "
-            "experiment_id: the one fixed at open."
-        ),
+        Field(description="Absolute tolerance for this task's dtype (or from experiment_id)."),
     ] = None
     rtol: Annotated[
         NonNegative | None,
         Field(
             description="Relative tolerance declared for this task; an element passes when "
-            "|candidate - reference| <= atol + rtol * |reference|. Omitted with experiment_id: the one fixed at "
-            "open."
+            "|candidate - reference| <= atol + rtol * |reference|."
         ),
     ] = None
     experiment_id: Annotated[
         str | None,
         Field(
-            max_length=100,
-            description="The experiment this check is for: atol/rtol and overrides left out take the tolerance "
-            "and per-group tolerances its open fixed (the check is then exactly as strict as the keep asks).",
+            description="The experiment this check is for: omitted atol/rtol/overrides take what its open fixed.",
         ),
     ] = None
     overrides: Annotated[
         list[ToleranceOverrideInput],
-        Field(
-            description="Per-key tolerances by glob; the first matching pattern wins over atol/rtol. Omitted "
-            "with experiment_id: the groups its open declared."
-        ),
+        Field(description="Per-key tolerances by glob; the first matching pattern wins over atol/rtol."),
     ] = []
     allow_nonfinite: Annotated[
         bool,
@@ -348,7 +339,7 @@ SPEC = ToolSpec(
     title="Compare tensors (numeric parity)",
     description=(
         "Numeric parity of candidate and reference tensors (safetensors, NPZ/NPY, sharded folders) within "
-        "declared atol/rtol: a keep's correctness evidence. Dump them with perfgate.harness.dump_tensors."
+        "declared atol/rtol: a keep's correctness evidence (files from perfgate.harness.dump_tensors)."
     ),
     details=(
         "Check that a candidate's tensors (outputs, losses, gradients, activations or weights) agree with a "

@@ -272,9 +272,8 @@ SPEC = ToolSpec(
     name="compute_mfu",
     title="Compute MFU / HFU",
     description=(
-        "MFU or HFU from per-device FLOPs per step and measured step times against a sourced peak (a CPU's is "
-        "measured here); pass window_id and flops_id evidence: the run's device is used. An unknown device "
-        "needs peak_tflops."
+        "MFU or HFU from per-device FLOPs per step and measured step times against a sourced peak (a CPU's "
+        "measured); pass window_id and flops_id."
     ),
     details=(
         "Compute model FLOP utilization (MFU), hardware FLOP utilization (HFU) or profiler-attributed "

@@ -37,11 +37,9 @@ NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 class ToleranceGroupInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    pattern: str = Field(
-        min_length=1, max_length=200, description="Glob over tensor names, e.g. 'grad/*' or '*.running_var'."
-    )
-    atol: NonNegative
-    rtol: NonNegative
+    pattern: str = Field(max_length=200, description="Tensor name glob, e.g. 'grad/*'.")
+    atol: NonNegative = Field(description="This group's atol.")
+    rtol: NonNegative = Field(description="This group's rtol.")
 
 
 class ToleranceInput(BaseModel):
@@ -56,9 +54,8 @@ class ToleranceInput(BaseModel):
     groups: list[ToleranceGroupInput] = Field(
         default_factory=list[ToleranceGroupInput],
         max_length=32,
-        description="Per group of tensors, by name glob, first match wins over atol/rtol: e.g. gradients looser "
-        "than weights ({'pattern': 'grad/*', 'atol': 1e-4, 'rtol': 1e-3}). compare_tensors given the "
-        "experiment_id applies them as its overrides.",
+        description="Per tensor group, first match wins over atol/rtol (e.g. gradients looser than weights); "
+        "compare_tensors with experiment_id applies them.",
     )
 
 

@@ -371,8 +371,8 @@ SPEC = ToolSpec(
     name="run_benchmark_window",
     title="Time steady-state training windows",
     description=(
-        "Time steady-state training windows of a command (needs approval): step time, throughput, memory and "
-        "noise per rank; repeats>=3 for a decision. Contract keys: skill://perfgate/references/vocabulary.md"
+        "Time steady-state training windows of a command (needs approval): step time, throughput and memory "
+        "per rank; repeats>=3 to decide. Contract keys: skill://perfgate/references/vocabulary.md"
     ),
     details=(
         "Launch the training command (needs approval) and time steady-state windows of optimizer steps per "
