@@ -18,8 +18,10 @@ __all__ = [
     "MAX_STEPS",
     "MAX_WORLD_SIZE",
     "DeviceRecord",
+    "JobRecord",
     "ModelRecord",
     "OutsideRecord",
+    "PhaseRecord",
     "RankRecord",
     "RecordSet",
     "StepColumns",
@@ -111,6 +113,30 @@ class OutsideRecord(msgspec.Struct, frozen=True):
     """(step, updates GradScaler skipped)."""
 
 
+class PhaseRecord(msgspec.Struct, frozen=True):
+    """An evaluation pass, a checkpoint or a marked phase of the job (times from the record's origin)."""
+
+    kind: Annotated[str, msgspec.Meta(max_length=40)]
+    step: _Count
+    """The step in progress when it began (it ran inside that step's time, between two boundaries)."""
+    start_ns: _Ns
+    end_ns: _Ns
+    calls: Annotated[int, msgspec.Meta(ge=1, le=2**62)] = 1
+
+
+class JobRecord(msgspec.Struct, frozen=True):
+    """What the harness saw of the whole job: where training began and the phases beside the steps."""
+
+    measured: bool = False
+    """The run was measured as a whole job (never stopped after its windows; every step recorded)."""
+    train_start_ns: _Ns | None = None
+    """The first training forward (None: none seen, e.g. a script without a torch module)."""
+    phases: Annotated[list[PhaseRecord], msgspec.Meta(max_length=100_000)] = msgspec.field(
+        default_factory=list[PhaseRecord]
+    )
+    phases_dropped: _Count = 0
+
+
 class TensorDumpRecord(msgspec.Struct, frozen=True):
     """A file ``dump_tensors`` wrote inside the launched process (absolute path, as written)."""
 
@@ -178,6 +204,8 @@ class RankRecord(msgspec.Struct, frozen=True):
     """The top-level training module, as the forward hook found it (None: no training forward seen)."""
     outside_windows: OutsideRecord | None = None
     """Health of the steps outside the measured windows (None: a harness that did not record them)."""
+    job: JobRecord | None = None
+    """The whole job beside the windows (None: a harness that did not record it)."""
 
 
 @dataclass(frozen=True)

@@ -215,6 +215,14 @@ _TERMS: tuple[Term, ...] = (
     Term("workload", "semantic", "a name for the whole workload", ("task",)),
     Term("hardware", "semantic", "the hardware it must run on", ("device", "device_type", "gpu")),
     Term("software", "semantic", "the software stack", (), ("torch_version", "framework")),
+    Term(
+        "objective",
+        "semantic",
+        "what the experiment is judged on, the same on both sides: 'step_time' (the steady state, the default) "
+        "or 'time_to_train' (the whole job: start-up, compile, evaluation and checkpoints too; measure with "
+        "job=true, and a keep whose job got slower is refused)",
+        ("optimization_objective", "target_metric"),
+    ),
     # execution: how the same computation runs
     Term(
         "microbatch",

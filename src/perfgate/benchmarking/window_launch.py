@@ -94,6 +94,7 @@ def window_launch(
             progress_every=max(1, (plan.warmup_steps + plan.measure_steps) // 5),
             guard_steps=default_guard_steps(plan.measure_steps),
             label=plan.label,
+            job=plan.job,
         )
         if plan.capture is not None:
             cfg = cfg.with_overrides(

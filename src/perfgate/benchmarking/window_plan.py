@@ -40,6 +40,9 @@ class WindowPlan:
     label: str | None = None
     contract: Contract = field(default_factory=Contract)
     capture: Capture | None = None
+    job: bool = False
+    """Each launch runs to its own end and the whole job is measured beside the windows
+    (`perfgate.benchmarking.job`)."""
 
     @property
     def launches(self) -> int:
@@ -54,4 +57,5 @@ class WindowPlan:
         return (
             f"run_benchmark_window: {self.launches} launch(es), {self.repeats} window(s) of {self.measure_steps} "
             f"steps after {self.warmup_steps} warm-up steps ({self.timing} timing)"
+            + (", each run to its end (whole job)" if self.job else "")
         )

@@ -20,6 +20,7 @@ from perfgate.benchmarking.corroborate import TimingCheck, corroborate_launch
 from perfgate.benchmarking.dumps import TensorDump, tensor_dumps, unreached_dump_warning
 from perfgate.benchmarking.errors import BenchmarkError
 from perfgate.benchmarking.health import job_health_of_launches
+from perfgate.benchmarking.job import JobTiming, job_timing
 from perfgate.benchmarking.measured import ObservedBatch, launch_stream, observe_batch, window_health
 from perfgate.benchmarking.provenance import RunProvenance
 from perfgate.benchmarking.replicas import ReplicaCheck, replica_check
@@ -80,6 +81,8 @@ class WindowRun:
     """Per launch: the id the server gave it (None: unknown)."""
     reported_metrics: dict[str, float] = field(default_factory=dict[str, float])
     series_artifact: str | None = None
+    jobs: list[JobTiming] = field(default_factory=list[JobTiming])
+    """Per launch measured as a whole job (``plan.job``): its start-up, phases and wall time."""
 
     @property
     def first_record(self) -> RankRecord | None:
@@ -138,6 +141,8 @@ async def measure_windows(
                 ticks = observed.get(launch) if observed is not None else None
                 out.timing_checks.append(corroborate_launch(launch, records, ticks))
                 out.replicas.append(replica_check(launch, records, plan.contract.execution))
+                if plan.job and (timed := job_timing(launch, records, ticks)) is not None:
+                    out.jobs.append(timed)
                 out.first_launch = out.first_launch or records
                 all_records.extend(records)
                 launches.append(records)

@@ -419,6 +419,9 @@ def _comparison_gates(
     figure = f"{speedup:.3f}x" if isinstance(speedup, float) else str(speedup)
     if isinstance(low, float) and isinstance(high, float):
         figure += f" (95% interval {low:.3f}-{high:.3f})"
+    contradicted = as_dict(latest.result.get("job")).get("headline_contradicted")
+    if isinstance(contradicted, str):
+        figure = contradicted  # the pooled figure alone would mislead
     more = (
         "more separate launches per side (run_benchmark_window repeats>=3, not same_process), then a new "
         "compare_benchmarks(...) over all of them and "
@@ -477,7 +480,52 @@ def _comparison_gates(
         _memory_gate(exp, latest, ev, memory_accepted),
         _timing_gate(exp, latest, ev),
         _replica_gate(exp, latest, ev),
+        _job_gate(latest, ev),
     ]
+
+
+def _job_gate(comparison: EvidenceRecord, ev: _Evidence) -> Gate:
+    """A keep whose whole job got slower says so; refused where the contract's objective is time_to_train."""
+    job = as_dict(comparison.result.get("job"))
+    ids = [str(i) for i in as_list(comparison.inputs.get("candidate"))]
+    objectives = {
+        str(as_dict(as_dict(_declared_contract(r)).get("invariants")).get("objective"))
+        for i in ids
+        if (r := ev.get(i)) is not None
+    }
+    wanted = "time_to_train" in objectives
+    remeasure = (
+        "run_benchmark_window(..., job=true) for both sides (same inputs otherwise), then compare_benchmarks(...) "
+        "and attach it as the comparison"
+    )
+    if not job:
+        if wanted:
+            return _gate(
+                "job_time",
+                False,
+                "the contract's objective is time_to_train, but the sides were not measured as whole jobs",
+                [comparison.id],
+                remeasure,
+            )
+        return _na("job_time", "the whole job was not measured (run_benchmark_window job=true measures it)")
+    summary = str(job.get("summary"))
+    if job.get("verdict") != "slower":
+        return _gate("job_time", True, summary, [comparison.id])
+    if wanted:
+        return _gate(
+            "job_time",
+            False,
+            summary + "; the contract's objective is time_to_train",
+            [comparison.id],
+            "shrink the part that grew (the job's parts say which), re-measure the candidate with job=true and "
+            "compare again; or decide 'revert'",
+        )
+    return _gate(
+        "job_time",
+        True,
+        summary + " (said, not gated: declare invariants.objective='time_to_train' to gate the job)",
+        [comparison.id],
+    )
 
 
 def _replica_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:

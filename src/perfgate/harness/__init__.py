@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from perfgate._lazy import lazy_exports
 from perfgate.harness.config import ConfigError, HarnessConfig, ProfileConfig
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path
-from perfgate.harness.window import Window, WindowComplete, report_metric
+from perfgate.harness.window import Window, WindowComplete, phase, report_metric
 
 if TYPE_CHECKING:
     from perfgate.harness.dump import dump_tensors
@@ -50,6 +50,7 @@ __all__ = [
     "WindowComplete",
     "dump_tensors",
     "launch_id",
+    "phase",
     "record_iterable",
     "record_path",
     "report_metric",

@@ -88,6 +88,9 @@ class HarnessConfig:
     (see `perfgate.harness.capture`); None: no capture."""
     capture_what: tuple[str, ...] = ("parameters",)
     capture_path: str = DEFAULT_CAPTURE_PATH
+    job: bool = False
+    """Measure the whole job beside the windows: the script runs to its own end (never stopped), every step
+    boundary after the windows is still recorded, and its evaluation and checkpoint phases are timed."""
 
     def __post_init__(self) -> None:
         if self.warmup_steps < 0:
@@ -176,6 +179,7 @@ class HarnessConfig:
             capture_step=reader.optional_integer("CAPTURE_STEP"),
             capture_what=tuple((reader.text("CAPTURE_WHAT") or "parameters").split(",")),
             capture_path=reader.text("CAPTURE_PATH") or DEFAULT_CAPTURE_PATH,
+            job=reader.flag("JOB", False),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -200,6 +204,8 @@ class HarnessConfig:
             out["TOKENS_PER_STEP"] = str(self.tokens_per_step)
         if self.label is not None:
             out["LABEL"] = self.label
+        if self.job:
+            out["JOB"] = "1"
         if self.capture_step is not None:
             out["CAPTURE_STEP"] = str(self.capture_step)
             out["CAPTURE_WHAT"] = ",".join(self.capture_what)

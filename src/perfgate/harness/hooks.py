@@ -11,8 +11,12 @@ Probes, each installed at most once per process and routed to whichever window i
   kept as a device tensor (``detach()``, no synchronisation) and read at the window's edge;
 * wrappers around ``torch.amp.GradScaler.scale`` / ``step``: the unscaled loss, and scaler steps that
   did not reach the optimizer (an AMP overflow skipped the update);
-* a wrapper around ``torch.save``: a checkpoint written inside a measured window is named in the
-  record's notes (its time stays in the window: it is the script's own work);
+* a wrapper around ``torch.save``: each call is a checkpoint phase of the job (`Window.phase_ran`); one
+  written inside a measured window is also named in the record's notes (its time stays in the window: it is
+  the script's own work);
+* in a job run (``job=true``), evaluation passes: forwards of a module with trainable parameters under
+  ``no_grad`` or ``inference_mode``, outside any other module's forward, timed from the first call's start to
+  the last call's end;
 * tensor capture at a chosen step (`perfgate.harness.capture`): the optimizer post-hook hands over the
   optimizer, the forward probe the top-level module;
 * the samples that reach the model: a global forward pre-hook finds the top-level module (the first
@@ -47,6 +51,8 @@ _forward_probed = False
 _forward_probe: list[Any] = []
 """The global discovery hooks while no top-level module is known, then the one module hook."""
 _forward_depth = 0
+_eval_start: int | None = None
+"""Start of the evaluation forward in progress (a job run only)."""
 
 
 def activate(window: ActiveWindow, *, data_wait: bool = True, backward: bool = True) -> None:
@@ -172,15 +178,17 @@ def _patch_save(torch: Any) -> None:
 
     def noted_save(*args: Any, **kwargs: Any) -> Any:
         window = active_window()
-        if window is not None:
-            window.work_starts()
-        if window is None or not window.measuring:
+        if window is None:
             return original(*args, **kwargs)
+        window.work_starts()
         start = _now()
         try:
             return original(*args, **kwargs)
         finally:
-            window.user_work_ran("torch.save", _now() - start)
+            end = _now()
+            if window.measuring:
+                window.user_work_ran("torch.save", end - start)
+            window.phase_ran("checkpoint", start, end)
 
     torch.save = noted_save
     _save_patched = True
@@ -237,7 +245,11 @@ def _probe_forward(torch: Any) -> None:
             # the global hooks cost no later window anything
             _remove_probe()
             return
-        if _forward_depth != 1 or not torch.is_grad_enabled() or not _trains(module):
+        if _forward_depth != 1 or not _trains(module):
+            return
+        if not torch.is_grad_enabled():
+            if window is not None and window.job:
+                _eval_starts()
             return
         # found: count this call, then hand over to a hook on this module alone (the global hooks run for
         # every submodule call, a cost the measured steps should not carry)
@@ -246,10 +258,14 @@ def _probe_forward(torch: Any) -> None:
             window.note_model(model_facts(module))
         _remove_probe()
         _forward_probe.append(module.register_forward_pre_hook(_count_forward))
+        if window is not None and window.job:
+            _forward_probe.append(module.register_forward_hook(_eval_ends, always_call=True))
 
     def leave(module: Any, args: Any, output: Any) -> None:
         global _forward_depth
         _forward_depth = max(0, _forward_depth - 1)
+        if _forward_depth == 0:
+            _eval_ends()
 
     _forward_probe.append(register_pre(enter))
     _forward_probe.append(register_post(leave, always_call=True))
@@ -292,12 +308,30 @@ def _count_forward(module: Any, args: tuple[Any, ...]) -> None:
         return
     window.work_starts()  # any forward of the model, evaluation included, is new work
     if not sys.modules["torch"].is_grad_enabled():
+        if window.job:
+            _eval_starts()
         return
     capture.saw_module(module)
     window.add_model_samples(batch_size(args))
     wanted = window.stream_rows_wanted()
     if wanted:
         window.add_stream(*_input_rows(args, wanted))
+
+
+def _eval_starts() -> None:
+    global _eval_start
+    if _eval_start is None:
+        _eval_start = _now()
+
+
+def _eval_ends(*_: object) -> None:
+    """An evaluation forward (if one is in progress) ended: a phase of the job."""
+    global _eval_start
+    start, _eval_start = _eval_start, None
+    if start is not None:
+        window = active_window()
+        if window is not None:
+            window.phase_ran("eval", start, _now())
 
 
 def _input_rows(args: tuple[Any, ...], wanted: int) -> tuple[str, bytes | None, int]:

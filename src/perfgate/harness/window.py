@@ -28,6 +28,7 @@ import hashlib
 import itertools
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -44,13 +45,20 @@ from perfgate.harness.device import DeviceBackend, detect_backend
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path, stream_record, write_record
 from perfgate.harness.ticks import TickWriter
 
-__all__ = ["Window", "WindowComplete", "report_metric"]
+__all__ = ["Window", "WindowComplete", "phase", "report_metric"]
 
 _now = time.perf_counter_ns
 
 STREAM_ROWS = 64
 """Input rows (samples) of the first training forwards of the warm-up that make up a launch's sample stream
 digest: the data path a comparison's sides share when their digests agree."""
+
+MAX_PHASES = 10_000
+"""Phases (evaluation passes, checkpoints, marked phases) a record lists; later ones are counted only."""
+_JOB_LOSS_BATCH = 4096
+"""Losses a job run keeps on the device after its windows before reading them back in one transfer."""
+_NEVER = 1 << 62
+_PHASE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,40}")
 
 # One tuple per step: (end_ns, data_wait_ns, backward_ns, samples, tokens).
 _Step = tuple[int, int, int, "int | None", "int | None"]
@@ -151,6 +159,9 @@ class Window:
         # that set PERFGATE_STOP for an explicitly timed script.
         asked = _state.launcher_active() or os.environ.get(ENV_PREFIX + "STOP") is not None
         self.stop = stop if stop is not None else (cfg.stop and asked)
+        self.job = cfg.job
+        if self.job:
+            self.stop = False  # the whole job is measured: it runs to its own end
         self.rank: RankInfo = rank_from_env()
         self._ticks = TickWriter(self.rank.rank)
         from perfgate.harness._node import node_facts
@@ -218,6 +229,14 @@ class Window:
         self._backward_calls = 0
         self._dumps: list[dict[str, Any]] = []
         self._metrics: dict[str, float] = {}
+        self._collecting = True
+        """Losses and skipped updates are kept: until the last window closes, or to the end in a job run."""
+        self._phases: list[list[Any]] = []
+        """[kind, step, start_ns, end_ns, calls, training forwards before it]: evaluation passes, checkpoints,
+        marked phases (`phase_ran`); ``step`` is the step in progress when the phase began."""
+        self._phases_dropped = 0
+        self._train_forwards = 0
+        self._train_start_ns: int | None = None
         _preload_own_modules()
         self._profiler: Any = None
         if cfg.profile is not None:
@@ -324,6 +343,24 @@ class Window:
         entry[0] += 1
         entry[1] += elapsed_ns
 
+    def phase_ran(self, kind: str, start_ns: int, end_ns: int) -> None:
+        """An evaluation pass, a checkpoint or a marked phase (``kind``) ran from ``start_ns`` to ``end_ns``
+        (``perf_counter_ns``). Consecutive calls of one kind with no training forward and no step boundary
+        between them are one phase (the forwards of an evaluation pass, the files of a checkpoint)."""
+        if os.getpid() != self._pid:
+            return
+        phases = self._phases
+        if phases:
+            last = phases[-1]
+            if last[0] == kind and last[1] == self._count and last[5] == self._train_forwards:
+                last[3] = end_ns
+                last[4] += 1
+                return
+        if len(phases) >= MAX_PHASES:
+            self._phases_dropped += 1
+            return
+        phases.append([kind, self._count, start_ns, end_ns, 1, self._train_forwards])
+
     def begin(self) -> None:
         """Mark the start of step 0 (done implicitly by the first ``step()`` block)."""
         if not self._begun:
@@ -395,6 +432,9 @@ class Window:
     def add_model_samples(self, samples: int | None) -> None:
         """Called by the forward hook with the leading dimension of one top-level forward's input; a call
         whose input has none makes the step's count unknown (-1 until the step ends)."""
+        if self._train_start_ns is None:
+            self._train_start_ns = _now()
+        self._train_forwards += 1
         if samples is None or self._cur_model_samples == -1:
             self._cur_model_samples = -1
         else:
@@ -440,18 +480,20 @@ class Window:
         or the record's). The scaled loss of a GradScaler is skipped: its unscaled value was noted by
         ``note_scaled_loss``.
         """
-        if self._done or id(tensor) == self._scaled_id:
+        if not self._collecting or id(tensor) == self._scaled_id:
             return
         numel = getattr(tensor, "numel", None)
         if numel is not None and numel() == 1:
             self._losses.append((self._count, tensor.detach()))
+            if self._done and len(self._losses) >= _JOB_LOSS_BATCH:
+                self._read_outside()  # a job run after its windows: bounded device memory, one read per batch
 
     def note_scaled_loss(self, scaler: Any, loss: Any, scaled: Any) -> None:
         """Called by the GradScaler.scale hook: ``loss`` is the step's loss, ``scaled`` goes to backward."""
         self._scaler = scaler
         self._scaled_id = id(scaled)
         numel = getattr(loss, "numel", None)
-        if not self._done and numel is not None and numel() == 1:
+        if self._collecting and numel is not None and numel() == 1:
             self._losses.append((self._count, loss.detach()))
 
     def add_scaler_step(self, scaler: Any) -> None:
@@ -464,7 +506,7 @@ class Window:
         # Optimizer timing: this boundary is the one scaler step that reached the optimizer; any other
         # scaler step since the previous boundary was skipped (an inf/NaN gradient under AMP).
         skipped = self._scaler_steps - 1 if self.timing == "optimizer" else 0
-        if skipped > 0 and not self._done:
+        if skipped > 0 and self._collecting:
             self._skipped.append([n - 1, skipped])
             # the skipped iterations' losses belong to no update: keep the last iteration's only
             del self._losses[self._step_loss_start : self._scaler_marks[-2]]
@@ -486,8 +528,8 @@ class Window:
         hooks.deactivate(self)
         self._run_deferred()
         self._ticks.close()
-        if not self._done:
-            self._read_outside()  # an unfinished run: its open window's steps are outside every window
+        if not self._done or self.job:
+            self._read_outside()  # an unfinished run's open window, or a job run's steps after its windows
         return self._write()
 
     def __enter__(self) -> Window:
@@ -564,6 +606,15 @@ class Window:
             "metrics": dict(self._metrics),
             "sample_stream": self._inputs.hexdigest() if self._inputs_read and self._inputs_known else None,
             "model": self._model,
+            "job": {
+                "measured": self.job,
+                "train_start_ns": None if self._train_start_ns is None else self._train_start_ns - origin,
+                "phases": [
+                    {"kind": k, "step": step, "start_ns": a - origin, "end_ns": b - origin, "calls": calls}
+                    for k, step, a, b, calls, _ in self._phases
+                ],
+                "phases_dropped": self._phases_dropped,
+            },
             "outside_windows": {
                 "loss": [list(p) for p in self._outside_loss],
                 "nonfinite_loss_steps": list(self._outside_bad),
@@ -857,6 +908,10 @@ class Window:
         # Stopping is left to the start of the next step's work (`work_starts`): the script's own output of
         # the last step (its log line) still runs, and nothing after the record is measured.
         self._stop_pending = self.stop
+        self._collecting = self.job
+        if self.job:
+            # every later boundary takes mark_step's fast path: recorded and sent to the server, nothing more
+            self._next_special = _NEVER
 
     def work_starts(self) -> None:
         """The script starts new work: a step scope, a training forward, a batch fetch, a checkpoint, or a
@@ -908,6 +963,43 @@ def report_metric(name: str, value: float) -> bool:
         return False
     window.metric_reported(name, number)
     return True
+
+
+class phase:
+    """Mark a phase of the job in one line: ``with perfgate.harness.phase("eval"): evaluate()``.
+
+    A run measured with ``job=true`` reports each kind's time (``eval``, ``checkpoint``, or a name of your
+    own: 1-40 letters, digits, ``_.:-``) beside its steps. Evaluation forwards under ``no_grad`` and
+    ``torch.save`` are found without a marker; mark what the harness cannot see (an evaluation on another
+    module, a sharded checkpoint writer). Outside a harness window it does nothing.
+
+    Raises:
+        ValueError: a name outside that alphabet or length.
+    """
+
+    __slots__ = ("_name", "_start", "_window")
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or _PHASE_NAME.fullmatch(name) is None:  # pyright: ignore[reportUnnecessaryIsInstance]  # caller input
+            raise ValueError(
+                f"phase name {name!r}: use 1-40 letters, digits or _.:- (e.g. 'eval', 'checkpoint')"
+            )
+        self._name = name
+        self._start = 0
+        self._window: Any = None
+
+    def __enter__(self) -> phase:
+        window = _state.active_window()
+        if window is not None:
+            window.work_starts()
+        self._window = window
+        self._start = _now()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        window, self._window = self._window, None
+        if window is not None:
+            window.phase_ran(self._name, self._start, _now())
 
 
 def _preload_own_modules() -> None:

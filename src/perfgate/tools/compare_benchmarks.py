@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.benchmarking import BenchmarkError
 from perfgate.benchmarking.differences import Classification, DifferenceKind
+from perfgate.benchmarking.job import JobComparison, JobTiming, compare_jobs
 from perfgate.benchmarking.sides import BENCHMARK_TOOL, IMPORT_TOOL, WINDOW_TOOLS
 from perfgate.benchmarking.training import caution
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
@@ -188,6 +189,12 @@ class CompareBenchmarksOutput(BaseModel):
         description="The rank test over launches (two or more a side): it decides when a few wild launches "
         "swamp the pooled interval (decided=true).",
     )
+    job: JobComparison | None = Field(
+        default=None,
+        description="Both sides measured with job=true: the whole jobs (wall time, start-up, compile/warm-up, "
+        "steps, evaluation, checkpoints) side by side; a job that got slower while its steps got faster leads "
+        "the answer.",
+    )
 
 
 async def _load(rt: ToolRuntime, ids: list[str]) -> list[EvidenceRecord]:
@@ -201,6 +208,17 @@ async def _load(rt: ToolRuntime, ids: list[str]) -> list[EvidenceRecord]:
             )
         records.append(record)
     return records
+
+
+def _job_launches(records: list[EvidenceRecord]) -> list[JobTiming]:
+    """Every launch of a side measured as a whole job; empty unless all its windows were (job=true)."""
+    out: list[JobTiming] = []
+    for record in records:
+        launches = record.result.get("job_launches")
+        if not isinstance(launches, list) or not launches:
+            return []
+        out += [JobTiming.model_validate(j) for j in launches]  # pyright: ignore[reportUnknownVariableType]
+    return out
 
 
 async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarksOutput:
@@ -319,6 +337,24 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
             decided=result.decided_by_rank,
         ),
     )
+    out.job = compare_jobs(
+        _job_launches(base),
+        _job_launches(cand),
+        result.speedup,
+        result.median_step_speedup,
+        inp.min_effect,
+    )
+    if out.job is not None:
+        leads = [
+            x
+            for x in (out.job.headline_contradicted, out.job.summary if out.job.contradicts_steps else None)
+            if x
+        ]
+        if leads:
+            out.caution = "; ".join([*leads, *([out.caution] if out.caution else [])])
+        out.warnings.insert(0, out.job.summary)
+        if out.job.unlike_windows:
+            out.warnings.insert(1, out.job.unlike_windows)
     base_ms, cand_ms = ab.baseline_step_ms, ab.candidate_step_ms
     interval = (result.ci_low, result.ci_high)
     await rt.plot(

@@ -21,6 +21,7 @@ from perfgate.benchmarking import BenchmarkError
 from perfgate.benchmarking.collect import launch_failure
 from perfgate.benchmarking.drift import host_speed_probe
 from perfgate.benchmarking.health import HARNESS_COVERS, health_model, job_health_model
+from perfgate.benchmarking.job import summarize_jobs
 from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path
 from perfgate.benchmarking.measured import measured_environment
 from perfgate.benchmarking.provenance import RunProvenance, run_provenance
@@ -73,6 +74,7 @@ def plan(inp: RunBenchmarkWindowInput) -> WindowPlan:
         tokens_per_step=inp.tokens_per_step,
         label=inp.label,
         contract=inp.contract.contract(),
+        job=inp.job,
         capture=Capture(capture.step, tuple(capture.what), capture.path) if capture is not None else None,
     )
 
@@ -314,6 +316,8 @@ def _render(
         "tensor_dumps": got.tensor_dumps,
         "launch_ids": got.launch_ids,
         "reported_metrics": got.reported_metrics,
+        "job": summarize_jobs(got.jobs),
+        "job_launches": got.jobs,
     }
     summary = got.summary
     if summary is None or got.failure is not None:

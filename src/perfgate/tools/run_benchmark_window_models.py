@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from perfgate.benchmarking.contract import BenchmarkContract
 from perfgate.benchmarking.corroborate import TimingCheck
 from perfgate.benchmarking.dumps import TensorDump
 from perfgate.benchmarking.health import JobHealth, TrainingHealth
+from perfgate.benchmarking.job import JobSummary, JobTiming
 from perfgate.benchmarking.provenance import RunProvenance
 from perfgate.benchmarking.replicas import ReplicaCheck
 from perfgate.benchmarking.results import ModelFacts, RankResult, Throughput, WindowResult
@@ -23,7 +25,19 @@ from perfgate.traces.models import HostLoad
 __all__ = ["Launcher", "RunBenchmarkWindowInput", "RunBenchmarkWindowOutput", "SlurmLaunch", "TensorCapture"]
 
 Launcher = Literal["local", "slurm"]
-_SLURM_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.:,=+-]{0,127}$"
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:,=+-]{0,127}")
+
+
+def _slurm_name(value: str | None) -> str | None:
+    """A partition or GRES name as Slurm spells one (no spaces, shell or option characters)."""
+    if value is not None and _SLURM_NAME.fullmatch(value) is None:
+        raise ValueError(
+            f"{value!r} is not a Slurm name: letters, digits and _.:,=+- only, starting with a letter, digit or _"
+        )
+    return value
+
+
+_SlurmName = Annotated[str | None, AfterValidator(_slurm_name)]
 
 
 class SlurmLaunch(BaseModel):
@@ -43,12 +57,8 @@ class SlurmLaunch(BaseModel):
         ),
     ] = 1
     cpus_per_task: Annotated[int | None, Field(ge=1, le=4096, description="CPUs per task.")] = None
-    gres: Annotated[
-        str | None, Field(pattern=_SLURM_NAME, description="Generic resources per node, e.g. 'gpu:8'.")
-    ] = None
-    partition: Annotated[
-        str | None, Field(pattern=_SLURM_NAME, description="Partition; default: the cluster's default.")
-    ] = None
+    gres: Annotated[_SlurmName, Field(description="Generic resources per node, e.g. 'gpu:8'.")] = None
+    partition: Annotated[_SlurmName, Field(description="Partition; default: the cluster's default.")] = None
 
 
 class TensorCapture(BaseModel):
@@ -118,6 +128,16 @@ class RunBenchmarkWindowInput(BaseModel):
         Field(
             description="Measure the repeats as consecutive windows of one launch (faster, but blind to "
             "launch-to-launch variation)."
+        ),
+    ] = False
+    job: Annotated[
+        bool,
+        Field(
+            description="Measure the whole job beside the windows: each launch runs to its own end (not stopped "
+            "after the windows), and the answer's `job` splits the time to its last step into start-up, the first "
+            "steps' compile/warm-up beyond the steady step, the steps, evaluation passes (forwards under no_grad), "
+            "checkpoints (torch.save) and phases marked with `with perfgate.harness.phase(name):`, on the server's "
+            "clock. compare_benchmarks then compares the jobs too. Not with timing='log'."
         ),
     ] = False
     timeout_s: Annotated[float, Field(gt=0, description="Wall-clock limit per launch, seconds.")] = 600.0
@@ -218,6 +238,11 @@ class RunBenchmarkWindowInput(BaseModel):
             raise ValueError("stall_s is watched by a blocking call only; leave it out with detach=true")
         if self.slurm is not None and self.launcher != "slurm":
             raise ValueError("slurm resources are only used with launcher='slurm'")
+        if self.job and self.timing == "log":
+            raise ValueError(
+                "job=true needs the harness (timing='harness' or 'explicit'): a log-timed run already runs to its "
+                "end, and its phases are not seen"
+            )
         if self.capture is not None:
             if self.timing != "harness":
                 raise ValueError(
@@ -225,7 +250,7 @@ class RunBenchmarkWindowInput(BaseModel):
                     "call perfgate.harness.dump_tensors in the script"
                 )
             last = self.warmup_steps + self.measure_steps * (self.repeats if self.same_process else 1)
-            if self.capture.step >= last:
+            if self.capture.step >= last and not self.job:
                 raise ValueError(
                     f"capture step {self.capture.step} is never reached: the harness ends the script after step "
                     f"{last}; capture before step {self.warmup_steps} to keep the windows as planned"
@@ -303,6 +328,15 @@ class RunBenchmarkWindowOutput(BaseModel):
         default=None,
         description="Loss health over the measured steps (losses read at window edges only), non-finite "
         "losses on any rank, updates GradScaler skipped; null when no scalar loss went through backward().",
+    )
+    job: JobSummary | None = Field(
+        default=None,
+        description="job=true: the whole job, each figure the median over launches: wall time, time to the "
+        "last step, and its parts (startup, warmup_excess, steps, eval, checkpoint, marked phases, "
+        "after_last_step).",
+    )
+    job_launches: list[JobTiming] = Field(
+        default_factory=list[JobTiming], description="job=true: each launch's whole job."
     )
     job_health: JobHealth | None = Field(
         default=None,
