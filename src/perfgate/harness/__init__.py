@@ -15,6 +15,11 @@ Explicit, for loops without a torch optimizer::
     for batch in loader:
         with window.step(samples=len(batch)):
             train_step(batch)
+
+A phase of the job the harness cannot find by itself, in one line (reported with ``job=true``)::
+
+    with perfgate.harness.phase("eval"):
+        evaluate(ema_model)
 """
 
 from __future__ import annotations
