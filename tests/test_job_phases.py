@@ -117,6 +117,41 @@ def test_a_job_run_records_every_step_and_its_phases(tmp_path: Path) -> None:
     assert total == pytest.approx(timed.time_to_last_step_s + parts["export"].seconds, rel=0.02)
 
 
+def test_a_distributed_checkpoint_save_is_a_checkpoint_phase(tmp_path: Path) -> None:
+    """torch.distributed.checkpoint.save, imported by the script after the harness started (as torchtitan
+    does), is timed as a checkpoint like torch.save."""
+    script = _script(20).replace(
+        'torch.save(model.state_dict(), "ckpt.pt")',
+        'dcp.save({"model": model.state_dict()}, checkpoint_id="dcp_ckpt")',
+    )
+    (tmp_path / "train.py").write_text("import torch.distributed.checkpoint as dcp\n" + script)
+    done = subprocess.run(
+        [
+            PY,
+            "-m",
+            "perfgate.harness",
+            "--warmup-steps",
+            "2",
+            "--measure-steps",
+            "3",
+            "--record-dir",
+            "rec",
+            "--",
+            "train.py",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PERFGATE_JOB": "1"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "dcp_ckpt").is_dir()
+    record = read_record(tmp_path / "rec" / "rank0.json")
+    assert record.job is not None
+    assert [(p.kind, p.step) for p in record.job.phases if p.kind == "checkpoint"] == [("checkpoint", 15)]
+
+
 def test_without_job_the_harness_stops_after_its_windows(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(_script(40))
     done = subprocess.run(

@@ -11,7 +11,9 @@ Probes, each installed at most once per process and routed to whichever window i
   kept as a device tensor (``detach()``, no synchronisation) and read at the window's edge;
 * wrappers around ``torch.amp.GradScaler.scale`` / ``step``: the unscaled loss, and scaler steps that
   did not reach the optimizer (an AMP overflow skipped the update);
-* a wrapper around ``torch.save``: each call is a checkpoint phase of the job (`Window.phase_ran`); one
+* wrappers around ``torch.save`` (and ``torch.distributed.checkpoint.save`` / ``async_save``,
+  ``safetensors.torch.save_file`` where the script imported them): each call is a checkpoint phase of the
+  job (`Window.phase_ran`); one
   written inside a measured window is also named in the record's notes (its time stays in the window: it is
   the script's own work);
 * in a job run (``job=true``), evaluation passes: forwards of a module with trainable parameters under
@@ -39,13 +41,12 @@ from typing import Any, cast
 from perfgate.harness import _state, capture
 from perfgate.harness._state import ActiveWindow, active_window
 
-__all__ = ["activate", "batch_size", "deactivate", "install_optimizer_hook", "model_facts"]
+__all__ = ["activate", "batch_size", "deactivate", "install_optimizer_hook", "model_facts", "patch_savers"]
 
 _now = time.perf_counter_ns
 _optimizer_handle: Any = None
 _data_loader_patched = False
 _backward_patched = False
-_save_patched = False
 _scaler_patched = False
 _forward_probed = False
 _forward_probe: list[Any] = []
@@ -69,7 +70,7 @@ def activate(window: ActiveWindow, *, data_wait: bool = True, backward: bool = T
     if backward:
         _patch_backward(torch)
         _patch_grad_scaler(torch)
-    _patch_save(torch)
+    patch_savers()
     _probe_forward(torch)
 
 
@@ -170,12 +171,30 @@ def _patch_backward(torch: Any) -> None:
     _backward_patched = True
 
 
-def _patch_save(torch: Any) -> None:
-    global _save_patched
-    if _save_patched or not callable(getattr(torch, "save", None)):
-        return
-    original = torch.save
+_SAVERS = (
+    ("torch", "save", "torch.save"),
+    ("torch.distributed.checkpoint", "save", "torch.distributed.checkpoint.save"),
+    ("torch.distributed.checkpoint", "async_save", "torch.distributed.checkpoint.async_save"),
+    ("safetensors.torch", "save_file", "safetensors.torch.save_file"),
+)
+"""Checkpoint writers timed as the job's checkpoint phases: (module, attribute, name in notes). A module the
+script has not imported by its first step is left alone (the harness never imports one)."""
+_saves_patched: set[str] = set()
 
+
+def patch_savers() -> None:
+    """Wrap the checkpoint writers (`_SAVERS`) of the modules already imported; again at the first step
+    boundary, when the script's own imports are done."""
+    for module_name, attr, what in _SAVERS:
+        module = sys.modules.get(module_name)
+        original = getattr(module, attr, None)
+        if what in _saves_patched or not callable(original):
+            continue
+        setattr(module, attr, _noted_save(original, what))
+        _saves_patched.add(what)
+
+
+def _noted_save(original: Any, what: str) -> Any:
     def noted_save(*args: Any, **kwargs: Any) -> Any:
         window = active_window()
         if window is None:
@@ -187,11 +206,10 @@ def _patch_save(torch: Any) -> None:
         finally:
             end = _now()
             if window.measuring:
-                window.user_work_ran("torch.save", end - start)
+                window.user_work_ran(what, end - start)
             window.phase_ran("checkpoint", start, end)
 
-    torch.save = noted_save
-    _save_patched = True
+    return noted_save
 
 
 def _patch_grad_scaler(torch: Any) -> None:

@@ -673,6 +673,8 @@ class Window:
         if self._scaler_steps:
             self._count_skips(n)
         if self._runtime_env is None:
+            if self._instrument:
+                hooks.patch_savers()  # checkpoint modules the script imported since the window was made
             self._check_runtime_env(len(self._windows), first_boundary=True)
         if is_edge:
             if self._open is not None:
