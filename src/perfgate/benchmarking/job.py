@@ -86,6 +86,7 @@ class JobSummary(BaseModel):
     time_to_last_step_range_s: tuple[float, float]
     parts: list[JobPart] = Field(description="Each part's median over launches.")
     observed: bool
+    summary: str = Field(description="The job in one line: time to the last step, its parts, wall time.")
 
 
 def _steady_ms(record: RankRecord) -> float | None:
@@ -192,9 +193,17 @@ def summarize_jobs(jobs: Sequence[JobTiming]) -> JobSummary | None:
                 passes=round(statistics.median(passes)) if passes else None,
             )
         )
+    wall = statistics.median(walls) if len(walls) == len(jobs) else None
+    shown = ", ".join(
+        f"{p.name} {p.seconds:.2f} s" + (f" x{p.passes}" if p.passes is not None else "")
+        for p in parts
+        if p.name != "after_last_step"
+    )
     return JobSummary(
+        summary=f"job ({len(jobs)} launch(es), medians): {statistics.median(to_last):.2f} s to the last step "
+        f"({shown})" + (f"; wall {wall:.2f} s" if wall is not None else "; wall not observed"),
         launches=len(jobs),
-        wall_s=statistics.median(walls) if len(walls) == len(jobs) else None,
+        wall_s=wall,
         wall_range_s=(min(walls), max(walls)) if len(walls) == len(jobs) else None,
         time_to_last_step_s=statistics.median(to_last),
         time_to_last_step_range_s=(min(to_last), max(to_last)),

@@ -316,8 +316,9 @@ def _render(
         "tensor_dumps": got.tensor_dumps,
         "launch_ids": got.launch_ids,
         "reported_metrics": got.reported_metrics,
-        "job": summarize_jobs(got.jobs),
+        "job": (job := summarize_jobs(got.jobs)),
         "job_launches": got.jobs,
+        "summary": job.summary if job is not None else None,
     }
     summary = got.summary
     if summary is None or got.failure is not None:

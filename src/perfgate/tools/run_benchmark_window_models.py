@@ -259,6 +259,9 @@ class RunBenchmarkWindowInput(BaseModel):
 
 
 class RunBenchmarkWindowOutput(BaseModel):
+    summary: str | None = Field(
+        default=None, description="job=true: the whole job in one line (the `job` field has its parts)."
+    )
     evidence_id: str
     state: EvidenceState
     exit_code: int | None = Field(
