@@ -32,7 +32,8 @@ def _slurm_name(value: str | None) -> str | None:
     """A partition or GRES name as Slurm spells one (no spaces, shell or option characters)."""
     if value is not None and _SLURM_NAME.fullmatch(value) is None:
         raise ValueError(
-            f"{value!r} is not a Slurm name: letters, digits and _.:,=+- only, starting with a letter, digit or _"
+            f"{value!r} does not match a Slurm name: letters, digits and _.:,=+- only, starting with a letter, "
+            "digit or _"
         )
     return value
 
