@@ -413,6 +413,18 @@ def _comparison_gates(
     if not comparisons:
         return [_gate("comparison", False, "no compare_benchmarks evidence is attached", ids, fix)]
     latest = comparisons[-1]
+    screen = as_dict(latest.result.get("screen"))
+    if screen:
+        return [
+            _gate(
+                "comparison",
+                False,
+                f"{latest.id} screened {len(as_list(screen.get('entries')))} candidates: a keep rests on one "
+                "candidate's own comparison, after the winner's validation",
+                [latest.id],
+                str(screen.get("next", "")).removeprefix("next: "),
+            )
+        ]
     verdict = latest.result.get("verdict")
     status = latest.result.get("status")
     speedup, low, high = (latest.result.get(k) for k in ("speedup", "ci_low", "ci_high"))

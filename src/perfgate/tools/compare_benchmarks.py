@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from perfgate.benchmarking import BenchmarkError
 from perfgate.benchmarking.differences import Classification, DifferenceKind
 from perfgate.benchmarking.job import JobComparison, JobTiming, compare_jobs
+from perfgate.benchmarking.screen import Screen
 from perfgate.benchmarking.sides import BENCHMARK_TOOL, IMPORT_TOOL, WINDOW_TOOLS
 from perfgate.benchmarking.training import caution
 from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
@@ -189,6 +190,12 @@ class CompareBenchmarksOutput(BaseModel):
         description="The rank test over launches (two or more a side): it decides when a few wild launches "
         "swamp the pooled interval (decided=true).",
     )
+    screen: Screen | None = Field(
+        default=None,
+        description="The candidate windows came from several candidates (they differ in argv, env, execution "
+        "settings or code): each was compared with the baseline, ranked, and the winner's validation is the "
+        "next step. A screen is never a keep's comparison.",
+    )
     job: JobComparison | None = Field(
         default=None,
         description="Both sides measured with job=true: the whole jobs (wall time, start-up, compile/warm-up, "
@@ -210,6 +217,29 @@ async def _load(rt: ToolRuntime, ids: list[str]) -> list[EvidenceRecord]:
     return records
 
 
+def _add_screen(out: CompareBenchmarksOutput, screen: Screen | None) -> None:
+    """A screen leads with its ranking and what to run next; its figures are the winner's, not a keep's."""
+    if screen is None:
+        return
+    out.screen = screen
+    if out.state == EvidenceState.PASSED:
+        out.state = EvidenceState.EXECUTED
+    ranked = "; ".join(
+        f"{e.label or e.candidate[0]}: {e.verdict}"
+        + (
+            f" {e.speedup:.3f}x ({e.ci_low:.3f}-{e.ci_high:.3f})"
+            if e.speedup and e.ci_low and e.ci_high
+            else ""
+        )
+        for e in screen.entries
+    )
+    head = f"screen of {len(screen.entries)} candidates, best first: {ranked}; the figures below are the " + (
+        "winner's" if screen.winner else "best candidate's"
+    )
+    out.caution = "; ".join(x for x in (head, out.caution) if x)
+    out.warnings.insert(0, screen.next)
+
+
 def _job_launches(records: list[EvidenceRecord]) -> list[JobTiming]:
     """Every launch of a side measured as a whole job; empty unless all its windows were (job=true)."""
     out: list[JobTiming] = []
@@ -222,7 +252,8 @@ def _job_launches(records: list[EvidenceRecord]) -> list[JobTiming]:
 
 
 async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarksOutput:
-    from perfgate.benchmarking.ab import compare_evidence
+    from perfgate.benchmarking.ab import EvidenceComparison, compare_evidence
+    from perfgate.benchmarking.screen import candidate_groups, rank_screen
     from perfgate.traces.hostload import BUSY_NEIGHBOUR_SHARE
 
     overlap = sorted(set(inp.baseline) & set(inp.candidate))
@@ -231,20 +262,31 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
     base = await _load(rt, inp.baseline)
     cand = await _load(rt, inp.candidate)
     ev = rt.evidence()
-    try:
-        ab = await anyio.to_thread.run_sync(
-            lambda: compare_evidence(
-                rt.workspace,
-                base,
-                cand,
-                inp.declared_changes,
-                per_device=inp.per_device,
-                min_effect=inp.min_effect,
-                busy_share=BUSY_NEIGHBOUR_SHARE,
-            )
+    groups = candidate_groups(cand)
+
+    def against(side: list[EvidenceRecord]) -> EvidenceComparison:
+        return compare_evidence(
+            rt.workspace,
+            base,
+            side,
+            inp.declared_changes,
+            per_device=inp.per_device,
+            min_effect=inp.min_effect,
+            busy_share=BUSY_NEIGHBOUR_SHARE,
         )
+
+    try:
+        each = await anyio.to_thread.run_sync(lambda: [against(g) for g in groups])
     except BenchmarkError as exc:
         raise ToolError(str(exc)) from exc
+    screen: Screen | None = None
+    ab = each[0]
+    if len(groups) > 1:
+        # several candidates: each against the baseline, ranked; the answer's figures are the winner's (or the
+        # best one's), and the record is never a keep's comparison
+        screen, best = rank_screen(groups, each, inp.baseline)
+        first = screen.entries[0].candidate
+        ab = each[best if best is not None else next(i for i, g in enumerate(groups) if g[0].id == first[0])]
     judged = ab.comparability
     common: dict[str, Any] = {
         "evidence_id": ev.id,
@@ -284,6 +326,7 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
             median_step_speedup=None,
             warnings=ab.warnings,
         )
+        _add_screen(out, screen)
         return await rt.commit(ev, out)
     decisive = result.verdict in ("improved", "regressed")
     drift = result.drift
@@ -355,6 +398,7 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
         out.warnings.insert(0, out.job.summary)
         if out.job.unlike_windows:
             out.warnings.insert(1, out.job.unlike_windows)
+    _add_screen(out, screen)
     base_ms, cand_ms = ab.baseline_step_ms, ab.candidate_step_ms
     interval = (result.ci_low, result.ci_high)
     await rt.plot(

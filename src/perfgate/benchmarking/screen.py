@@ -1,0 +1,155 @@
+"""Screens: several short candidates compared with one baseline in one call, the winner picked, and its
+longer validation asked for before any keep.
+
+The seeds' tuning loop runs matched short screens (a sweep of microbatch sizes, a few kernel options), then
+runs the winner for at least 50 healthy steps before trusting it. A candidate list that holds the windows of
+more than one candidate (they differ among themselves in what ran: argv, env values, contract execution
+settings, code state) is such a screen: each candidate is compared with the baseline on its own, under the
+same declared changes, and ranked. The winner is the improved candidate whose interval's lower end is
+highest; a screen is never kept itself (pooling different candidates would measure none of them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from perfgate.benchmarking.sides import IMPORT_TOOL, record_contract, record_provenance
+from perfgate.evidence.access import as_dict
+
+if TYPE_CHECKING:
+    from perfgate.benchmarking.ab import EvidenceComparison
+    from perfgate.evidence import EvidenceRecord
+
+__all__ = ["VALIDATION_STEPS", "Screen", "ScreenEntry", "candidate_groups", "rank_screen"]
+
+VALIDATION_STEPS = 50
+"""Healthy steps a screen's winner runs before it can be kept (the seeds' rule)."""
+
+
+class ScreenEntry(BaseModel):
+    candidate: list[str] = Field(description="The candidate's window evidence ids.")
+    label: str | None = Field(description="Its windows' label, when they share one.")
+    changes: list[str] = Field(description="What differs from the baseline (execution settings, env, code).")
+    status: str
+    verdict: str
+    speedup: float | None
+    ci_low: float | None
+    ci_high: float | None
+    median_step_speedup: float | None
+    reasons: list[str] = Field(description="Why it is incomparable, when it is.")
+
+
+class Screen(BaseModel):
+    """Each candidate against the baseline, the winner first."""
+
+    entries: list[ScreenEntry]
+    winner: list[str] | None = Field(
+        description="The winner's window evidence ids: improved, with the highest lower interval end; None when "
+        "no candidate improved beyond noise."
+    )
+    next: str = Field(
+        description="What to run before a keep: the winner's validation, then its own comparison."
+    )
+
+
+def _run_key(record: EvidenceRecord) -> str:
+    """What ran, as one string: windows of one candidate share it (their labels and reasons may differ)."""
+    execution = record_contract(record).execution
+    if record.tool == IMPORT_TOOL:
+        return json.dumps({"execution": execution}, sort_keys=True, default=str)
+    prov = record_provenance(record)
+    code = as_dict(prov.get("code"))
+    return json.dumps(
+        {
+            "argv": record.inputs.get("command"),
+            "env": record.inputs.get("env"),
+            "execution": execution,
+            "code": [code.get("commit"), code.get("diff_sha256")],
+            "files": prov.get("files"),
+        },
+        sort_keys=True,
+        default=str,
+    )
+
+
+def candidate_groups(records: Sequence[EvidenceRecord]) -> list[list[EvidenceRecord]]:
+    """The candidate windows grouped by what ran, in first-seen order (one group: no screen)."""
+    groups: dict[str, list[EvidenceRecord]] = {}
+    for r in records:
+        groups.setdefault(_run_key(r), []).append(r)
+    return list(groups.values())
+
+
+def _entry(group: Sequence[EvidenceRecord], ab: EvidenceComparison) -> ScreenEntry:
+    labels = {r.inputs.get("label") for r in group}
+    label = labels.pop() if len(labels) == 1 else None
+    c, judged = ab.comparison, ab.comparability
+    changes = [*judged.actual_changes]
+    changes += [
+        d.field
+        for d in judged.differences
+        if d.kind in ("env", "code", "file", "argv") and d.field not in changes
+    ]
+    return ScreenEntry(
+        candidate=[r.id for r in group],
+        label=label if isinstance(label, str) else None,
+        changes=changes,
+        status="incomparable" if c is None else "comparable",
+        verdict="incomparable" if c is None else c.verdict,
+        speedup=None if c is None else c.speedup,
+        ci_low=None if c is None else c.ci_low,
+        ci_high=None if c is None else c.ci_high,
+        median_step_speedup=None if c is None else c.median_step_speedup,
+        reasons=list(judged.reasons),
+    )
+
+
+def rank_screen(
+    groups: Sequence[Sequence[EvidenceRecord]],
+    comparisons: Sequence[EvidenceComparison],
+    baseline: Sequence[str],
+) -> tuple[Screen, int | None]:
+    """The screen and the index of its winner's group (None: none improved)."""
+    entries = [_entry(g, ab) for g, ab in zip(groups, comparisons, strict=True)]
+
+    def order(i: int) -> tuple[int, float, float]:
+        e = entries[i]
+        improved = e.verdict == "improved"
+        return (
+            0 if improved else 1 if e.status == "comparable" else 2,
+            -(e.ci_low or 0.0),
+            -(e.speedup or 0.0),
+        )
+
+    ranked = sorted(range(len(entries)), key=order)
+    best = ranked[0] if entries[ranked[0]].verdict == "improved" else None
+    if best is None:
+        step = (
+            "no candidate is faster beyond noise: screen longer windows or more launches (repeats>=3), or decide "
+            "'revert'; nothing here can be kept"
+        )
+    else:
+        ids = entries[best].candidate
+        step = (
+            f"validate the winner ({', '.join(ids)}) before any keep: record_decision(action='open', ..., "
+            f"validation_steps={VALIDATION_STEPS}) for its change, then run_benchmark_window with the inputs of "
+            f"{ids[0]} plus job=true (each launch runs to its end, so its health covers at least "
+            f"{VALIDATION_STEPS} steps of a long enough job), then compare_benchmarks(baseline={list(baseline)}, "
+            "candidate=[<those windows>]): the keep rests on that comparison and the winner's own healthy steps, "
+            "never on this screen"
+        )
+    screen = Screen(
+        entries=[entries[i] for i in ranked],
+        winner=None if best is None else entries[best].candidate,
+        next=f"next: {step}",
+    )
+    return screen, best
+
+
+def screen_result(result: dict[str, Any]) -> dict[str, Any]:
+    """A comparison record's screen (empty when it compared one candidate)."""
+    return as_dict(result.get("screen"))
