@@ -318,6 +318,60 @@ async def test_musa_branch_with_fake_gmi_and_fake_torch_musa(
     assert "systool_mthreads-gmi.txt" in out.artifacts and "systool_msys.txt" in out.artifacts
 
 
+def fake_musa_home(root: Path, toolkit: str, mublas: str | None = "1.6.0") -> Path:
+    """An SDK tree as the MUSA installer lays it out: version.json (components with their versions) and
+    versioned libraries with their links in lib/."""
+    root.mkdir()
+    (root / "version.json").write_text(
+        json.dumps(
+            {
+                "musa_runtime": {"version": toolkit, "commitid": "0" * 40},
+                "musa_toolkits": {"version": toolkit, "gitbranch": f"rc{toolkit}"},
+                "mudnn": {"version": "2.9.0"},
+            }
+        )
+    )
+    lib = root / "lib"
+    lib.mkdir()
+    names = [f"libmusart.so.{toolkit}"] + ([f"libmublas.so.{mublas}"] if mublas else [])
+    for name in names:
+        (lib / name).write_bytes(b"\x7fELF")
+        short = name.rsplit(".", 2)[0]  # libmublas.so.1.6.0 -> libmublas.so.1
+        (lib / short).symlink_to(name)
+    return root
+
+
+async def test_the_installed_musa_sdk_and_mublas_are_reported_apart_from_torchs_build(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", f"{FAKES / 'fake_mthreads_bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(FAKES / "fake_torch_musa_site"))
+    home = fake_musa_home(tmp_path / "musa-4.2.0", "4.2.0")
+    monkeypatch.setenv("MUSA_HOME", str(home))
+    out = await collect(workspace)
+    s = out.summary
+    # torch_musa (the fake) was built with MUSA 4.0.0; the SDK on disk is 4.2.0: both said, and the mismatch.
+    assert (s.runtime_version, s.sdk_version) == ("4.0.0", "4.2.0")
+    assert s.libraries["mublas"] == "1.6.0" and s.libraries["musart"] == "4.2.0"
+    assert any(
+        "built against MUSA 4.0.0 but the installed MUSA SDK (version.json) is 4.2.0" in w
+        for w in out.warnings
+    )
+    # The SDK facts name where the root came from, not its path (MUSA_HOME's value stays in `switches`).
+    assert str(home) not in json.dumps(s.model_dump(mode="json"))
+
+    monkeypatch.setenv("MUSA_HOME", str(fake_musa_home(tmp_path / "musa-4.0.0", "4.0.0", mublas=None)))
+    out = await collect(workspace)
+    assert out.summary.sdk_version == "4.0.0" and "mublas" not in out.summary.libraries
+    assert not any("built against MUSA" in w for w in out.warnings)
+    assert any(u.item == "mublas.version" and "libmublas" in u.reason for u in out.unavailable)
+
+    monkeypatch.setenv("MUSA_HOME", str(tmp_path / "nowhere"))
+    out = await collect(workspace)
+    assert out.summary.sdk_version is None
+    assert any(u.item == "musa_sdk" and u.reason == "MUSA_HOME is not a directory" for u in out.unavailable)
+
+
 # ---------------------------------------------------------------- another interpreter, through the gate
 
 

@@ -113,6 +113,21 @@ def _libraries(backend: str | None, libs: Mapping[str, Any]) -> dict[str, str | 
     return {}
 
 
+def _sdk_mismatch(runtime: object, sdk: str | None) -> str | None:
+    """A warning when the MUSA runtime torch_musa was built with and the installed SDK differ in major or
+    minor version (compared on their leading numbers: ``rc3.1.0`` reads as 3.1)."""
+    if not isinstance(runtime, str) or sdk is None:
+        return None
+    built, installed = re.search(r"\d+(?:\.\d+)?", runtime), re.search(r"\d+(?:\.\d+)?", sdk)
+    if built is None or installed is None or built.group(0) == installed.group(0):
+        return None
+    return (
+        f"torch_musa was built against MUSA {runtime} but the installed MUSA SDK (version.json) is {sdk}: "
+        "kernels or libraries may fail to load; install the torch_musa build for this SDK or point MUSA_HOME "
+        "at the matching SDK"
+    )
+
+
 def _driver(
     backend: str | None, tools: Sequence[SystemTool]
 ) -> tuple[str | None, str | None, int | None, str | None]:
@@ -250,6 +265,15 @@ def assemble(
     vis = visibility(backend or "cpu", process_count, env_vis, system_count, counted_tool)
     warnings += vis.notes
     libraries = _libraries(backend, _dict(accel.get("libraries")))
+    sdk = _dict(s.get("musa_sdk"))
+    sdk_version = sdk.get("toolkit_version") if isinstance(sdk.get("toolkit_version"), str) else None
+    if backend == "musa":
+        for name, version in sorted(_dict(sdk.get("libraries")).items()):
+            if name in ("mublas", "musart") and isinstance(version, str):
+                libraries[name] = version
+    mismatch = _sdk_mismatch(accel.get("runtime_version"), sdk_version)
+    if mismatch is not None:
+        warnings.append(mismatch)
     precision = _dict(accel.get("precision"))
     tf32: dict[str, bool | str | None] = {
         k: precision[k] for k in sorted(precision) if k.startswith("tf32") or k == "float32_matmul_precision"
@@ -309,6 +333,7 @@ def assemble(
         devices=devices,
         torch_version=torch_version,
         runtime_version=accel.get("runtime_version"),
+        sdk_version=sdk_version,
         driver_version=driver,
         driver_source=driver_source,
         libraries=libraries,

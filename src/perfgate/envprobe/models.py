@@ -169,12 +169,18 @@ class EnvironmentSummary(BaseModel):
     devices: list[Device]
     torch_version: str | None
     runtime_version: str | None = Field(description="CUDA / HIP / MUSA runtime torch was built with.")
+    sdk_version: str | None = Field(
+        default=None,
+        description="Installed MUSA SDK (toolkit) version from $MUSA_HOME/version.json (default "
+        "/usr/local/musa), reported apart from runtime_version (the one torch_musa was built with).",
+    )
     driver_version: str | None = Field(
         description="Kernel driver version reported by the backend's system tool."
     )
     driver_source: str | None
     libraries: dict[str, str | None] = Field(
-        description="cudnn, nccl, mudnn, mccl (or miopen/rccl) versions."
+        description="cudnn, nccl, mudnn, mccl (or miopen/rccl) versions; on MUSA also mublas (and musart) from "
+        "the SDK's library file names, when found."
     )
     bf16_supported: bool | None
     tf32: dict[str, bool | str | None] = Field(description="TF32 switches and float32 matmul precision.")

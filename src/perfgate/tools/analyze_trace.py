@@ -19,12 +19,15 @@ from perfgate.tools.trace_analysis import (
     TraceAnalysisFields,
     TraceFile,
     analyze_paths,
+    import_counters,
     key_plot,
     resolve_traces,
     trace_brief,
     trace_files,
+    with_counters,
 )
 from perfgate.traces import Finding, RankProfile, RankSkew
+from perfgate.traces.counters import KernelCounterTable
 from perfgate.traces.models import ProfileDiff
 
 __all__ = ["SPEC", "AnalyzeTraceInput", "AnalyzeTraceOutput", "run"]
@@ -36,7 +39,9 @@ class AnalyzeTraceInput(TraceAnalysisFields):
         Field(
             min_length=1,
             description="Trace files (.json / .json.gz) or folders of per-rank traces, relative to the "
-            "workspace (e.g. ['profiles/'] or the trace_artifacts of a profile_segment run).",
+            "workspace (e.g. ['profiles/'] or the trace_artifacts of a profile_segment run). Also kernel "
+            "counter exports of ncu / mcu (.csv: `--csv --page details` or `--page raw`): per kernel, memory- / "
+            "compute- / latency-bound and its occupancy limiter, joined to the traces' kernels.",
         ),
     ]
     baseline_paths: Annotated[
@@ -79,6 +84,10 @@ class AnalyzeTraceOutput(BaseModel):
     )
     baseline: str | None = Field(default=None, description="What the diff compares against.")
     trace_files: list[TraceFile]
+    kernel_counters: list[KernelCounterTable] = Field(
+        default_factory=list[KernelCounterTable],
+        description="The ncu/mcu exports among trace_paths, read: per-kernel verdicts, ranked by trace time.",
+    )
     warnings: list[str]
 
 
@@ -115,6 +124,18 @@ async def _baseline(
     return None
 
 
+def _split(raw_paths: list[str]) -> tuple[list[str], list[str]]:
+    """Trace paths, and the kernel counter exports (.csv) among them."""
+    csvs = [p for p in raw_paths if p.lower().endswith(".csv")]
+    return [p for p in raw_paths if p not in csvs], csvs
+
+
+def _brief(out: AnalyzeTraceOutput) -> list[str]:
+    lines = [f"diff vs {out.baseline}: " + " | ".join(out.diff.summary)] if out.diff else []
+    trace = trace_brief(out.ranks, out.rank_skew, out.findings, out.evidence_id)
+    return lines + with_counters(trace, bool(out.ranks), out.kernel_counters)
+
+
 def _with_top_k(inp: AnalyzeTraceInput) -> AnalyzeTraceInput:
     """A diff compares top lists: both sides keep at least _DIFF_TOP_K kernels and ops."""
     if not (inp.baseline_paths or inp.baseline_evidence_id) or inp.top_k >= _DIFF_TOP_K:
@@ -125,10 +146,12 @@ def _with_top_k(inp: AnalyzeTraceInput) -> AnalyzeTraceInput:
 async def run(inp: AnalyzeTraceInput, rt: ToolRuntime) -> AnalyzeTraceOutput:
     from perfgate.traces import combine
 
-    paths = resolve_traces(inp.trace_paths, rt)
+    traces, counters = _split(inp.trace_paths)
+    paths = resolve_traces(traces, rt) if traces else []
     base = await _baseline(inp, rt)
     profiles = await analyze_paths(paths, _with_top_k(inp), rt)
     report = combine(profiles)
+    tables = import_counters(counters, report.ranks, rt)
     diff = None
     if base is not None:
         from perfgate.traces.diff import diff_profiles
@@ -145,6 +168,7 @@ async def run(inp: AnalyzeTraceInput, rt: ToolRuntime) -> AnalyzeTraceOutput:
         diff=diff,
         baseline=base[2] if base is not None else None,
         trace_files=trace_files(paths, profiles, rt),
+        kernel_counters=tables,
         warnings=report.warnings,
     )
     await key_plot(ev, report.ranks, rt)
@@ -165,7 +189,9 @@ SPEC = ToolSpec(
         "syncs), device idle / compute / communication / memory time (HTA's definitions), kernel "
         "categories, top kernels and ops, launch and sync costs, idle-time causes, frequent kernel sequences, "
         "per-step times and the slowest rank; ranked findings name the wall with the time at stake, the first "
-        "change to try and its guard. With baseline_paths or baseline_evidence_id it also diffs the two "
+        "change to try and its guard. Kernel counter exports of ncu / mcu (.csv) among trace_paths add a verdict "
+        "per kernel (memory-, compute- or latency-bound from SpeedOfLight, occupancy limited by registers, "
+        "shared memory, warps or block slots), joined to the traces' kernel names. With baseline_paths or baseline_evidence_id it also diffs the two "
         "profiles per step (did the change do what you think it did?). "
         "Runs nothing (served by --read-only servers too); to capture a new trace use profile_segment."
     ),
@@ -176,8 +202,5 @@ SPEC = ToolSpec(
     destructive=False,
     idempotent=True,
     open_world=False,
-    brief=lambda out: (
-        ([f"diff vs {out.baseline}: " + " | ".join(out.diff.summary)] if out.diff else [])
-        + trace_brief(out.ranks, out.rank_skew, out.findings, out.evidence_id)
-    ),
+    brief=_brief,
 )

@@ -39,12 +39,15 @@ from perfgate.tools.trace_analysis import (
     TraceAnalysisFields,
     TraceFile,
     analyze_paths,
+    import_counters,
     key_plot,
     resolve_traces,
     trace_brief,
     trace_files,
+    with_counters,
 )
 from perfgate.traces import Finding, RankProfile, RankSkew, TraceError
+from perfgate.traces.counters import KernelCounterTable
 from perfgate.traces.external import (
     ExternalCapture,
     Layer,
@@ -146,7 +149,11 @@ class ProfileSegmentInput(TraceAnalysisFields):
     ] = "auto"
     summary_paths: Annotated[
         list[str],
-        Field(description="CSV summaries exported by `nsys stats --format csv` / `msys stats` to import."),
+        Field(
+            description="CSV summaries exported by `nsys stats --format csv` / `msys stats`, and kernel counter "
+            "exports of ncu / mcu (`--csv --page details` or `--page raw`: per-kernel verdicts joined to the "
+            "traces' kernels), to import."
+        ),
     ] = Field(default_factory=list[str])
     reason: Annotated[str, Field(max_length=2000, description="run: why this capture is needed.")] = ""
     environment_id: Annotated[
@@ -180,6 +187,10 @@ class ProfileSegmentOutput(BaseModel):
     trace_artifacts: list[str] = Field(description="run: the captured traces, kept as evidence artifacts.")
     external_captures: list[ExternalCapture]
     imported_summaries: list[SummaryTable]
+    kernel_counters: list[KernelCounterTable] = Field(
+        default_factory=list[KernelCounterTable],
+        description="The ncu/mcu exports among summary_paths, read: per-kernel verdicts, ranked by trace time.",
+    )
     exit_code: int | None
     failure_reason: str | None
     warnings: list[str]
@@ -255,17 +266,24 @@ def _externals(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[ExternalCaptur
     )
 
 
-def _summaries(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[SummaryTable]:
+def _summaries(inp: ProfileSegmentInput, rt: ToolRuntime) -> tuple[list[SummaryTable], list[str]]:
+    """The nsys/msys summaries, read, and the kernel counter exports (read once the traces are)."""
+    from perfgate.traces.counters import is_counter_csv
+
     out: list[SummaryTable] = []
+    counters: list[str] = []
     for raw in inp.summary_paths:
         path = rt.resolve_path(raw, kind="file")
+        if is_counter_csv(path):
+            counters.append(raw)
+            continue
         try:
             table = import_summary_csv(path)
         except TraceError as exc:
             raise ToolError(str(exc)) from exc
         table.path = rt.relative(path)
         out.append(table)
-    return out
+    return out, counters
 
 
 async def _keep_traces(ev: EvidenceBuilder, traces: list[Path], rt: ToolRuntime) -> list[str]:
@@ -285,7 +303,7 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
 
     request = command(inp, rt)
     externals = _externals(inp, rt)
-    summaries = _summaries(inp, rt)
+    summaries, counter_paths = _summaries(inp, rt)
     ev = rt.evidence()
     exit_code: int | None = None
     failure: str | None = None
@@ -341,9 +359,10 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                 remove_tree(run_dir)
 
     report = combine(profiles)
+    counters = import_counters(counter_paths, report.ranks, rt)
     out = ProfileSegmentOutput(
         evidence_id=ev.id,
-        state=EvidenceState(segment_state(failure, bool(profiles or summaries))),
+        state=EvidenceState(segment_state(failure, bool(profiles or summaries or counters))),
         mode=inp.mode,
         profiled=profiled,
         time_basis="hta_rounded" if inp.hta_compatible else "exact",
@@ -354,6 +373,7 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
         trace_artifacts=trace_artifacts,
         external_captures=externals,
         imported_summaries=summaries,
+        kernel_counters=counters,
         exit_code=exit_code,
         failure_reason=failure,
         warnings=segment_warnings(report.warnings, profiles, profiled=profiled, with_flops=inp.with_flops),
@@ -401,7 +421,7 @@ SPEC = ToolSpec(
         "attention, collectives, copies by direction with bandwidth, ...), top kernels and CPU ops, launch "
         "delay, launch-bound kernels, queue depth, synchronization, per-step times; rank skew across ranks. "
         "external_layers prepares exact nsys/ncu (or msys/mcu) capture commands; summary_paths imports their "
-        "CSV summaries."
+        "CSV exports (ncu/mcu kernel counters: a verdict per kernel joined to the traces' kernels)."
     ),
     input_model=ProfileSegmentInput,
     output_model=ProfileSegmentOutput,
@@ -412,5 +432,9 @@ SPEC = ToolSpec(
     open_world=True,
     runs_commands=True,
     command=command,
-    brief=lambda out: trace_brief(out.ranks, out.rank_skew, out.findings, out.evidence_id),
+    brief=lambda out: with_counters(
+        trace_brief(out.ranks, out.rank_skew, out.findings, out.evidence_id),
+        bool(out.ranks),
+        out.kernel_counters,
+    ),
 )

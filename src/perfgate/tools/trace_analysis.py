@@ -26,16 +26,20 @@ from perfgate.traces.models import Finding
 
 if TYPE_CHECKING:
     from perfgate.traces import AnalysisOptions
+    from perfgate.traces.counters import KernelCounterTable
 
 __all__ = [
     "TraceAnalysisFields",
     "TraceFile",
     "analysis_options",
     "analyze_paths",
+    "counter_brief",
+    "import_counters",
     "key_plot",
     "resolve_traces",
     "trace_brief",
     "trace_files",
+    "with_counters",
 ]
 
 
@@ -140,6 +144,72 @@ async def analyze_paths(paths: list[Path], inp: TraceAnalysisFields, rt: ToolRun
     for p in profiles:
         p.path = rt.relative(Path(p.path))
     return profiles
+
+
+def import_counters(
+    raw_paths: list[str], profiles: list[RankProfile], rt: ToolRuntime
+) -> list[KernelCounterTable]:
+    """The ncu/mcu CSV exports named by the agent, read into per-kernel verdicts and joined to the kernels
+    of the analyzed traces (each name's largest share of device time over the ranks' top kernels).
+
+    Raises:
+        ToolError: a path outside the workspace, or an export that cannot be read (the message says how to
+            re-export it).
+    """
+    from perfgate.traces.counters import import_counter_csv, join_trace_kernels
+
+    shares: dict[str, float] = {}
+    for prof in profiles:
+        for k in prof.top_kernels:
+            shares[k.name] = max(shares.get(k.name, 0.0), k.share)
+    tables: list[KernelCounterTable] = []
+    for raw in raw_paths:
+        path = rt.resolve_path(raw, kind="file")
+        try:
+            table = import_counter_csv(path)
+        except TraceError as exc:
+            raise ToolError(str(exc)) from exc
+        except OSError as exc:
+            raise ToolError(f"cannot read {rt.relative(path)}: {exc}") from exc
+        table.path = rt.relative(path)
+        if shares:
+            join_trace_kernels(table, shares)
+            if not any(k.trace_kernels for k in table.kernels):
+                table.warnings.append(
+                    "no counter kernel matched a kernel of the traces' top lists: profile the same job, or "
+                    "raise top_k to compare more of the trace's kernels"
+                )
+        tables.append(table)
+    return tables
+
+
+def counter_brief(tables: list[KernelCounterTable]) -> list[str]:
+    """Lead lines of kernel counters: per export, the kernels that matter most with their verdicts."""
+    lines: list[str] = []
+    for t in tables:
+        joined = any(k.trace_share is not None for k in t.kernels)
+        head = f"kernel counters {t.path} ({t.tool}, {t.launches} launches, {len(t.kernels) + t.kernels_omitted} kernels"
+        head += (
+            ", ranked by trace time)"
+            if joined
+            else ", ranked by counter time; pass the traces too to rank by step time)"
+        )
+        lines.append(head)
+        for k in t.kernels[:3]:
+            share = f" [{k.trace_share:.0%} of device time]" if k.trace_share is not None else ""
+            lines.append(f"- {k.kernel[:90]}{share}: {k.finding}")
+    return lines
+
+
+def with_counters(trace_lines: list[str], has_ranks: bool, tables: list[KernelCounterTable]) -> list[str]:
+    """A trace brief with the kernel counters' lines after its first (walls) line; the counters alone when
+    no trace was analyzed."""
+    counters = counter_brief(tables)
+    if not counters:
+        return trace_lines
+    if not has_ranks:
+        return counters
+    return trace_lines[:1] + counters + trace_lines[1:]
 
 
 def trace_files(paths: list[Path], profiles: list[RankProfile], rt: ToolRuntime) -> list[TraceFile]:

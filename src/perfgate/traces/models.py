@@ -176,7 +176,16 @@ class FlopsSummary(BaseModel):
 
 
 PhaseName = Literal[
-    "data_loading", "optimizer", "collectives", "sync", "backward", "forward", "no_grad", "other"
+    "data_loading",
+    "optimizer",
+    "grad_clipping",
+    "collectives",
+    "sync",
+    "recompute",
+    "backward",
+    "forward",
+    "no_grad",
+    "other",
 ]
 
 
@@ -192,9 +201,11 @@ class HostPhase(BaseModel):
 class HostBreakdown(BaseModel):
     """Host step time split into phases from torch's annotations, autograd and grad-mode events.
 
-    Phases partition step time in the order data_loading, optimizer, collectives (gloo and other CPU
-    collectives count; only the part not overlapped by an aten op), sync, backward, forward (grad mode
-    on), no_grad (evaluation passes), other (Python between ops, sleeps, unrecorded waits).
+    Phases partition step time in the order data_loading, optimizer, grad_clipping (clip_grad_norm_ /
+    clip_grad_value_ frames, _foreach_norm), collectives (gloo and other CPU collectives count; only the
+    part not overlapped by an aten op), sync, recompute (grad-mode forward ops run inside backward:
+    activation checkpointing), backward, forward (grad mode on), no_grad (evaluation passes), other
+    (Python between ops, sleeps, unrecorded waits).
     """
 
     basis: str

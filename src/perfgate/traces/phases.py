@@ -6,12 +6,20 @@ autograd events, not from guesses about op names:
 
 - ``data_loading``: ``enumerate(DataLoader)#...__next__`` annotations;
 - ``optimizer``: ``Optimizer.step#...`` / ``Optimizer.zero_grad#...`` annotations;
+- ``grad_clipping``: the Python frames of ``clip_grad_norm_`` / ``clip_grad_value_`` (and their helpers,
+  FSDP's included: traces recorded with_stack) and ``aten::_foreach_norm`` ops (the foreach norm that
+  ``clip_grad_norm_`` runs; without stacks the rest of the clip, the scaling, stays in no_grad);
+  clipping called inside an optimizer's step counts as optimizer;
 - ``collectives``: collective calls (``gloo:*``, ``nccl:*``, ``c10d::*``, ``record_param_comms``,
   MPI/UCC/MCCL/HCCL) on any thread, minus the time an ``aten::`` op runs at the same time: what is
   left is time the step spends waiting for communication (gloo runs on its own threads);
 - ``sync``: ops that wait for a device value (``.item()`` → ``_local_scalar_dense``, ``nonzero``) and
   blocking host synchronization calls;
-- ``backward``: ``autograd::engine::evaluate_function`` events (and ``*Backward*`` nodes);
+- ``recompute``: ops recorded with grad mode on *inside* a backward event (on its thread): the forward
+  that activation checkpointing (``torch.utils.checkpoint``, reentrant or not) runs again during
+  backward. A double backward (``create_graph=True``) also runs grad-mode ops there and counts here too;
+- ``backward``: ``autograd::engine::evaluate_function`` events (and ``*Backward*`` nodes, and C++ nodes:
+  ``torch::autograd::CppNode<...>``, ``AccumulateGrad``);
 - ``forward``: ops recorded with grad mode on (torch gives them an autograd ``Sequence number``),
   and ``DistributedDataParallel.forward``;
 - ``no_grad``: ops recorded with grad mode off: evaluation passes, ``torch.no_grad`` blocks;
@@ -54,8 +62,10 @@ I64 = npt.NDArray[np.int64]
 PHASE_ORDER: tuple[PhaseName, ...] = (
     "data_loading",
     "optimizer",
+    "grad_clipping",
     "collectives",
     "sync",
+    "recompute",
     "backward",
     "forward",
     "no_grad",
@@ -63,6 +73,12 @@ PHASE_ORDER: tuple[PhaseName, ...] = (
 COLLECTIVE_NAME = re.compile(
     r"^(gloo|nccl|rccl|mccl|hccl|mpi|ucc|xccl):|^c10d::|record_param_comms|ProcessGroup\w*::", re.IGNORECASE
 )
+_CLIP_FRAME = re.compile(
+    r"\(\d+\): (clip_grad_norm_?|clip_grad_value_|_clip_grads_with_norm_|_get_total_norm|clip_grads_with_norm_"
+    r"|get_total_norm)$"
+)
+"""A Python frame (python_function event, ``file.py(line): name``) of gradient clipping."""
+_CLIP_OPS = frozenset({"aten::_foreach_norm"})
 _SYNC_WRAPPERS = frozenset({"aten::item", "aten::is_nonzero", "aten::equal", "aten::allclose"})
 SHORT_OP_US = 20.0
 """CPU ops shorter than this (inclusive time) count as tiny: dispatch costs rival their work."""
@@ -78,11 +94,15 @@ def phase_of_name(name: str) -> PhaseName | None:
         return "data_loading"
     if name.startswith("Optimizer.") or name.startswith("Optimizer#"):
         return "optimizer"
+    if name in _CLIP_OPS or (name.endswith(("_", "norm")) and _CLIP_FRAME.search(name)):
+        return "grad_clipping"
     if is_collective_name(name):
         return "collectives"
     if name in IMPLICIT_SYNC_OPS or name in _SYNC_WRAPPERS:
         return "sync"
-    if name.startswith("autograd::engine::evaluate_function") or re.search(r"Backward\d*$", name):
+    if name.startswith(("autograd::engine::evaluate_function", "torch::autograd::")) or re.search(
+        r"Backward\d*$", name
+    ):
         return "backward"
     if name.endswith(".forward") and "DistributedDataParallel" in name:
         return "forward"
@@ -131,9 +151,12 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
     unnamed_op &= is_cpu_op
     grad = cpu.i("grad") == 1
     code[unnamed_op & grad] = _CODE["forward"]
+    # Grad-mode ops inside a backward event ran the forward again: activation checkpointing.
+    in_backward = _below(code == _CODE["backward"], cpu_parents(p))
+    code[unnamed_op & grad & in_backward] = _CODE["recompute"]
     unnamed_op &= ~grad
     code[unnamed_op] = _CODE["no_grad"]
-    del unnamed_op, grad
+    del unnamed_op, grad, in_backward
 
     extra: dict[PhaseName, tuple[F64, F64]] = {}
     blocking: tuple[F64, F64] = (np.empty(0, np.float64), np.empty(0, np.float64))
@@ -231,6 +254,19 @@ def host_breakdown(p: Prepared, short_op_us: float = SHORT_OP_US) -> HostBreakdo
 
 
 _CODE: dict[PhaseName, int] = {ph: 1 + k for k, ph in enumerate(PHASE_ORDER)}
+
+
+def _below(mask: npt.NDArray[np.bool_], parent: npt.NDArray[np.signedinteger]) -> npt.NDArray[np.bool_]:
+    """Rows that have an ancestor in ``mask`` (its parent, its parent's parent, ...; same thread)."""
+    has = parent >= 0
+    safe = np.maximum(parent, 0)
+    out = has & mask[safe]
+    # One level more per pass: as many passes as the deepest nesting under a masked row.
+    while True:
+        grown = out | (has & out[safe])
+        if np.array_equal(grown, out):
+            return out
+        out = grown
 
 
 def _inside_parent(

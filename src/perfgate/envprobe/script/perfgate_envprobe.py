@@ -642,6 +642,65 @@ def distributed(torch: Any, missing: list[dict[str, str]]) -> dict[str, Any]:
     return out
 
 
+MUSA_DEFAULT_HOME = "/usr/local/musa"
+_MUSA_LIB = re.compile(r"^lib(musart|mublas|mudnn|mccl)\.so\.(\d+(?:\.\d+){0,3})$")
+
+
+def musa_sdk(missing: list[dict[str, str]]) -> dict[str, Any]:
+    """The installed MUSA SDK: component versions from ``$MUSA_HOME/version.json`` (``musa_toolkits`` is
+    the toolkit's own) and library versions from the ``lib*.so.X.Y.Z`` names in its lib folder. The root's
+    path is not reported (an environment variable's value), only where it came from."""
+    home = os.environ.get("MUSA_HOME")
+    root = home or MUSA_DEFAULT_HOME
+    out: dict[str, Any] = {"root_source": "MUSA_HOME" if home else "default", "found": os.path.isdir(root)}
+    if not out["found"]:
+        reason = (
+            "MUSA_HOME is not a directory"
+            if home
+            else f"MUSA_HOME is unset and {MUSA_DEFAULT_HOME} is absent"
+        )
+        missing.append({"item": "musa_sdk", "reason": reason})
+        return out
+    components: dict[str, str] = {}
+    text = read_text(os.path.join(root, "version.json"))
+    if text is None:
+        missing.append({"item": "musa_sdk.version", "reason": "the SDK root has no readable version.json"})
+    else:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+            missing.append(
+                {"item": "musa_sdk.version", "reason": "version.json is not valid JSON (or over 64 KiB)"}
+            )
+        if isinstance(data, dict):
+            for key, value in list(cast(dict[str, Any], data).items())[:64]:
+                version: Any = cast(dict[str, Any], value).get("version") if isinstance(value, dict) else None
+                if isinstance(version, str):
+                    components[str(key)[:64]] = version[:64]
+    out["components"] = components
+    out["toolkit_version"] = components.get("musa_toolkits")
+    if components and out["toolkit_version"] is None:
+        missing.append({"item": "musa_sdk.version", "reason": "version.json has no musa_toolkits version"})
+    libs: dict[str, str] = {}
+    for sub in ("lib", "lib64"):
+        try:
+            names = os.listdir(os.path.join(root, sub))
+        except OSError:
+            continue
+        for name in names[:10000]:
+            m = _MUSA_LIB.match(name)
+            # The most specific name wins: libmublas.so.1.6.0 over the libmublas.so.1 link to it.
+            if m and len(m.group(2)) > len(libs.get(m.group(1), "")):
+                libs[m.group(1)] = m.group(2)
+    out["libraries"] = libs
+    if "mublas" not in libs:
+        missing.append(
+            {"item": "mublas.version", "reason": "no libmublas.so.<version> in the SDK's lib folder"}
+        )
+    return out
+
+
 def main() -> int:
     started = time.time()
     # Our own folder is sys.path[0] when run as a script; the training process would not have it, and
@@ -675,6 +734,8 @@ def main() -> int:
         guarded("torch_musa", import_torch_musa)
     emit("_stage", "query accelerator")
     guarded("accelerator", accelerator)
+    if musa_found or os.environ.get("MUSA_HOME") or os.path.isdir(MUSA_DEFAULT_HOME):
+        guarded("musa_sdk", musa_sdk)
     emit("_end", {"elapsed_s": round(time.time() - started, 3)})
     return 0
 
