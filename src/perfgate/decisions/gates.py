@@ -675,8 +675,19 @@ def _correctness_gate(exp: Experiment, ev: _Evidence) -> Gate:
     ]
     strictest = (min(a for a, _ in numeric), min(r for _, r in numeric)) if numeric else None
     only_failed = all("failed check" in p or "no check at the same" in p for p in problems)
+    irrelevant = [
+        p for p in problems if "first optimizer update" in p or "the training does not compute" in p
+    ]
     if loose:
         next_call = fix
+    elif irrelevant and len(irrelevant) == len(problems):
+        # the files hold nothing the change could act on: comparing them again cannot help, new captures can
+        next_call = (
+            "run_benchmark_window(..., capture={'step': 1, 'what': ['parameters', 'gradients']}) for the baseline "
+            "and for the candidate (the windows the comparison compares), compare_tensors(reference=<baseline "
+            f"capture>, candidate=<candidate capture>, experiment_id='{exp.id}'), then "
+            + _attach(exp, "correctness")
+        )
     elif strictest is not None and only_failed:
         # a failed check binds: only a pass as strict as it (a repaired change) clears this gate, else the
         # change is not equivalent and is kept, if at all, as a training change
