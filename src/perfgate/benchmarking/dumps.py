@@ -37,6 +37,13 @@ class TensorDump(BaseModel):
     launch: int = Field(description="The launch (0-based) whose process wrote it.")
     rank: int
     step: int = Field(description="Steps completed in that process when it was written.")
+    computed: dict[str, int] | None = Field(
+        default=None,
+        description="How many of its tensors the training computes, by kind (parameter after an update, gradient, "
+        "optimizer_state, loss, autograd), matched by value whatever their names; 'none': inputs, labels, frozen "
+        "or stale tensors. A tensor check of a file with nothing computed cannot carry a keep. Null: not told "
+        "(no training module seen).",
+    )
 
 
 def tensor_dumps(workspace: Path, launch: int, records: Sequence[RankRecord]) -> list[TensorDump]:
@@ -49,6 +56,7 @@ def tensor_dumps(workspace: Path, launch: int, records: Sequence[RankRecord]) ->
             launch=launch,
             rank=r.rank,
             step=d.step,
+            computed=d.computed,
         )
         for r in records
         for d in r.tensor_dumps

@@ -146,6 +146,11 @@ class TensorDumpRecord(msgspec.Struct, frozen=True):
     digest: Annotated[str, msgspec.Meta(pattern=DIGEST_PATTERN)] | None = None
     """``"blake3:<hex>"``; records written before digests were named carry a bare ``sha256`` instead."""
     sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] | None = None
+    computed: dict[Annotated[str, msgspec.Meta(max_length=40)], Annotated[int, msgspec.Meta(ge=0)]] | None = (
+        None
+    )
+    """How many of its tensors are each kind the training computes (perfgate.harness.computed); None: not
+    told (no training module seen, or a harness from before)."""
 
     @property
     def named_digest(self) -> str | None:

@@ -30,6 +30,7 @@ __all__ = [
     "producer_problems",
     "quality_problems",
     "reused_candidate_problems",
+    "untouched_problems",
 ]
 
 Lookup = Callable[[str], EvidenceRecord | None]
@@ -338,6 +339,38 @@ def before_change_problems(check: EvidenceRecord, lookup: Lookup) -> list[str]:
     return []
 
 
+_COMPUTED_KINDS = (
+    "a trainable parameter after an update, a gradient, optimizer state, the loss or an activation"
+)
+
+
+def untouched_problems(check: EvidenceRecord, lookup: Lookup) -> list[str]:
+    """A passed check whose file (either side) holds no tensor the training computes, as the harness told
+    by value when it was dumped (`perfgate.harness.computed`, the dump's ``computed`` counts): only inputs,
+    labels, frozen weights or copies from before training acted, which match whatever the candidate
+    computes. A dump the harness could not classify is not judged here."""
+    producers = [as_dict(x) for x in as_list(check.result.get("producers"))]
+    for p in sorted(producers, key=lambda p: p.get("role") != "candidate"):  # the candidate's file first
+        if not isinstance(eid := p.get("evidence_id"), str) or (record := lookup(eid)) is None:
+            continue
+        named = entry_digest(p)
+        for d in (as_dict(x) for x in as_list(record.result.get("tensor_dumps"))):
+            if d.get("path") != p.get("path") or entry_digest(d) != named or d.get("computed") is None:
+                continue
+            counts = as_dict(d.get("computed"))
+            if any(n for k, n in counts.items() if k != "none" and isinstance(n, int)):
+                continue
+            return [
+                f"{check.id} compares tensors the training does not compute: the {p.get('role')} file "
+                f"{p.get('path')} (step {d.get('step')}) holds {counts.get('none', 0)} tensor(s) and none is "
+                f"{_COMPUTED_KINDS} (the harness matched each by value, whatever its name): inputs, labels, "
+                "frozen weights or copies from before training acted match whatever the candidate computes. "
+                "Capture what the training computes on both sides: run_benchmark_window(..., capture={'step': 1, "
+                "'what': ['parameters', 'gradients']}), then compare_tensors on those dumps"
+            ]
+    return []
+
+
 def _digest_problem(
     check: EvidenceRecord,
     producer: dict[str, Any],
@@ -495,7 +528,7 @@ def correctness_binding_problems(
             continue
         passed.append(record)
         problems.extend(producer_problems(exp, record, comparison, lookup))
-        problems.extend(before_change_problems(record, lookup))
+        problems.extend(before_change_problems(record, lookup) or untouched_problems(record, lookup))
         files = [as_dict(f) for f in as_list(record.result.get("files"))]
         # The same file on both sides proves nothing. Two files with identical bytes are fine: that is what
         # a bit-exact change produces (the runs' own dumps), so only the paths are compared here.

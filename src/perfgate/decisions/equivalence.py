@@ -11,7 +11,7 @@ quality decides), never an equivalent speedup.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,11 +19,13 @@ from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, as_list
 
 if TYPE_CHECKING:
+    from perfgate.decisions.spread import Limit
     from perfgate.tensors import TensorComparison
 
 __all__ = [
     "DEFAULTS",
     "DEFAULTS_SOURCE",
+    "MAXIMUM_ALLOWANCE",
     "REORDER_ALLOWANCE",
     "Ceiling",
     "DtypeTolerance",
@@ -31,6 +33,7 @@ __all__ = [
     "beyond_ceiling",
     "ceiling",
     "label_note",
+    "maximum",
     "stricter_than_defaults",
     "tolerance_by_dtype",
 ]
@@ -58,6 +61,21 @@ REORDER_ALLOWANCE = 10.0
 """Factor over the defaults allowed for reordered reductions (both atol and rtol): a sum of n terms in
 another order differs by a rounding that grows with n (about sqrt(n) ulps on typical data), and a fused or
 vectorized kernel reorders reductions far longer than the defaults were set for."""
+
+
+MAXIMUM_ALLOWANCE = 100.0
+"""Factor over the defaults no equivalence ceiling exceeds, whatever the baseline's own run-to-run spread
+(:mod:`perfgate.decisions.spread`): a baseline that moves more than this between its own launches cannot
+show that a change computes the same thing (make it deterministic, or keep the change as a training change)."""
+
+
+def maximum(dtype: str) -> Ceiling | None:
+    """The loosest ceiling a nondeterministic baseline's measured spread can raise ``dtype``'s to; None: no
+    shipped default."""
+    base = DEFAULTS.get(dtype)
+    if base is None:
+        return None
+    return Ceiling(rtol=base.rtol * MAXIMUM_ALLOWANCE, atol=base.atol * MAXIMUM_ALLOWANCE)
 
 
 def ceiling(dtype: str) -> Ceiling | None:
@@ -138,15 +156,23 @@ def applied_tolerances(check: EvidenceRecord) -> dict[str, tuple[float, float]] 
     return out
 
 
-def beyond_ceiling(check: EvidenceRecord) -> list[str]:
+def beyond_ceiling(check: EvidenceRecord, limit: Callable[[str], Limit] | None = None) -> list[str]:
     """How a tensor check's applied tolerances exceed the equivalence ceiling of its dtypes (empty: within,
-    or not recorded: see :func:`applied_tolerances`)."""
+    or not recorded: see :func:`applied_tolerances`). ``limit``: the ceiling per dtype and its source (the
+    baseline's spread, :func:`perfgate.decisions.spread.ceiling_for`); the table's when not given."""
     applied = applied_tolerances(check) or {}
     problems: list[str] = []
     for dtype, (atol, rtol) in sorted(applied.items()):
         if atol == 0 and rtol == 0:
             continue
-        top = ceiling(dtype)
+        top = ceiling(dtype) if limit is None else limit(dtype).ceiling
+        source = (
+            f"atol={top.atol:g}, rtol={top.rtol:g}: {REORDER_ALLOWANCE:g}x the torch.testing.assert_close defaults"
+            if limit is None and top is not None
+            else limit(dtype).source
+            if limit is not None
+            else ""
+        )
         if top is None:
             problems.append(
                 f"{check.id} compared {dtype} tensors at atol={atol:g}, rtol={rtol:g}: no shipped tolerance "
@@ -155,8 +181,7 @@ def beyond_ceiling(check: EvidenceRecord) -> list[str]:
         elif atol > top.atol or rtol > top.rtol:
             problems.append(
                 f"{check.id} compared {dtype} tensors at atol={atol:g}, rtol={rtol:g}, beyond the equivalence "
-                f"ceiling for {dtype} (atol={top.atol:g}, rtol={top.rtol:g}: {REORDER_ALLOWANCE:g}x the "
-                "torch.testing.assert_close defaults)"
+                f"ceiling for {dtype} ({source})"
             )
     return problems
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from perfgate.harness._state import ActiveWindow
 
-__all__ = ["capture_mapping", "on_optimizer_step", "replica_digest", "saw_module"]
+__all__ = ["capture_mapping", "current_module", "on_optimizer_step", "replica_digest", "saw_module", "unwrap"]
 
 _module: weakref.ReferenceType[Any] | None = None
 _first_optimizer: int | None = None
@@ -40,7 +40,12 @@ def saw_module(module: Any) -> None:
         _module = weakref.ref(module)
 
 
-def _unwrap(module: Any) -> Any:
+def current_module() -> Any:
+    """The top-level training module the forward probe saw, while it lives; else None."""
+    return None if _module is None else _module()
+
+
+def unwrap(module: Any) -> Any:
     """The module a wrapper trains: torch.compile's ``_orig_mod``, DDP's and DataParallel's ``module``."""
     for _ in range(4):
         name = type(module).__name__
@@ -58,7 +63,7 @@ def capture_mapping(module: Any, optimizer: Any, what: tuple[str, ...]) -> tuple
     torch: Any = sys.modules["torch"]
     out: dict[str, Any] = {}
     missing: list[str] = []
-    inner = None if module is None else _unwrap(module)
+    inner = None if module is None else unwrap(module)
     named: list[tuple[str, Any]] = [] if inner is None else list(inner.named_parameters())
     if inner is None and ("parameters" in what or "gradients" in what):
         missing.append(
@@ -142,7 +147,7 @@ def replica_digest() -> str | None:
         with torch.no_grad():
             parts = [
                 torch.stack([t.sum(), t.square().sum()])
-                for _, p in sorted(_unwrap(module).named_parameters(), key=lambda kv: kv[0])
+                for _, p in sorted(unwrap(module).named_parameters(), key=lambda kv: kv[0])
                 if type(p.data).__name__ != "DTensor"
                 for t in (p.detach().to(torch.float64),)
             ]

@@ -183,13 +183,24 @@ def dump_tensors(
         _skipped_in_profile(target)
         return target
     try:
+        computed = None if window is None else _computed(mapping, window.steps_completed)
         digest, size = _dump(target, mapping, metadata)
     finally:
         if window is not None and window.measuring:
             window.own_work_ran("dump_tensors", time.perf_counter_ns() - started)
     if window is not None:
-        window.tensors_dumped(os.path.realpath(target), digest, size)
+        window.tensors_dumped(os.path.realpath(target), digest, size, computed)
     return target
+
+
+def _computed(mapping: Mapping[str, Any], steps: int) -> dict[str, int] | None:
+    """What of ``mapping`` the training computes (`perfgate.harness.computed`); None when it cannot be told."""
+    from perfgate.harness import capture, computed
+
+    try:
+        return computed.classify(mapping, capture.current_module(), steps)
+    except Exception:  # noqa: BLE001 -- an unclassified dump is still written (the gates then cannot judge it)
+        return None
 
 
 _told_skipped = False

@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from perfgate.harness import _state, capture
+from perfgate.harness import _state, capture, computed
 from perfgate.harness._state import ActiveWindow, active_window
 
 __all__ = ["activate", "batch_size", "deactivate", "install_optimizer_hook", "model_facts", "patch_savers"]
@@ -91,6 +91,8 @@ def install_optimizer_hook() -> None:
 
 def _on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
     window = active_window()
+    if window is not None:
+        computed.saw_optimizer(optimizer)
     if window is not None and window.timing == "optimizer":
         window.optimizer_step(optimizer)
         if window.config.capture_step is not None:

@@ -37,7 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from perfgate.harness import _state, hooks
+from perfgate.harness import _state, computed, hooks
 from perfgate.harness._host import host_peak_rss_bytes, host_rss_bytes
 from perfgate.harness._rank import RankInfo, rank_from_env
 from perfgate.harness.config import ENV_PREFIX, HarnessConfig, ProfileConfig
@@ -313,13 +313,24 @@ class Window:
         )
         self._schedule_next()
 
-    def tensors_dumped(self, path: str, digest: str, size_bytes: int) -> None:
+    def tensors_dumped(
+        self, path: str, digest: str, size_bytes: int, computed: dict[str, int] | None = None
+    ) -> None:
         """``dump_tensors`` wrote ``path`` in this process: named in the record as this run's output, so the
-        file is bound to the launch that produced it (``digest``: ``"blake3:<hex>"``). A dump after the record was
-        written rewrites it."""
+        file is bound to the launch that produced it (``digest``: ``"blake3:<hex>"``; ``computed``: how many of
+        its tensors are each kind the training computes, `perfgate.harness.computed`). A dump after the record
+        was written rewrites it."""
         if os.getpid() != self._pid:
             return
-        self._dumps.append({"path": path, "digest": digest, "size_bytes": size_bytes, "step": self._count})
+        entry: dict[str, Any] = {
+            "path": path,
+            "digest": digest,
+            "size_bytes": size_bytes,
+            "step": self._count,
+        }
+        if computed is not None:
+            entry["computed"] = computed
+        self._dumps.append(entry)
         if self._written is not None and not self._closed:
             self._write()
 
@@ -485,6 +496,7 @@ class Window:
         numel = getattr(tensor, "numel", None)
         if numel is not None and numel() == 1:
             self._losses.append((self._count, tensor.detach()))
+            computed.saw_loss(self._losses[-1][1])
             if self._done and len(self._losses) >= _JOB_LOSS_BATCH:
                 self._read_outside()  # a job run after its windows: bounded device memory, one read per batch
 
@@ -495,6 +507,7 @@ class Window:
         numel = getattr(loss, "numel", None)
         if self._collecting and numel is not None and numel() == 1:
             self._losses.append((self._count, loss.detach()))
+            computed.saw_loss(self._losses[-1][1])
 
     def add_scaler_step(self, scaler: Any) -> None:
         """Called by the GradScaler.step hook (before the optimizer, which it skips on an overflow)."""
