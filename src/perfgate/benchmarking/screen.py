@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
@@ -54,6 +54,20 @@ class Screen(BaseModel):
     next: str = Field(
         description="What to run before a keep: the winner's validation, then its own comparison."
     )
+
+    def headline(self) -> str:
+        """The ranking in one line, for the answer's lead."""
+        ranked = "; ".join(
+            f"{e.label or e.candidate[0]}: {e.verdict}"
+            + (
+                f" {e.speedup:.3f}x ({e.ci_low:.3f}-{e.ci_high:.3f})"
+                if e.speedup and e.ci_low and e.ci_high
+                else ""
+            )
+            for e in self.entries
+        )
+        shown = "winner's" if self.winner else "best candidate's"
+        return f"screen of {len(self.entries)} candidates, best first: {ranked}; the figures below are the {shown}"
 
 
 def _run_key(record: EvidenceRecord) -> str:
@@ -112,8 +126,9 @@ def rank_screen(
     groups: Sequence[Sequence[EvidenceRecord]],
     comparisons: Sequence[EvidenceComparison],
     baseline: Sequence[str],
-) -> tuple[Screen, int | None]:
-    """The screen and the index of its winner's group (None: none improved)."""
+) -> tuple[Screen, int]:
+    """The screen and the index of the group whose figures the answer shows: the winner's, else the best
+    ranked candidate's."""
     entries = [_entry(g, ab) for g, ab in zip(groups, comparisons, strict=True)]
 
     def order(i: int) -> tuple[int, float, float]:
@@ -147,9 +162,4 @@ def rank_screen(
         winner=None if best is None else entries[best].candidate,
         next=f"next: {step}",
     )
-    return screen, best
-
-
-def screen_result(result: dict[str, Any]) -> dict[str, Any]:
-    """A comparison record's screen (empty when it compared one candidate)."""
-    return as_dict(result.get("screen"))
+    return screen, ranked[0]

@@ -224,19 +224,7 @@ def _add_screen(out: CompareBenchmarksOutput, screen: Screen | None) -> None:
     out.screen = screen
     if out.state == EvidenceState.PASSED:
         out.state = EvidenceState.EXECUTED
-    ranked = "; ".join(
-        f"{e.label or e.candidate[0]}: {e.verdict}"
-        + (
-            f" {e.speedup:.3f}x ({e.ci_low:.3f}-{e.ci_high:.3f})"
-            if e.speedup and e.ci_low and e.ci_high
-            else ""
-        )
-        for e in screen.entries
-    )
-    head = f"screen of {len(screen.entries)} candidates, best first: {ranked}; the figures below are the " + (
-        "winner's" if screen.winner else "best candidate's"
-    )
-    out.caution = "; ".join(x for x in (head, out.caution) if x)
+    out.caution = "; ".join(x for x in (screen.headline(), out.caution) if x)
     out.warnings.insert(0, screen.next)
 
 
@@ -284,9 +272,8 @@ async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarks
     if len(groups) > 1:
         # several candidates: each against the baseline, ranked; the answer's figures are the winner's (or the
         # best one's), and the record is never a keep's comparison
-        screen, best = rank_screen(groups, each, inp.baseline)
-        first = screen.entries[0].candidate
-        ab = each[best if best is not None else next(i for i, g in enumerate(groups) if g[0].id == first[0])]
+        screen, shown = rank_screen(groups, each, inp.baseline)
+        ab, cand = each[shown], groups[shown]
     judged = ab.comparability
     common: dict[str, Any] = {
         "evidence_id": ev.id,
