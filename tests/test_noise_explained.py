@@ -198,9 +198,16 @@ async def test_an_over_subscribed_comparison_gets_a_verdict_or_the_call_that_lea
             return  # a clear verdict even over-subscribed
         assert compared["verdict"] == "within_noise", compared
         noise = compared["noise"]
-        assert any(line.startswith("over-subscribed:") for line in noise), noise
-        pin = noise[-1].split('"OMP_NUM_THREADS": "', 1)[1].split('"', 1)[0]
-        assert 1 <= int(pin) <= cpus
+        assert noise and noise[-1].startswith("next: "), noise
+        if '"OMP_NUM_THREADS": "' in noise[-1]:
+            assert any(line.startswith("over-subscribed:") for line in noise), noise
+            pin = noise[-1].split('"OMP_NUM_THREADS": "', 1)[1].split('"', 1)[0]
+            assert 1 <= int(pin) <= cpus
+        else:
+            # torch may cap its threads at the CPUs (torch 2.13 reports 2 under OMP_NUM_THREADS=4 on 2 CPUs):
+            # then nothing was over-subscribed, and the next step is the interleaved calls alone
+            assert not any(line.startswith("over-subscribed:") for line in noise), noise
+            pin = str(cpus)
         # the next step: the same calls with the threads pinned, interleaved A B B A
         b1 = await _run(client, {**_window(4, pin), "repeats": 3})
         c1 = await _run(client, {**_window(1, pin), "repeats": 3})
