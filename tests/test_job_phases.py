@@ -71,31 +71,35 @@ def _script(iters: int = 40) -> str:
     return TRAIN.replace("ITERS", str(iters))
 
 
-def test_a_job_run_records_every_step_and_its_phases(tmp_path: Path) -> None:
-    """The harness alone: nothing stops the script after its windows, every step and loss is kept, and each
-    evaluation pass, checkpoint and marked phase is one phase at the step it ran in."""
-    (tmp_path / "train.py").write_text(_script(40))
-    env = {**os.environ, "PERFGATE_JOB": "1"}
-    done = subprocess.run(
+def _harness(cwd: Path, warmup: int, measure: int, *, job: bool) -> subprocess.CompletedProcess[str]:
+    """train.py in ``cwd`` under ``python -m perfgate.harness`` (records in ``rec``), as a job run or not."""
+    return subprocess.run(
         [
             PY,
             "-m",
             "perfgate.harness",
             "--warmup-steps",
-            "3",
+            str(warmup),
             "--measure-steps",
-            "5",
+            str(measure),
             "--record-dir",
             "rec",
             "--",
             "train.py",
         ],
-        cwd=tmp_path,
-        env=env,
+        cwd=cwd,
+        env={**os.environ, "PERFGATE_JOB": "1"} if job else None,
         capture_output=True,
         text=True,
         timeout=180,
     )
+
+
+def test_a_job_run_records_every_step_and_its_phases(tmp_path: Path) -> None:
+    """The harness alone: nothing stops the script after its windows, every step and loss is kept, and each
+    evaluation pass, checkpoint and marked phase is one phase at the step it ran in."""
+    (tmp_path / "train.py").write_text(_script(40))
+    done = _harness(tmp_path, 3, 5, job=True)
     assert done.returncode == 0, done.stderr
     assert "done" in done.stdout  # the script ran to its end
     record = read_record(tmp_path / "rec" / "rank0.json")
@@ -125,26 +129,7 @@ def test_a_distributed_checkpoint_save_is_a_checkpoint_phase(tmp_path: Path) -> 
         'dcp.save({"model": model.state_dict()}, checkpoint_id="dcp_ckpt")',
     )
     (tmp_path / "train.py").write_text("import torch.distributed.checkpoint as dcp\n" + script)
-    done = subprocess.run(
-        [
-            PY,
-            "-m",
-            "perfgate.harness",
-            "--warmup-steps",
-            "2",
-            "--measure-steps",
-            "3",
-            "--record-dir",
-            "rec",
-            "--",
-            "train.py",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PERFGATE_JOB": "1"},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = _harness(tmp_path, 2, 3, job=True)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "dcp_ckpt").is_dir()
     record = read_record(tmp_path / "rec" / "rank0.json")
@@ -154,25 +139,7 @@ def test_a_distributed_checkpoint_save_is_a_checkpoint_phase(tmp_path: Path) -> 
 
 def test_without_job_the_harness_stops_after_its_windows(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(_script(40))
-    done = subprocess.run(
-        [
-            PY,
-            "-m",
-            "perfgate.harness",
-            "--warmup-steps",
-            "3",
-            "--measure-steps",
-            "5",
-            "--record-dir",
-            "rec",
-            "--",
-            "train.py",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = _harness(tmp_path, 3, 5, job=False)
     assert done.returncode == 0, done.stderr
     record = read_record(tmp_path / "rec" / "rank0.json")
     assert record.steps.count == 8 and "done" not in done.stdout
