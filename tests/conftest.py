@@ -46,6 +46,15 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(autouse=True)
+def fresh_parse_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts with an empty cache of parsed traces (`perfgate.traces.parsecache`): a trace one
+    test read is read again by the next."""
+    from perfgate.traces import parsecache
+
+    monkeypatch.setattr(parsecache, "_cache", None)
+
+
+@pytest.fixture(autouse=True)
 def trust_root(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> TrustRoot:
     """Every test gets its own trust root (keys, approvals, anchors, operator policy) in a temp dir.
 

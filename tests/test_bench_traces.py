@@ -34,11 +34,60 @@ async def test_one_round_times_the_tool_warm_and_cold_and_the_library(
 ) -> None:
     rows = await bench.measure_traces([PLANTED / "tiny_ops_rank0.json.gz"], 1, None, log=lambda _: None)
     (row,) = rows
-    for who in ("warm", "cold", "lib"):
+    for who in ("warm", "first", "cold", "lib"):
         assert len(row.wall[who].values) == 1 and row.wall[who].values[0] > 0
     # The warm server's CPU is read from /proc; the cold process is the server spawned for the call.
     assert row.cpu["cold"].values[0] > 0
     assert not row.wall["hta"].values  # no HTA here
     bench.print_traces(rows)
     out = capsys.readouterr().out
-    assert "tiny_ops_rank0" in out and "tool warm" in out
+    assert "tiny_ops_rank0" in out and "tool warm" in out and "tool first" in out
+
+
+def _load(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_goals_table_is_the_geometric_mean_and_the_smallest_ratio(
+    bench: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bench, "LARGE_BYTES", 0)  # the planted traces count as large here
+    rows = []
+    for path, hta, warm, first in (
+        (PLANTED / "tiny_ops_rank0.json.gz", [4.0, 4.2, 3.8], [0.1, 0.1, 0.2], [0.25, 0.2, 0.3]),
+        (PLANTED / "slow_rank_rank0.json.gz", [9.0, 8.0, 10.0], [0.2, 0.3, 0.25], [0.6, 0.5, 0.45]),
+    ):
+        row = bench.TraceRow(path)
+        for who, values in (("hta", hta), ("warm", warm), ("first", first)):
+            row.wall[who].values.extend(values)
+        rows.append(row)
+    got = bench.goals(rows)
+    assert got["traces"] == 2
+    # Ratios of medians: 40x and 36x warm (geo-mean 37.9x), 16x and 18x first (geo-mean 16.97x).
+    assert got["warm"]["geomean"] == pytest.approx((40 * 36) ** 0.5)
+    assert got["warm"]["min"] == pytest.approx(36) and got["warm"]["met"]
+    assert got["first"]["geomean"] == pytest.approx((16 * 18) ** 0.5) and not got["first"]["met"]
+    assert got["cold"]["met"] is False  # nothing measured is never met
+    report = {
+        "bench_traces": got,
+        "bench_tool_calls": {
+            "warm_ratio": 1.25,
+            "warm_compute_mfu_ms": {"median": 2.5},
+            "warm_minimal_ms": {"median": 2.0},
+        },
+        "bench_startup": {
+            "cold_start_ratio": 1.04,
+            "perfgate_cold_start_s": 0.52,
+            "minimal_cold_start_s": 0.5,
+        },
+    }
+    table = _load("run").goal_rows(report)
+    results = [row[3] for row in table]
+    assert results[0].startswith("17.0x geo-mean, smallest 16.0x: not met")
+    assert results[1].startswith("37.9x geo-mean, smallest 36.0x: met")
+    assert results[2] == "1.25x (2.50 vs 2.00 ms): met"
+    assert results[3] == "1.04x (0.520 vs 0.500 s): not met"

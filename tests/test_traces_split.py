@@ -22,6 +22,7 @@ from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.traces import AnalysisOptions, TraceError, analyze_trace, pool
 from perfgate.traces.analyze import load_table
+from perfgate.traces.parsecache import CACHE_ENV
 from perfgate.traces.reader import TraceStream
 from perfgate.traces.table import Columns
 
@@ -192,6 +193,7 @@ def test_one_large_trace_is_split_only_on_an_idle_machine(
 
     monkeypatch.setattr(pool, "_json_bytes", large)
     monkeypatch.setattr(pool._forkserver_started, "is_set", lambda: True)  # pyright: ignore[reportPrivateUsage]
+    monkeypatch.setenv(CACHE_ENV, "0")  # each call reads the file (not the parse kept by the first)
     calls: list[Path] = []
     real = pool.analyze_split
 
@@ -335,13 +337,14 @@ async def test_the_tool_call_takes_the_split_path_on_an_idle_machine(
     monkeypatch.setattr(pool, "_json_bytes", large)
     monkeypatch.setattr(pool._forkserver_started, "is_set", lambda: True)  # pyright: ignore[reportPrivateUsage]
     calls: list[bool] = []
-    real = pool.analyze_split
+    real = pool.load_split
 
     def spy(*args: Any, **kwargs: Any) -> Any:
         calls.append(bool(kwargs.get("cancellable")))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pool, "analyze_split", spy)
+    monkeypatch.setattr(pool, "load_split", spy)
+    monkeypatch.setenv(CACHE_ENV, "0")  # the second call reads the file again, on a busy machine: not split
     answers: list[Any] = []
     async with Client(build_server(ServerConfig.create(workspace))) as client:
         for idle in (True, False):

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -247,7 +247,17 @@ _UNHELD_MEANS = {
 }
 
 
-def _warnings(table: EventTable, device_events: int, prepared: Prepared, stream: TraceStream) -> list[str]:
+class ReadFacts(Protocol):
+    """What the analysis reads of how a trace was read: a `TraceStream`, or a parsed trace kept for later
+    calls (`perfgate.traces.parsecache.Parsed`)."""
+
+    @property
+    def decoded_bytes(self) -> int: ...
+    @property
+    def lenient_skipped(self) -> int: ...
+
+
+def _warnings(table: EventTable, device_events: int, prepared: Prepared, stream: ReadFacts) -> list[str]:
     out: list[str] = []
     # First: a wrong id would pair kernels with the wrong launch; these events are unpaired instead.
     for arg, (count, first) in table.unheld_ints.items():
@@ -305,12 +315,19 @@ def _flops_unavailable(table: EventTable) -> str:
 
 
 def analyze_table(
-    table: EventTable, header: Header, stream: TraceStream, path: Path, options: AnalysisOptions
+    table: EventTable,
+    header: Header,
+    stream: ReadFacts,
+    path: Path,
+    options: AnalysisOptions,
+    *,
+    release: bool = True,
 ) -> RankProfile:
     """Analyze an already loaded table (see `analyze_trace`).
 
-    The table's raw columns are released once the analysis window is cut (``prepare(release=True)``),
-    so a huge trace holds only its windowed copy while the analyses run.
+    With ``release`` the table's raw columns are released once the analysis window is cut
+    (``prepare(release=True)``), so a huge trace holds only its windowed copy while the analyses run; a
+    table kept for later calls is read with ``release=False`` and left as it was.
     """
     rank, source, world = _rank(header, path)
     backend = _backend(table)
@@ -329,7 +346,7 @@ def analyze_table(
     # than they return.
     large = counts["device"] + counts["host_calls"] + counts["cpu_ops"] >= TRIM_ROWS
     prepared = prepare(
-        table, time_basis=options.time_basis, include_last_step=options.include_last_step, release=True
+        table, time_basis=options.time_basis, include_last_step=options.include_last_step, release=release
     )
     if large:
         release_free_memory()  # the raw columns just freed

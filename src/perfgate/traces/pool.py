@@ -62,10 +62,12 @@ from perfgate.traces.analyze import (
     analyze_trace,
     load_part,
     load_parts,
+    load_table,
     part_stream,
 )
 from perfgate.traces.errors import TraceError, TraceTooLargeError
 from perfgate.traces.models import RankProfile
+from perfgate.traces.parsecache import Parsed, file_stamp, parse_cache
 from perfgate.traces.reader import TraceStream, isal_available
 from perfgate.traces.table import EventTable, TableBuilder
 
@@ -516,7 +518,7 @@ def analyze_split(
     Raises as `analyze_trace` (the first failure in file order).
     """
     label = label or f"reading trace {path}"
-    read = load_split(path, options, limit, label, cancellable)
+    read = load_split(path, options, limit, label, cancellable=cancellable)
     if read is None:
         return _analyze_one(path, options, limit, label, cancellable)
     table, stream, _ = read
@@ -660,6 +662,48 @@ def load_split(
     return table, stream, used
 
 
+def _analyze_kept(
+    path: Path, options: AnalysisOptions, limit: Deadline | None, label: str, cancellable: bool, split: bool
+) -> RankProfile:
+    """`analyze_trace` of one file in this process (in parts when ``split`` and it pays), its parse taken
+    from this process's `parse_cache` when the same bytes were read before, and kept there for the next
+    call otherwise (see `perfgate.traces.parsecache`)."""
+    cache = parse_cache()
+    if not cache.enabled:
+        if split and _split_pays(path):
+            return analyze_split(path, options, limit, label, cancellable=cancellable)
+        return _analyze_one(path, options, limit, label, cancellable=cancellable)
+    stamp = file_stamp(path)
+    key = _under_limit(
+        limit, label, cancellable, lambda: cache.key(path, options.max_event_bytes, options.max_events)
+    )
+    parsed = cache.get(key)
+    if parsed is None:
+        read = (
+            load_split(path, options, limit, label, cancellable=cancellable)
+            if split and _split_pays(path)
+            else None
+        )
+        if read is None:
+            table, header, stream = _under_limit(limit, label, cancellable, lambda: load_table(path, options))
+        else:
+            table, stream, _ = read
+            header = stream.header
+        parsed = Parsed(table, header, stream.decoded_bytes, stream.lenient_skipped)
+        # A file replaced or edited while it was hashed and read is analysed as read, and not kept.
+        if file_stamp(path) != stamp or not cache.put(key, parsed):
+            return _under_limit(
+                limit, label, cancellable, lambda: analyze_table(table, header, parsed, path, options)
+            )
+    kept = parsed
+    return _under_limit(
+        limit,
+        label,
+        cancellable,
+        lambda: analyze_table(kept.table, kept.header, kept, path, options, release=False),
+    )
+
+
 def analyze_many(
     paths: Sequence[Path],
     options: AnalysisOptions | None = None,
@@ -698,10 +742,7 @@ def analyze_many(
         for i, path in enumerate(paths):
             if progress is not None:
                 progress(i, total, f"analyzing {path.name}")
-            if split and _split_pays(path):
-                out.append(analyze_split(path, options, limit, labels[i], cancellable=cancellable))
-            else:
-                out.append(_analyze_one(path, options, limit, labels[i], cancellable=cancellable))
+            out.append(_analyze_kept(path, options, limit, labels[i], cancellable, split))
         return out
     if limit is None:
         return _in_pool(paths, options, progress, workers, None, labels)
