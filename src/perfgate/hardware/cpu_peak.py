@@ -15,6 +15,7 @@ can be measured (no torch in the server's interpreter, a failed or timed-out pro
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -96,8 +97,10 @@ class ProbeResult:
     error: str | None
 
 
+@functools.cache
 def cpu_model() -> str | None:
-    """The CPU's model name (``/proc/cpuinfo``, else ``platform.processor()``); None when neither names it."""
+    """The CPU's model name (``/proc/cpuinfo``, else ``platform.processor()``); None when neither names it.
+    Read once per process: every MFU call asks, and a many-core machine's cpuinfo is hundreds of KB."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
             text = fh.read(1 << 20)

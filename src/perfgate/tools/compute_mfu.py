@@ -13,6 +13,7 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.flops.bucket_sources import BucketEvidenceError, resolve_bucket
 from perfgate.flops.utilization import BucketFigures, BucketInput, FlopsKind, judge_utilization, utilization
+from perfgate.hardware.device_peak import is_this_cpu
 from perfgate.hardware.peaks import PeakLookupError, Precision
 from perfgate.hardware.run_peak import resolve_peak, run_record
 from perfgate.serving.runtime import ToolRuntime
@@ -218,17 +219,16 @@ async def run(inp: ComputeMfuInput, rt: ToolRuntime) -> ComputeMfuOutput:
         resolved.append(bucket)
         warnings += notes
     runs = [run_record(await rt.load(b.window_id)) for b in inp.buckets if b.window_id is not None]
+    lookup = functools.partial(
+        resolve_peak, peak_tflops=inp.peak_tflops, device=inp.device, precision=inp.precision, runs=runs
+    )
     try:
-        choice = await anyio.to_thread.run_sync(
-            functools.partial(
-                resolve_peak,
-                peak_tflops=inp.peak_tflops,
-                device=inp.device,
-                precision=inp.precision,
-                runs=runs,
-                state_dir=rt.ledger.trust.state_dir.resolve(),
+        if inp.peak_tflops is not None or (inp.device is not None and not is_this_cpu(inp.device)):
+            choice = lookup(state_dir=rt.ledger.trust.state_dir)  # the table's or the caller's: no probe
+        else:  # a CPU's peak may be measured (a matmul probe, its cache file)
+            choice = await anyio.to_thread.run_sync(
+                functools.partial(lookup, state_dir=rt.ledger.trust.state_dir.resolve())
             )
-        )
     except PeakLookupError as exc:
         raise ToolError(str(exc)) from exc
     found, precision = choice.peak, choice.precision
