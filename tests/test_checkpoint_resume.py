@@ -4,7 +4,7 @@ A layout or checkpointing change must show that its checkpoints still resume: th
 whole job (its torch.save calls observed, with the step each ran at), then once more with its resume option
 and ``resume_of``. The server finds in the resumed launch's record which file it loaded, aligns its steps on
 the step that file was saved at, and compares the loss there with the uninterrupted run's; the keep's
-``checkpoint_resume`` gate reads that. Real tiny CPU training (tests/ckpt_train.py): an honest resume
+``checkpoint_resume`` gate reads that. Real tiny CPU training (tests/fixtures/ckpt_train.py): an honest resume
 passes; one that ignores its checkpoint, one that restores the weights but not Adam's state, and one of the
 baseline's windows instead of the candidate's are refused.
 """
@@ -30,7 +30,7 @@ from test_record_decision import Evidence, _text
 pytestmark = pytest.mark.anyio
 
 PY = sys.executable
-SCRIPT = (Path(__file__).parent / "ckpt_train.py").read_text()
+SCRIPT = (Path(__file__).parent / "fixtures" / "ckpt_train.py").read_text()
 CONTRACT = {"invariants": {"model": "mlp", "dataset": "synthetic", "precision": "fp32", "global_batch": 32}}
 
 
