@@ -86,6 +86,22 @@ async def test_a_topology_change_is_kept_only_on_a_per_device_comparison_and_lab
         per_device = ev.comparison(
             ids["base"], ids["cand"], declared=changes, actual_changes=changes, per_device=True
         )
+        # a layout change also shows that its checkpoints resume (the checkpoint_resume gate)
+        ev.add(
+            "run_benchmark_window",
+            "executed",
+            {
+                "checkpoint_resume": {
+                    "status": "passed",
+                    "reason": "resumed from ckpt/step8.pt (saved at step 8)",
+                }
+            },
+            {
+                "command": ["python", "train.py", "--resume", "ckpt/step8.pt"],
+                "job": True,
+                "resume_of": ids["cand"][0],
+            },
+        )
         kept = await _keep(
             client, exp, [*_drop(links, "comparison"), {"id": per_device, "role": "comparison"}]
         )

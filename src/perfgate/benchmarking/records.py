@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -17,6 +17,7 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "MAX_STEPS",
     "MAX_WORLD_SIZE",
+    "CheckpointFileRecord",
     "DeviceRecord",
     "JobRecord",
     "ModelRecord",
@@ -124,6 +125,16 @@ class PhaseRecord(msgspec.Struct, frozen=True):
     calls: Annotated[int, msgspec.Meta(ge=1, le=2**62)] = 1
 
 
+class CheckpointFileRecord(msgspec.Struct, frozen=True):
+    """A file a checkpoint writer saved or a reader loaded (`perfgate.harness.hooks`)."""
+
+    op: Literal["save", "load"]
+    step: _Count
+    """The step in progress (optimizer steps completed before the call)."""
+    path: Annotated[str, msgspec.Meta(max_length=4096)]
+    """Absolute, as the launched process resolved it."""
+
+
 class JobRecord(msgspec.Struct, frozen=True):
     """What the harness saw of the whole job: where training began and the phases beside the steps."""
 
@@ -135,6 +146,9 @@ class JobRecord(msgspec.Struct, frozen=True):
         default_factory=list[PhaseRecord]
     )
     phases_dropped: _Count = 0
+    checkpoint_files: Annotated[list[CheckpointFileRecord], msgspec.Meta(max_length=10_000)] = msgspec.field(
+        default_factory=list[CheckpointFileRecord]
+    )
 
 
 class TensorDumpRecord(msgspec.Struct, frozen=True):

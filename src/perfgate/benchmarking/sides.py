@@ -17,6 +17,7 @@ from perfgate.evidence.artifacts import ArtifactChanged, read_artifact
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.compare import WindowSample
+    from perfgate.benchmarking.records import RankRecord
     from perfgate.evidence import EvidenceRecord
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "measured_by",
     "observed",
     "per_device",
+    "rank0_records",
     "read_samples",
     "record_contract",
     "record_protocol",
@@ -114,8 +116,6 @@ def per_device(windows: list[WindowSample], record: EvidenceRecord) -> list[Wind
 
 def side_training(workspace: Path, records: Sequence[EvidenceRecord]) -> SideTraining:
     """One side's model facts, sample streams and per-launch losses (rank 0 records, hash-checked)."""
-    from perfgate.benchmarking.records import decode_record
-
     models: list[ModelShape | None] = []
     streams: list[str | None] = []
     losses: list[dict[int, float]] = []
@@ -130,13 +130,7 @@ def side_training(workspace: Path, records: Sequence[EvidenceRecord]) -> SideTra
             s if isinstance(s, str) else None
             for s in cast("list[Any]", r.result.get("sample_streams") or [None])
         )
-        for artifact in r.artifacts:
-            if not (artifact.name.startswith("launch") and artifact.name.endswith("_rank0.json")):
-                continue
-            try:
-                record = decode_record(read_artifact(workspace, artifact), artifact.path)
-            except (ArtifactChanged, RecordError):
-                continue  # the loss is then unchecked for this launch, never taken as the same
+        for record in rank0_records(workspace, r):
             steps: dict[int, float] = {}
             for w in record.windows:
                 for i, value in enumerate(w.loss or []):
@@ -144,3 +138,20 @@ def side_training(workspace: Path, records: Sequence[EvidenceRecord]) -> SideTra
                         steps[w.first_step + i] = value
             losses.append(steps)
     return SideTraining(models=models, streams=streams, losses=losses)
+
+
+def rank0_records(workspace: Path, record: EvidenceRecord) -> list[RankRecord]:
+    """Rank 0's harness record of each launch of a window record, in launch order, read from its
+    hash-checked artifacts; a launch whose copy changed or does not decode is left out (what it would show
+    is then unchecked, never taken as read)."""
+    from perfgate.benchmarking.records import decode_record
+
+    found: list[RankRecord] = []
+    for artifact in record.artifacts:
+        if not (artifact.name.startswith("launch") and artifact.name.endswith("_rank0.json")):
+            continue
+        try:
+            found.append(decode_record(read_artifact(workspace, artifact), artifact.path))
+        except (ArtifactChanged, RecordError):
+            continue
+    return found

@@ -22,7 +22,15 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["LOSS_RTOL", "ModelShape", "SideTraining", "TrainingCheck", "caution", "training_differences"]
+__all__ = [
+    "LOSS_RTOL",
+    "ModelShape",
+    "SideTraining",
+    "TrainingCheck",
+    "caution",
+    "losses_apart",
+    "training_differences",
+]
 
 LOSS_RTOL = 1e-3
 """Relative difference of one step's loss beyond which the sides train differently: above what a reordered
@@ -111,7 +119,7 @@ def _side_losses(losses: Sequence[Mapping[int, float]]) -> dict[int, list[float]
     return merged
 
 
-def _apart(b: list[float], c: list[float]) -> bool:
+def losses_apart(b: list[float], c: list[float]) -> bool:
     """Whether the candidate's loss at one step (median of its launches) lies beyond the baseline's (their
     median): more than `LOSS_RTOL` of it, and more than twice the baseline launches' own spread (a
     nondeterministic baseline widens the margin by what it moves by itself; the candidate's spread never
@@ -133,7 +141,7 @@ def _loss(base: SideTraining, cand: SideTraining, out: TrainingCheck) -> None:
     if not common:
         out.unchecked.append("loss (the sides recorded no step in common)")
         return
-    apart = [s for s in common if _apart(b[s], c[s])]
+    apart = [s for s in common if losses_apart(b[s], c[s])]
     if apart:
         shown = ", ".join(
             f"step {s} {statistics.median(b[s]):.6g} -> {statistics.median(c[s]):.6g}"

@@ -493,6 +493,7 @@ def _comparison_gates(
         _timing_gate(exp, latest, ev),
         _replica_gate(exp, latest, ev),
         _job_gate(latest, ev),
+        _checkpoint_resume_gate(exp, latest, ev),
     ]
 
 
@@ -538,6 +539,99 @@ def _job_gate(comparison: EvidenceRecord, ev: _Evidence) -> Gate:
         summary + " (said, not gated: declare invariants.objective='time_to_train' to gate the job)",
         [comparison.id],
     )
+
+
+LAYOUT_TERMS = (
+    "data_parallel",
+    "tensor_parallel",
+    "pipeline_parallel",
+    "context_parallel",
+    "expert_parallel",
+    "sharding",
+)
+"""Vocabulary entries of a parallel layout: a change of any of them moves what each rank's checkpoint holds."""
+_CHECKPOINT_WORD = re.compile(r"checkpoint|ckpt", re.IGNORECASE)
+
+
+def _checkpoint_change(exp: Experiment, comparison: EvidenceRecord) -> str | None:
+    """Why the change must show that checkpoints still resume: a layout entry it declares, or checkpointing
+    named by its changed variable (None: neither)."""
+    from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
+    from perfgate.decisions.binding import declaration_for, declared_for_experiment
+
+    named = {*declaration_for(exp.changed_variable), *declared_for_experiment(exp, comparison)}
+    layout = sorted(
+        term.name
+        for d in named
+        if (term := VOCABULARY.get(canonical_key(d.removeprefix("env:")))) is not None
+        and term.name in LAYOUT_TERMS
+    )
+    if layout:
+        return f"the change declares the parallel layout ({', '.join(layout)})"
+    if _CHECKPOINT_WORD.search(exp.changed_variable):
+        return f"the changed variable names checkpointing ({exp.changed_variable!r})"
+    return None
+
+
+def _checkpoint_resume_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:
+    """A layout or checkpointing change resumes from its own checkpoint: the latest resume launch of a
+    candidate window (`run_benchmark_window(resume_of=...)`, `perfgate.benchmarking.checkpoint_resume`)
+    loaded a file that run saved and trained on as the uninterrupted run did."""
+    why = _checkpoint_change(exp, comparison)
+    if why is None:
+        return _na(
+            "checkpoint_resume",
+            "the change declares no parallel layout entry and does not name checkpointing",
+        )
+    candidate = str_list(comparison.inputs.get("candidate"))
+    baseline = set(str_list(comparison.inputs.get("baseline")))
+    resumes = [
+        r
+        for r in ev.ledger.records(tool="run_benchmark_window")
+        if r.inputs.get("resume_of") in candidate or r.inputs.get("resume_of") in baseline
+    ]
+    own = [r for r in resumes if r.inputs.get("resume_of") in candidate]
+    target = next((r for i in candidate if (r := ev.get(i)) is not None and r.inputs.get("job")), None)
+    command = str_list(target.inputs.get("command")) if target is not None else []
+    fix = (
+        f"run_benchmark_window(command={[*command, '<resume option>', '<a checkpoint it saved>']!r}, "
+        f"job=true, resume_of={target.id!r}, repeats=1, warmup_steps and measure_steps that fit the resumed "
+        "steps), then keep again"
+        if target is not None and command
+        else "run_benchmark_window(command=<the candidate's command>, job=true, ...) as a candidate window with "
+        "a checkpoint save inside the run, compare_benchmarks(...) with it, then run_benchmark_window(command="
+        "<that command plus its resume option>, job=true, resume_of=<that window's evidence_id>)"
+    )
+    if not own:
+        other = [r.id for r in resumes]
+        return _gate(
+            "checkpoint_resume",
+            False,
+            f"{why}, and no resume launch of a candidate window is recorded"
+            + (
+                f" ({', '.join(other)} resumed the baseline's windows, which say nothing of the candidate's "
+                "checkpoints)"
+                if other
+                else ""
+            ),
+            other or candidate,
+            fix,
+        )
+    latest = own[-1]
+    check = as_dict(latest.result.get("checkpoint_resume"))
+    if latest.state.value not in _OK_STATES or not check:
+        return _gate(
+            "checkpoint_resume",
+            False,
+            f"{why}; the resume launch {latest.id} is {latest.state.value} with no resume result"
+            + (f" ({latest.result.get('failure_reason')})" if latest.result.get("failure_reason") else ""),
+            [latest.id],
+            fix,
+        )
+    reason = f"{why}; {latest.id}: {check.get('reason')}"
+    if check.get("status") != "passed":
+        return _gate("checkpoint_resume", False, reason, [latest.id], fix)
+    return _gate("checkpoint_resume", True, reason, [latest.id])
 
 
 def _replica_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:

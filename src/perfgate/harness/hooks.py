@@ -15,7 +15,9 @@ Probes, each installed at most once per process and routed to whichever window i
   ``safetensors.torch.save_file`` where the script imported them): each call is a checkpoint phase of the
   job (`Window.phase_ran`); one
   written inside a measured window is also named in the record's notes (its time stays in the window: it is
-  the script's own work);
+  the script's own work); the file each names, and each file ``torch.load``,
+  ``torch.distributed.checkpoint.load`` or ``safetensors.torch.load_file`` reads, is listed with its step
+  (`Window.checkpoint_file`): the server aligns a resumed run on the save its load names;
 * in a job run (``job=true``), evaluation passes: forwards of a module with trainable parameters under
   ``no_grad`` or ``inference_mode``, outside any other module's forward, timed from the first call's start to
   the last call's end;
@@ -33,6 +35,7 @@ Probes, each installed at most once per process and routed to whichever window i
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -174,29 +177,61 @@ def _patch_backward(torch: Any) -> None:
 
 
 _SAVERS = (
-    ("torch", "save", "torch.save"),
-    ("torch.distributed.checkpoint", "save", "torch.distributed.checkpoint.save"),
-    ("torch.distributed.checkpoint", "async_save", "torch.distributed.checkpoint.async_save"),
-    ("safetensors.torch", "save_file", "safetensors.torch.save_file"),
+    ("torch", "save", "torch.save", 1, "f"),
+    ("torch.distributed.checkpoint", "save", "torch.distributed.checkpoint.save", None, "checkpoint_id"),
+    (
+        "torch.distributed.checkpoint",
+        "async_save",
+        "torch.distributed.checkpoint.async_save",
+        None,
+        "checkpoint_id",
+    ),
+    ("safetensors.torch", "save_file", "safetensors.torch.save_file", 1, "filename"),
 )
-"""Checkpoint writers timed as the job's checkpoint phases: (module, attribute, name in notes). A module the
-script has not imported by its first step is left alone (the harness never imports one)."""
+"""Checkpoint writers timed as the job's checkpoint phases: (module, attribute, name in notes, position and
+keyword of the file it names). A module the script has not imported by its first step is left alone (the
+harness never imports one)."""
+_LOADERS = (
+    ("torch", "load", "torch.load", 0, "f"),
+    ("torch.distributed.checkpoint", "load", "torch.distributed.checkpoint.load", None, "checkpoint_id"),
+    ("safetensors.torch", "load_file", "safetensors.torch.load_file", 0, "filename"),
+)
+"""Checkpoint readers whose file is listed (`Window.checkpoint_file`), as `_SAVERS`."""
 _saves_patched: set[str] = set()
 
 
 def patch_savers() -> None:
-    """Wrap the checkpoint writers (`_SAVERS`) of the modules already imported; again at the first step
-    boundary, when the script's own imports are done."""
-    for module_name, attr, what in _SAVERS:
-        module = sys.modules.get(module_name)
-        original = getattr(module, attr, None)
-        if what in _saves_patched or not callable(original):
-            continue
-        setattr(module, attr, _noted_save(original, what))
-        _saves_patched.add(what)
+    """Wrap the checkpoint writers (`_SAVERS`) and readers (`_LOADERS`) of the modules already imported;
+    again at the first step boundary, when the script's own imports are done."""
+    for wrap, table in ((_noted_save, _SAVERS), (_noted_load, _LOADERS)):
+        for module_name, attr, what, position, keyword in table:
+            module = sys.modules.get(module_name)
+            original = getattr(module, attr, None)
+            if what in _saves_patched or not callable(original):
+                continue
+            setattr(module, attr, wrap(original, what, position, keyword))
+            _saves_patched.add(what)
 
 
-def _noted_save(original: Any, what: str) -> Any:
+def _named_file(
+    args: tuple[Any, ...], kwargs: dict[str, Any], position: int | None, keyword: str
+) -> str | None:
+    """The absolute path a checkpoint call names (a path, or an open file's name); None when it names none
+    (a buffer, a storage writer)."""
+    target: Any = kwargs.get(keyword)
+    if target is None and position is not None and len(args) > position:
+        target = args[position]
+    if target is not None and not isinstance(target, (str, os.PathLike)):
+        target = getattr(target, "name", None)
+    if not isinstance(target, (str, os.PathLike)):
+        return None
+    try:
+        return os.path.abspath(os.fspath(cast("str | os.PathLike[str]", target)))
+    except (TypeError, ValueError):
+        return None
+
+
+def _noted_save(original: Any, what: str, position: int | None, keyword: str) -> Any:
     def noted_save(*args: Any, **kwargs: Any) -> Any:
         window = active_window()
         if window is None:
@@ -210,8 +245,21 @@ def _noted_save(original: Any, what: str) -> Any:
             if window.measuring:
                 window.user_work_ran(what, end - start)
             window.phase_ran("checkpoint", start, end)
+            if (path := _named_file(args, kwargs, position, keyword)) is not None:
+                window.checkpoint_file("save", path)
 
     return noted_save
+
+
+def _noted_load(original: Any, what: str, position: int | None, keyword: str) -> Any:
+    def noted_load(*args: Any, **kwargs: Any) -> Any:
+        loaded = original(*args, **kwargs)
+        window = active_window()
+        if window is not None and (path := _named_file(args, kwargs, position, keyword)) is not None:
+            window.checkpoint_file("load", path)
+        return loaded
+
+    return noted_load
 
 
 def _patch_grad_scaler(torch: Any) -> None:

@@ -55,6 +55,8 @@ digest: the data path a comparison's sides share when their digests agree."""
 
 MAX_PHASES = 10_000
 """Phases (evaluation passes, checkpoints, marked phases) a record lists; later ones are counted only."""
+MAX_CHECKPOINT_FILES = 1_000
+"""Checkpoint files saved or loaded that a record names (the step and path of each); later ones are dropped."""
 _JOB_LOSS_BATCH = 4096
 """Losses a job run keeps on the device after its windows before reading them back in one transfer."""
 _NEVER = 1 << 62
@@ -235,6 +237,8 @@ class Window:
         """[kind, step, start_ns, end_ns, calls, training forwards before it]: evaluation passes, checkpoints,
         marked phases (`phase_ran`); ``step`` is the step in progress when the phase began."""
         self._phases_dropped = 0
+        self._checkpoint_files: list[tuple[str, int, str]] = []
+        """(save or load, step in progress, absolute path) of each checkpoint call that named a file."""
         self._train_forwards = 0
         self._train_start_ns: int | None = None
         _preload_own_modules()
@@ -371,6 +375,13 @@ class Window:
             self._phases_dropped += 1
             return
         phases.append([kind, self._count, start_ns, end_ns, 1, self._train_forwards])
+
+    def checkpoint_file(self, op: str, path: str) -> None:
+        """A checkpoint writer (``op`` "save") or reader ("load") named ``path`` (absolute) while step
+        ``steps_completed`` was in progress: the server aligns a resumed run's steps on it."""
+        if os.getpid() != self._pid or len(self._checkpoint_files) >= MAX_CHECKPOINT_FILES:
+            return
+        self._checkpoint_files.append((op, self._count, path[:4096]))
 
     def begin(self) -> None:
         """Mark the start of step 0 (done implicitly by the first ``step()`` block)."""
@@ -627,6 +638,9 @@ class Window:
                     for k, step, a, b, calls, _ in self._phases
                 ],
                 "phases_dropped": self._phases_dropped,
+                "checkpoint_files": [
+                    {"op": op, "step": step, "path": path} for op, step, path in self._checkpoint_files
+                ],
             },
             "outside_windows": {
                 "loss": [list(p) for p in self._outside_loss],

@@ -18,13 +18,16 @@ import anyio.to_thread
 
 from perfgate._statefs import fresh_dir, remove_tree
 from perfgate.benchmarking import BenchmarkError
+from perfgate.benchmarking.checkpoint_resume import ResumeCheck, check_resume
 from perfgate.benchmarking.collect import launch_failure
 from perfgate.benchmarking.drift import host_speed_probe
+from perfgate.benchmarking.errors import RecordError
 from perfgate.benchmarking.health import HARNESS_COVERS, health_model, job_health_model
 from perfgate.benchmarking.job import summarize_jobs
 from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path
 from perfgate.benchmarking.measured import measured_environment
 from perfgate.benchmarking.provenance import RunProvenance, run_provenance
+from perfgate.benchmarking.records import RankRecord, read_record
 from perfgate.benchmarking.results import (
     attach_nodes,
     model_facts,
@@ -32,11 +35,13 @@ from perfgate.benchmarking.results import (
     run_throughput,
     window_result,
 )
+from perfgate.benchmarking.sides import rank0_records
 from perfgate.benchmarking.window_launch import record_dir, window_launch
 from perfgate.benchmarking.window_plan import Capture, WindowPlan
 from perfgate.benchmarking.window_run import Launched, LaunchFn, WindowRun, measure_windows
 from perfgate.errors import ToolError
-from perfgate.evidence import EvidenceState
+from perfgate.evidence import EvidenceRecord, EvidenceState
+from perfgate.evidence.access import as_dict, str_list
 from perfgate.execution.hang import HangDiagnosis, HangWatch
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.rundir import input_run_dir, one_run
@@ -132,8 +137,64 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
 # --------------------------------------------------------------------------- the run
 
 
+def _resume_target(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> EvidenceRecord | None:
+    """The uninterrupted run a resume launch names (``resume_of``), checked before anything runs.
+
+    Raises:
+        ToolError: not a job=true window record of this ledger, or another command, cwd or env.
+    """
+    if inp.resume_of is None:
+        return None
+    first = (
+        "run_benchmark_window(command=<the candidate's command>, job=true, ...) first (its checkpoint saves and "
+        "every step's loss are kept), then this call with resume_of=<its evidence_id>"
+    )
+    target = rt.ledger.get(inp.resume_of)
+    if target is None or target.tool != "run_benchmark_window":
+        raise ToolError(
+            f"resume_of={inp.resume_of!r} is no run_benchmark_window record of this ledger: {first}"
+        )
+    if target.state.value != "executed" or not target.inputs.get("job") or target.inputs.get("resume_of"):
+        raise ToolError(
+            f"resume_of={inp.resume_of!r} is not an executed, uninterrupted job=true run (state "
+            f"{target.state.value}, job={target.inputs.get('job')!r}, resume_of={target.inputs.get('resume_of')!r})"
+            f": {first}"
+        )
+    command_was = str_list(target.inputs.get("command"))
+    env_was = {k: str(v) for k, v in as_dict(target.inputs.get("env")).items()}
+    same = (
+        f"command={command_was!r} plus the resume option, cwd={target.inputs.get('cwd')!r}, env={env_was!r}"
+    )
+    if inp.command[: len(command_was)] != command_was:
+        raise ToolError(
+            f"a resume launch runs the command of {inp.resume_of} with its resume option added at the end: "
+            f"call again with {same}"
+        )
+    if inp.cwd != target.inputs.get("cwd") or any(inp.env.get(k) != v for k, v in env_was.items()):
+        raise ToolError(
+            f"a resume launch keeps the cwd and env of {inp.resume_of} (it may add variables): call again with "
+            f"{same}"
+        )
+    return target
+
+
+def _resume_check(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder) -> ResumeCheck | None:
+    """The resumed launches (this record's rank 0 copies) against the run ``resume_of`` names."""
+    target = rt.ledger.get(inp.resume_of) if inp.resume_of is not None else None
+    if target is None:
+        return None
+    resumed: list[RankRecord] = []
+    for path in sorted(ev.dir.glob("launch*_rank0.json"), key=lambda p: int(p.name[6:].split("_")[0])):
+        with contextlib.suppress(RecordError):
+            resumed.append(read_record(path))
+    return check_resume(
+        rank0_records(rt.workspace, target), resumed, resume_of=target.id, workspace=rt.workspace
+    )
+
+
 async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWindowOutput:
     request = command(inp, rt)
+    await anyio.to_thread.run_sync(_resume_target, inp, rt)
     if inp.timing == "harness" or inp.harness_on_path:
         await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.trust.state_dir))
     run_dir = _run_dir(inp, rt)
@@ -272,6 +333,11 @@ async def record_windows(
             ev, "step_times.png", lambda: step_times_png(by_rank, inp.warmup_steps, title), key=True
         )
     out = _render(inp, ev, rt, got)
+    if got.failure is None and (resumed := await anyio.to_thread.run_sync(_resume_check, inp, rt, ev)):
+        out.checkpoint_resume = resumed
+        out.summary = f"checkpoint resume {resumed.status}: {resumed.reason}" + (
+            f"; {out.summary}" if out.summary else ""
+        )
     out.provenance = provenance
     out.host_load = list(host_loads)
     out.launch_started_unix_s = list(launch_starts)

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from perfgate.benchmarking.checkpoint_resume import ResumeCheck
 from perfgate.benchmarking.contract import BenchmarkContract
 from perfgate.benchmarking.corroborate import TimingCheck
 from perfgate.benchmarking.dumps import TensorDump
@@ -141,6 +142,16 @@ class RunBenchmarkWindowInput(BaseModel):
             "clock. compare_benchmarks then compares the jobs too. Not with timing='log'."
         ),
     ] = False
+    resume_of: Annotated[
+        str | None,
+        Field(
+            description="This launch resumes from a checkpoint: evidence id of the uninterrupted job=true run "
+            "of the same command (this command is it plus the resume option, same cwd, its env kept). The "
+            "answer's `checkpoint_resume` says whether a checkpoint that run saved was loaded and whether the "
+            "loss matches that run's at the aligned steps; the keep's checkpoint_resume gate reads it. Needs "
+            "job=true."
+        ),
+    ] = None
     timeout_s: Annotated[float, Field(gt=0, description="Wall-clock limit per launch, seconds.")] = 600.0
     stall_s: Annotated[
         float | None,
@@ -244,6 +255,11 @@ class RunBenchmarkWindowInput(BaseModel):
                 "job=true needs the harness (timing='harness' or 'explicit'): a log-timed run already runs to its "
                 "end, and its phases are not seen"
             )
+        if self.resume_of is not None and not self.job:
+            raise ValueError(
+                "resume_of needs job=true: the checkpoint a launch loads and every step's loss are kept only in "
+                "a whole-job run; call again with job=true"
+            )
         if self.capture is not None:
             if self.timing != "harness":
                 raise ValueError(
@@ -338,6 +354,11 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="job=true: the whole job, each figure the median over launches: wall time, time to the "
         "last step, and its parts (startup, warmup_excess, steps, eval, checkpoint, marked phases, "
         "after_last_step).",
+    )
+    checkpoint_resume: ResumeCheck | None = Field(
+        default=None,
+        description="resume_of: the resumed launches against the uninterrupted run (checkpoint loaded, the "
+        "step it was saved at, loss agreement at the aligned steps).",
     )
     job_launches: list[JobTiming] = Field(
         default_factory=list[JobTiming], description="job=true: each launch's whole job."

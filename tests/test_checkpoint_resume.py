@@ -1,0 +1,185 @@
+"""Issue 45 item 3: checkpoint compatibility as evidence.
+
+A layout or checkpointing change must show that its checkpoints still resume: the candidate runs once as a
+whole job (its torch.save calls observed, with the step each ran at), then once more with its resume option
+and ``resume_of``. The server finds in the resumed launch's record which file it loaded, aligns its steps on
+the step that file was saved at, and compares the loss there with the uninterrupted run's; the keep's
+``checkpoint_resume`` gate reads that. Real tiny CPU training (tests/fixtures/ckpt_train.py): an honest resume
+passes; one that ignores its checkpoint, one that restores the weights but not Adam's state, and one of the
+baseline's windows instead of the candidate's are refused.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from _trust import any_code_rules, operator_policy
+from perfgate.benchmarking.checkpoint_resume import check_resume
+from perfgate.benchmarking.records import read_record
+from perfgate.server import build_server
+from perfgate.serving.runtime import ServerConfig
+from test_record_decision import Evidence, _text
+
+pytestmark = pytest.mark.anyio
+
+PY = sys.executable
+SCRIPT = (Path(__file__).parent / "fixtures" / "ckpt_train.py").read_text()
+CONTRACT = {"invariants": {"model": "mlp", "dataset": "synthetic", "precision": "fp32", "global_batch": 32}}
+
+
+def _harness(cwd: Path, rec: str, *args: str) -> Any:
+    """train.py under the harness as a whole job; rank 0's record."""
+    done = subprocess.run(
+        [
+            *(PY, "-m", "perfgate.harness", "--warmup-steps", "2", "--measure-steps", "4"),
+            *("--record-dir", rec, "--", "train.py", *args),
+        ],
+        cwd=cwd,
+        env={**os.environ, "PERFGATE_JOB": "1"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    return read_record(cwd / rec / "rank0.json")
+
+
+def test_the_harness_lists_the_files_a_job_saves_and_loads(tmp_path: Path) -> None:
+    """Each torch.save names its file and the step in progress; torch.load before the first step is step 0.
+    The check over those records alone: the honest resume matches, the faulty ones are named."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    whole = _harness(tmp_path, "whole")
+    assert whole.job is not None
+    saves = [(f.op, f.step, f.path) for f in whole.job.checkpoint_files]
+    assert saves == [("save", s, str(tmp_path / "ckpt" / f"step{s}.pt")) for s in (8, 16, 24)]
+    resumed = _harness(tmp_path, "resumed", "--resume", "ckpt/step8.pt")
+    assert resumed.job is not None and resumed.steps.count == 16
+    assert next((f.op, f.step) for f in resumed.job.checkpoint_files) == ("load", 0)
+
+    def judged(record: Any) -> Any:
+        return check_resume([whole], [record], resume_of="w", workspace=tmp_path)
+
+    honest = judged(resumed)
+    assert honest.status == "passed" and honest.resumed_from_step == 8, honest
+    assert honest.loaded == ["ckpt/step8.pt"] and honest.steps_compared == 16 and honest.steps_apart == 0
+    scratch = judged(_harness(tmp_path, "scratch", "--resume", "ckpt/step8.pt", "--ignore-resume"))
+    assert scratch.status == "failed" and "loaded no checkpoint" in scratch.reason, scratch
+    fresh = judged(_harness(tmp_path, "fresh", "--resume", "ckpt/step8.pt", "--fresh-optimizer"))
+    assert fresh.status == "failed" and fresh.reason.startswith("the loss diverges"), fresh
+    assert fresh.steps_apart > 0 and "first: step 9" in fresh.reason  # step 8 itself still matches
+    # a file the uninterrupted run never wrote: no alignment is guessed
+    (tmp_path / "other.pt").write_bytes((tmp_path / "ckpt" / "step8.pt").read_bytes())
+    foreign = judged(_harness(tmp_path, "foreign", "--resume", "other.pt"))
+    assert foreign.status == "failed" and "never saved" in foreign.reason, foreign
+
+
+@pytest.fixture
+def ws(workspace: Path) -> Path:
+    operator_policy("[execution]\n" + any_code_rules([PY, "train.py"]))
+    (workspace / "train.py").write_text(SCRIPT)
+    return workspace
+
+
+async def _window(client: Client, args: list[str], resume_of: str | None = None) -> dict[str, Any]:
+    call: dict[str, Any] = {
+        "command": [PY, "train.py", *args],
+        "warmup_steps": 2,
+        "measure_steps": 4,
+        "repeats": 1,
+        "job": True,
+        "timeout_s": 180,
+        "contract": CONTRACT,
+    }
+    if resume_of is not None:
+        call["resume_of"] = resume_of
+    result = await client.call_tool("run_benchmark_window", call)
+    out = result.structured_content
+    assert out is not None and out["state"] == "executed", _text(result)
+    return out
+
+
+async def _gate(client: Client, exp: str, comparison: str) -> dict[str, Any]:
+    result = await client.call_tool(
+        "record_decision",
+        {"action": "show", "experiment_id": exp, "evidence": [{"id": comparison, "role": "comparison"}]},
+    )
+    assert result.structured_content is not None, _text(result)
+    return next(g for g in result.structured_content["gates"] if g["name"] == "checkpoint_resume")
+
+
+async def _open(client: Client, changed: str) -> str:
+    opened = await client.call_tool(
+        "record_decision",
+        {
+            "action": "open",
+            "hypothesis": "h",
+            "classification": "system_optimization",
+            "changed_variable": changed,
+        },
+    )
+    assert opened.structured_content is not None, _text(opened)
+    return opened.structured_content["experiment_id"]
+
+
+@pytest.mark.timeout(900)
+async def test_a_layout_change_keeps_only_with_a_resume_of_its_own_checkpoint(ws: Path) -> None:
+    ev = Evidence(ws)
+    resume = ["--resume", "ckpt/step8.pt"]
+    async with Client(build_server(ServerConfig.create(ws))) as client:
+        base = await _window(client, ["--shards", "1"])
+        exp = await _open(client, "tensor_parallel")
+        other = await _open(client, "workers")
+        cand = await _window(client, ["--shards", "2"])
+        comp = ev.comparison([base["evidence_id"]], [cand["evidence_id"]], declared=["tensor_parallel"])
+
+        missing = await _gate(client, exp, comp)
+        assert missing["status"] == "failed" and "no resume launch" in missing["reason"], missing
+        assert f"resume_of={cand['evidence_id']!r}" in missing["satisfy_with"]
+        assert "'--shards', '2', '<resume option>'" in missing["satisfy_with"]
+        assert (await _gate(client, other, comp))["status"] == "not_applicable"
+
+        # refused before anything runs: no job, another command, a resume of a resume
+        for call, said in (
+            ({"resume_of": cand["evidence_id"]}, "resume_of needs job=true"),
+            (
+                {"resume_of": cand["evidence_id"], "job": True, "command": [PY, "train.py", "--shards", "1"]},
+                "with its resume option added at the end",
+            ),
+        ):
+            refused = await client.call_tool(
+                "run_benchmark_window", {"command": [PY, "train.py", "--shards", "2", *resume], **call}
+            )
+            assert refused.is_error and said in _text(refused), _text(refused)
+
+        # the baseline's checkpoint resumes, which says nothing of the candidate's layout
+        of_base = await _window(client, ["--shards", "1", *resume], resume_of=base["evidence_id"])
+        assert of_base["checkpoint_resume"]["status"] == "passed", of_base["checkpoint_resume"]
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "failed" and "resumed the baseline's windows" in gate["reason"], gate
+
+        # a resume that takes the option and starts from scratch
+        scratch = await _window(client, ["--shards", "2", *resume, "--ignore-resume"], cand["evidence_id"])
+        assert scratch["summary"].startswith(
+            "checkpoint resume failed: the resumed launch loaded no checkpoint"
+        )
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "failed" and "loaded no checkpoint" in gate["reason"], gate
+
+        # the weights restored, Adam's moments not: the loss drifts from the first update on
+        fresh = await _window(client, ["--shards", "2", *resume, "--fresh-optimizer"], cand["evidence_id"])
+        assert fresh["checkpoint_resume"]["resumed_from_step"] == 8
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "failed" and "the loss diverges" in gate["reason"], gate
+
+        honest = await _window(client, ["--shards", "2", *resume], cand["evidence_id"])
+        check = honest["checkpoint_resume"]
+        assert check["status"] == "passed" and check["loaded"] == ["ckpt/step8.pt"], check
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "passed" and honest["evidence_id"] in gate["evidence_ids"], gate
