@@ -26,7 +26,7 @@ from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import profile_segment
 from perfgate.traces.backends import exchange_of
 from test_evidence_gate import window
-from test_record_decision import TOLERANCE, _text
+from test_record_decision import TOLERANCE
 
 pytestmark = pytest.mark.anyio
 
@@ -62,6 +62,10 @@ CAND_ARGS = [
 _ANALYZE = profile_segment.analyze_paths
 
 
+def _text(result: Any) -> str:
+    return " ".join(getattr(c, "text", "") for c in result.content)
+
+
 @pytest.fixture(autouse=True)
 def registry_with_profile_segment(monkeypatch: pytest.MonkeyPatch) -> None:
     if profile_segment.SPEC not in perfgate.tools.REGISTRY:
@@ -71,6 +75,7 @@ def registry_with_profile_segment(monkeypatch: pytest.MonkeyPatch) -> None:
 def _device_plays(monkeypatch: pytest.MonkeyPatch, fixture: str | None) -> None:
     """The GPU boundary: each trace the CPU run captured is replaced by ``fixture`` before the server
     analyses it (None: the CPU run's own trace is analysed)."""
+
     async def analyze(paths: list[Path], *args: Any) -> Any:
         if fixture is not None:
             for path in paths:
@@ -146,7 +151,7 @@ async def test_a_backend_change_is_kept_only_on_a_trace_of_the_candidate_that_sh
                 "classification": "system_optimization",
                 "changed_variable": "token_dispatcher cuda_graphs",
                 "tolerance": TOLERANCE,
-            },  # fmt: skip
+            },
         )
         assert opened.structured_content is not None, _text(opened)
         exp = str(opened.structured_content["experiment_id"])
@@ -213,7 +218,7 @@ async def test_a_change_that_names_no_backend_is_not_asked_for_a_trace(workspace
                 "classification": "system_optimization",
                 "changed_variable": "workers",
                 "tolerance": TOLERANCE,
-            },  # fmt: skip
+            },
         )
         assert opened.structured_content is not None, _text(opened)
         exp = str(opened.structured_content["experiment_id"])
@@ -243,7 +248,7 @@ async def test_an_undeclared_dispatcher_change_on_the_candidates_command_still_n
                 "classification": "system_optimization",
                 "changed_variable": "workers",
                 "tolerance": TOLERANCE,
-            },  # fmt: skip
+            },
         )
         assert opened.structured_content is not None, _text(opened)
         exp = str(opened.structured_content["experiment_id"])
