@@ -262,3 +262,13 @@ async def test_an_undeclared_dispatcher_change_on_the_candidates_command_still_n
     assert gate["status"] == "failed", gate
     assert gate["reason"].startswith("the token dispatcher (deepep) differs from the baseline's")
     assert gate["satisfy_with"].startswith(f"profile_segment(mode='run', command={sneaky!r})")
+
+
+def test_moe_token_settings_are_no_secret_names_but_tokens_still_are() -> None:
+    """--moe-token-dispatcher-type's value was redacted as a credential: the sides' argv then never compared."""
+    from perfgate.secretscan import is_secret_name
+
+    for name in ("--moe-token-dispatcher-type", "moe_token_drop_policy", "token_dispatcher"):
+        assert not is_secret_name(name), name
+    for name in ("HF_TOKEN", "--token", "--api-token", "TOKEN_DISPATCHER_SECRET"):
+        assert is_secret_name(name), name
