@@ -226,3 +226,21 @@ def test_the_probe_script_lives_outside_any_workspace_in_a_folder_of_its_own() -
         "__init__.py",
         script.name,
     ]
+
+
+def test_deepep_and_nvshmem_are_reported_from_package_metadata_without_importing_them(tmp_path: Path) -> None:
+    """The MoE exchange stack (issue 45 item 2): DeepEP's distribution and NVSHMEM's wheel are read from
+    their metadata (a fake dist-info here; the module would fail if imported), NVSHMEM's switches reported."""
+    site = tmp_path / "site"
+    for dist, version in (("deep_ep", "1.2.1+abc"), ("nvidia_nvshmem_cu12", "3.3.9")):
+        info = site / f"{dist}-{version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (site / "deep_ep").mkdir()
+    (site / "deep_ep" / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    out, proc = run_probe(sys.executable, {"PYTHONPATH": str(site), "NVSHMEM_IB_ENABLE_IBGDA": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert out.sections["packages"]["deep_ep"] == "1.2.1+abc"
+    assert out.sections["packages"]["nvidia-nvshmem-cu12"] == "3.3.9"
+    assert out.sections["packages"]["nvidia-nvshmem-cu13"] is None
+    assert out.sections["switches"]["NVSHMEM_IB_ENABLE_IBGDA"] == "1"

@@ -37,6 +37,7 @@ _STATES = {s.value for s in EvidenceState}
 # torch_musa functions) or are free-text examples, not perfgate vocabulary. Anything else the skill
 # writes as a snake_case identifier must exist in perfgate's schemas or source.
 EXTERNAL: dict[str, str] = {
+    **dict.fromkeys(["deep_ep", "hybrid_ep"], "DeepEP's and HybridEP's CUDA kernel namespaces"),
     **dict.fromkeys(
         ["num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "non_blocking"],
         "torch DataLoader / Tensor.to arguments",

@@ -105,6 +105,9 @@ _SECRET_SEGMENTS = frozenset(
 _SECRET_SUBSTRINGS = ("PASSWORD", "PASSWD", "SECRET", "CREDENTIAL", "COOKIE", "APIKEY", "ACCESSKEY", "TOKEN")
 # ...but not these, which contain TOKEN without being one (TOKENS: counts, as in --tokens-per-step).
 _NOT_SECRET_SEGMENTS = frozenset({"TOKENIZERS", "TOKENIZER", "TOKENIZATION", "TOKENIZE", "TOKENS"})
+# ...nor TOKEN followed by one of these: a mixture-of-experts setting about the tokens routed to experts
+# (--moe-token-dispatcher-type flex, moe_token_drop_policy), whose value must stay comparable.
+_MOE_TOKEN_SETTINGS = frozenset({"DISPATCHER", "DISPATCH", "DROP", "DROPPING"})
 
 
 @functools.lru_cache(maxsize=8192)
@@ -114,8 +117,11 @@ def is_secret_name(name: str) -> bool:
     >>> is_secret_name("HF_TOKEN"), is_secret_name("TOKENIZERS_PARALLELISM")
     (True, False)
     """
-    for segment in re.split(r"[_\-.\s]+", name.lstrip("-").upper()):
+    segments = re.split(r"[_\-.\s]+", name.lstrip("-").upper())
+    for i, segment in enumerate(segments):
         if not segment or segment in _NOT_SECRET_SEGMENTS:
+            continue
+        if segment == "TOKEN" and i + 1 < len(segments) and segments[i + 1] in _MOE_TOKEN_SETTINGS:
             continue
         if segment in _SECRET_SEGMENTS or any(sub in segment for sub in _SECRET_SUBSTRINGS):
             return True

@@ -58,6 +58,8 @@ WHERE_SHOWN: dict[str, Shows] = {
     "sharding": Shows(),
     "compile": Shows(env=("TORCHINDUCTOR_*", "TORCHDYNAMO_*", "TORCH_COMPILE_*")),
     "cuda_graphs": Shows(env=("TORCHINDUCTOR_*CUDAGRAPH*",)),
+    # DeepEP/HybridEP read NVSHMEM's and their own variables (buffer sizes, SM counts)
+    "token_dispatcher": Shows(env=("NVSHMEM_*", "DEEPEP_*", "DEEP_EP_*", "HYBRID_EP_*")),
     "workers": Shows(),
     "pin_memory": Shows(),
     "prefetch": Shows(),

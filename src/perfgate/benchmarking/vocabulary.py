@@ -321,7 +321,31 @@ _TERMS: tuple[Term, ...] = (
         ("fsdp", "zero_stage"),
     ),
     Term("compile", "execution", "torch.compile and its mode", ("torch_compile",), ("compile_mode",)),
-    Term("cuda_graphs", "execution", "CUDA/MUSA graph capture", ("graphs",)),
+    # Megatron's --enable-cuda-graph / --external-cuda-graph switch graphs on; --cuda-graph-impl picks who
+    # captures (local, transformer_engine; none is off) and --cuda-graph-scope which layers' parts
+    Term(
+        "cuda_graphs",
+        "execution",
+        "CUDA/MUSA graph capture and replay, and its scope",
+        ("graphs", "cuda_graph", "enable_cuda_graph", "enable_cuda_graphs", "use_cuda_graph", "cudagraphs"),
+        ("cuda_graph_impl", "external_cuda_graph", "cuda_graph_scope", "musa_graph", "enable_musa_graph"),
+    ),
+    # Megatron-Core's --moe-token-dispatcher-type {allgather, alltoall, flex}; flex runs DeepEP or HybridEP
+    # (--moe-enable-deepep, --moe-flex-dispatcher-backend); torchtitan's expert_parallel_comm_backend
+    # {standard, deepep, hybridep}
+    Term(
+        "token_dispatcher",
+        "execution",
+        "mixture-of-experts token dispatcher and its exchange backend (allgather, alltoall, flex with DeepEP "
+        "or HybridEP): the same tokens reach the same experts",
+        ("moe_token_dispatcher_type", "token_dispatcher_type", "moe_token_dispatcher", "dispatcher_type"),
+        (
+            "moe_enable_deepep",
+            "moe_flex_dispatcher_backend",
+            "flex_dispatcher_backend",
+            "expert_parallel_comm_backend",
+        ),
+    ),
     Term(
         "workers",
         "execution",

@@ -27,6 +27,7 @@ __all__ = [
     "declared_change_problems",
     "declared_for_experiment",
     "looser_than_declared",
+    "named_changes",
     "producer_problems",
     "quality_problems",
     "reused_candidate_problems",
@@ -84,6 +85,14 @@ def declared_for_experiment(exp: Experiment, comparison: EvidenceRecord) -> list
     only these may explain a difference between the sides at keep."""
     allowed = _mentioned(exp.changed_variable)
     return [d for d in str_list(comparison.inputs.get("declared_changes")) if _canon(d) in allowed]
+
+
+def named_changes(exp: Experiment, comparison: EvidenceRecord) -> set[str]:
+    """Vocabulary names (or names as written) of what the experiment's changed variable and the comparison's
+    declared changes name."""
+    return _mentioned(exp.changed_variable) | {
+        _canon(d) for d in str_list(comparison.inputs.get("declared_changes"))
+    }
 
 
 def declaration_for(changed_variable: str) -> list[str]:

@@ -494,7 +494,19 @@ def _comparison_gates(
         _replica_gate(exp, latest, ev),
         _job_gate(latest, ev),
         _checkpoint_resume_gate(exp, latest, ev),
+        _backend_gate(exp, latest, ev),
     ]
+
+
+def _backend_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:
+    """A named dispatcher backend or CUDA/MUSA graphs ran in a trace of the candidate's own command
+    (`perfgate.decisions.backends`)."""
+    from perfgate.decisions.backends import backend_check
+
+    check = backend_check(exp, comparison, ev.ledger.records(tool="profile_segment"), ev.get)
+    if not check.applies:
+        return _na("backend", check.reason)
+    return _gate("backend", check.ok, check.reason, check.ids, check.fix)
 
 
 def _job_gate(comparison: EvidenceRecord, ev: _Evidence) -> Gate:

@@ -12,9 +12,10 @@ import numpy as np
 
 from perfgate._deadline import DEFAULT_MAX_TRACE_EVENTS, EVENTS_HOW, checkpoint
 from perfgate.traces._events import Header
-from perfgate.traces._group import unique_counts, unique_values
+from perfgate.traces._group import I64, unique_counts
 from perfgate.traces._memory import TRIM_EVERY_BYTES, TRIM_ROWS, release_free_memory
 from perfgate.traces._np import int_list
+from perfgate.traces.backends import backends_seen
 from perfgate.traces.code import code_view
 from perfgate.traces.errors import TraceError, TraceTooLargeError
 from perfgate.traces.host import launch_stats, sync_stats
@@ -197,9 +198,9 @@ def _rank(header: Header, path: Path) -> tuple[int, RankSource, int | None]:
     return 0, "default", world
 
 
-def _backend(table: EventTable) -> Backend:
+def _backend(table: EventTable, host_ids: I64) -> Backend:
     cats = table.category_counts
-    host_names = {table.names[i] for i in int_list(unique_values(table.host.i("name")))}
+    host_names = {table.names[i] for i in int_list(host_ids)}
     if any(c.startswith("mtia") for c in cats):
         return "mtia"
     if any(n.startswith("hip") for n in host_names):
@@ -330,7 +331,9 @@ def analyze_table(
     table kept for later calls is read with ``release=False`` and left as it was.
     """
     rank, source, world = _rank(header, path)
-    backend = _backend(table)
+    host_ids, host_counts = unique_counts(table.host.i("name"))
+    backend = _backend(table, host_ids)
+    backends = backends_seen(table, host_ids, host_counts)
     device = _device_name(header, table, backend)
     counts = {
         "events": table.event_count,
@@ -419,6 +422,7 @@ def analyze_table(
         kernel_sequences=sequences,
         op_efficiency=efficiency,
         code=code,
+        backends=backends,
         event_counts=counts,
         warnings=_warnings(table, counts["device"], prepared, stream),
     )

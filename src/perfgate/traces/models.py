@@ -13,11 +13,13 @@ from perfgate.traces.classify import Category, Kind
 
 __all__ = [
     "AnalysisWindow",
+    "Backends",
     "CategoryStats",
     "CodeSite",
     "CodeView",
     "DiffRow",
     "Distribution",
+    "ExchangeKernels",
     "Finding",
     "FlopsSummary",
     "HostBreakdown",
@@ -463,6 +465,40 @@ class RankProfile(BaseModel):
     )
     code: CodeView | None = Field(
         default=None, description="Owning modules, source lines and loops (null for a trace without CPU ops)."
+    )
+    backends: Backends | None = Field(
+        default=None,
+        description="Graph replays and the MoE token-exchange backend the trace shows (the backend gate reads "
+        "it); null only in results written before it was recorded.",
+    )
+
+
+class ExchangeKernels(BaseModel):
+    """Device kernels of one token-exchange family."""
+
+    backend: Literal["deepep", "hybridep", "alltoall", "allgather"] = Field(
+        description="deepep/hybridep: kernels in the deep_ep:: / hybrid_ep:: namespaces; alltoall: the "
+        "collective library's all-to-all or send/receive kernels (pipeline traffic too); allgather: its "
+        "all-gather kernels (FSDP too)."
+    )
+    kernels: int = Field(description="Kernel executions of this family in the trace.")
+    names: list[str] = Field(description="Up to 3 kernel names that show it (truncated).")
+
+
+class Backends(BaseModel):
+    """What the trace shows ran, as the server reads it: graph replays and the token-exchange backend."""
+
+    graph_launches: int = Field(
+        description="Host graph-launch calls (cudaGraphLaunch, hipGraphLaunch, musaGraphLaunch): 0 means no "
+        "CUDA/MUSA graph was replayed in the traced steps."
+    )
+    graph_launch_calls: list[str] = Field(description="The launch call names counted.")
+    token_exchange: list[ExchangeKernels] = Field(
+        description="Token-exchange kernel families present, most specific first."
+    )
+    dispatcher: Literal["deepep", "hybridep", "alltoall", "allgather"] | None = Field(
+        description="The first family of token_exchange (the MoE dispatcher's backend the kernels show); null "
+        "when no exchange kernel ran."
     )
 
 

@@ -64,6 +64,10 @@ PACKAGES = (
     "nvidia-cudnn-cu13",
     "nvidia-nccl-cu13",
     "mpi4py",
+    # MoE token exchange: DeepEP (whose hybrid-ep build also holds HybridEP) and the NVSHMEM it runs on
+    "deep_ep",
+    "nvidia-nvshmem-cu12",
+    "nvidia-nvshmem-cu13",
 )
 
 # Variables that change performance or device visibility; their values are reported (then redacted
@@ -82,6 +86,7 @@ SWITCH_PREFIXES = (
     "CUBLASLT_",
     "CUDNN_",
     "NVTE_",
+    "NVSHMEM_",
     "NVIDIA_",
     "MUSA_",
     "MUDNN_",
