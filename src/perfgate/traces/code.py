@@ -420,10 +420,10 @@ def find_loops(
         long = (stops - starts) >= body * (min_iterations - 1)
         for s, e in zip(int_list(starts[long]), int_list(stops[long]), strict=True):
             iterations = (e - s + body) // body
-            span = slice(s, s + iterations * body)
-            if covered[span].mean() > 0.5:
+            span = covered[s : s + iterations * body]  # a view: marking it marks `covered`
+            if np.count_nonzero(span) * 2 > span.size:  # mostly a loop already
                 continue
-            covered[span] = True
+            span[:] = True
             out.append((s, body, iterations))
     return out
 
