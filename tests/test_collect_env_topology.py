@@ -32,7 +32,7 @@ def smi_env(**extra: str) -> dict[str, str]:
 
 def smi() -> str:
     path = safe_which("nvidia-smi", smi_env()["PATH"], None)
-    assert path == str(NVIDIA_BIN / "nvidia-smi")
+    assert path is not None and path == str(NVIDIA_BIN / "nvidia-smi")
     return path
 
 
