@@ -58,6 +58,16 @@ CAND_ARGS = [
     "--enable-cuda-graph",
 ]
 
+LOGGED = {
+    "enable_cuda_graph": "True",
+    "moe_flex_dispatcher_backend": "deepep",
+    "moe_token_dispatcher_type": "flex",
+}
+"""What the candidate windows' stdout listed (run_benchmark_window's ``logged_settings``)."""
+LOG_SAYS = (
+    "the candidate's log says enable_cuda_graph=True, moe_flex_dispatcher_backend=deepep, "
+    "moe_token_dispatcher_type=flex (dispatcher deepep, graphs on): what the job was told, not what ran"
+)
 
 _ANALYZE = profile_segment.analyze_paths
 
@@ -162,7 +172,7 @@ async def test_a_backend_change_is_kept_only_on_a_trace_of_the_candidate_that_sh
         prov = base_profile["provenance"]
         ran = {"code": prov["code"], "files": prov["files"]}
         base = [window(workspace, 20, seed=s, command=base_argv, **ran) for s in (1, 2, 3)]
-        cand = [window(workspace, 10, seed=s, command=cand_argv, **ran) for s in (4, 5, 6)]
+        cand = [window(workspace, 10, seed=s, command=cand_argv, logged=LOGGED, **ran) for s in (4, 5, 6)]
         compared = await client.call_tool(
             "compare_benchmarks",
             {"baseline": base, "candidate": cand, "declared_changes": ["token_dispatcher", "cuda_graphs"]},
@@ -176,6 +186,7 @@ async def test_a_backend_change_is_kept_only_on_a_trace_of_the_candidate_that_sh
         assert gate["status"] == "failed", gate
         assert "no trace of the candidate's own run" in gate["reason"]
         assert f"{base_profile['evidence_id']} is a trace of the baseline's command" in gate["reason"]
+        assert gate["reason"].endswith(f"; {LOG_SAYS}; only a trace passes this gate")  # the log never does
         assert gate["satisfy_with"].startswith(f"profile_segment(mode='run', command={cand_argv!r})")
 
         # shortcut 2: the candidate declares flex/DeepEP and graphs, but its run exchanged tokens through
@@ -186,6 +197,7 @@ async def test_a_backend_change_is_kept_only_on_a_trace_of_the_candidate_that_sh
         assert nccl["evidence_id"] in gate["evidence_ids"]
         assert f"{nccl['evidence_id']} shows 0 graph launches" in gate["reason"]
         assert "no deepep kernel ran; the exchange kernels were: alltoall (4 kernels" in gate["reason"]
+        assert gate["reason"].endswith(f"; {LOG_SAYS}")  # told flex/DeepEP; the trace shows all-to-all
         assert "re-run its windows" in gate["satisfy_with"]
 
         # the CPU run's own trace: no exchange kernel and no graph at all
@@ -262,6 +274,43 @@ async def test_an_undeclared_dispatcher_change_on_the_candidates_command_still_n
     assert gate["status"] == "failed", gate
     assert gate["reason"].startswith("the token dispatcher (deepep) differs from the baseline's")
     assert gate["satisfy_with"].startswith(f"profile_segment(mode='run', command={sneaky!r})")
+
+
+async def test_a_log_that_says_deepep_ran_never_passes_without_a_trace(workspace: Path) -> None:
+    """The candidate's own stdout listed flex/DeepEP (weaker evidence): the refusal quotes it, and still
+    names the profile_segment call; a baseline log saying alltoall changes nothing either."""
+    argv = ["python", "train.py", *BASE_ARGS]
+    said = {"moe_token_dispatcher_type": "alltoall"}
+    base = [window(workspace, 20, seed=s, command=argv, logged=said) for s in (1, 2, 3)]
+    async with Client(build_server(ServerConfig.create(workspace))) as client:
+        opened = await client.call_tool(
+            "record_decision",
+            {
+                "action": "open",
+                "hypothesis": "DeepEP dispatch is faster",
+                "classification": "system_optimization",
+                "changed_variable": "token_dispatcher",
+                "tolerance": TOLERANCE,
+            },
+        )
+        assert opened.structured_content is not None, _text(opened)
+        exp = str(opened.structured_content["experiment_id"])
+        cand_argv = ["python", "train.py", *CAND_ARGS[:4]]
+        logged = {"moe_token_dispatcher_type": "flex", "moe_enable_deepep": "True"}
+        cand = [window(workspace, 10, seed=s, command=cand_argv, logged=logged) for s in (4, 5, 6)]
+        compared = await client.call_tool(
+            "compare_benchmarks",
+            {"baseline": base, "candidate": cand, "declared_changes": ["token_dispatcher"]},
+        )
+        assert compared.structured_content is not None, _text(compared)
+        gate = await _backend(client, exp, compared.structured_content["evidence_id"])
+    assert gate["status"] == "failed", gate
+    assert gate["reason"] == (
+        "the token dispatcher (deepep) is the declared change, but no trace of the candidate's own run shows "
+        "what ran; the candidate's log says moe_enable_deepep=True, moe_token_dispatcher_type=flex (dispatcher "
+        "deepep): what the job was told, not what ran; only a trace passes this gate"
+    )
+    assert gate["satisfy_with"].startswith(f"profile_segment(mode='run', command={cand_argv!r})")
 
 
 def test_moe_token_settings_are_no_secret_names_but_tokens_still_are() -> None:

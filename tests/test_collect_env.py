@@ -269,6 +269,37 @@ async def test_nvidia_branch_with_fake_smi_and_fake_cuda_build(
     raw = (artifact_dir(workspace, out.evidence_id) / "systool_nvidia-smi.txt").read_text()
     assert "NVIDIA H100 80GB HBM3" in raw and "--query-gpu" in raw
     assert tools["nsys"].version == "2024.2.1.106-242134037904v0"
+    # The interconnect: NVLink from the fake's topo -m and nvlink --status, fingerprinted by shape only.
+    assert out.topology.gpu_links == {"NV18": 28} and out.topology.nvlink_active_links == 8 * 18
+    assert out.fingerprint.fields["gpu_links"] == ["28 x NV18"]
+    assert out.topology.hybrid_ep is None and out.topology.notes == []  # no deep_ep: nothing to note
+    assert "systool_nvidia-smi-topology.txt" in out.artifacts
+    topo = (artifact_dir(workspace, out.evidence_id) / "systool_nvidia-smi-topology.txt").read_text()
+    assert "$ " in topo and "topo -m" in topo and "nvlink --status" in topo
+    assert environment_json(workspace, out.evidence_id)["topology"]["gpu_links"] == {"NV18": 28}
+
+
+async def test_a_deep_ep_build_without_hybrid_ep_on_pcie_gpus_is_noted(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The training environment has DeepEP (no HybridEP files in its RECORD); the host's GPUs are PCIe only."""
+    site = tmp_path / "site"
+    info = site / "deep_ep-1.2.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: deep_ep\nVersion: 1.2.1\n")
+    (info / "RECORD").write_text("deep_ep/__init__.py,,\ndeep_ep/buffer.py,,\n")
+    monkeypatch.setenv("PATH", f"{FAKES / 'fake_nvidia_bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PERFGATE_FAKE_SMI_TOPO", "pcie")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    out = await collect(workspace)
+    assert out.summary.packages["deep_ep"] == "1.2.1"
+    assert out.topology.hybrid_ep is False and out.topology.gpu_links == {"NODE": 8, "PIX": 4, "SYS": 16}
+    assert out.topology.notes[0] == (
+        "intranode DeepEP/HybridEP expects NVLink between GPUs: nvidia-smi topo -m shows none"
+    )
+    assert out.topology.notes[-1] == (
+        "deep_ep is installed without HybridEP (no hybrid_ep files): the hybridep backend cannot load"
+    )
 
 
 async def test_a_gpu_host_with_a_cpu_only_torch_is_flagged(

@@ -244,3 +244,40 @@ def test_deepep_and_nvshmem_are_reported_from_package_metadata_without_importing
     assert out.sections["packages"]["nvidia-nvshmem-cu12"] == "3.3.9"
     assert out.sections["packages"]["nvidia-nvshmem-cu13"] is None
     assert out.sections["switches"]["NVSHMEM_IB_ENABLE_IBGDA"] == "1"
+
+
+def _deep_ep_site(root: Path, files: list[str]) -> Path:
+    """A site folder with a deep_ep dist-info whose RECORD lists ``files`` (its module fails on import)."""
+    info = root / "deep_ep-1.2.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: deep_ep\nVersion: 1.2.1\n")
+    record = [*files, "deep_ep/__init__.py,,", "deep_ep-1.2.1.dist-info/METADATA,,"]
+    (info / "RECORD").write_text("\n".join(record) + "\n")
+    (root / "deep_ep").mkdir()
+    (root / "deep_ep" / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("files", "hybrid"),
+    [
+        (["deep_ep/hybrid_ep_buffer.py,,", "hybrid_ep_cpp.cpython-312-x86_64-linux-gnu.so,,"], True),
+        (["hybrid_ep_cpp.cpython-310-x86_64-linux-gnu.so,,"], True),
+        (["deep_ep/buffer.py,,", "deep_ep_cpp.cpython-312-x86_64-linux-gnu.so,,"], False),
+    ],
+)
+def test_hybrid_ep_is_found_in_deep_eps_file_list_without_importing_it(
+    tmp_path: Path, files: list[str], hybrid: bool
+) -> None:
+    site = _deep_ep_site(tmp_path / "site", files)
+    out, proc = run_probe(sys.executable, {"PYTHONPATH": str(site)})
+    assert proc.returncode == 0, proc.stderr
+    section = out.sections["deep_ep"]
+    assert section["installed"] is True and section["hybrid_ep"] is hybrid
+    assert bool(section["hybrid_ep_files"]) is hybrid
+
+
+def test_without_deep_ep_hybrid_ep_is_unknown_not_false() -> None:
+    out, proc = run_probe(sys.executable)
+    assert proc.returncode == 0, proc.stderr
+    assert out.sections["deep_ep"] == {"installed": False, "hybrid_ep": None, "hybrid_ep_files": []}

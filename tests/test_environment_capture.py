@@ -154,9 +154,18 @@ def test_the_last_error_line_is_quoted_redacted() -> None:
 # ----------------------------------------------------------------------------- host facts and logs
 
 
+UNREADABLE = "is not readable here (not Linux, or sysfs not mounted)"
+
+
 def test_host_facts_say_what_was_not_queried(tmp_path: Path) -> None:
-    facts = host_facts(tmp_path, {}, system_tools=False)
-    assert facts.tools == [] and facts.tool_missing == [("system_tools", "not queried (system_tools=false)")]
+    facts = host_facts(tmp_path, {}, system_tools=False, root=tmp_path)
+    assert facts.tools == [] and facts.tool_missing == [
+        ("system_tools", "not queried (system_tools=false)"),
+        ("topology.nvlink", "nvidia-smi not found on PATH (or system_tools=false)"),
+        ("topology.rdma_ports", f"{tmp_path / 'sys' / 'class'} {UNREADABLE}"),
+        ("topology.peer_memory_module", f"{tmp_path / 'sys' / 'module'} {UNREADABLE}"),
+    ]
+    assert facts.topology is not None and facts.topology.rdma_ports is None
     assert facts.git is None and facts.git_reason
     failed = host_facts_failed(OSError("disk gone"))
     assert failed.tool_missing == [("system_tools", "host queries failed: OSError: disk gone")]

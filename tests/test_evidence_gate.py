@@ -36,8 +36,10 @@ def window(
     launches: int = 3,
     host_load: list[dict[str, Any]] | None = None,
     world: int = 1,
+    logged: dict[str, str] | None = None,
 ) -> str:
-    """A run_benchmark_window record as the tool writes it, with a step series of ``launches`` launches."""
+    """A run_benchmark_window record as the tool writes it, with a step series of ``launches`` launches
+    (``logged``: the settings its stdout listed, `logged_settings`)."""
     ledger = Ledger(workspace)
     eid = Ledger.new_id()
     rng = np.random.default_rng(seed)
@@ -66,6 +68,7 @@ def window(
                 "environment_fingerprint": FP if fp is None else fp,
                 "windows": [{"launch": k, "index": 0} for k in range(launches)],
                 "host_load": host_load or [],
+                "logged_settings": logged or {},
                 "provenance": {
                     "argv": command or ["python", "train.py"],
                     "cwd": ".",

@@ -21,6 +21,7 @@ from perfgate.benchmarking.dumps import TensorDump, tensor_dumps, unreached_dump
 from perfgate.benchmarking.errors import BenchmarkError
 from perfgate.benchmarking.health import job_health_of_launches
 from perfgate.benchmarking.job import JobTiming, job_timing
+from perfgate.benchmarking.logsettings import read_logged_settings
 from perfgate.benchmarking.measured import ObservedBatch, launch_stream, observe_batch, window_health
 from perfgate.benchmarking.provenance import RunProvenance
 from perfgate.benchmarking.replicas import ReplicaCheck, replica_check
@@ -83,6 +84,9 @@ class WindowRun:
     series_artifact: str | None = None
     jobs: list[JobTiming] = field(default_factory=list[JobTiming])
     """Per launch measured as a whole job (``plan.job``): its start-up, phases and wall time."""
+    logged_settings: dict[str, str] = field(default_factory=dict[str, str])
+    """The dispatcher and graph arguments the first launch that printed them listed in its stdout
+    (`perfgate.benchmarking.logsettings`): what the log says, not what ran."""
 
     @property
     def first_record(self) -> RankRecord | None:
@@ -121,6 +125,8 @@ async def measure_windows(
             launched = await launch_once(launch, label)
             out.exit_code = launched.exit_code
             out.launch_ids.append(launched.launch_id)
+            if not out.logged_settings:
+                out.logged_settings = await anyio.to_thread.run_sync(read_logged_settings, launched.stdout)
             if launched.busy_neighbour is not None:
                 warnings.append(
                     f"launch {launch}: {launched.busy_neighbour}: its windows may be slowed; re-measure on a "

@@ -8,6 +8,10 @@ their traces: ``ranks[].backends``), bound to the candidate by what ran: the sam
 directory, environment, code state and file digests as one of the comparison's candidate windows, captured
 after the experiment was opened; the newest such capture decides. A trace of the baseline's command, an older capture, or a trace the agent
 brought (``mode='analyze'``) shows nothing about the candidate.
+
+The candidate windows' ``logged_settings`` (the arguments the run's own stdout listed, read by the server) are
+weaker evidence: what the job was told, not what ran. A refusal quotes them beside what the trace shows, so
+the agent sees where the two disagree; they never pass the gate.
 """
 
 from __future__ import annotations
@@ -106,6 +110,31 @@ def _side_settings(ids: list[str], lookup: Lookup) -> tuple[dict[str, str], list
         records.append(record)
         merged.update(_settings(record))
     return merged, records
+
+
+def _log_says(records: list[EvidenceRecord]) -> str | None:
+    """What the candidate windows' logs listed, quoted for a refusal ("the candidate's log says ..."),
+    or None."""
+    from perfgate.benchmarking.vocabulary import vocabulary_name
+
+    logged: dict[str, str] = {}
+    for record in records:
+        for key, value in as_dict(record.result.get("logged_settings")).items():
+            logged.setdefault(str(key), str(value))
+    if not logged:
+        return None
+    named = {vocabulary_name(k): v for k, v in logged.items()}
+    read: list[str] = []
+    if (dispatcher := _dispatcher(named)) is not None:
+        read.append(f"dispatcher {dispatcher}")
+    if (graphs := _graphs(named)) is not None:
+        read.append("graphs on" if graphs else "graphs off")
+    listed = ", ".join(f"{k}={v}" for k, v in sorted(logged.items()))
+    return (
+        f"the candidate's log says {listed}"
+        + (f" ({', '.join(read)})" if read else "")
+        + ": what the job was told, not what ran"
+    )
 
 
 def _run_identity(record: EvidenceRecord) -> str:
@@ -228,12 +257,14 @@ def backend_check(
         )
         + "), the candidate window's own command, then decide keep again"
     )
+    log = _log_says(cand_records)
     if not bound:
         return BackendCheck(
             True,
             False,
             f"{asked}, but no trace of the candidate's own run shows what ran"
-            + (f" ({'; '.join(unbound)})" if unbound else ""),
+            + (f" ({'; '.join(unbound)})" if unbound else "")
+            + (f"; {log}; only a trace passes this gate" if log else ""),
             [comparison.id],
             fix,
         )
@@ -262,7 +293,9 @@ def backend_check(
         return BackendCheck(
             True,
             False,
-            f"{asked}, but the candidate's trace shows otherwise: " + " | ".join(problems),
+            f"{asked}, but the candidate's trace shows otherwise: "
+            + " | ".join(problems)
+            + (f"; {log}" if log else ""),
             ids,
             "make the candidate run what it names (the backend installed and selected, graphs captured and "
             "replayed: its log says why not), re-run its windows and "

@@ -6,6 +6,7 @@
   the executor's process-group, timeout and output rules.
 - `provenance`: git commit, dirty state and diff; container facts.
 - `visibility`: devices the process sees against the visibility variables and the host.
+- `topology`: NVLink (nvidia-smi), RDMA ports and GPUDirect RDMA (sysfs): what DeepEP/HybridEP need.
 - `fingerprint`: the facts that decide whether two measurements are comparable.
 - `collect`: all of the above merged into one record, sanitised by `perfgate.redactor`.
 - `capture`: one collect_env call's capture: host facts, the probe run judged, the record's artifacts.
@@ -39,8 +40,10 @@ if TYPE_CHECKING:
         FingerprintDifference,
         GitProvenance,
         Provenance,
+        RdmaPort,
         SystemDevice,
         SystemTool,
+        Topology,
         Unavailable,
         Visibility,
     )
@@ -69,8 +72,10 @@ __all__ = [
     "GitSnapshot",
     "ProbeOutput",
     "Provenance",
+    "RdmaPort",
     "SystemDevice",
     "SystemTool",
+    "Topology",
     "Unavailable",
     "Visibility",
     "assemble",
@@ -104,8 +109,10 @@ _LAZY: dict[str, str] = {
             "FingerprintDifference",
             "GitProvenance",
             "Provenance",
+            "RdmaPort",
             "SystemDevice",
             "SystemTool",
+            "Topology",
             "Unavailable",
             "Visibility",
         ),

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 from perfgate.envprobe.collect import Assembled, assemble, learn_host
-from perfgate.envprobe.models import SystemTool
+from perfgate.envprobe.models import SystemTool, Topology
 from perfgate.envprobe.probe import ProbeOutput
 from perfgate.envprobe.provenance import GitSnapshot, container_provenance, git_snapshot
 from perfgate.envprobe.systools import collect_system_tools
+from perfgate.envprobe.topology import collect_topology
 from perfgate.quoting import file_text
 from perfgate.redactor import Redactor
 
@@ -73,10 +74,15 @@ class HostFacts:
     tool_missing: list[tuple[str, str]] = field(default_factory=list[tuple[str, str]])
     git: GitSnapshot | None = None
     git_reason: str | None = None
+    topology: Topology | None = None
+    """NVLink (from nvidia-smi, with the system tools), RDMA ports and GPUDirect RDMA (sysfs, always)."""
 
 
-def host_facts(workspace: Path, env: Mapping[str, str], system_tools: bool) -> HostFacts:
-    """System tools (unless ``system_tools`` is false) and the workspace's git state."""
+def host_facts(
+    workspace: Path, env: Mapping[str, str], system_tools: bool, root: Path = Path("/")
+) -> HostFacts:
+    """System tools (unless ``system_tools`` is false), the interconnect topology (sysfs under ``root``)
+    and the workspace's git state."""
     facts = HostFacts()
     if system_tools:
         facts.tools, facts.transcripts, facts.tool_missing = collect_system_tools(
@@ -84,6 +90,11 @@ def host_facts(workspace: Path, env: Mapping[str, str], system_tools: bool) -> H
         )
     else:
         facts.tool_missing = [("system_tools", "not queried (system_tools=false)")]
+    smi = next((t.path for t in facts.tools if t.name == "nvidia-smi" and t.found), None)
+    facts.topology, transcript, missing = collect_topology(env=dict(env), nvidia_smi=smi, root=root)
+    facts.tool_missing += missing
+    if transcript:
+        facts.transcripts["nvidia-smi-topology"] = transcript
     facts.git, facts.git_reason = git_snapshot(workspace)
     return facts
 
@@ -207,5 +218,6 @@ def capture(
         launch_command=launch_command,
         run_info=run_info,
         extra_warnings=[failure] if failure else [],
+        topology=facts.topology,
     )
     return Capture(assembled, failure, artifacts)

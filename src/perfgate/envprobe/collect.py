@@ -24,11 +24,13 @@ from perfgate.envprobe.models import (
     GitProvenance,
     Provenance,
     SystemTool,
+    Topology,
     Unavailable,
     Visibility,
 )
 from perfgate.envprobe.probe import ProbeOutput
 from perfgate.envprobe.provenance import GitSnapshot
+from perfgate.envprobe.topology import fingerprint_facts, topology_notes
 from perfgate.envprobe.visibility import visibility
 from perfgate.redactor import HOSTNAME, Redactor
 
@@ -55,6 +57,7 @@ class Assembled:
     switches: dict[str, str]
     system_tools: list[SystemTool]
     provenance: Provenance
+    topology: Topology
     fingerprint: Fingerprint
     unavailable: list[Unavailable]
     warnings: list[str]
@@ -149,6 +152,24 @@ def _driver(
     return None, None, None, None
 
 
+def _topology(host: Topology | None, deep_ep: Mapping[str, Any], unavailable: list[Unavailable]) -> Topology:
+    """The host's interconnect facts with the probe's HybridEP finding and the notes they imply."""
+    if host is None:
+        host = Topology(
+            gpu_links=None,
+            nvlink_active_links=None,
+            nvlink_inactive_links=None,
+            rdma_ports=None,
+            peer_memory_module=None,
+            hybrid_ep=None,
+            notes=[],
+        )
+        unavailable.append(Unavailable(item="topology", reason="the host queries did not run"))
+    hybrid = deep_ep.get("hybrid_ep")
+    topo = host.model_copy(update={"hybrid_ep": hybrid if isinstance(hybrid, bool) else None})
+    return topo.model_copy(update={"notes": topology_notes(topo, deep_ep.get("installed") is True)})
+
+
 def _os_text(os_info: Mapping[str, Any]) -> str | None:
     if not os_info:
         return None
@@ -230,6 +251,7 @@ def assemble(
     launch_command: Sequence[str] | None,
     run_info: Mapping[str, Any],
     extra_warnings: Sequence[str] = (),
+    topology: Topology | None = None,
 ) -> Assembled:
     """Merge, cross-check, fingerprint and sanitise. ``run_info`` describes the probe run (argv, exit, ...)."""
     s = probe.sections
@@ -302,6 +324,8 @@ def assemble(
                 f"torch was built for CUDA {accel.get('runtime_version')} but the driver supports CUDA up to "
                 f"{nvidia.runtime_version if nvidia else '?'}: kernels may fail to load or fall back"
             )
+    topo = _topology(topology, _dict(s.get("deep_ep")), unavailable)
+
     if not probe.complete:
         where = probe.last_stage or "start-up"
         warnings.append(f"the probe did not finish (last stage: {where}); facts after that stage are missing")
@@ -354,6 +378,7 @@ def assemble(
     safe_switches = redactor.env(switches)
     safe_tools = [SystemTool.model_validate(redactor.tree(t.model_dump(mode="json"))) for t in system_tools]
     provenance = Provenance.model_validate(redactor.tree(provenance.model_dump(mode="json")))
+    topo = Topology.model_validate(redactor.tree(topo.model_dump(mode="json")))
     unavailable = [Unavailable.model_validate(redactor.tree(u.model_dump())) for u in unavailable]
     warnings = [redactor.text(w) for w in warnings]
 
@@ -369,6 +394,7 @@ def assemble(
         cpu_model=summary.cpu_model,
         cpu_count=summary.cpu_count,
         machine=os_info.get("machine"),
+        interconnect=fingerprint_facts(topo),
     )
 
     safe_host = _safe_host(host, redactor)
@@ -380,6 +406,7 @@ def assemble(
         "switches": safe_switches,
         "system_tools": [t.model_dump(mode="json") for t in safe_tools],
         "provenance": provenance.model_dump(mode="json"),
+        "topology": topo.model_dump(mode="json"),
         "unavailable": [u.model_dump() for u in unavailable],
         "warnings": warnings,
         "probe": redactor.tree(dict(run_info)),
@@ -394,6 +421,7 @@ def assemble(
                 "torch": torch,
                 "torch_musa": s.get("torch_musa"),
                 "accelerator": accel,
+                "deep_ep": s.get("deep_ep"),
                 "visibility_env": env_vis,
             }
         ),
@@ -404,6 +432,7 @@ def assemble(
         switches=safe_switches,
         system_tools=safe_tools,
         provenance=provenance,
+        topology=topo,
         fingerprint=fingerprint,
         unavailable=unavailable,
         warnings=warnings,

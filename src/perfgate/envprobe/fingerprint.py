@@ -1,11 +1,13 @@
 """The comparability fingerprint: hardware and software facts that must match between A/B windows.
 
 Included: backend, device names and count, compute capability, host CPU model and usable CPU count,
-Python, torch and accelerator runtime/driver versions, cuDNN/muDNN and NCCL/MCCL, and the versions of
-the packages that change kernels (triton, flash-attn, transformer-engine, ...). Excluded on purpose:
-the source commit and the performance switches (a candidate is expected to change those: the
-experiment declares them), host names and paths (two identical nodes are the same environment), and
-anything time-varying (free memory).
+Python, torch and accelerator runtime/driver versions, cuDNN/muDNN and NCCL/MCCL, the versions of
+the packages that change kernels (triton, flash-attn, transformer-engine, ...), and the interconnect's
+fixed shape (the GPU pairs per connection type of ``nvidia-smi topo -m``, the RDMA ports and their link
+layer; version 2). Excluded on purpose: the source commit and the performance switches (a candidate is
+expected to change those: the experiment declares them), host names and paths (two identical nodes are
+the same environment), and anything time-varying (free memory; a link's state or rate, which kernel
+modules are loaded).
 
 ``sha256`` is over the canonical JSON of ``fields`` together with `FINGERPRINT_VERSION`, so a change of
 what is fingerprinted never makes two old fingerprints look equal or different by accident.
@@ -23,7 +25,7 @@ from perfgate.envprobe.models import Device, Fingerprint, FingerprintDifference
 
 __all__ = ["FINGERPRINT_PACKAGES", "FINGERPRINT_VERSION", "compare_fingerprints", "make_fingerprint"]
 
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2
 FINGERPRINT_PACKAGES = (
     "torch",
     "torch_musa",
@@ -60,6 +62,7 @@ def make_fingerprint(
     cpu_model: str | None,
     cpu_count: int | None,
     machine: str | None,
+    interconnect: tuple[list[str] | None, list[str] | None] = (None, None),
 ) -> Fingerprint:
     """Build the fingerprint; absent facts are recorded as None (and still compared)."""
     names = Counter(d.name or "unknown" for d in devices)
@@ -75,6 +78,8 @@ def make_fingerprint(
         "torch": torch_version,
         "runtime": runtime_version,
         "driver": driver_version,
+        "gpu_links": interconnect[0],
+        "rdma_ports": interconnect[1],
     }
     for name in ("cudnn", "mudnn", "nccl", "mccl"):
         fields[name] = libraries.get(name)

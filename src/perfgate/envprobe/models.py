@@ -15,8 +15,10 @@ __all__ = [
     "FingerprintDifference",
     "GitProvenance",
     "Provenance",
+    "RdmaPort",
     "SystemDevice",
     "SystemTool",
+    "Topology",
     "Unavailable",
     "Visibility",
 ]
@@ -69,6 +71,41 @@ class SystemTool(BaseModel):
     )
     artifact: str | None = Field(default=None, description="Artifact holding the raw (redacted) output.")
     errors: list[str] = Field(default_factory=list[str])
+
+
+class RdmaPort(BaseModel):
+    """One port of an RDMA device as sysfs lists it (/sys/class/infiniband/<device>/ports/<port>/)."""
+
+    device: str = Field(description="e.g. 'mlx5_0'.")
+    port: int
+    state: str | None = Field(description="As the kernel states it, e.g. '4: ACTIVE' or '1: DOWN'.")
+    rate: str | None = Field(description="e.g. '400 Gb/sec (4X NDR)'.")
+    link_layer: str | None = Field(description="'InfiniBand', or 'Ethernet' for RoCE.")
+
+
+class Topology(BaseModel):
+    """Interconnect facts the MoE token exchange (DeepEP, HybridEP) depends on, each feature-detected:
+    null means not observed (the reason is in ``unavailable``), an empty list means looked and none found."""
+
+    gpu_links: dict[str, int] | None = Field(
+        description="GPU pairs per connection type in `nvidia-smi topo -m` (NV#: # bonded NVLinks; PIX, PXB, "
+        "PHB, NODE, SYS: PCIe paths), over the host's GPUs."
+    )
+    nvlink_active_links: int | None = Field(
+        description="NVLinks `nvidia-smi nvlink --status` shows up (with a speed), over the host's GPUs."
+    )
+    nvlink_inactive_links: int | None
+    rdma_ports: list[RdmaPort] | None = Field(description="RDMA ports under /sys/class/infiniband.")
+    peer_memory_module: str | None = Field(
+        description="The loaded GPUDirect RDMA kernel module (nvidia_peermem or nv_peer_mem); null: neither."
+    )
+    hybrid_ep: bool | None = Field(
+        description="The installed deep_ep distribution ships HybridEP (its file list holds hybrid_ep "
+        "files); null: deep_ep is not installed or lists no files."
+    )
+    notes: list[str] = Field(
+        description="Where these facts limit DeepEP/HybridEP (only when deep_ep is installed)."
+    )
 
 
 class Visibility(BaseModel):

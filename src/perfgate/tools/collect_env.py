@@ -24,6 +24,7 @@ from perfgate.envprobe import (
     Fingerprint,
     Provenance,
     SystemTool,
+    Topology,
     Unavailable,
     Visibility,
 )
@@ -99,6 +100,10 @@ class CollectEnvOutput(BaseModel):
         description="Performance switches in the probe's environment; secrets redacted."
     )
     system_tools: list[SystemTool]
+    topology: Topology = Field(
+        description="NVLink, RDMA ports, GPUDirect RDMA and HybridEP, for MoE token exchange; notes say "
+        "where they limit DeepEP/HybridEP."
+    )
     provenance: Provenance
     unavailable: list[Unavailable] = Field(
         description="Every fact that could not be observed, with the reason."
@@ -270,6 +275,7 @@ async def run(inp: CollectEnvInput, rt: ToolRuntime) -> CollectEnvOutput:
         visibility=assembled.visibility,
         switches=assembled.switches,
         system_tools=assembled.system_tools,
+        topology=assembled.topology,
         provenance=assembled.provenance,
         unavailable=assembled.unavailable,
         warnings=assembled.warnings,
@@ -298,7 +304,9 @@ SPEC = ToolSpec(
         "transformer-engine, megatron-core, deepspeed, ...); the accelerator backend (cuda, musa, rocm, xpu, cpu), "
         "runtime/driver, devices, visibility variables vs the devices actually seen, cuDNN/muDNN, NCCL/MCCL, "
         "bf16/tf32 and SDPA backends; system tools (nvidia-smi/NVML, mthreads-gmi, rocm-smi, nsys, ncu, msys, "
-        "mcu); performance switches (NCCL_*, TORCH_*, ...; secrets redacted); git commit, dirty flag and diff; "
+        "mcu); the interconnect MoE token exchange needs (NVLink from nvidia-smi topo -m and nvlink --status, RDMA "
+        "ports from /sys/class/infiniband, the GPUDirect RDMA module, HybridEP in the installed deep_ep's file "
+        "list); performance switches (NCCL_*, TORCH_*, ...; secrets redacted); git commit, dirty flag and diff; "
         "container image. Call it first in every experiment and cite its environment_id; its fingerprint tells "
         "whether two runs are comparable. Pass `python` when training uses another interpreter than the "
         "server's (that run needs approval)."

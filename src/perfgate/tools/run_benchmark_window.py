@@ -382,6 +382,7 @@ def _render(
         "tensor_dumps": got.tensor_dumps,
         "launch_ids": got.launch_ids,
         "reported_metrics": got.reported_metrics,
+        "logged_settings": got.logged_settings,
         "job": (job := summarize_jobs(got.jobs)),
         "job_launches": got.jobs,
         "summary": job.summary if job is not None else None,

@@ -388,6 +388,12 @@ class RunBenchmarkWindowOutput(BaseModel):
         description="Task-quality metrics the run reported with perfgate.harness.report_metric (rank 0 of the "
         "last launch): check_training_health offers them as eval:<name>.",
     )
+    logged_settings: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="MoE dispatcher and graph arguments the run's own stdout listed at start-up (Megatron's "
+        "argument listing, e.g. moe_token_dispatcher_type: flex), read by the server: what the job was told, "
+        "not what ran. The backend gate quotes it; only a trace passes it.",
+    )
     timing_checks: list[TimingCheck] = Field(
         default_factory=list[TimingCheck],
         description="Per launch: the harness's figures checked against the server's own observation (its "

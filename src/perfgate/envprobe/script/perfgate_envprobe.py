@@ -363,6 +363,36 @@ def packages(missing: list[dict[str, str]]) -> dict[str, str | None]:
     return found
 
 
+_HYBRID_EP_FILE = re.compile(r"(?:^|/)(?:hybrid_ep_buffer\.py|hybrid_ep_cpp[^/]*\.(?:so|pyd))$")
+
+
+def deep_ep_build(missing: list[dict[str, str]]) -> dict[str, Any]:
+    """Whether the installed deep_ep ships HybridEP (its hybrid-ep build adds ``deep_ep/hybrid_ep_buffer.py``
+    and the ``hybrid_ep_cpp`` extension), read from the distribution's file list: nothing is imported."""
+    try:
+        from importlib import metadata
+    except ImportError:
+        missing.append({"item": "deep_ep", "reason": "importlib.metadata needs Python 3.8 or newer"})
+        return {"installed": None, "hybrid_ep": None}
+    dist = None
+    for name in ("deep_ep", "deep-ep"):
+        try:
+            dist = metadata.distribution(name)
+            break
+        except metadata.PackageNotFoundError:
+            continue
+    if dist is None:
+        return {"installed": False, "hybrid_ep": None, "hybrid_ep_files": []}
+    files = dist.files
+    if files is None:
+        missing.append(
+            {"item": "deep_ep.hybrid_ep", "reason": "the deep_ep distribution lists no files (RECORD)"}
+        )
+        return {"installed": True, "hybrid_ep": None, "hybrid_ep_files": []}
+    found = [str(f) for f in list(files)[:100000] if _HYBRID_EP_FILE.search(str(f).replace("\\", "/"))]
+    return {"installed": True, "hybrid_ep": bool(found), "hybrid_ep_files": sorted(found)[:8]}
+
+
 # ---------------------------------------------------------------- torch and accelerators
 
 
@@ -724,6 +754,7 @@ def main() -> int:
     guarded("switches", switches)
     guarded("visibility_env", visibility_env)
     pkgs: dict[str, Any] = guarded("packages", packages) or {}
+    guarded("deep_ep", deep_ep_build)
     emit("_stage", "import torch")
     guarded("torch", import_torch)
     import importlib.util
