@@ -289,6 +289,19 @@ async def test_the_tensors_at_a_resumed_step_are_compared_and_gate_the_keep(ws: 
         assert differ["evidence_id"] in gate["evidence_ids"] and "elements beyond atol" in gate["reason"]
         assert "restore everything the checkpoint should carry" in gate["satisfy_with"]
 
+        # the same faulty resume launched again, its capture left uncompared: the failure still binds
+        await _run(
+            client,
+            [*resume, "--fresh-optimizer", "--iters", "9"],
+            label="fresh",
+            capture={"step": 1, "what": what},
+            resume_of=cand["evidence_id"],
+        )
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "failed", gate
+        assert "an earlier launch of this same resume (same command and code) failed" in gate["reason"], gate
+        assert differ["evidence_id"] in gate["evidence_ids"]
+
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()

@@ -679,16 +679,22 @@ def _resume_tensors_gate(
         "reference": (str(resume.inputs.get("resume_of")), str(reference), str(pair.get("reference_digest"))),
         "candidate": (resume.id, str(candidate), str(pair.get("candidate_digest"))),
     }
-    bound = [r for r in ev.ledger.records(tool="compare_tensors") if binds_files(r, wanted, ev.get)]
+    checks = ev.ledger.records(tool="compare_tensors")
+    bound = [r for r in checks if binds_files(r, wanted, ev.get)]
+    earlier = _earlier_failures(resume, checks, ev)
     call = f"compare_tensors(reference={reference!r}, candidate={candidate!r}, experiment_id={exp.id!r})"
-    failed = [r for r in bound if r.state.value == "failed" and not stricter_than_defaults(r)]
+    failed = [r for r in bound + earlier if r.state.value == "failed" and not stricter_than_defaults(r)]
     if failed:
         bad = failed[-1]
+        what = (
+            f"the tensors at step {step} differ after the resume"
+            if bad in bound
+            else "an earlier launch of this same resume (same command and code) failed its tensor check"
+        )
         return _gate(
             "checkpoint_resume",
             False,
-            f"{why}; {resume.id}: the loss matches, but the tensors at step {step} differ after the resume: "
-            f"{bad.id}: {_tensor_figures(bad)}",
+            f"{why}; {resume.id}: the loss matches, but {what}: {bad.id}: {_tensor_figures(bad)}",
             [resume.id, bad.id],
             "restore everything the checkpoint should carry (optimizer state, learning-rate schedule, RNG and "
             "data position), run the resume again with the same capture, then compare_tensors(reference="
@@ -715,6 +721,42 @@ def _resume_tensors_gate(
         f"{loss}; the tensors at step {step} were not compared{loose}: {call} compares them",
         [resume.id],
     )
+
+
+def _earlier_failures(
+    resume: EvidenceRecord, checks: list[EvidenceRecord], ev: _Evidence
+) -> list[EvidenceRecord]:
+    """Failed tensor checks of an earlier resume launch that ran what this one runs (the same command and
+    recorded code) against the same uninterrupted run, each file bound to its run: launching the same
+    resume again and leaving its capture uncompared does not clear them."""
+    from perfgate.decisions.binding import binds_files
+
+    target = resume.inputs.get("resume_of")
+
+    def ran(r: EvidenceRecord) -> tuple[str, str]:
+        prov = as_dict(r.result.get("provenance"))
+        return canonical_json(r.inputs.get("command")), canonical_json([prov.get("code"), prov.get("files")])
+
+    same = {
+        r.id
+        for r in ev.ledger.records(tool="run_benchmark_window")
+        if r.id != resume.id and r.inputs.get("resume_of") == target and ran(r) == ran(resume)
+    }
+    found: list[EvidenceRecord] = []
+    for check in checks:
+        if check.state.value != "failed":
+            continue
+        by_role = {str(p.get("role")): p for p in map(as_dict, as_list(check.result.get("producers")))}
+        ref, cand = by_role.get("reference", {}), by_role.get("candidate", {})
+        if ref.get("evidence_id") != target or cand.get("evidence_id") not in same:
+            continue
+        wanted = {
+            role: (str(p.get("evidence_id")), str(p.get("path")), str(p.get("digest")))
+            for role, p in (("reference", ref), ("candidate", cand))
+        }
+        if binds_files(check, wanted, ev.get):
+            found.append(check)
+    return found
 
 
 def _tensor_figures(check: EvidenceRecord) -> str:
