@@ -28,6 +28,7 @@ from mcp import Client
 from _trust import any_code_rules, operator_policy
 from perfgate.benchmarking.checkpoint_resume import check_resume
 from perfgate.benchmarking.records import read_record
+from perfgate.decisions.checkpoint_code import checkpoint_calls
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from test_record_decision import Evidence, _text
@@ -352,3 +353,23 @@ async def test_a_change_of_the_number_of_ranks_needs_a_resume(ws: Path) -> None:
         exp = await _open(client, "world_size 2 -> 4")
         gate = await _gate(client, exp, ev.comparison([ev.window()], [ev.window()], declared=["world_size"]))
     assert gate["status"] == "failed" and "parallel layout (world_size)" in gate["reason"], gate
+
+
+def test_checkpoint_calls_are_read_from_code_not_from_comments_or_imports() -> None:
+    text = (
+        "from safetensors.torch import save_file\n"
+        "import torch.distributed.checkpoint as dcp\n"
+        "# torch.save(model, 'old.pt') was here\n"
+        "save_file(state, 'model.safetensors')\n"
+        "dcp.load(state, checkpoint_id='ckpt')\n"
+        "step = load_checkpoint (path)\n"
+    )
+    assert checkpoint_calls(text) == [
+        "torch.distributed.checkpoint",
+        "save_file",
+        "dcp.load",
+        "load_checkpoint",
+    ]
+    section = "diff --git a/t.py b/t.py\n@@ -1,2 +1,2 @@\n-    y = torch.zeros(1)\n+    torch.save(m, p)\n"
+    assert checkpoint_calls(section, diff=True) == ["torch.save"]
+    assert checkpoint_calls("def forward(x):\n    return x.load_state_dict  # torch.load(\n") == []
