@@ -6,11 +6,16 @@ and ``resume_of``. The server finds in the resumed launch's record which file it
 the step that file was saved at, and compares the loss there with the uninterrupted run's; the keep's
 ``checkpoint_resume`` gate reads that. Real tiny CPU training (tests/fixtures/ckpt_train.py): an honest resume
 passes; one that ignores its checkpoint, one that restores the weights but not Adam's state, and one of the
-baseline's windows instead of the candidate's are refused.
+baseline's windows instead of the candidate's are refused. Where both runs captured tensors at the same
+training step, the resume check pairs the two files and the gate reads a tensor check of exactly those:
+a match strengthens it, a mismatch (Adam's state not restored, the loss still equal) refuses the keep.
+A code change falls under the gate when a file it touched calls a checkpoint saver or loader, as read
+from the files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -23,6 +28,7 @@ from mcp import Client
 from _trust import any_code_rules, operator_policy
 from perfgate.benchmarking.checkpoint_resume import check_resume
 from perfgate.benchmarking.records import read_record
+from perfgate.decisions.checkpoint_code import checkpoint_calls
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from test_record_decision import Evidence, _text
@@ -114,7 +120,7 @@ async def _gate(client: Client, exp: str, comparison: str) -> dict[str, Any]:
     return next(g for g in result.structured_content["gates"] if g["name"] == "checkpoint_resume")
 
 
-async def _open(client: Client, changed: str) -> str:
+async def _open(client: Client, changed: str, **extra: Any) -> str:
     opened = await client.call_tool(
         "record_decision",
         {
@@ -122,6 +128,7 @@ async def _open(client: Client, changed: str) -> str:
             "hypothesis": "h",
             "classification": "system_optimization",
             "changed_variable": changed,
+            **extra,
         },
     )
     assert opened.structured_content is not None, _text(opened)
@@ -183,3 +190,186 @@ async def test_a_layout_change_keeps_only_with_a_resume_of_its_own_checkpoint(ws
         assert check["status"] == "passed" and check["loaded"] == ["ckpt/step8.pt"], check
         gate = await _gate(client, exp, comp)
         assert gate["status"] == "passed" and honest["evidence_id"] in gate["evidence_ids"], gate
+
+
+async def _run(client: Client, args: list[str], **extra: Any) -> dict[str, Any]:
+    """One job=true launch of train.py with the given inputs (a label, a capture, resume_of)."""
+    call: dict[str, Any] = {
+        "command": [PY, "train.py", *args],
+        "warmup_steps": 0,
+        "measure_steps": 1,
+        "repeats": 1,
+        "job": True,
+        "timeout_s": 180,
+        "contract": CONTRACT,
+        **extra,
+    }
+    result = await client.call_tool("run_benchmark_window", call)
+    out = result.structured_content
+    assert out is not None and out["state"] == "executed", _text(result)
+    return out
+
+
+async def _compare(client: Client, pair: dict[str, Any], exp: str) -> dict[str, Any]:
+    result = await client.call_tool(
+        "compare_tensors",
+        {
+            "reference": pair["reference"],
+            "candidate": pair["candidate"],
+            "atol": 1e-5,
+            "rtol": 1.3e-6,
+            "experiment_id": exp,
+        },
+    )
+    assert result.structured_content is not None, _text(result)
+    return result.structured_content
+
+
+@pytest.mark.timeout(900)
+async def test_the_tensors_at_a_resumed_step_are_compared_and_gate_the_keep(ws: Path) -> None:
+    """The uninterrupted candidate captures at step 9; a resume from the step-8 checkpoint captures at its
+    own step 1, the same training step. The resume check names that pair; compare_tensors of it passes for
+    the honest resume and the gate says so; the resume that drops Adam's state trains one step, whose
+    loss (computed before the update) still matches, while the parameters after it differ: refused."""
+    ev = Evidence(ws)
+    what = ["parameters", "optimizer_state"]
+    async with Client(build_server(ServerConfig.create(ws))) as client:
+        base = await _run(client, ["--shards", "1"], label="base")
+        exp = await _open(client, "tensor_parallel", tolerance={"atol": 1e-5, "rtol": 1.3e-6})
+        cand = await _run(client, ["--shards", "2"], label="cand", capture={"step": 9, "what": what})
+        comp = ev.comparison([base["evidence_id"]], [cand["evidence_id"]], declared=["tensor_parallel"])
+        resume = ["--shards", "2", "--resume", "ckpt/step8.pt"]
+
+        # no capture on the resume launch: the gate passes on the loss and says how to compare tensors
+        bare = await _run(client, resume, label="bare", resume_of=cand["evidence_id"])
+        check = bare["checkpoint_resume"]
+        assert check["status"] == "passed" and check["tensors"] is None, check
+        assert "capture={'step': 1}" in check["reason"], check["reason"]
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "passed" and "the tensors were not compared" in gate["reason"], gate
+
+        honest = await _run(
+            client, resume, label="resumed", capture={"step": 1, "what": what}, resume_of=cand["evidence_id"]
+        )
+        pair = honest["checkpoint_resume"]["tensors"]
+        assert pair is not None, honest["checkpoint_resume"]
+        assert (pair["step"], pair["reference"], pair["candidate"]) == (
+            9,
+            "captures/cand.safetensors",
+            "captures/resumed.safetensors",
+        )
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "passed", gate
+        assert (
+            "were not compared" in gate["reason"]
+            and "compare_tensors(reference='captures/cand" in gate["reason"]
+        )
+        checked = await _compare(client, pair, exp)
+        assert checked["state"] == "passed", checked["summary"]
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "passed" and "match too" in gate["reason"], gate
+        assert checked["evidence_id"] in gate["evidence_ids"]
+
+        # Adam's moments not restored, one step trained: the loss agrees, the tensors after it do not
+        fresh = await _run(
+            client,
+            [*resume, "--fresh-optimizer", "--iters", "9"],
+            label="fresh",
+            capture={"step": 1, "what": what},
+            resume_of=cand["evidence_id"],
+        )
+        check = fresh["checkpoint_resume"]
+        assert check["status"] == "passed" and check["steps_compared"] == 1, check
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "passed" and "were not compared" in gate["reason"], gate
+        differ = await _compare(client, check["tensors"], exp)
+        assert differ["state"] == "failed" and differ["status"] == "mismatch", differ["summary"]
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "failed", gate
+        assert "the tensors at step 9 differ after the resume" in gate["reason"], gate
+        assert differ["evidence_id"] in gate["evidence_ids"] and "elements beyond atol" in gate["reason"]
+        assert "restore everything the checkpoint should carry" in gate["satisfy_with"]
+
+        # the same faulty resume launched again, its capture left uncompared: the failure still binds
+        await _run(
+            client,
+            [*resume, "--fresh-optimizer", "--iters", "9"],
+            label="fresh",
+            capture={"step": 1, "what": what},
+            resume_of=cand["evidence_id"],
+        )
+        gate = await _gate(client, exp, comp)
+        assert gate["status"] == "failed", gate
+        assert "an earlier launch of this same resume (same command and code) failed" in gate["reason"], gate
+        assert differ["evidence_id"] in gate["evidence_ids"]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def test_a_code_change_falls_under_the_gate_when_a_file_it_touched_saves_or_loads(ws: Path) -> None:
+    """Read from the files, not from what the experiment is called: a change of train.py (which calls
+    torch.save and torch.load) needs a resume; one of model.py's forward alone does not, a checkpoint call
+    in a comment included; a file edited after the candidate ran cannot be read as it ran, so it counts."""
+    model = (
+        "import torch\n\n\ndef forward(x):\n    return torch.tanh(x)  # torch.save(x, 'no.pt') is a comment\n"
+    )
+    (ws / "model.py").write_text(model)
+    ev = Evidence(ws)
+
+    def window(**files: str) -> str:
+        return ev.window(provenance={"argv": ["python", "train.py"], "cwd": ".", "code": {}, "files": files})
+
+    async with Client(build_server(ServerConfig.create(ws))) as client:
+        exp = await _open(client, "fused forward")
+        old = "import torch\n# the old script\n"
+        base = window(**{"train.py": _sha(old), "model.py": _sha(model)})
+        cand = window(**{"train.py": _sha(SCRIPT), "model.py": _sha(model)})
+        gate = await _gate(client, exp, ev.comparison([base], [cand], declared=["code"]))
+        assert gate["status"] == "failed", gate
+        assert (
+            "the code change touches checkpointing: train.py (calls torch.load, torch.save)" in gate["reason"]
+        )
+        assert "no resume launch" in gate["reason"] and "resume_of" in gate["satisfy_with"]
+
+        base = window(**{"train.py": _sha(SCRIPT), "model.py": _sha("def forward(x):\n    return x\n")})
+        cand = window(**{"train.py": _sha(SCRIPT), "model.py": _sha(model)})
+        gate = await _gate(client, exp, ev.comparison([base], [cand], declared=["code"]))
+        assert gate["status"] == "not_applicable", gate
+        assert "touches no file that saves or loads a checkpoint" in gate["reason"]
+
+        # the candidate ran a model.py that saved; the file was rewritten since: what ran cannot be read
+        cand = window(**{"train.py": _sha(SCRIPT), "model.py": _sha(model + "torch.save(1, 'x.pt')\n")})
+        gate = await _gate(client, exp, ev.comparison([base], [cand], declared=["code"]))
+        assert gate["status"] == "failed" and "model.py (changed since the candidate ran" in gate["reason"], (
+            gate
+        )
+
+
+async def test_a_change_of_the_number_of_ranks_needs_a_resume(ws: Path) -> None:
+    ev = Evidence(ws)
+    async with Client(build_server(ServerConfig.create(ws))) as client:
+        exp = await _open(client, "world_size 2 -> 4")
+        gate = await _gate(client, exp, ev.comparison([ev.window()], [ev.window()], declared=["world_size"]))
+    assert gate["status"] == "failed" and "parallel layout (world_size)" in gate["reason"], gate
+
+
+def test_checkpoint_calls_are_read_from_code_not_from_comments_or_imports() -> None:
+    text = (
+        "from safetensors.torch import save_file\n"
+        "import torch.distributed.checkpoint as dcp\n"
+        "# torch.save(model, 'old.pt') was here\n"
+        "save_file(state, 'model.safetensors')\n"
+        "dcp.load(state, checkpoint_id='ckpt')\n"
+        "step = load_checkpoint (path)\n"
+    )
+    assert checkpoint_calls(text) == [
+        "torch.distributed.checkpoint",
+        "save_file",
+        "dcp.load",
+        "load_checkpoint",
+    ]
+    section = "diff --git a/t.py b/t.py\n@@ -1,2 +1,2 @@\n-    y = torch.zeros(1)\n+    torch.save(m, p)\n"
+    assert checkpoint_calls(section, diff=True) == ["torch.save"]
+    assert checkpoint_calls("def forward(x):\n    return x.load_state_dict  # torch.load(\n") == []

@@ -39,6 +39,10 @@ _STATES = {s.value for s in EvidenceState}
 EXTERNAL: dict[str, str] = {
     **dict.fromkeys(["deep_ep", "hybrid_ep"], "DeepEP's and HybridEP's CUDA kernel namespaces"),
     **dict.fromkeys(
+        ["save_checkpoint", "load_checkpoint"],
+        "a training project's own checkpoint functions (Megatron-LM, DeepSpeed), read in the files a change touched",
+    ),
+    **dict.fromkeys(
         ["num_workers", "persistent_workers", "prefetch_factor", "pin_memory", "non_blocking"],
         "torch DataLoader / Tensor.to arguments",
     ),

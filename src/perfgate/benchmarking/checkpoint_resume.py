@@ -14,8 +14,14 @@ copies) this module finds, without taking the agent's word for any of it:
   and the alignment checked against a fresh start: where the losses agree as well at offset 0, the check
   cannot tell a resume from a restart and says so.
 
+- **tensors**: where both runs captured the model's tensors (``capture={'step': ...}`` or ``dump_tensors``)
+  at the same training step (the resumed launch's step ``k``, the uninterrupted run's ``S + k``), the pair
+  of files to give compare_tensors, each named with the digest its run recorded; the keep's
+  ``checkpoint_resume`` gate reads a tensor check of exactly those two files (`perfgate.decisions.gates`).
+
 A resume that loads the weights but not the optimizer's state (fresh Adam moments, a reset learning-rate
-schedule) matches at its first step and drifts from the next: the loss check names the first step apart.
+schedule) matches at its first step and drifts from the next: the loss check names the first step apart,
+and the tensors at an aligned step after it differ.
 """
 
 from __future__ import annotations
@@ -28,13 +34,26 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from perfgate.benchmarking.dumps import TensorDump
 from perfgate.benchmarking.provenance import workspace_relative
 from perfgate.benchmarking.records import RankRecord
 from perfgate.benchmarking.training import losses_apart
 
-__all__ = ["ResumeCheck", "check_resume", "launch_losses", "saved_files"]
+__all__ = ["ResumeCheck", "ResumeTensors", "check_resume", "launch_losses", "saved_files", "tensor_pair"]
 
 _SHOWN = 3
+
+
+class ResumeTensors(BaseModel):
+    """Two tensor files of the same training step: the uninterrupted run's and the resumed launch's."""
+
+    step: int = Field(
+        description="The uninterrupted run's step both hold (resumed_from_step + the resumed launch's own step)."
+    )
+    reference: str = Field(description="The uninterrupted run's file: compare_tensors' reference.")
+    reference_digest: str = Field(description="Its digest as that run recorded it.")
+    candidate: str = Field(description="The resumed launch's file: compare_tensors' candidate.")
+    candidate_digest: str = Field(description="Its digest as this run recorded it.")
 
 
 class ResumeCheck(BaseModel):
@@ -55,6 +74,12 @@ class ResumeCheck(BaseModel):
     )
     steps_compared: int = Field(description="Aligned steps both runs recorded a loss for.")
     steps_apart: int = Field(description="Of those, steps whose loss differs beyond the tolerance.")
+    tensors: ResumeTensors | None = Field(
+        default=None,
+        description="Captures of both runs at the same training step: compare_tensors(reference=tensors.reference, "
+        "candidate=tensors.candidate) checks the tensors too, and the keep's checkpoint_resume gate reads that "
+        "check; null: no such pair (the reason says how to capture one).",
+    )
 
 
 def launch_losses(record: RankRecord) -> dict[int, float]:
@@ -102,14 +127,69 @@ def _apart(ref: Mapping[int, list[float]], got: Mapping[int, list[float]]) -> tu
     return common, [s for s in common if losses_apart(ref[s], got[s])]
 
 
+def tensor_pair(
+    uninterrupted: Sequence[TensorDump], resumed: Sequence[TensorDump], step: int
+) -> tuple[ResumeTensors | None, str]:
+    """The captures of one training step in both runs (the resumed launch's step ``k`` is the uninterrupted
+    run's ``step + k``), and a clause saying what was paired or how to capture a pair. Each side's file is
+    the last one written at its path (what the file holds now), on the lowest rank both captured."""
+
+    def current(dumps: Sequence[TensorDump]) -> dict[tuple[int, int], TensorDump]:
+        latest = {d.path: d for d in dumps}  # a path holds what was written there last
+        return {(d.rank, d.step): d for d in latest.values()}
+
+    theirs, ours = current(uninterrupted), current(resumed)
+    pairs = sorted(
+        ((rank, k, theirs[rank, k + step], d) for (rank, k), d in ours.items() if (rank, k + step) in theirs),
+        key=lambda p: (p[1], -p[0]),  # the last step, on the lowest rank, is tried first
+    )
+    later = sorted({s - step for (_, s) in theirs if s > step})
+    how = (
+        f"capture={{'step': {later[-1]}}} on the resume launch (a label of its own, so that it writes another "
+        f"file) compares them with the uninterrupted run's capture at step {later[-1] + step}"
+        if later
+        else f"capture={{'step': {step} + k}} on the uninterrupted run and {{'step': k}} on the resume launch "
+        "(each with a label of its own) compare them"
+    )
+    if not pairs:
+        if ours:
+            at = sorted({k for _, k in ours})[:_SHOWN]
+            return None, (
+                f"tensors not paired: the resumed launch captured at its step {', '.join(map(str, at))} (the "
+                f"uninterrupted run's {', '.join(str(k + step) for k in at)}), where the uninterrupted run "
+                f"captured nothing; {how}"
+            )
+        return None, f"tensors not captured: {how}"
+    for _, k, ref, got in reversed(pairs):
+        if ref.path != got.path:
+            return ResumeTensors(
+                step=k + step,
+                reference=ref.path,
+                reference_digest=ref.digest,
+                candidate=got.path,
+                candidate_digest=got.digest,
+            ), (
+                f"compare_tensors(reference={ref.path!r}, candidate={got.path!r}) checks the tensors at step "
+                f"{k + step} too"
+            )
+    path = pairs[-1][2].path
+    return None, (
+        f"tensors not paired: the resume launch wrote its capture over {path}, the uninterrupted run's file; "
+        "give it another label (or capture.path) and run it again"
+    )
+
+
 def check_resume(
     uninterrupted: Sequence[RankRecord],
     resumed: Sequence[RankRecord],
     *,
     resume_of: str,
     workspace: Path,
+    dumps: tuple[Sequence[TensorDump], Sequence[TensorDump]] = ((), ()),
 ) -> ResumeCheck:
-    """Judge rank 0's records of each resumed launch against rank 0's of each uninterrupted launch."""
+    """Judge rank 0's records of each resumed launch against rank 0's of each uninterrupted launch; where
+    ``dumps`` (the uninterrupted run's tensor files, the resumed launch's) hold captures of one training
+    step, name the pair to compare."""
     loads = list(
         dict.fromkeys(
             f.path
@@ -122,7 +202,12 @@ def check_resume(
     saved = saved_files(uninterrupted)
 
     def result(
-        ok: bool, reason: str, step: int | None = None, compared: int = 0, apart: int = 0
+        ok: bool,
+        reason: str,
+        step: int | None = None,
+        compared: int = 0,
+        apart: int = 0,
+        tensors: ResumeTensors | None = None,
     ) -> ResumeCheck:
         return ResumeCheck(
             status="passed" if ok else "failed",
@@ -132,6 +217,7 @@ def check_resume(
             resumed_from_step=step,
             steps_compared=compared,
             steps_apart=apart,
+            tensors=tensors,
         )
 
     saves = ", ".join(
@@ -154,6 +240,7 @@ def check_resume(
         )
     path, step = found[-1]
     where = f"{workspace_relative(Path(path), workspace)} (saved at step {step})"
+    pair, tensors = tensor_pair(*dumps, step)
     reference = _by_step([launch_losses(r) for r in uninterrupted], 0)
     losses = [launch_losses(r) for r in resumed]
     if not reference or not any(losses):
@@ -182,6 +269,7 @@ def check_resume(
             step,
             len(common),
             len(apart),
+            pair,
         )
     if step > 0:
         scratch, scratch_apart = _apart(reference, _by_step(losses, 0))
@@ -195,7 +283,10 @@ def check_resume(
             )
     return result(
         True,
-        f"resumed from {where}: the loss matches the uninterrupted run at all {len(common)} aligned steps",
+        f"resumed from {where}: the loss matches the uninterrupted run at all {len(common)} aligned steps; "
+        + tensors,
         step,
         len(common),
+        0,
+        pair,
     )

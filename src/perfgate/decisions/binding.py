@@ -21,6 +21,7 @@ __all__ = [
     "QUALITY_METRICS",
     "TOPOLOGY",
     "before_change_problems",
+    "binds_files",
     "candidate_after_open_problems",
     "correctness_binding_problems",
     "declaration_for",
@@ -419,6 +420,28 @@ def _digest_problem(
             "digest of that dump (like is compared with like only)"
         )
     return f"the record names no dump at that path with {digest[:24]}..."
+
+
+def binds_files(check: EvidenceRecord, wanted: dict[str, tuple[str, str, str]], lookup: Lookup) -> bool:
+    """Whether a tensor check compared exactly the files ``wanted`` names: per role ('reference',
+    'candidate') one file, at that path, with that digest, bound to the run that recorded it (evidence id,
+    path, digest) as the correctness gate binds its files (:func:`_digest_problem`)."""
+    files = [as_dict(f) for f in as_list(check.result.get("files"))]
+    if sorted(str(f.get("role")) for f in files) != sorted(wanted):
+        return False
+    producers = [as_dict(p) for p in as_list(check.result.get("producers"))]
+    for role, (eid, path, digest) in wanted.items():
+        named = parse(digest)
+        if named is None or not any(
+            p.get("role") == role
+            and p.get("evidence_id") == eid
+            and p.get("path") == path
+            and entry_digest(p) == named
+            and _digest_problem(check, p, files, lookup(eid)) is None
+            for p in producers
+        ):
+            return False
+    return True
 
 
 def _looser_than(good: EvidenceRecord, bad: EvidenceRecord) -> list[str]:

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
+from pydantic import ValidationError
 
 from perfgate._statefs import fresh_dir, remove_tree
 from perfgate.benchmarking import BenchmarkError
 from perfgate.benchmarking.checkpoint_resume import ResumeCheck, check_resume
 from perfgate.benchmarking.collect import launch_failure
 from perfgate.benchmarking.drift import host_speed_probe
+from perfgate.benchmarking.dumps import TensorDump
 from perfgate.benchmarking.errors import RecordError
 from perfgate.benchmarking.health import HARNESS_COVERS, health_model, job_health_model
 from perfgate.benchmarking.job import summarize_jobs
@@ -41,7 +43,7 @@ from perfgate.benchmarking.window_plan import Capture, WindowPlan
 from perfgate.benchmarking.window_run import Launched, LaunchFn, WindowRun, measure_windows
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState
-from perfgate.evidence.access import as_dict, str_list
+from perfgate.evidence.access import as_dict, as_list, str_list
 from perfgate.execution.hang import HangDiagnosis, HangWatch
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.rundir import input_run_dir, one_run
@@ -178,8 +180,11 @@ def _resume_target(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> EvidenceRec
     return target
 
 
-def _resume_check(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder) -> ResumeCheck | None:
-    """The resumed launches (this record's rank 0 copies) against the run ``resume_of`` names."""
+def _resume_check(
+    inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder, dumps: list[TensorDump]
+) -> ResumeCheck | None:
+    """The resumed launches (this record's rank 0 copies) against the run ``resume_of`` names; ``dumps``:
+    this run's tensor files, paired with that run's recorded ones at the aligned step."""
     target = rt.ledger.get(inp.resume_of) if inp.resume_of is not None else None
     if target is None:
         return None
@@ -187,8 +192,16 @@ def _resume_check(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBui
     for path in sorted(ev.dir.glob("launch*_rank0.json"), key=lambda p: int(p.name[6:].split("_")[0])):
         with contextlib.suppress(RecordError):
             resumed.append(read_record(path))
+    theirs: list[TensorDump] = []
+    for raw in as_list(target.result.get("tensor_dumps")):
+        with contextlib.suppress(ValidationError):
+            theirs.append(TensorDump.model_validate(raw))
     return check_resume(
-        rank0_records(rt.workspace, target), resumed, resume_of=target.id, workspace=rt.workspace
+        rank0_records(rt.workspace, target),
+        resumed,
+        resume_of=target.id,
+        workspace=rt.workspace,
+        dumps=(theirs, dumps),
     )
 
 
@@ -333,7 +346,9 @@ async def record_windows(
             ev, "step_times.png", lambda: step_times_png(by_rank, inp.warmup_steps, title), key=True
         )
     out = _render(inp, ev, rt, got)
-    if got.failure is None and (resumed := await anyio.to_thread.run_sync(_resume_check, inp, rt, ev)):
+    if got.failure is None and (
+        resumed := await anyio.to_thread.run_sync(_resume_check, inp, rt, ev, got.tensor_dumps)
+    ):
         out.checkpoint_resume = resumed
         out.summary = f"checkpoint resume {resumed.status}: {resumed.reason}" + (
             f"; {out.summary}" if out.summary else ""
