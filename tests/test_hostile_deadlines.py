@@ -145,13 +145,13 @@ async def test_the_trace_tools_read_under_a_cancellable_deadline(
     from perfgate.traces import pool
 
     seen: list[Any] = []
-    real = pool.analyze_trace
+    real = pool.load_table
 
     def watched(path: Path, options: AnalysisOptions) -> Any:
         seen.append(_deadline._current.get())  # pyright: ignore[reportPrivateUsage]
         return real(path, options)
 
-    monkeypatch.setattr(pool, "analyze_trace", watched)
+    monkeypatch.setattr(pool, "load_table", watched)  # the read (its parse is then kept for later calls)
     _trace(workspace / "t.json.gz", 20)
     async with Client(_server(workspace, ParseLimits(deadline_s=3600))) as client:
         result = await client.call_tool("analyze_trace", {"trace_paths": ["t.json.gz"]})
