@@ -26,7 +26,7 @@ from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import profile_segment
 from perfgate.traces.backends import exchange_of
 from test_evidence_gate import window
-from test_record_decision import TOLERANCE
+from test_record_decision import _open, _shown_gate, _text
 
 pytestmark = pytest.mark.anyio
 
@@ -72,10 +72,6 @@ LOG_SAYS = (
 _ANALYZE = profile_segment.analyze_paths
 
 
-def _text(result: Any) -> str:
-    return " ".join(getattr(c, "text", "") for c in result.content)
-
-
 @pytest.fixture(autouse=True)
 def registry_with_profile_segment(monkeypatch: pytest.MonkeyPatch) -> None:
     if profile_segment.SPEC not in perfgate.tools.REGISTRY:
@@ -105,12 +101,7 @@ async def _profile(client: Client, argv: list[str]) -> dict[str, Any]:
 
 
 async def _backend(client: Client, exp: str, comparison: str) -> dict[str, Any]:
-    shown = await client.call_tool(
-        "record_decision",
-        {"action": "show", "experiment_id": exp, "evidence": [{"id": comparison, "role": "comparison"}]},
-    )
-    assert shown.structured_content is not None, _text(shown)
-    return next(g for g in shown.structured_content["gates"] if g["name"] == "backend")
+    return await _shown_gate(client, exp, comparison, "backend")
 
 
 def test_kernel_names_map_to_their_exchange_family() -> None:
@@ -153,18 +144,11 @@ async def test_a_backend_change_is_kept_only_on_a_trace_of_the_candidate_that_sh
     )
     base_argv, cand_argv = [PY, "train.py", *BASE_ARGS], [PY, "train.py", *CAND_ARGS]
     async with Client(build_server(ServerConfig.create(workspace))) as client:
-        opened = await client.call_tool(
-            "record_decision",
-            {
-                "action": "open",
-                "hypothesis": "DeepEP dispatch replayed in CUDA graphs is faster",
-                "classification": "system_optimization",
-                "changed_variable": "token_dispatcher cuda_graphs",
-                "tolerance": TOLERANCE,
-            },
+        exp = await _open(
+            client,
+            hypothesis="DeepEP dispatch replayed in CUDA graphs is faster",
+            changed_variable="token_dispatcher cuda_graphs",
         )
-        assert opened.structured_content is not None, _text(opened)
-        exp = str(opened.structured_content["experiment_id"])
 
         # the baseline's own trace, captured first: its command and code are what the windows record
         _device_plays(monkeypatch, "nccl_alltoall_rank0.json")
@@ -222,18 +206,7 @@ async def test_a_change_that_names_no_backend_is_not_asked_for_a_trace(workspace
         window(workspace, 20, seed=s, command=["python", "train.py", "--workers", "0"]) for s in (1, 2, 3)
     ]
     async with Client(build_server(ServerConfig.create(workspace))) as client:
-        opened = await client.call_tool(
-            "record_decision",
-            {
-                "action": "open",
-                "hypothesis": "workers",
-                "classification": "system_optimization",
-                "changed_variable": "workers",
-                "tolerance": TOLERANCE,
-            },
-        )
-        assert opened.structured_content is not None, _text(opened)
-        exp = str(opened.structured_content["experiment_id"])
+        exp = await _open(client, hypothesis="workers", changed_variable="workers")
         cand = [
             window(workspace, 10, seed=s, command=["python", "train.py", "--workers", "2"]) for s in (4, 5, 6)
         ]
@@ -252,18 +225,7 @@ async def test_an_undeclared_dispatcher_change_on_the_candidates_command_still_n
     argv = ["python", "train.py", "--workers", "0"]
     base = [window(workspace, 20, seed=s, command=argv) for s in (1, 2, 3)]
     async with Client(build_server(ServerConfig.create(workspace))) as client:
-        opened = await client.call_tool(
-            "record_decision",
-            {
-                "action": "open",
-                "hypothesis": "workers",
-                "classification": "system_optimization",
-                "changed_variable": "workers",
-                "tolerance": TOLERANCE,
-            },
-        )
-        assert opened.structured_content is not None, _text(opened)
-        exp = str(opened.structured_content["experiment_id"])
+        exp = await _open(client, hypothesis="workers", changed_variable="workers")
         sneaky = [*argv[:-1], "2", "--parallelism.expert_parallel_comm_backend", "deepep"]
         cand = [window(workspace, 10, seed=s, command=sneaky) for s in (4, 5, 6)]
         compared = await client.call_tool(
@@ -283,18 +245,7 @@ async def test_a_log_that_says_deepep_ran_never_passes_without_a_trace(workspace
     said = {"moe_token_dispatcher_type": "alltoall"}
     base = [window(workspace, 20, seed=s, command=argv, logged=said) for s in (1, 2, 3)]
     async with Client(build_server(ServerConfig.create(workspace))) as client:
-        opened = await client.call_tool(
-            "record_decision",
-            {
-                "action": "open",
-                "hypothesis": "DeepEP dispatch is faster",
-                "classification": "system_optimization",
-                "changed_variable": "token_dispatcher",
-                "tolerance": TOLERANCE,
-            },
-        )
-        assert opened.structured_content is not None, _text(opened)
-        exp = str(opened.structured_content["experiment_id"])
+        exp = await _open(client, hypothesis="DeepEP dispatch is faster", changed_variable="token_dispatcher")
         cand_argv = ["python", "train.py", *CAND_ARGS[:4]]
         logged = {"moe_token_dispatcher_type": "flex", "moe_enable_deepep": "True"}
         cand = [window(workspace, 10, seed=s, command=cand_argv, logged=logged) for s in (4, 5, 6)]

@@ -17,14 +17,19 @@ REPO = Path(__file__).resolve().parents[1]
 PLANTED = REPO / "tests" / "fixtures" / "traces" / "planted"
 
 
-@pytest.fixture(scope="module")
-def bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_traces", REPO / "benchmarks" / "bench_traces.py")
+def _load(name: str) -> Any:
+    """A benchmark script of benchmarks/ as a module (registered first: its dataclasses look it up)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_traces"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench() -> Any:
+    return _load("bench_traces")
 
 
 @pytest.mark.slow
@@ -42,14 +47,6 @@ async def test_one_round_times_the_tool_warm_and_cold_and_the_library(
     bench.print_traces(rows)
     out = capsys.readouterr().out
     assert "tiny_ops_rank0" in out and "tool warm" in out and "tool first" in out
-
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_goals_table_is_the_geometric_mean_and_the_smallest_ratio(

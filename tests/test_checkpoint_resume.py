@@ -31,7 +31,7 @@ from perfgate.benchmarking.records import read_record
 from perfgate.decisions.checkpoint_code import checkpoint_calls
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from test_record_decision import Evidence, _text
+from test_record_decision import Evidence, _shown_gate, _text
 
 pytestmark = pytest.mark.anyio
 
@@ -94,30 +94,13 @@ def ws(workspace: Path) -> Path:
 
 
 async def _window(client: Client, args: list[str], resume_of: str | None = None) -> dict[str, Any]:
-    call: dict[str, Any] = {
-        "command": [PY, "train.py", *args],
-        "warmup_steps": 2,
-        "measure_steps": 4,
-        "repeats": 1,
-        "job": True,
-        "timeout_s": 180,
-        "contract": CONTRACT,
-    }
-    if resume_of is not None:
-        call["resume_of"] = resume_of
-    result = await client.call_tool("run_benchmark_window", call)
-    out = result.structured_content
-    assert out is not None and out["state"] == "executed", _text(result)
-    return out
+    """A job=true launch of train.py whose windows hold a few steps (see `_run`)."""
+    extra = {} if resume_of is None else {"resume_of": resume_of}
+    return await _run(client, args, warmup_steps=2, measure_steps=4, **extra)
 
 
 async def _gate(client: Client, exp: str, comparison: str) -> dict[str, Any]:
-    result = await client.call_tool(
-        "record_decision",
-        {"action": "show", "experiment_id": exp, "evidence": [{"id": comparison, "role": "comparison"}]},
-    )
-    assert result.structured_content is not None, _text(result)
-    return next(g for g in result.structured_content["gates"] if g["name"] == "checkpoint_resume")
+    return await _shown_gate(client, exp, comparison, "checkpoint_resume")
 
 
 async def _open(client: Client, changed: str, **extra: Any) -> str:

@@ -249,6 +249,16 @@ async def _keep(client: Client, exp: str, links: list[dict[str, str]], **extra: 
     )
 
 
+async def _shown_gate(client: Client, exp: str, comparison: str, name: str) -> dict[str, Any]:
+    """The gate ``name`` as record_decision(action='show') reports it with ``comparison`` attached."""
+    shown = await client.call_tool(
+        "record_decision",
+        {"action": "show", "experiment_id": exp, "evidence": [{"id": comparison, "role": "comparison"}]},
+    )
+    assert shown.structured_content is not None, _text(shown)
+    return next(g for g in shown.structured_content["gates"] if g["name"] == name)
+
+
 def _text(result: Any) -> str:
     return " ".join(getattr(c, "text", "") for c in result.content)
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from perfgate.decisions.binding import TOPOLOGY
 from perfgate.decisions.experiments import Experiment, load_experiments
 from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
 from perfgate.evidence.access import as_dict, as_list, str_list
@@ -553,17 +554,10 @@ def _job_gate(comparison: EvidenceRecord, ev: _Evidence) -> Gate:
     )
 
 
-LAYOUT_TERMS = (
-    "world_size",
-    "data_parallel",
-    "tensor_parallel",
-    "pipeline_parallel",
-    "context_parallel",
-    "expert_parallel",
-    "sharding",
-)
-"""Vocabulary entries of a parallel layout: a change of any of them moves what each rank's checkpoint holds
-(the number of ranks too: it sets how many shards a checkpoint is saved in)."""
+LAYOUT_TERMS = (*TOPOLOGY, "sharding")
+"""Vocabulary entries of a parallel layout: the topology settings and the sharding strategy. A change of any
+of them moves what each rank's checkpoint holds (the number of ranks too: it sets how many shards a
+checkpoint is saved in)."""
 _CHECKPOINT_WORD = re.compile(r"checkpoint|ckpt", re.IGNORECASE)
 
 
@@ -882,7 +876,6 @@ def _binding_gates(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -
             "measure new candidate windows for this experiment, then " + cmp_fix,
         ),
     ]
-    from perfgate.decisions.binding import TOPOLOGY
 
     topology = sorted(set(str_list(comparison.result.get("actual_changes"))) & set(TOPOLOGY))
     if not topology:

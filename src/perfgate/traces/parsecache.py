@@ -14,13 +14,12 @@ never changes a kept table: it reads it with ``release=False``, so a hit gives e
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from perfgate._safeopen import open_file
 from perfgate.digests import new_hasher
@@ -130,7 +129,7 @@ def _budget_from_env() -> int:
         mb = float(raw) if raw else DEFAULT_MB
     except ValueError:
         mb = DEFAULT_MB
-    return int(max(mb, 0.0) * (1 << 20)) if np.isfinite(mb) else DEFAULT_MB << 20
+    return int(max(mb, 0.0) * (1 << 20)) if math.isfinite(mb) else DEFAULT_MB << 20
 
 
 _cache: ParseCache | None = None
