@@ -356,3 +356,20 @@ def test_checkpoint_calls_are_read_from_code_not_from_comments_or_imports() -> N
     section = "diff --git a/t.py b/t.py\n@@ -1,2 +1,2 @@\n-    y = torch.zeros(1)\n+    torch.save(m, p)\n"
     assert checkpoint_calls(section, diff=True) == ["torch.save"]
     assert checkpoint_calls("def forward(x):\n    return x.load_state_dict  # torch.load(\n") == []
+
+
+async def test_a_resume_of_other_code_is_no_resume(ws: Path) -> None:
+    """The script is edited between the uninterrupted run and the resume (a way around the loss check the
+    issue did not name: make the resumed launch reproduce the losses whatever the checkpoint holds): the
+    resume check fails on the code it ran, before it looks at a loss."""
+    async with Client(build_server(ServerConfig.create(ws))) as client:
+        cand = await _run(client, ["--shards", "2"])
+        with (ws / "train.py").open("a") as fh:
+            fh.write("\n# edited after the uninterrupted run\n")
+        resumed = await _run(
+            client, ["--shards", "2", "--resume", "ckpt/step8.pt"], resume_of=cand["evidence_id"]
+        )
+    check = resumed["checkpoint_resume"]
+    assert check["status"] == "failed", check
+    assert check["reason"].startswith(f"the resumed launch ran other code than {cand['evidence_id']}"), check
+    assert "train.py" in check["reason"] or "diff" in check["reason"], check["reason"]

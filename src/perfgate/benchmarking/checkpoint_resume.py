@@ -186,10 +186,12 @@ def check_resume(
     resume_of: str,
     workspace: Path,
     dumps: tuple[Sequence[TensorDump], Sequence[TensorDump]] = ((), ()),
+    other_code: str | None = None,
 ) -> ResumeCheck:
     """Judge rank 0's records of each resumed launch against rank 0's of each uninterrupted launch; where
     ``dumps`` (the uninterrupted run's tensor files, the resumed launch's) hold captures of one training
-    step, name the pair to compare."""
+    step, name the pair to compare. ``other_code``: how the code the resumed launch ran differs from the
+    uninterrupted run's (its provenance); a resume of other code shows nothing of this code's checkpoints."""
     loads = list(
         dict.fromkeys(
             f.path
@@ -223,6 +225,12 @@ def check_resume(
     saves = ", ".join(
         f"{workspace_relative(Path(p), workspace)} at step {s}" for p, s in list(saved.items())[:_SHOWN]
     )
+    if other_code is not None:
+        return result(
+            False,
+            f"the resumed launch ran other code than {resume_of} ({other_code}): restore the code {resume_of} ran "
+            "and run the resume again, or run the uninterrupted job again on this code",
+        )
     if not loads:
         return result(
             False,

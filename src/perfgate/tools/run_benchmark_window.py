@@ -180,11 +180,28 @@ def _resume_target(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> EvidenceRec
     return target
 
 
+def _other_code(ran: RunProvenance, target: EvidenceRecord) -> str | None:
+    """How the code ``ran`` differs from the code ``target`` recorded: the commit, the uncommitted diff, or a
+    file both commands name; None where they agree."""
+    was = as_dict(target.result.get("provenance"))
+    code = as_dict(was.get("code"))
+    if (code.get("commit"), code.get("diff_sha256")) != (ran.code.commit, ran.code.diff_sha256):
+        return f"commit {ran.code.commit} and diff {ran.code.diff_sha256} against {code.get('commit')} and {code.get('diff_sha256')}"
+    files = as_dict(was.get("files"))
+    changed = sorted(p for p, digest in ran.files.items() if p in files and files[p] != digest)
+    return f"changed since: {', '.join(changed[:3])}" if changed else None
+
+
 def _resume_check(
-    inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder, dumps: list[TensorDump]
+    inp: RunBenchmarkWindowInput,
+    rt: ToolRuntime,
+    ev: EvidenceBuilder,
+    dumps: list[TensorDump],
+    provenance: RunProvenance | None,
 ) -> ResumeCheck | None:
     """The resumed launches (this record's rank 0 copies) against the run ``resume_of`` names; ``dumps``:
-    this run's tensor files, paired with that run's recorded ones at the aligned step."""
+    this run's tensor files, paired with that run's recorded ones at the aligned step; ``provenance``: the
+    code this run ran, held to the code that run ran."""
     target = rt.ledger.get(inp.resume_of) if inp.resume_of is not None else None
     if target is None:
         return None
@@ -202,6 +219,7 @@ def _resume_check(
         resume_of=target.id,
         workspace=rt.workspace,
         dumps=(theirs, dumps),
+        other_code=_other_code(provenance, target) if provenance is not None else None,
     )
 
 
@@ -347,7 +365,7 @@ async def record_windows(
         )
     out = _render(inp, ev, rt, got)
     if got.failure is None and (
-        resumed := await anyio.to_thread.run_sync(_resume_check, inp, rt, ev, got.tensor_dumps)
+        resumed := await anyio.to_thread.run_sync(_resume_check, inp, rt, ev, got.tensor_dumps, provenance)
     ):
         out.checkpoint_resume = resumed
         out.summary = f"checkpoint resume {resumed.status}: {resumed.reason}" + (
