@@ -61,6 +61,7 @@ if str(REPO / "benchmarks") not in sys.path:  # `_mcp`, when this file is loaded
     sys.path.insert(0, str(REPO / "benchmarks"))
 
 from perfgate.traces import AnalysisOptions, analyze_trace, classify_device, isal_available  # noqa: E402
+from perfgate.traces.phases import phase_of_name  # noqa: E402
 
 HTA_FIELDS = ("idle_time(us)", "compute_time(us)", "non_compute_time(us)", "kernel_time(us)")
 LARGE_BYTES = 1_000_000
@@ -224,8 +225,9 @@ async def tool_warm(client: Any, server_pid: int | None, paths: Sequence[Path]) 
 
 
 def library(path: Path) -> tuple[float, float]:
-    # Kernel-name classifications are cached across calls; start cold each run for fairness.
+    # Kernel and op name classifications are cached across calls; start cold each run for fairness.
     classify_device.cache_clear()
+    phase_of_name.cache_clear()
     cpu0 = time.process_time()
     start = time.perf_counter()
     analyze_trace(path)

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from perfgate.traces import Finding, analyze_traces
+from perfgate.traces import Finding, analyze_traces, code
 from perfgate.traces.code import MISSING_STACKS, find_loops, module_names, nearest, user_frame
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -133,6 +135,51 @@ def test_find_loops_finds_each_run_of_a_repeated_body(
     sequence: list[int], expected: list[tuple[int, int, int]]
 ) -> None:
     assert find_loops(np.array(sequence, np.int32)) == expected
+
+
+def _loops_one_body_at_a_time(
+    names: np.ndarray, min_iterations: int, max_body: int
+) -> list[tuple[int, int, int]]:
+    """find_loops as it was written first: each body's repeats counted by its own pass (the reference)."""
+    covered = np.zeros(names.size, bool)
+    out: list[tuple[int, int, int]] = []
+    for body in range(1, min(max_body, names.size // min_iterations) + 1):
+        same = names[body:] == names[:-body]
+        if np.count_nonzero(same) < body * (min_iterations - 1):
+            continue
+        edges = np.diff(np.concatenate([[0], same.astype(np.int8), [0]]))
+        starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        for s, e in zip(starts.tolist(), stops.tolist(), strict=True):
+            if e - s < body * (min_iterations - 1):
+                continue
+            iterations = (e - s + body) // body
+            span = covered[s : s + iterations * body]
+            if np.count_nonzero(span) * 2 > span.size:
+                continue
+            span[:] = True
+            out.append((s, body, iterations))
+    return out
+
+
+@given(
+    pieces=st.lists(
+        st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=9), st.integers(1, 7)), max_size=8
+    ),
+    max_body=st.integers(1, 12),
+    rows=st.sampled_from([3, 8192]),
+)
+def test_find_loops_counts_every_body_at_once_as_one_at_a_time(
+    pieces: list[tuple[list[int], int]], max_body: int, rows: int
+) -> None:
+    # Sequences of repeated bodies (some long enough to be loops), blocks of positions as small as 3.
+    names = np.array([v for body, times in pieces for _ in range(times) for v in body], np.int32)
+    saved = code._REPEAT_ROWS  # pyright: ignore[reportPrivateUsage]
+    code._REPEAT_ROWS = rows  # pyright: ignore[reportPrivateUsage]
+    try:
+        found = find_loops(names, max_body=max_body)
+    finally:
+        code._REPEAT_ROWS = saved  # pyright: ignore[reportPrivateUsage]
+    assert found == _loops_one_body_at_a_time(names, 4, max_body)
 
 
 def test_frames_and_modules_are_read_from_their_event_names() -> None:

@@ -325,6 +325,30 @@ def test_the_running_threads_are_the_fewest_of_a_few_samples(monkeypatch: pytest
     assert pool._read_loadavg() == "0.50 0.40 0.30 1/300 9"  # pyright: ignore[reportPrivateUsage]
 
 
+def test_an_idle_first_sample_of_the_load_is_the_only_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[str] = []
+    samples = iter(["0.50 0.40 0.30 1/300 9", "0.50 0.40 0.30 3/300 9", "0.50 0.40 0.30 3/300 9"])
+
+    class FakePath:
+        def __init__(self, name: str) -> None:
+            assert name == "/proc/loadavg"
+
+        def read_text(self, encoding: str) -> str:
+            read.append(next(samples))
+            return read[-1]
+
+    monkeypatch.setattr(pool, "Path", FakePath)
+    monkeypatch.setattr(pool.time, "sleep", lambda _: pytest.fail("an idle first sample waits for no other"))
+    assert pool._read_loadavg(fewer_than=2) == "0.50 0.40 0.30 1/300 9"  # pyright: ignore[reportPrivateUsage]
+    assert len(read) == 1
+    # A busy first sample is sampled again: the fewest runnable threads of all three.
+    samples = iter(["0.50 0.40 0.30 2/300 9", "0.50 0.40 0.30 3/300 9", "0.50 0.40 0.30 2/300 9"])
+    read.clear()
+    monkeypatch.setattr(pool.time, "sleep", lambda _: None)
+    assert pool._read_loadavg(fewer_than=2) == "0.50 0.40 0.30 2/300 9"  # pyright: ignore[reportPrivateUsage]
+    assert len(read) == 3
+
+
 @pytest.mark.anyio
 async def test_the_tool_call_takes_the_split_path_on_an_idle_machine(
     monkeypatch: pytest.MonkeyPatch, workspace: Path

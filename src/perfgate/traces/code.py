@@ -399,6 +399,25 @@ def _top_level_ops(p: Prepared, parent: Ints) -> npt.NDArray[np.bool_]:
     return is_op & ((parent < 0) | ~is_op[np.maximum(parent, 0)])
 
 
+_REPEAT_ROWS = 8192
+"""Positions compared at once by `_repeat_counts` (times the bodies: its working memory, in bytes)."""
+
+
+def _repeat_counts(names: Ints, max_body: int) -> npt.NDArray[np.int64]:
+    """``counts[b]`` = how many ``j`` have ``names[j] == names[j + b]``, for each body ``b`` from 1 to
+    ``max_body`` (index 0 unused): every body in a few array operations, in blocks of `_REPEAT_ROWS`
+    positions, instead of one pass over the sequence per body."""
+    n = names.size
+    counts = np.zeros(max_body + 1, np.int64)
+    # Past the end come values no name has (names are ids >= 0): a position there never matches.
+    padded = np.concatenate([names.astype(np.int64, copy=False), np.full(max_body, -1, np.int64)])
+    ahead = np.lib.stride_tricks.sliding_window_view(padded, max_body + 1)
+    for lo in range(0, n, _REPEAT_ROWS):
+        block = ahead[lo : min(lo + _REPEAT_ROWS, n)]
+        counts[1:] += np.count_nonzero(block[:, 1:] == block[:, :1], axis=0)
+    return counts
+
+
 def find_loops(
     names: Ints, min_iterations: int = _MIN_ITERATIONS, max_body: int = _MAX_BODY
 ) -> list[tuple[int, int, int]]:
@@ -406,15 +425,20 @@ def find_loops(
 
     A body of length b repeats from i while ``names[j] == names[j + b]``; the shortest body is found
     first (bodies from 1 to ``max_body``) and a longer one is kept only where most of its span is not
-    already a loop.
+    already a loop. A body whose positions repeat fewer than ``b * (min_iterations - 1)`` times in all
+    holds no run (counted for every body at once, `_repeat_counts`).
     """
     n = names.size
     covered = np.zeros(n, bool)
     out: list[tuple[int, int, int]] = []
-    for body in range(1, min(max_body, n // min_iterations) + 1):
-        same = names[body:] == names[:-body]
-        if np.count_nonzero(same) < body * (min_iterations - 1):
+    longest = min(max_body, n // min_iterations)
+    if longest < 1:
+        return out
+    counts = _repeat_counts(names, longest)
+    for body in range(1, longest + 1):
+        if counts[body] < body * (min_iterations - 1):
             continue
+        same = names[body:] == names[:-body]
         edges = np.diff(np.concatenate([[0], same.astype(np.int8), [0]]))
         starts, stops = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
         long = (stops - starts) >= body * (min_iterations - 1)

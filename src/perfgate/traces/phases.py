@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -89,7 +90,11 @@ def is_collective_name(name: str) -> bool:
     return bool(COLLECTIVE_NAME.search(name))
 
 
+@lru_cache(maxsize=1 << 15)
 def phase_of_name(name: str) -> PhaseName | None:
+    """The host phase an op or range of this name belongs to, by name alone (None: not one of them).
+    Kept per name, as `perfgate.traces.classify.classify_device` is: one analysis asks about each name
+    several times, and a baseline's and a candidate's traces share most of their names."""
     if name.startswith("enumerate(DataLoader)") or ("DataLoader" in name and "__next__" in name):
         return "data_loading"
     if name.startswith("Optimizer.") or name.startswith("Optimizer#"):

@@ -441,15 +441,19 @@ _LOAD_SAMPLES = 3
 _LOAD_SAMPLE_GAP_S = 0.001
 
 
-def _read_loadavg() -> str:
-    """``/proc/loadavg`` sampled `_LOAD_SAMPLES` times a millisecond apart: the sample that shows the
+def _read_loadavg(fewer_than: float | None = None) -> str:
+    """``/proc/loadavg`` sampled up to `_LOAD_SAMPLES` times a millisecond apart: the sample that shows the
     fewest runnable threads (a thread of this process that has just answered a progress message may
-    still count as runnable at one instant; a busy machine shows its load in every sample)."""
+    still count as runnable at one instant; a busy machine shows its load in every sample). Sampling stops
+    at the first sample showing fewer than ``fewer_than`` runnable threads: later ones could show fewer
+    still, which decides nothing more (an idle machine's first sample costs no wait)."""
     texts: list[str] = []
     for k in range(_LOAD_SAMPLES):
         if k:
             time.sleep(_LOAD_SAMPLE_GAP_S)
         texts.append(Path("/proc/loadavg").read_text(encoding="ascii"))
+        if fewer_than is not None and _running(texts[-1]) < fewer_than:
+            break
     return min(texts, key=_running)
 
 
@@ -473,7 +477,7 @@ def idle_core(cpus: float | None = None, loadavg: str | None = None) -> bool:
         return False
     try:
         if loadavg is None:
-            loadavg = _read_loadavg()
+            loadavg = _read_loadavg(fewer_than=cpus)
         load1, running = float(loadavg.split()[0]), _running(loadavg)
     except (OSError, ValueError, IndexError):
         return False
