@@ -330,6 +330,66 @@ async def test_a_code_change_falls_under_the_gate_when_a_file_it_touched_saves_o
         )
 
 
+def _commit(ws: Path, files: dict[str, str], message: str) -> str:
+    """Write ``files`` into the workspace's git repository and commit them; the new commit's id."""
+    for name, text in files.items():
+        (ws / name).write_text(text)
+    git = ["git", "-C", str(ws), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    if not (ws / ".git").exists():
+        subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", *files], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", message], check=True)
+    return subprocess.run(
+        [*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+async def test_a_change_committed_between_the_runs_is_read_at_both_commits(ws: Path) -> None:
+    """The agent commits its change, so no diff records it: the files changed between the two sides' commits
+    are read at each commit. A committed edit of a helper the command never names (it now saves the
+    optimizer state) needs a resume; a committed change of the forward alone does not; a commit the
+    repository no longer holds cannot be read, so it counts."""
+    first = _commit(
+        ws,
+        {"ckpt_utils.py": "def save(state, path):\n    pass\n", "model.py": "def f(x):\n    return x\n"},
+        "a",
+    )
+    forward = _commit(ws, {"model.py": "def f(x):\n    return 2 * x\n"}, "forward")
+    saving = _commit(
+        ws, {"ckpt_utils.py": "import torch\n\n\ndef save(state, path):\n    torch.save(state, path)\n"}, "b"
+    )
+    ev = Evidence(ws)
+
+    def window(commit: str) -> str:
+        files = {"train.py": _sha("x")}
+        return ev.window(
+            provenance={
+                "argv": ["python", "train.py"],
+                "cwd": ".",
+                "code": {"commit": commit},
+                "files": files,
+            }
+        )
+
+    async with Client(build_server(ServerConfig.create(ws))) as client:
+        exp = await _open(client, "helper refactor")
+        gate = await _gate(client, exp, ev.comparison([window(forward)], [window(saving)], declared=["code"]))
+        assert gate["status"] == "failed", gate
+        assert (
+            f"ckpt_utils.py (changed between commits {forward[:12]} and {saving[:12]}; calls torch.save)"
+            in (gate["reason"])
+        ), gate
+        gate = await _gate(client, exp, ev.comparison([window(first)], [window(forward)], declared=["code"]))
+        assert gate["status"] == "not_applicable", gate
+        gone = "0123456789abcdef" * 2 + "01234567"
+        gate = await _gate(client, exp, ev.comparison([window(first)], [window(gone)], declared=["code"]))
+        assert gate["status"] == "failed", gate
+        assert (
+            f"commit '{gone[:12]}' is not in the workspace's git repository: it cannot be read"
+            in gate["reason"]
+        )
+
+
 async def test_a_change_of_the_number_of_ranks_needs_a_resume(ws: Path) -> None:
     ev = Evidence(ws)
     async with Client(build_server(ServerConfig.create(ws))) as client:

@@ -10,8 +10,10 @@ when a line of it (comments left out) calls a checkpoint saver or loader: ``torc
 ``torch.distributed.checkpoint`` (``dcp.save``/``dcp.load``), safetensors ``save_file``/``load_file``, or
 a ``save_checkpoint``/``load_checkpoint`` of the project's own.
 
-Files changed between two commits (the sides ran different commits) are not listed by the records, so
-they are not read: the answer says so.
+When the sides ran different commits, the files changed between the two are listed and read at each
+commit from the workspace's git repository (`perfgate.execution.changes.commit_changes`); when they cannot
+be (a commit the repository no longer holds, a side run outside git, too many files), the change counts as
+touching checkpointing, as a file that cannot be read does.
 """
 
 from __future__ import annotations
@@ -89,11 +91,30 @@ def _provenance(record: EvidenceRecord | None) -> dict[str, Any]:
     return as_dict(record.result.get("provenance")) if record is not None else {}
 
 
-def touched_checkpointing(
-    comparison: EvidenceRecord, lookup: Lookup, workspace: Path
-) -> tuple[list[str], str | None]:
-    """(``'<path> (calls torch.save)'`` for each touched file that saves or loads checkpoints; a note on what
-    could not be read). Empty when the change touched none, or no side recorded its code."""
+def _committed_calls(workspace: Path, old: Any, new: Any) -> list[str]:
+    """What the files changed between the sides' commits call (``'<path> (changed between commits ...;
+    calls torch.save)'``), or why they could not be read (one entry: it counts as touching checkpointing)."""
+    from perfgate.execution.changes import commit_changes
+
+    if not (isinstance(old, str) and old and isinstance(new, str) and new):
+        return ["the code between the sides' commits (one side ran outside git: it cannot be read)"]
+    span = f"commits {old[:12]} and {new[:12]}"
+    files, problem = commit_changes(workspace, old, new)
+    if problem is not None:
+        return [f"the code changed between {span} ({problem}: it cannot be read)"]
+    found: list[str] = []
+    for path, sides in files.items():
+        calls = [
+            c for text in sides if text is not None for c in checkpoint_calls(text.decode("utf-8", "replace"))
+        ]
+        if calls:
+            found.append(f"{path} (changed between {span}; calls {', '.join(dict.fromkeys(calls))})")
+    return found
+
+
+def touched_checkpointing(comparison: EvidenceRecord, lookup: Lookup, workspace: Path) -> list[str]:
+    """``'<path> (calls torch.save)'`` for each touched file that saves or loads checkpoints, or what could not
+    be read. Empty when the change touched none, or no side recorded its code."""
     from perfgate.benchmarking.provenance import code_differences
 
     sides = [
@@ -109,18 +130,16 @@ def touched_checkpointing(
     ]
     base, cand = sides
     if base is None or cand is None:
-        return [], None
+        return []
     b_prov, c_prov = _provenance(base), _provenance(cand)
     b_code, c_code = as_dict(b_prov.get("code")), as_dict(c_prov.get("code"))
     changed = [p for p in code_differences(b_code, c_code) if p != "commit"]
-    note = (
-        "the sides ran different commits, whose changed files the records do not list (not read)"
-        if b_code.get("commit") != c_code.get("commit")
-        else None
-    )
+    found: list[str] = []
+    b_commit, c_commit = b_code.get("commit"), c_code.get("commit")
+    if b_commit != c_commit:
+        found += _committed_calls(workspace, b_commit, c_commit)
     b_files, c_files = as_dict(b_prov.get("files")), as_dict(c_prov.get("files"))
     named = sorted(p for p in set(b_files) & set(c_files) if b_files[p] != c_files[p])
-    found: list[str] = []
     sections = (_sections(workspace, base), _sections(workspace, cand))
     for path in dict.fromkeys([*changed, *named]):
         calls: list[str] = []
@@ -135,4 +154,4 @@ def touched_checkpointing(
             calls += checkpoint_calls(now.decode("utf-8", "replace"))
         if calls:
             found.append(f"{path} (calls {', '.join(dict.fromkeys(calls))})")
-    return found, note
+    return found

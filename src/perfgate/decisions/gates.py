@@ -561,7 +561,7 @@ checkpoint is saved in)."""
 _CHECKPOINT_WORD = re.compile(r"checkpoint|ckpt", re.IGNORECASE)
 
 
-def _checkpoint_change(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> tuple[str | None, str]:
+def _checkpoint_change(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> str | None:
     """Why the change must show that checkpoints still resume: a layout entry it declares, checkpointing
     named by its changed variable, or a touched file that saves or loads checkpoints, as read from the
     files (`perfgate.decisions.checkpoint_code`); None: none of these, with what was read."""
@@ -577,25 +577,25 @@ def _checkpoint_change(exp: Experiment, comparison: EvidenceRecord, ev: _Evidenc
         and term.name in LAYOUT_TERMS
     )
     if layout:
-        return f"the change declares the parallel layout ({', '.join(layout)})", ""
+        return f"the change declares the parallel layout ({', '.join(layout)})"
     if _CHECKPOINT_WORD.search(exp.changed_variable):
-        return f"the changed variable names checkpointing ({exp.changed_variable!r})", ""
-    touched, note = touched_checkpointing(comparison, ev.get, ev.ledger.workspace)
+        return f"the changed variable names checkpointing ({exp.changed_variable!r})"
+    touched = touched_checkpointing(comparison, ev.get, ev.ledger.workspace)
     if touched:
-        return f"the code change touches checkpointing: {'; '.join(touched[:3])}", ""
-    return None, f" ({note})" if note else ""
+        return f"the code change touches checkpointing: {'; '.join(touched[:3])}"
+    return None
 
 
 def _checkpoint_resume_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:
     """A layout or checkpointing change resumes from its own checkpoint: the latest resume launch of a
     candidate window (`run_benchmark_window(resume_of=...)`, `perfgate.benchmarking.checkpoint_resume`)
     loaded a file that run saved and trained on as the uninterrupted run did."""
-    why, unread = _checkpoint_change(exp, comparison, ev)
+    why = _checkpoint_change(exp, comparison, ev)
     if why is None:
         return _na(
             "checkpoint_resume",
             "the change declares no parallel layout entry, does not name checkpointing and touches no file "
-            "that saves or loads a checkpoint" + unread,
+            "that saves or loads a checkpoint",
         )
     candidate = str_list(comparison.inputs.get("candidate"))
     baseline = set(str_list(comparison.inputs.get("baseline")))

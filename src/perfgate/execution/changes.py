@@ -45,6 +45,7 @@ __all__ = [
     "Executable",
     "change_view",
     "code_tree",
+    "commit_changes",
     "commit_exists",
     "internal_references",
     "resolve_executables",
@@ -330,6 +331,41 @@ def commit_exists(workspace: Path, rev: str) -> bool:
     if not re.fullmatch(r"[0-9a-fA-F]{7,64}", rev):
         return False
     return _git(workspace, ["cat-file", "-e", f"{rev}^{{commit}}"]) is not None
+
+
+def commit_changes(
+    workspace: Path, old: str, new: str, max_files: int = 256, max_bytes: int = 4 << 20
+) -> tuple[dict[str, tuple[bytes | None, bytes | None]], str | None]:
+    """The files that differ between commits ``old`` and ``new`` of the workspace's repository, read only
+    (``git diff-tree``, no rename detection, then each blob): path -> (its bytes at ``old``, at ``new``;
+    None where it is absent, not a file, binary or over ``max_bytes``). Second: why they could not be
+    listed (git missing, a commit the repository does not hold, more than ``max_files`` changed), else
+    None."""
+    for rev in (old, new):
+        if not commit_exists(workspace, rev):
+            return {}, f"commit {rev[:12]!r} is not in the workspace's git repository"
+    raw = _git(workspace, ["diff-tree", "-r", "-z", "--no-renames", old, new])
+    if raw is None:
+        return {}, "git diff-tree failed"
+    fields = raw.split(b"\0")
+    entries = [(fields[i], fields[i + 1]) for i in range(0, len(fields) - 1, 2) if fields[i].startswith(b":")]
+    if len(entries) > max_files:
+        return {}, f"{len(entries)} files changed, more than the {max_files} read"
+
+    def blob(mode: str, oid: str) -> bytes | None:
+        if not oid.strip("0") or not mode.startswith("100"):  # absent (all zeros), a link or a submodule
+            return None
+        data = _git(workspace, ["cat-file", "blob", oid], max_bytes + 1)
+        return None if data is None or len(data) > max_bytes or b"\0" in data else data
+
+    out: dict[str, tuple[bytes | None, bytes | None]] = {}
+    for meta, name in entries:
+        parts = meta.decode("ascii", "replace")[1:].split()
+        if len(parts) < 5:
+            continue
+        rel = name.decode("utf-8", "surrogateescape")
+        out[rel] = (blob(parts[0], parts[2]), blob(parts[1], parts[3]))
+    return out, None
 
 
 def _head(workspace: Path) -> tuple[str, dict[str, str]] | None:
