@@ -390,6 +390,36 @@ async def test_a_change_committed_between_the_runs_is_read_at_both_commits(ws: P
         )
 
 
+async def test_a_file_the_diff_touched_is_read_as_the_run_held_it(ws: Path) -> None:
+    """A helper the command never names, changed by the candidate's uncommitted diff in a line that saves
+    nothing, while another of its lines (unchanged) saves the optimizer: it touches checkpointing, even
+    after the saving line was deleted from the workspace once the candidate ran."""
+    helper = "import torch\n\n\ndef lr(step):\n    return 0.1\n\n\ndef save(state, path):\n    torch.save(state, path)\n"
+    commit = _commit(ws, {"helper.py": helper}, "helper")
+    section = (
+        b"diff --git a/helper.py b/helper.py\n--- a/helper.py\n+++ b/helper.py\n@@ -4,2 +4,2 @@\n"
+        b" def lr(step):\n-    return 0.1\n+    return 0.2\n"
+    )
+    (ws / "helper.py").write_text(
+        helper.replace("0.1", "0.2").replace("    torch.save(state, path)\n", "    pass\n")
+    )
+    ev = Evidence(ws)
+    files = {"train.py": _sha("x")}
+
+    def window(diff: bytes | None) -> str:
+        code: dict[str, Any] = {"commit": commit}
+        if diff is not None:
+            code |= {"diff_files": {"helper.py": _sha(diff.decode())}, "diff_artifact": "code.diff"}
+        provenance = {"argv": ["python", "train.py"], "cwd": ".", "code": code, "files": files}
+        return ev.window(provenance=provenance, artifacts={"code.diff": diff} if diff is not None else None)
+
+    async with Client(build_server(ServerConfig.create(ws))) as client:
+        exp = await _open(client, "learning rate helper")
+        gate = await _gate(client, exp, ev.comparison([window(None)], [window(section)], declared=["code"]))
+    assert gate["status"] == "failed", gate
+    assert "the code change touches checkpointing: helper.py (calls torch.save)" in gate["reason"], gate
+
+
 async def test_a_change_of_the_number_of_ranks_needs_a_resume(ws: Path) -> None:
     ev = Evidence(ws)
     async with Client(build_server(ServerConfig.create(ws))) as client:

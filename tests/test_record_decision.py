@@ -46,12 +46,13 @@ class Evidence:
         inputs: dict[str, Any] | None = None,
         profiled: bool = False,
         artifact: bytes | None = None,
+        artifacts: dict[str, bytes] | None = None,
     ) -> str:
         eid = Ledger.new_id()
-        names: list[str] = []
-        if artifact is not None:
-            (self.ledger.artifact_dir(eid) / "series.json").write_bytes(artifact)
-            names.append("series.json")
+        files = {**({"series.json": artifact} if artifact is not None else {}), **(artifacts or {})}
+        for name, data in files.items():
+            (self.ledger.artifact_dir(eid) / name).write_bytes(data)
+        names = list(files)
         self.ledger.append(
             EvidenceDraft(
                 id=eid,
@@ -80,6 +81,7 @@ class Evidence:
         provenance: dict[str, Any] | None = None,
         timing_checks: list[dict[str, Any]] | None = None,
         peak_kind: str | None = "device_allocated",
+        artifacts: dict[str, bytes] | None = None,
         **result: Any,
     ) -> str:
         windows = [{"launch": launch, "index": i} for i, launch in enumerate(launches or [0])]
@@ -115,6 +117,7 @@ class Evidence:
             },
             profiled=profiled,
             artifact=b"[10.0, 10.1]",
+            artifacts=artifacts,
         )
 
     def audit(self, windows: list[str], state: str = "passed", **inputs: Any) -> str:

@@ -2,10 +2,11 @@
 
 The files a change touched are those whose code differs between the compared windows' recorded code
 states (`perfgate.benchmarking.provenance.code_differences`: the sections of each side's diff against
-its commit) and the workspace files the commands name whose digests differ. A touched file is read in
-each side's section of its ``code.diff`` artifact (hash-checked) and as the workspace holds it now; a
-file the command names whose bytes are no longer those the candidate ran (the digest its record took)
-counts as touching checkpointing, since what it held then cannot be read. A file touches checkpointing
+its commit) and the workspace files the commands name whose digests differ. A touched file is read as the
+runs held it: each side's section of its ``code.diff`` artifact (hash-checked) and the file at each side's
+commit (from the workspace's git repository, read only), or, for a file the commands name, as the workspace
+holds it now, if its bytes are still those the candidate ran (the digest its record took; otherwise it
+counts as touching checkpointing, since what it held then cannot be read). A file touches checkpointing
 when a line of it (comments left out) calls a checkpoint saver or loader: ``torch.save``/``torch.load``,
 ``torch.distributed.checkpoint`` (``dcp.save``/``dcp.load``), safetensors ``save_file``/``load_file``, or
 a ``save_checkpoint``/``load_checkpoint`` of the project's own.
@@ -116,6 +117,7 @@ def touched_checkpointing(comparison: EvidenceRecord, lookup: Lookup, workspace:
     """``'<path> (calls torch.save)'`` for each touched file that saves or loads checkpoints, or what could not
     be read. Empty when the change touched none, or no side recorded its code."""
     from perfgate.benchmarking.provenance import code_differences
+    from perfgate.execution.changes import commit_file
 
     sides = [
         next(
@@ -146,12 +148,17 @@ def touched_checkpointing(comparison: EvidenceRecord, lookup: Lookup, workspace:
         for own in sections:
             if path in own:
                 calls += checkpoint_calls(own[path].decode("utf-8", "replace"), diff=True)
-        now = _text(workspace, path)
-        if path in c_files and (now is None or hashlib.sha256(now).hexdigest() != c_files[path]):
-            found.append(f"{path} (changed since the candidate ran: what it held then cannot be read)")
-            continue
-        if now is not None:
+        if path in c_files:  # named by the commands: the workspace's file, if it is still what ran
+            now = _text(workspace, path)
+            if now is None or hashlib.sha256(now).hexdigest() != c_files[path]:
+                found.append(f"{path} (changed since the candidate ran: what it held then cannot be read)")
+                continue
             calls += checkpoint_calls(now.decode("utf-8", "replace"))
+        else:  # as the runs held it: each side's commit's version, changed by its diff section (above)
+            for commit in dict.fromkeys(c for c in (b_commit, c_commit) if isinstance(c, str) and c):
+                held = commit_file(workspace, commit, path)
+                if held is not None:
+                    calls += checkpoint_calls(held.decode("utf-8", "replace"))
         if calls:
             found.append(f"{path} (calls {', '.join(dict.fromkeys(calls))})")
     return found

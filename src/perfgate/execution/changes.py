@@ -47,6 +47,7 @@ __all__ = [
     "code_tree",
     "commit_changes",
     "commit_exists",
+    "commit_file",
     "internal_references",
     "resolve_executables",
 ]
@@ -331,6 +332,15 @@ def commit_exists(workspace: Path, rev: str) -> bool:
     if not re.fullmatch(r"[0-9a-fA-F]{7,64}", rev):
         return False
     return _git(workspace, ["cat-file", "-e", f"{rev}^{{commit}}"]) is not None
+
+
+def commit_file(workspace: Path, commit: str, path: str, max_bytes: int = 4 << 20) -> bytes | None:
+    """The bytes of ``path`` (relative to the workspace) at ``commit``, read only; None when it is absent
+    there, binary or over ``max_bytes``, or git cannot say."""
+    if not re.fullmatch(r"[0-9a-fA-F]{7,64}", commit):
+        return None
+    data = _git(workspace, ["cat-file", "blob", f"{commit}:./{path}"], max_bytes + 1)
+    return None if data is None or len(data) > max_bytes or b"\0" in data else data
 
 
 def commit_changes(
