@@ -17,14 +17,14 @@ the agent sees where the two disagree; they never pass the gate.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from perfgate.decisions.experiments import Experiment
+from perfgate.decisions.verdict import Check
 from perfgate.evidence import EvidenceRecord, canonical_json
 from perfgate.evidence.access import as_dict, as_list, str_list
 
-__all__ = ["BackendCheck", "backend_check"]
+__all__ = ["backend_check"]
 
 Lookup = Callable[[str], EvidenceRecord | None]
 
@@ -32,17 +32,6 @@ _TERMS = ("token_dispatcher", "cuda_graphs")
 _OFF = frozenset({"", "0", "false", "no", "off", "none", "null", "disabled"})
 _EXCHANGES = ("deepep", "hybridep", "alltoall", "allgather")
 _OK_STATES = {"executed", "passed"}
-
-
-@dataclass
-class BackendCheck:
-    """The gate's verdict before it becomes a `Gate`: ``applies`` False means not applicable."""
-
-    applies: bool
-    ok: bool
-    reason: str
-    ids: list[str]
-    fix: str | None = None
 
 
 def _on(value: Any) -> bool:
@@ -225,13 +214,13 @@ def _dispatcher_problem(
 
 def backend_check(
     exp: Experiment, comparison: EvidenceRecord, profiles: list[EvidenceRecord], lookup: Lookup
-) -> BackendCheck:
+) -> Check:
     """The ``backend`` gate over the comparison's candidate windows and the ledger's profile_segment runs."""
     base_settings, base_records = _side_settings(str_list(comparison.inputs.get("baseline")), lookup)
     cand_settings, cand_records = _side_settings(str_list(comparison.inputs.get("candidate")), lookup)
     dispatcher, graphs, why = _wanted(exp, comparison, base_settings, cand_settings)
     if dispatcher is None and not graphs:
-        return BackendCheck(False, True, "the change names no MoE dispatcher backend or CUDA/MUSA graphs", [])
+        return Check(False, True, "the change names no MoE dispatcher backend or CUDA/MUSA graphs", [])
     asked = "; ".join(why)
     candidates = {_run_identity(r) for r in cand_records}
     baselines = {_run_identity(r) for r in base_records}
@@ -259,7 +248,7 @@ def backend_check(
     )
     log = _log_says(cand_records)
     if not bound:
-        return BackendCheck(
+        return Check(
             True,
             False,
             f"{asked}, but no trace of the candidate's own run shows what ran"
@@ -290,7 +279,7 @@ def backend_check(
                 problems.append(f"{p.id}: {problem}")
     ids = [comparison.id, bound[-1].id]
     if problems:
-        return BackendCheck(
+        return Check(
             True,
             False,
             f"{asked}, but the candidate's trace shows otherwise: "
@@ -302,9 +291,7 @@ def backend_check(
             + fix.removesuffix(", then decide keep again")
             + ", then compare_benchmarks again; or decide 'revert'",
         )
-    return BackendCheck(
-        True, True, f"{asked}; the candidate's trace shows it ran ({'; '.join(figures)})", ids
-    )
+    return Check(True, True, f"{asked}; the candidate's trace shows it ran ({'; '.join(figures)})", ids)
 
 
 def _argv(record: EvidenceRecord | None) -> list[str]:

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from perfgate.decisions.binding import TOPOLOGY
 from perfgate.decisions.experiments import Experiment, load_experiments
+from perfgate.decisions.verdict import Check
 from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
 from perfgate.evidence.access import as_dict, as_list, str_list
 
@@ -50,6 +51,15 @@ def _gate(name: str, ok: bool, reason: str, ids: Iterable[str] = (), fix: str | 
 
 def _na(name: str, reason: str) -> Gate:
     return Gate(name=name, status="not_applicable", reason=reason, evidence_ids=[], satisfy_with=None)
+
+
+def _from_check(name: str, check: Check) -> Gate:
+    """The `Gate` of a verdict a gate's own module returned."""
+    return (
+        _gate(name, check.ok, check.reason, check.ids, check.fix)
+        if check.applies
+        else _na(name, check.reason)
+    )
 
 
 def _unavailable(name: str, reason: str, ids: Iterable[str] = ()) -> Gate:
@@ -504,10 +514,9 @@ def _backend_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) ->
     (`perfgate.decisions.backends`)."""
     from perfgate.decisions.backends import backend_check
 
-    check = backend_check(exp, comparison, ev.ledger.records(tool="profile_segment"), ev.get)
-    if not check.applies:
-        return _na("backend", check.reason)
-    return _gate("backend", check.ok, check.reason, check.ids, check.fix)
+    return _from_check(
+        "backend", backend_check(exp, comparison, ev.ledger.records(tool="profile_segment"), ev.get)
+    )
 
 
 def _job_gate(comparison: EvidenceRecord, ev: _Evidence) -> Gate:
@@ -554,214 +563,11 @@ def _job_gate(comparison: EvidenceRecord, ev: _Evidence) -> Gate:
     )
 
 
-LAYOUT_TERMS = (*TOPOLOGY, "sharding")
-"""Vocabulary entries of a parallel layout: the topology settings and the sharding strategy. A change of any
-of them moves what each rank's checkpoint holds (the number of ranks too: it sets how many shards a
-checkpoint is saved in)."""
-_CHECKPOINT_WORD = re.compile(r"checkpoint|ckpt", re.IGNORECASE)
-
-
-def _checkpoint_change(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> str | None:
-    """Why the change must show that checkpoints still resume: a layout entry it declares, checkpointing
-    named by its changed variable, or a touched file that saves or loads checkpoints, as read from the
-    files (`perfgate.decisions.checkpoint_code`); None: none of these, with what was read."""
-    from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
-    from perfgate.decisions.binding import declaration_for, declared_for_experiment
-    from perfgate.decisions.checkpoint_code import touched_checkpointing
-
-    named = {*declaration_for(exp.changed_variable), *declared_for_experiment(exp, comparison)}
-    layout = sorted(
-        term.name
-        for d in named
-        if (term := VOCABULARY.get(canonical_key(d.removeprefix("env:")))) is not None
-        and term.name in LAYOUT_TERMS
-    )
-    if layout:
-        return f"the change declares the parallel layout ({', '.join(layout)})"
-    if _CHECKPOINT_WORD.search(exp.changed_variable):
-        return f"the changed variable names checkpointing ({exp.changed_variable!r})"
-    touched = touched_checkpointing(comparison, ev.get, ev.ledger.workspace)
-    if touched:
-        return f"the code change touches checkpointing: {'; '.join(touched[:3])}"
-    return None
-
-
 def _checkpoint_resume_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:
-    """A layout or checkpointing change resumes from its own checkpoint: the latest resume launch of a
-    candidate window (`run_benchmark_window(resume_of=...)`, `perfgate.benchmarking.checkpoint_resume`)
-    loaded a file that run saved and trained on as the uninterrupted run did."""
-    why = _checkpoint_change(exp, comparison, ev)
-    if why is None:
-        return _na(
-            "checkpoint_resume",
-            "the change declares no parallel layout entry, does not name checkpointing and touches no file "
-            "that saves or loads a checkpoint",
-        )
-    candidate = str_list(comparison.inputs.get("candidate"))
-    baseline = set(str_list(comparison.inputs.get("baseline")))
-    resumes = [
-        r
-        for r in ev.ledger.records(tool="run_benchmark_window")
-        if r.inputs.get("resume_of") in candidate or r.inputs.get("resume_of") in baseline
-    ]
-    own = [r for r in resumes if r.inputs.get("resume_of") in candidate]
-    target = next((r for i in candidate if (r := ev.get(i)) is not None and r.inputs.get("job")), None)
-    command = str_list(target.inputs.get("command")) if target is not None else []
-    fix = (
-        f"run_benchmark_window(command={[*command, '<resume option>', '<a checkpoint it saved>']!r}, "
-        f"job=true, resume_of={target.id!r}, repeats=1, warmup_steps and measure_steps that fit the resumed "
-        "steps), then keep again"
-        if target is not None and command
-        else "run_benchmark_window(command=<the candidate's command>, job=true, ...) as a candidate window with "
-        "a checkpoint save inside the run, compare_benchmarks(...) with it, then run_benchmark_window(command="
-        "<that command plus its resume option>, job=true, resume_of=<that window's evidence_id>)"
-    )
-    if not own:
-        other = [r.id for r in resumes]
-        return _gate(
-            "checkpoint_resume",
-            False,
-            f"{why}, and no resume launch of a candidate window is recorded"
-            + (
-                f" ({', '.join(other)} resumed the baseline's windows, which say nothing of the candidate's "
-                "checkpoints)"
-                if other
-                else ""
-            ),
-            other or candidate,
-            fix,
-        )
-    latest = own[-1]
-    check = as_dict(latest.result.get("checkpoint_resume"))
-    if latest.state.value not in _OK_STATES or not check:
-        return _gate(
-            "checkpoint_resume",
-            False,
-            f"{why}; the resume launch {latest.id} is {latest.state.value} with no resume result"
-            + (f" ({latest.result.get('failure_reason')})" if latest.result.get("failure_reason") else ""),
-            [latest.id],
-            fix,
-        )
-    reason = f"{why}; {latest.id}: {check.get('reason')}"
-    if check.get("status") != "passed":
-        return _gate("checkpoint_resume", False, reason, [latest.id], fix)
-    return _resume_tensors_gate(exp, latest, as_dict(check.get("tensors")), why, ev)
+    """A layout or checkpointing change resumes from its own checkpoint (`perfgate.decisions.resume_gate`)."""
+    from perfgate.decisions.resume_gate import resume_check
 
-
-def _resume_tensors_gate(
-    exp: Experiment, resume: EvidenceRecord, pair: dict[str, Any], why: str, ev: _Evidence
-) -> Gate:
-    """The tensor half of a resume whose loss matched: a tensor check of exactly the two captures the resume
-    check paired (the uninterrupted run's and the resumed launch's, at one training step, each bound to its
-    run by digest). A failed one refuses the keep (a check tighter than the torch defaults is left out, as
-    the correctness gate leaves it); a passed one at the experiment's declared tolerance or stricter
-    strengthens it; without one the loss carries the gate alone, and the reason says so."""
-    from perfgate.decisions.binding import binds_files, looser_than_declared
-    from perfgate.decisions.equivalence import stricter_than_defaults
-
-    head, _, tail = str(as_dict(resume.result.get("checkpoint_resume")).get("reason")).partition("; ")
-    loss = f"{why}; {resume.id}: {head}"
-    if not pair:
-        return _gate(
-            "checkpoint_resume",
-            True,
-            f"{loss}; the tensors were not compared ({tail or 'no capture of both runs at one aligned step'})",
-            [resume.id],
-        )
-    reference, candidate, step = pair.get("reference"), pair.get("candidate"), pair.get("step")
-    wanted = {
-        "reference": (str(resume.inputs.get("resume_of")), str(reference), str(pair.get("reference_digest"))),
-        "candidate": (resume.id, str(candidate), str(pair.get("candidate_digest"))),
-    }
-    checks = ev.ledger.records(tool="compare_tensors")
-    bound = [r for r in checks if binds_files(r, wanted, ev.get)]
-    earlier = _earlier_failures(resume, checks, ev)
-    call = f"compare_tensors(reference={reference!r}, candidate={candidate!r}, experiment_id={exp.id!r})"
-    failed = [r for r in bound + earlier if r.state.value == "failed" and not stricter_than_defaults(r)]
-    if failed:
-        bad = failed[-1]
-        what = (
-            f"the tensors at step {step} differ after the resume"
-            if bad in bound
-            else "an earlier launch of this same resume (same command and code) failed its tensor check"
-        )
-        return _gate(
-            "checkpoint_resume",
-            False,
-            f"{why}; {resume.id}: the loss matches, but {what}: {bad.id}: {_tensor_figures(bad)}",
-            [resume.id, bad.id],
-            "restore everything the checkpoint should carry (optimizer state, learning-rate schedule, RNG and "
-            "data position), run the resume again with the same capture, then compare_tensors(reference="
-            f"{reference!r}, candidate=<its capture>)",
-        )
-    passed = [r for r in bound if r.state.value == "passed"]
-    good = [r for r in passed if not looser_than_declared(exp, r)]
-    if good:
-        return _gate(
-            "checkpoint_resume",
-            True,
-            f"{loss}; the tensors at step {step} match too ({good[-1].id})",
-            [resume.id, good[-1].id],
-        )
-    loose = (
-        f" ({', '.join(r.id for r in passed)} compared them looser than the experiment's tolerance, "
-        f"{exp.tolerance.describe()}: not counted)"
-        if passed
-        else ""
-    )
-    return _gate(
-        "checkpoint_resume",
-        True,
-        f"{loss}; the tensors at step {step} were not compared{loose}: {call} compares them",
-        [resume.id],
-    )
-
-
-def _earlier_failures(
-    resume: EvidenceRecord, checks: list[EvidenceRecord], ev: _Evidence
-) -> list[EvidenceRecord]:
-    """Failed tensor checks of an earlier resume launch that ran what this one runs (the same command and
-    recorded code) against the same uninterrupted run, each file bound to its run: launching the same
-    resume again and leaving its capture uncompared does not clear them."""
-    from perfgate.decisions.binding import binds_files
-
-    target = resume.inputs.get("resume_of")
-
-    def ran(r: EvidenceRecord) -> tuple[str, str]:
-        prov = as_dict(r.result.get("provenance"))
-        return canonical_json(r.inputs.get("command")), canonical_json([prov.get("code"), prov.get("files")])
-
-    same = {
-        r.id
-        for r in ev.ledger.records(tool="run_benchmark_window")
-        if r.id != resume.id and r.inputs.get("resume_of") == target and ran(r) == ran(resume)
-    }
-    found: list[EvidenceRecord] = []
-    for check in checks:
-        if check.state.value != "failed":
-            continue
-        by_role = {str(p.get("role")): p for p in map(as_dict, as_list(check.result.get("producers")))}
-        ref, cand = by_role.get("reference", {}), by_role.get("candidate", {})
-        if ref.get("evidence_id") != target or cand.get("evidence_id") not in same:
-            continue
-        wanted = {
-            role: (str(p.get("evidence_id")), str(p.get("path")), str(p.get("digest")))
-            for role, p in (("reference", ref), ("candidate", cand))
-        }
-        if binds_files(check, wanted, ev.get):
-            found.append(check)
-    return found
-
-
-def _tensor_figures(check: EvidenceRecord) -> str:
-    """The first tensor outside tolerance in a failed check, with its figures (else the check's summary)."""
-    for t in map(as_dict, as_list(check.result.get("tensors"))):
-        if t.get("status") == "value_mismatch":
-            return (
-                f"{t.get('key')}: {t.get('mismatched')} of {t.get('elements')} elements beyond atol "
-                f"{t.get('atol')}, rtol {t.get('rtol')} (largest absolute error {t.get('max_abs_error')})"
-            )
-    return str(check.result.get("summary"))
+    return _from_check("checkpoint_resume", resume_check(exp, comparison, ev.ledger, ev.get))
 
 
 def _replica_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> Gate:

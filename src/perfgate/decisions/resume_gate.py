@@ -1,0 +1,239 @@
+"""The keep's ``checkpoint_resume`` gate: a parallel layout or checkpointing change resumes from its own
+checkpoint and trains on as the uninterrupted run does.
+
+It applies when the change declares a layout entry (`LAYOUT_TERMS`), its changed variable names checkpointing,
+or a file it touched saves or loads checkpoints, as read from the files (`perfgate.decisions.checkpoint_code`).
+It reads the latest resume launch of a candidate window (`run_benchmark_window(resume_of=...)`, judged by
+`perfgate.benchmarking.checkpoint_resume`) and, where both runs captured tensors at one aligned step, a tensor
+check of exactly that pair.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
+from perfgate.decisions.binding import (
+    TOPOLOGY,
+    binds_files,
+    declaration_for,
+    declared_for_experiment,
+    looser_than_declared,
+)
+from perfgate.decisions.checkpoint_code import touched_checkpointing
+from perfgate.decisions.equivalence import stricter_than_defaults
+from perfgate.decisions.experiments import Experiment
+from perfgate.decisions.verdict import Check
+from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
+from perfgate.evidence.access import as_dict, as_list, str_list
+
+__all__ = ["LAYOUT_TERMS", "resume_check"]
+
+Lookup = Callable[[str], EvidenceRecord | None]
+_OK_STATES = {"executed", "passed"}
+
+
+LAYOUT_TERMS = (*TOPOLOGY, "sharding")
+"""Vocabulary entries of a parallel layout: the topology settings and the sharding strategy. A change of any
+of them moves what each rank's checkpoint holds (the number of ranks too: it sets how many shards a
+checkpoint is saved in)."""
+_CHECKPOINT_WORD = re.compile(r"checkpoint|ckpt", re.IGNORECASE)
+
+
+def _why(exp: Experiment, comparison: EvidenceRecord, lookup: Lookup, workspace: Path) -> str | None:
+    """Why the change must show that checkpoints still resume: a layout entry it declares, checkpointing
+    named by its changed variable, or a touched file that saves or loads checkpoints, as read from the
+    files (`perfgate.decisions.checkpoint_code`); None: none of these."""
+    named = {*declaration_for(exp.changed_variable), *declared_for_experiment(exp, comparison)}
+    layout = sorted(
+        term.name
+        for d in named
+        if (term := VOCABULARY.get(canonical_key(d.removeprefix("env:")))) is not None
+        and term.name in LAYOUT_TERMS
+    )
+    if layout:
+        return f"the change declares the parallel layout ({', '.join(layout)})"
+    if _CHECKPOINT_WORD.search(exp.changed_variable):
+        return f"the changed variable names checkpointing ({exp.changed_variable!r})"
+    touched = touched_checkpointing(comparison, lookup, workspace)
+    if touched:
+        return f"the code change touches checkpointing: {'; '.join(touched[:3])}"
+    return None
+
+
+def resume_check(exp: Experiment, comparison: EvidenceRecord, ledger: Ledger, lookup: Lookup) -> Check:
+    """A layout or checkpointing change resumes from its own checkpoint: the latest resume launch of a
+    candidate window (`run_benchmark_window(resume_of=...)`, `perfgate.benchmarking.checkpoint_resume`)
+    loaded a file that run saved and trained on as the uninterrupted run did."""
+    why = _why(exp, comparison, lookup, ledger.workspace)
+    if why is None:
+        return Check(
+            False,
+            True,
+            "the change declares no parallel layout entry, does not name checkpointing and touches no file "
+            "that saves or loads a checkpoint",
+            [],
+        )
+    candidate = str_list(comparison.inputs.get("candidate"))
+    baseline = set(str_list(comparison.inputs.get("baseline")))
+    resumes = [
+        r
+        for r in ledger.records(tool="run_benchmark_window")
+        if r.inputs.get("resume_of") in candidate or r.inputs.get("resume_of") in baseline
+    ]
+    own = [r for r in resumes if r.inputs.get("resume_of") in candidate]
+    target = next((r for i in candidate if (r := lookup(i)) is not None and r.inputs.get("job")), None)
+    command = str_list(target.inputs.get("command")) if target is not None else []
+    fix = (
+        f"run_benchmark_window(command={[*command, '<resume option>', '<a checkpoint it saved>']!r}, "
+        f"job=true, resume_of={target.id!r}, repeats=1, warmup_steps and measure_steps that fit the resumed "
+        "steps), then keep again"
+        if target is not None and command
+        else "run_benchmark_window(command=<the candidate's command>, job=true, ...) as a candidate window with "
+        "a checkpoint save inside the run, compare_benchmarks(...) with it, then run_benchmark_window(command="
+        "<that command plus its resume option>, job=true, resume_of=<that window's evidence_id>)"
+    )
+    if not own:
+        other = [r.id for r in resumes]
+        return Check(
+            True,
+            False,
+            f"{why}, and no resume launch of a candidate window is recorded"
+            + (
+                f" ({', '.join(other)} resumed the baseline's windows, which say nothing of the candidate's "
+                "checkpoints)"
+                if other
+                else ""
+            ),
+            other or candidate,
+            fix,
+        )
+    latest = own[-1]
+    check = as_dict(latest.result.get("checkpoint_resume"))
+    if latest.state.value not in _OK_STATES or not check:
+        return Check(
+            True,
+            False,
+            f"{why}; the resume launch {latest.id} is {latest.state.value} with no resume result"
+            + (f" ({latest.result.get('failure_reason')})" if latest.result.get("failure_reason") else ""),
+            [latest.id],
+            fix,
+        )
+    reason = f"{why}; {latest.id}: {check.get('reason')}"
+    if check.get("status") != "passed":
+        return Check(True, False, reason, [latest.id], fix)
+    return _tensors_check(exp, latest, as_dict(check.get("tensors")), why, ledger, lookup)
+
+
+def _tensors_check(
+    exp: Experiment, resume: EvidenceRecord, pair: dict[str, Any], why: str, ledger: Ledger, lookup: Lookup
+) -> Check:
+    """The tensor half of a resume whose loss matched: a tensor check of exactly the two captures the resume
+    check paired (the uninterrupted run's and the resumed launch's, at one training step, each bound to its
+    run by digest). A failed one refuses the keep (a check tighter than the torch defaults is left out, as
+    the correctness gate leaves it); a passed one at the experiment's declared tolerance or stricter
+    strengthens it; without one the loss carries the gate alone, and the reason says so."""
+    head, _, tail = str(as_dict(resume.result.get("checkpoint_resume")).get("reason")).partition("; ")
+    loss = f"{why}; {resume.id}: {head}"
+    if not pair:
+        return Check(
+            True,
+            True,
+            f"{loss}; the tensors were not compared ({tail or 'no capture of both runs at one aligned step'})",
+            [resume.id],
+        )
+    reference, candidate, step = pair.get("reference"), pair.get("candidate"), pair.get("step")
+    wanted = {
+        "reference": (str(resume.inputs.get("resume_of")), str(reference), str(pair.get("reference_digest"))),
+        "candidate": (resume.id, str(candidate), str(pair.get("candidate_digest"))),
+    }
+    checks = ledger.records(tool="compare_tensors")
+    bound = [r for r in checks if binds_files(r, wanted, lookup)]
+    earlier = _earlier_failures(resume, checks, ledger, lookup)
+    call = f"compare_tensors(reference={reference!r}, candidate={candidate!r}, experiment_id={exp.id!r})"
+    failed = [r for r in bound + earlier if r.state.value == "failed" and not stricter_than_defaults(r)]
+    if failed:
+        bad = failed[-1]
+        what = (
+            f"the tensors at step {step} differ after the resume"
+            if bad in bound
+            else "an earlier launch of this same resume (same command and code) failed its tensor check"
+        )
+        return Check(
+            True,
+            False,
+            f"{why}; {resume.id}: the loss matches, but {what}: {bad.id}: {_tensor_figures(bad)}",
+            [resume.id, bad.id],
+            "restore everything the checkpoint should carry (optimizer state, learning-rate schedule, RNG and "
+            "data position), run the resume again with the same capture, then compare_tensors(reference="
+            f"{reference!r}, candidate=<its capture>)",
+        )
+    passed = [r for r in bound if r.state.value == "passed"]
+    good = [r for r in passed if not looser_than_declared(exp, r)]
+    if good:
+        return Check(
+            True,
+            True,
+            f"{loss}; the tensors at step {step} match too ({good[-1].id})",
+            [resume.id, good[-1].id],
+        )
+    loose = (
+        f" ({', '.join(r.id for r in passed)} compared them looser than the experiment's tolerance, "
+        f"{exp.tolerance.describe()}: not counted)"
+        if passed
+        else ""
+    )
+    return Check(
+        True,
+        True,
+        f"{loss}; the tensors at step {step} were not compared{loose}: {call} compares them",
+        [resume.id],
+    )
+
+
+def _earlier_failures(
+    resume: EvidenceRecord, checks: list[EvidenceRecord], ledger: Ledger, lookup: Lookup
+) -> list[EvidenceRecord]:
+    """Failed tensor checks of an earlier resume launch that ran what this one runs (the same command and
+    recorded code) against the same uninterrupted run, each file bound to its run: launching the same
+    resume again and leaving its capture uncompared does not clear them."""
+    target = resume.inputs.get("resume_of")
+
+    def ran(r: EvidenceRecord) -> tuple[str, str]:
+        prov = as_dict(r.result.get("provenance"))
+        return canonical_json(r.inputs.get("command")), canonical_json([prov.get("code"), prov.get("files")])
+
+    same = {
+        r.id
+        for r in ledger.records(tool="run_benchmark_window")
+        if r.id != resume.id and r.inputs.get("resume_of") == target and ran(r) == ran(resume)
+    }
+    found: list[EvidenceRecord] = []
+    for check in checks:
+        if check.state.value != "failed":
+            continue
+        by_role = {str(p.get("role")): p for p in map(as_dict, as_list(check.result.get("producers")))}
+        ref, cand = by_role.get("reference", {}), by_role.get("candidate", {})
+        if ref.get("evidence_id") != target or cand.get("evidence_id") not in same:
+            continue
+        wanted = {
+            role: (str(p.get("evidence_id")), str(p.get("path")), str(p.get("digest")))
+            for role, p in (("reference", ref), ("candidate", cand))
+        }
+        if binds_files(check, wanted, lookup):
+            found.append(check)
+    return found
+
+
+def _tensor_figures(check: EvidenceRecord) -> str:
+    """The first tensor outside tolerance in a failed check, with its figures (else the check's summary)."""
+    for t in map(as_dict, as_list(check.result.get("tensors"))):
+        if t.get("status") == "value_mismatch":
+            return (
+                f"{t.get('key')}: {t.get('mismatched')} of {t.get('elements')} elements beyond atol "
+                f"{t.get('atol')}, rtol {t.get('rtol')} (largest absolute error {t.get('max_abs_error')})"
+            )
+    return str(check.result.get("summary"))
