@@ -38,6 +38,9 @@ _PROBE = textwrap.dedent(
     from perfgate._toolnames import TOOL_MODULES
     from perfgate.serving.config import ServerConfig
 
+    APPROVAL = ("perfgate.execution.gate", "perfgate.execution.approvals", "perfgate.execution.changes",
+                "perfgate.execution.binding", "perfgate.execution.scope", "perfgate.harness.window")
+
     def loaded():
         return sorted(m for m in TOOL_MODULES if f"perfgate.tools.{m}" in sys.modules)
 
@@ -46,6 +49,7 @@ _PROBE = textwrap.dedent(
         async with Client(build_server(ServerConfig.create(Path(sys.argv[1])))) as client:
             seen["listed"] = [t.name for t in (await client.list_tools()).tools]
             seen["after_list"] = loaded()
+            seen["approval_modules"] = sorted(m for m in APPROVAL if m in sys.modules)
             result = await client.call_tool("compute_mfu", json.loads(sys.argv[2]))
             seen["error"] = result.is_error
             seen["after_call"] = loaded()
@@ -56,7 +60,9 @@ _PROBE = textwrap.dedent(
 )
 
 
-def test_listing_imports_no_tool_module_and_a_call_imports_its_own(tmp_path: Path) -> None:
+def test_listing_imports_no_tool_module_nor_the_approval_machinery_and_a_call_imports_its_own(
+    tmp_path: Path,
+) -> None:
     out = subprocess.run(
         [sys.executable, "-c", _PROBE, str(tmp_path), json.dumps(MFU_ARGS)],
         capture_output=True,
@@ -67,6 +73,8 @@ def test_listing_imports_no_tool_module_and_a_call_imports_its_own(tmp_path: Pat
     seen = json.loads(out.stdout)
     assert seen["listed"] == [t["name"] for t in json.loads((SCHEMA_DIR / "tools_list.json").read_text())]
     assert seen["after_list"] == []
+    # The approval machinery opens when a command is first asked for, not at start.
+    assert seen["approval_modules"] == []
     assert seen["error"] is False
     assert "compute_mfu" in seen["after_call"] and "run_benchmark_window" not in seen["after_call"]
 

@@ -77,6 +77,19 @@ async def test_prompts_are_listed_with_their_arguments(server: Any, mode: str) -
         assert prompt.description
 
 
+def test_prompts_are_registered_as_the_sdk_would_from_their_functions() -> None:
+    from mcp.server.mcpserver.prompts import Prompt
+
+    from perfgate.server import prompt_for
+
+    for spec in PROMPTS:
+        sdk = Prompt.from_function(
+            spec.render, name=spec.name, title=spec.title, description=spec.description
+        )
+        ours = prompt_for(spec)
+        assert ours.model_dump(exclude={"fn"}) == sdk.model_dump(exclude={"fn"}), spec.name
+
+
 @pytest.mark.parametrize("name", list(ARGS))
 async def test_every_prompt_renders_with_its_arguments(server: Any, mode: str, name: str) -> None:
     async with Client(server, mode=mode) as client:

@@ -6,8 +6,10 @@ is imported when the tool is first called, so start-up does not pay for every to
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
+import typing
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -24,10 +26,13 @@ from perfgate.serving.state import AppState
 from perfgate.tools import registered_specs, shipped_registry
 
 if TYPE_CHECKING:
+    from mcp.server.mcpserver.prompts import Prompt
+
     from perfgate.serving.adapter import PerfgateTool
     from perfgate.serving.spec import AnySpec
+    from perfgate.skills.prompts import PromptSpec
 
-__all__ = ["INSTRUCTIONS", "build_server", "tool_for"]
+__all__ = ["INSTRUCTIONS", "build_server", "prompt_for", "tool_for"]
 
 INSTRUCTIONS = (
     "perfgate measures and proves deep-learning training speedups. Before optimizing, read the skill "
@@ -108,7 +113,6 @@ def build_server(config: ServerConfig, *, catalog: bool = True) -> MCPServer[App
 
 def _add_skill(server: MCPServer[AppState]) -> None:
     """SKILL.md and every reference as listed resources; the workflow prompts."""
-    from mcp.server.mcpserver.prompts import Prompt
     from mcp.server.mcpserver.resources import FileResource
 
     from perfgate.skills.catalog import REFERENCES, SKILL_DIR, SKILL_FILE, SKILL_URI
@@ -136,7 +140,33 @@ def _add_skill(server: MCPServer[AppState]) -> None:
             )
         )
     for spec in PROMPTS:
-        # Prompt arguments come from each render function's own signature (no closures involved).
-        server.add_prompt(
-            Prompt.from_function(spec.render, name=spec.name, title=spec.title, description=spec.description)
+        server.add_prompt(prompt_for(spec))
+
+
+def prompt_for(spec: PromptSpec) -> Prompt:
+    """``Prompt.from_function(spec.render, ...)`` as the server lists it: one argument per parameter of the
+    render function (every one a string, described by its ``Field``, required when it has no default),
+    without the argument model and validator that function builds at every start (MCP prompt arguments
+    are strings, which the render functions take as they come)."""
+    from mcp.server.mcpserver.prompts import Prompt
+    from mcp.server.mcpserver.prompts.base import PromptArgument
+
+    hints = typing.get_type_hints(spec.render, include_extras=True)
+    arguments = [
+        PromptArgument(
+            name=name,
+            description=next(
+                (m.description for m in getattr(hints[name], "__metadata__", ()) if m.description), None
+            ),
+            required=param.default is inspect.Parameter.empty,
         )
+        for name, param in inspect.signature(spec.render).parameters.items()
+    ]
+    return Prompt(
+        name=spec.name,
+        title=spec.title,
+        description=spec.description,
+        arguments=arguments,
+        fn=spec.render,
+        context_kwarg=None,
+    )

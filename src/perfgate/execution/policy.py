@@ -44,10 +44,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from perfgate.execution.binding import file_sha256
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.target import command_target, is_slurm_submission, user_argv
 from perfgate.trust import TrustRoot
+
+
+def _file_sha256(path: Path) -> str:
+    # The binding's digest, imported when a rule names one: the server's start reads this module for
+    # `workspace_policy_files` alone.
+    from perfgate.execution.binding import file_sha256
+
+    return file_sha256(path)
+
 
 __all__ = [
     "AllowRule",
@@ -150,7 +158,7 @@ class AllowRule:
                 return f"it does not run {self.script}"
         if self.sha256 is not None:
             found = target.file(request.cwd)
-            if found is None or file_sha256(found) != self.sha256:
+            if found is None or _file_sha256(found) != self.sha256:
                 return f"{target.name} changed since the operator pinned it (sha256 {self.sha256[:12]})"
         if self.code_state is not None and (
             request.code is None or request.code.workspace != self.code_state

@@ -1,8 +1,10 @@
 """Server-lifetime execution state, and the per-call runner tools use to run their approved command.
 
-`ExecutionService` is created once in the server lifespan: it loads the operator's policy from the trust
-root (once: a run cannot widen its own allowlist), reports policy files found in the workspace (never
-obeyed), opens the approval store, and tracks the process groups it started so shutdown stops them. `CommandRunner` is handed to one tool call; it runs
+`ExecutionService` is created once in the server lifespan: it reports policy files found in the workspace
+(never obeyed), stops what a killed server's commands left running, and tracks the process groups it
+starts so shutdown stops them. It reads the operator's policy from the trust root once, at start (a run
+cannot widen its own allowlist); the approval gate over it and the approval store open when a tool first
+asks to run a command. `CommandRunner` is handed to one tool call; it runs
 only the request whose digest that call's gate approved.
 """
 
@@ -10,19 +12,18 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Generator
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, cast
 
 import anyio.to_thread
 
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
-from perfgate.execution.approvals import ApprovalStore
-from perfgate.execution.binding import bind_code
 from perfgate.execution.executor import (
     CommandError,
     CommandProgress,
@@ -34,11 +35,13 @@ from perfgate.execution.executor import (
     execute,
     resolve_program,
 )
-from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant, change_store
 from perfgate.execution.launches import next_launch_id
-from perfgate.execution.policy import PolicyError, load_policy, workspace_policy_files
+from perfgate.execution.policy import ExecutionPolicy, PolicyError, load_policy, workspace_policy_files
 from perfgate.execution.reaper import RunList, become_subreaper
-from perfgate.execution.request import CommandRequest
+
+if TYPE_CHECKING:
+    from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant
+    from perfgate.execution.request import CommandRequest
 
 __all__ = [
     "ArtifactSink",
@@ -111,23 +114,24 @@ class ExecutionService:
     def __init__(self, workspace: Path, ledger: Ledger, limits: ExecLimits | None = None) -> None:
         self.workspace = workspace.resolve()
         self.limits = limits or ExecLimits()
+        self.ledger = ledger
         trust = ledger.trust
-        store = ApprovalStore.open(self.workspace, trust)
-        ignored = tuple(workspace_policy_files(self.workspace))
-        for path in ignored:
+        self.ignored = tuple(workspace_policy_files(self.workspace))
+        for path in self.ignored:
             _log.warning(
                 "perfgate: ignoring %s: the execution policy is read from the trust root (%s), never from "
                 "the workspace the agent can write; move the [execution] table there if you wrote it",
                 path,
                 trust.policy_file,
             )
+        # The operator's policy, read now, once: a change to it (by a run, or by the agent's own shell)
+        # takes effect at the next start, never in this server.
+        self._policy: ExecutionPolicy | None = None
+        self._policy_error: str | None = None
         try:
-            gate = ApprovalGate(
-                self.workspace, ledger, store, load_policy(self.workspace, trust), None, ignored
-            )
+            self._policy = load_policy(self.workspace, trust)
         except PolicyError as exc:
-            gate = ApprovalGate(self.workspace, ledger, store, None, str(exc), ignored)
-        self.gate = gate
+            self._policy_error = str(exc)
         # Orphans of our commands are re-parented to us, not to init, so they stay findable.
         self.subreaper = become_subreaper()
         self.private_dir = trust.workspace_dir(self.workspace).resolve()
@@ -138,6 +142,19 @@ class ExecutionService:
             record_cleanup(ledger, self.leftovers)
         # Last resort when the interpreter exits without running the lifespan's cleanup.
         atexit.register(self.registry.kill_all)
+
+    @functools.cached_property
+    def gate(self) -> ApprovalGate:
+        """The approval gate over the policy read at start and the approval store, made when a tool first
+        asks to run a command (its modules are not loaded before). A policy that did not load makes a gate
+        that approves nothing by policy and says why."""
+        from perfgate.execution.approvals import ApprovalStore
+        from perfgate.execution.gate import ApprovalGate
+
+        store = ApprovalStore.open(self.workspace, self.ledger.trust)
+        return ApprovalGate(
+            self.workspace, self.ledger, store, self._policy, self._policy_error, self.ignored
+        )
 
     @contextlib.contextmanager
     def scratch(self) -> Generator[Path]:
@@ -158,6 +175,9 @@ class ExecutionService:
     async def bind(self, request: CommandRequest) -> CommandRequest:
         """``request`` bound to the code it runs now (file digests, workspace code state, programs, the
         importable files, whose text is kept for the approval's diff)."""
+        from perfgate.execution.binding import bind_code
+        from perfgate.execution.gate import change_store
+
         return await anyio.to_thread.run_sync(
             bind_code, request.unbound(), self.workspace, change_store(self.gate.store)
         )
