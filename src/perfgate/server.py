@@ -156,7 +156,12 @@ def prompt_for(spec: PromptSpec) -> Prompt:
         PromptArgument(
             name=name,
             description=next(
-                (m.description for m in getattr(hints[name], "__metadata__", ()) if m.description), None
+                (
+                    d
+                    for m in getattr(hints[name], "__metadata__", ())
+                    if (d := getattr(m, "description", None))
+                ),
+                None,
             ),
             required=param.default is inspect.Parameter.empty,
         )
