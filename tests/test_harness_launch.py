@@ -62,6 +62,24 @@ def test_optimizer_steps_are_timed_and_the_run_stops_after_the_window(tmp_path: 
     assert rec.device is not None and rec.device.kind == "cpu"
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc only")
+def test_a_launch_peak_is_its_own_not_the_resident_size_of_the_process_that_started_it() -> None:
+    """Linux's ru_maxrss carries the forking process's resident size over exec: a server holding 300 MB
+    would make every launch's peak at least that. The peak is the launched program's own (VmHWM)."""
+    held = bytearray(300 << 20)
+    held[::4096] = b"x" * len(held[::4096])  # touched: resident in this process, the launcher
+    probe = (
+        "import resource; from perfgate.harness._host import host_peak_rss_bytes; "
+        "print(host_peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    peak, inherited = map(int, out.stdout.split())
+    del held
+    assert 0 < peak < 150 << 20, (peak, inherited)
+
+
 def test_finish_mode_lets_the_script_run_to_its_end(tmp_path: Path) -> None:
     out = harness(
         tmp_path,
