@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from perfgate.decisions.experiments import Experiment
-from perfgate.decisions.verdict import Check
+from perfgate.decisions.verdict import OK_STATES, Check
 from perfgate.evidence import EvidenceRecord, canonical_json
 from perfgate.evidence.access import as_dict, as_list, str_list
 
@@ -31,7 +31,6 @@ Lookup = Callable[[str], EvidenceRecord | None]
 _TERMS = ("token_dispatcher", "cuda_graphs")
 _OFF = frozenset({"", "0", "false", "no", "off", "none", "null", "disabled"})
 _EXCHANGES = ("deepep", "hybridep", "alltoall", "allgather")
-_OK_STATES = {"executed", "passed"}
 
 
 def _on(value: Any) -> bool:
@@ -227,7 +226,7 @@ def backend_check(
     bound: list[EvidenceRecord] = []
     unbound: list[str] = []
     for p in profiles:
-        if not p.profiled or p.state.value not in _OK_STATES:
+        if not p.profiled or p.state.value not in OK_STATES:
             continue
         identity = _run_identity(p)
         if identity in candidates and p.seq >= exp.opened_seq:

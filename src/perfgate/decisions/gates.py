@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from perfgate.decisions.binding import TOPOLOGY
 from perfgate.decisions.experiments import Experiment, load_experiments
-from perfgate.decisions.verdict import Check
+from perfgate.decisions.verdict import OK_STATES, Check
 from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
 from perfgate.evidence.access import as_dict, as_list, str_list
 
@@ -28,7 +28,6 @@ MIN_WINDOWS = 3
 GateStatus = Literal["passed", "failed", "not_applicable", "unavailable"]
 """``unavailable``: the figure the gate reads could not be observed here (a peak memory counter the device
 lacks); it does not block a keep, and it is reported as unmeasured, never as passed."""
-_OK_STATES = {"executed", "passed"}
 
 
 class Gate(BaseModel):
@@ -85,7 +84,7 @@ class _Evidence:
 
 def _environment_gate(exp: Experiment, ev: _Evidence) -> Gate:
     ids = exp.ids("environment")
-    good = [i for i in ids if (r := ev.get(i)) and r.tool == "collect_env" and r.state.value in _OK_STATES]
+    good = [i for i in ids if (r := ev.get(i)) and r.tool == "collect_env" and r.state.value in OK_STATES]
     if good:
         return _gate("environment", True, "environment recorded by collect_env", good)
     return _gate(
@@ -148,7 +147,7 @@ def _window_gates(
                 problems.append(
                     f"{side} window {wid} was profiled: profiled runs are never throughput evidence"
                 )
-            elif record.state.value not in _OK_STATES:
+            elif record.state.value not in OK_STATES:
                 problems.append(f"{side} window {wid} is {record.state.value}, not executed")
             else:
                 windows.append(record)
@@ -1157,7 +1156,7 @@ def _implied_data_change(exp: Experiment, ev: _Evidence) -> list[str]:
 def _new_baseline_gate(exp: Experiment, ev: _Evidence) -> Gate:
     ids = exp.ids("candidate") or exp.ids("baseline")
     windows = [r for i in ids if (r := ev.get(i)) is not None and r.tool == "run_benchmark_window"]
-    good = [w.id for w in windows if not w.profiled and w.state.value in _OK_STATES]
+    good = [w.id for w in windows if not w.profiled and w.state.value in OK_STATES]
     return _gate(
         "new_baseline",
         bool(good),

@@ -26,14 +26,13 @@ from perfgate.decisions.binding import (
 from perfgate.decisions.checkpoint_code import touched_checkpointing
 from perfgate.decisions.equivalence import stricter_than_defaults
 from perfgate.decisions.experiments import Experiment
-from perfgate.decisions.verdict import Check
+from perfgate.decisions.verdict import OK_STATES, Check
 from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
 from perfgate.evidence.access import as_dict, as_list, str_list
 
 __all__ = ["LAYOUT_TERMS", "resume_check"]
 
 Lookup = Callable[[str], EvidenceRecord | None]
-_OK_STATES = {"executed", "passed"}
 
 
 LAYOUT_TERMS = (*TOPOLOGY, "sharding")
@@ -113,7 +112,7 @@ def resume_check(exp: Experiment, comparison: EvidenceRecord, ledger: Ledger, lo
         )
     latest = own[-1]
     check = as_dict(latest.result.get("checkpoint_resume"))
-    if latest.state.value not in _OK_STATES or not check:
+    if latest.state.value not in OK_STATES or not check:
         return Check(
             True,
             False,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Check"]
+__all__ = ["OK_STATES", "Check"]
+
+OK_STATES = frozenset({"executed", "passed"})
+"""Evidence states a gate can build on: something ran and produced data, or a check passed."""
 
 
 @dataclass

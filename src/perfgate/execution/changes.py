@@ -327,9 +327,13 @@ def _git(workspace: Path, args: list[str], max_bytes: int = 64 << 20) -> bytes |
     return run.stdout_bytes if run.ok else None
 
 
+_REV = re.compile(r"[0-9a-fA-F]{7,64}")
+"""A commit id as git abbreviates or writes it out (sha1 or sha256)."""
+
+
 def commit_exists(workspace: Path, rev: str) -> bool:
     """``rev`` (hex, 7 to 64 digits) names a commit of the workspace's git repository (read only)."""
-    if not re.fullmatch(r"[0-9a-fA-F]{7,64}", rev):
+    if not _REV.fullmatch(rev):
         return False
     return _git(workspace, ["cat-file", "-e", f"{rev}^{{commit}}"]) is not None
 
@@ -337,7 +341,7 @@ def commit_exists(workspace: Path, rev: str) -> bool:
 def commit_file(workspace: Path, commit: str, path: str, max_bytes: int = 4 << 20) -> bytes | None:
     """The bytes of ``path`` (relative to the workspace) at ``commit``, read only; None when it is absent
     there, binary or over ``max_bytes``, or git cannot say."""
-    if not re.fullmatch(r"[0-9a-fA-F]{7,64}", commit):
+    if not _REV.fullmatch(commit):
         return None
     data = _git(workspace, ["cat-file", "blob", f"{commit}:./{path}"], max_bytes + 1)
     return None if data is None or len(data) > max_bytes or b"\0" in data else data
