@@ -388,6 +388,10 @@ async def test_a_change_committed_between_the_runs_is_read_at_both_commits(ws: P
             f"commit '{gone[:12]}' is not in the workspace's git repository: it cannot be read"
             in gate["reason"]
         )
+        # one side recorded no commit (run outside git): what changed cannot be listed, so it counts
+        gate = await _gate(client, exp, ev.comparison([window(first)], [window("")], declared=["code"]))
+        assert gate["status"] == "failed", gate
+        assert "one side ran outside git: it cannot be read" in gate["reason"], gate
 
 
 async def test_a_file_the_diff_touched_is_read_as_the_run_held_it(ws: Path) -> None:
