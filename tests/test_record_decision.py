@@ -82,8 +82,10 @@ class Evidence:
         timing_checks: list[dict[str, Any]] | None = None,
         peak_kind: str | None = "device_allocated",
         artifacts: dict[str, bytes] | None = None,
+        run: dict[str, Any] | None = None,
         **result: Any,
     ) -> str:
+        """``run``: inputs that replace the default command (``command``, ``env``)."""
         windows = [{"launch": launch, "index": i} for i, launch in enumerate(launches or [0])]
         # the ids the server gave each launch (what sample records carry as their session)
         launch_ids = list(range(self.next_launch, self.next_launch + len({w["launch"] for w in windows})))
@@ -114,6 +116,7 @@ class Evidence:
             {
                 "command": ["python", "train.py"],
                 "contract": {"invariants": invariants or INVARIANTS, "execution": {}},
+                **(run or {}),
             },
             profiled=profiled,
             artifact=b"[10.0, 10.1]",
@@ -849,3 +852,30 @@ async def test_keeps_racing_on_one_evidence_are_decided_one_after_the_other(
     assert sorted(r.is_error for r in results) == [False, True], [_text(r) for r in results]
     refused = _text(next(r for r in results if r.is_error))
     assert ("evidence_not_reused" if two_experiments else "the only decision left is 'revert'") in refused
+
+
+async def test_a_keep_rests_on_the_latest_comparison_that_covers_its_windows(
+    server: Any, workspace: Path
+) -> None:
+    """An earlier 'improved' comparison that a later one over the same windows plus more overrules does not
+    count, attached or not, in whatever order the comparisons were attached."""
+    ev = Evidence(workspace)
+    async with Client(server) as client:
+        exp = await _open(client)
+        links, sides = _honest(ev)
+        early = sides["comp"]
+        more = ev.window()
+        later = ev.comparison([*sides["base"], more], sides["cand"], verdict="within_noise")
+        refused = await _keep(client, exp, links)
+        text = _text(refused)
+        assert refused.is_error and "gate(s) unmet (comparison)" in text, text
+        assert f"comparison {early} (improved at 1.400x) is overruled by {later}" in text
+        assert "plus 1 more that says within_noise" in text and repr(later) in text
+        # attached after the later one, the earlier comparison is still the older evidence
+        swapped = [{"id": later, "role": "comparison"}, *links]
+        refused = await _keep(client, exp, swapped)
+        assert refused.is_error and f"{early} (improved at 1.400x) is overruled" in _text(refused), _text(refused)
+        # a newer comparison over the same windows that also says improved overrules nothing
+        newest = ev.comparison([*sides["base"], more], sides["cand"])
+        kept = await _keep(client, exp, [*links, {"id": newest, "role": "comparison"}])
+        assert not kept.is_error, _text(kept)

@@ -419,10 +419,11 @@ def _comparison_gates(
 ) -> list[Gate]:
     ids = exp.ids("comparison")
     fix = "compare_benchmarks(baseline=[...], candidate=[...]), then " + _attach(exp, "comparison")
-    comparisons = [r for i in ids if (r := ev.get(i)) is not None and r.tool == "compare_benchmarks"]
-    if not comparisons:
+    latest = _latest_comparison(exp, ev)
+    if latest is None:
         return [_gate("comparison", False, "no compare_benchmarks evidence is attached", ids, fix)]
-    latest = comparisons[-1]
+    if (newer := _contradicting(latest, ev)) is not None:
+        return [_contradicted_gate(exp, latest, newer)]
     screen = as_dict(latest.result.get("screen"))
     if screen:
         return [
@@ -1006,10 +1007,60 @@ def evaluate_keep(
 
 
 def _latest_comparison(exp: Experiment, ev: _Evidence) -> EvidenceRecord | None:
+    """The comparison attached last (`_contradicting` finds a later one in the ledger that overrules it)."""
     comparisons = [
         r for i in exp.ids("comparison") if (r := ev.get(i)) is not None and r.tool == "compare_benchmarks"
     ]
     return comparisons[-1] if comparisons else None
+
+
+def _verdict_text(record: EvidenceRecord) -> str:
+    speedup = record.result.get("speedup")
+    figure = f" at {speedup:.3f}x" if isinstance(speedup, float) else ""
+    if record.result.get("status") == "incomparable" or record.state.value == "failed":
+        return "incomparable"
+    return f"{record.result.get('verdict')}{figure}"
+
+
+def _contradicting(comparison: EvidenceRecord, ev: _Evidence) -> EvidenceRecord | None:
+    """The newest later comparison over the same windows (plus any more), when it does not say improved:
+    a keep rests on the latest comparison that covers its windows, never on an earlier one it overrules."""
+    if comparison.result.get("verdict") != "improved" or as_dict(comparison.result.get("screen")):
+        return None
+    base, cand = (set(str_list(comparison.inputs.get(k))) for k in ("baseline", "candidate"))
+    covering = [
+        r
+        for r in ev.ledger.records(tool="compare_benchmarks")
+        if r.seq > comparison.seq
+        and not as_dict(r.result.get("screen"))
+        and base <= set(str_list(r.inputs.get("baseline")))
+        and cand <= set(str_list(r.inputs.get("candidate")))
+    ]
+    if not covering:
+        return None
+    newest = covering[-1]
+    improved = newest.result.get("verdict") == "improved" and newest.state.value in OK_STATES
+    return None if improved else newest
+
+
+def _contradicted_gate(exp: Experiment, older: EvidenceRecord, newer: EvidenceRecord) -> Gate:
+    more = sum(
+        len(str_list(newer.inputs.get(k))) - len(str_list(older.inputs.get(k)))
+        for k in ("baseline", "candidate")
+    )
+    return _gate(
+        "comparison",
+        False,
+        f"comparison {older.id} ({_verdict_text(older)}) is overruled by {newer.id}, a later comparison over the "
+        f"same windows"
+        + (f" plus {more} more" if more else "")
+        + f" that says {_verdict_text(newer)}: a keep "
+        "rests on the latest comparison that covers its windows",
+        [older.id, newer.id],
+        f"{_attach(exp, 'comparison').replace('...', repr(newer.id), 1)} and decide on what it says (more separate "
+        "launches per side and a new compare_benchmarks over all of them if it is within_noise), or decide "
+        "'revert'/'inconclusive'",
+    )
 
 
 def _audit_gate(exp: Experiment, ev: _Evidence) -> Gate:
@@ -1103,29 +1154,19 @@ def _validation_gate(exp: Experiment, ev: _Evidence) -> Gate:
 
 
 def _rollback_gate(exp: Experiment, ev: _Evidence, rollback: str | None) -> Gate:
-    from perfgate.decisions.rollback import example_options, rollback_check
+    """The keep's rollback undoes what the candidate changed (`perfgate.decisions.rollback`)."""
+    from perfgate.decisions.rollback import rollback_check
 
     if rollback is None:
         return _na("rollback", "named by the keep itself (decide's rollback), checked then")
     comparison = _latest_comparison(exp, ev)
-    ids = str_list(comparison.inputs.get("baseline")) if comparison is not None else exp.ids("baseline")
-    baseline = [r for i in ids if (r := ev.get(i)) is not None]
-    found, problem = rollback_check(rollback, ev.ledger.workspace, baseline)
-    options = example_options(baseline)
-    return _gate(
-        "rollback",
-        problem is None,
-        problem or "the rollback names " + "; ".join(found[:3]),
-        [],
-        "decide keep again with a rollback that names what restores the baseline and can be checked: a commit of "
-        "this repository (rollback='git revert <sha>'), a workspace file (rollback='git checkout HEAD -- <path>' "
-        "or 'git apply -R <patch file>')"
-        + (
-            f", or the baseline's own options as its windows ran them (e.g. {' '.join(options)!r})"
-            if options
-            else ""
-        ),
+    sides = (
+        [str_list(comparison.inputs.get(side)) for side in ("baseline", "candidate")]
+        if comparison is not None
+        else [exp.ids("baseline"), exp.ids("candidate")]
     )
+    baseline, candidate = ([r for i in ids if (r := ev.get(i)) is not None] for ids in sides)
+    return _from_check("rollback", rollback_check(rollback, ev.ledger.workspace, baseline, candidate))
 
 
 def _runs_finished_gate(exp: Experiment, ev: _Evidence) -> Gate:

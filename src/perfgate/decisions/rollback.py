@@ -1,48 +1,476 @@
-"""A kept change's rollback must name something that can be checked, here and now.
+"""A kept change's rollback is judged by what it would undo, not by the words it uses.
 
-"revert it" cannot be followed by anyone; a rollback counts when it names at least one of: a commit of
-the workspace's git repository (``git revert 1a2b3c4``), a file in the workspace (``git checkout --
-train.py``, ``git apply -R change.patch``), or a command-line option or environment assignment that the
-baseline's own windows ran with (``--num-workers 0``, ``OMP_NUM_THREADS=1``), each checked against the
-repository, the workspace or the ledger.
+The candidate's difference from the baseline is read from the two sides' recorded runs: the commits
+between the baseline's and the candidate's code state, the files their diffs touched, the environment
+variables and command-line options that differ. A rollback passes when, read as the shell commands it
+names, it undoes every part of that difference:
+
+- ``git revert <ref>...`` (``HEAD``, ``HEAD~1``, a branch, a sha, ``A..B``) covering every commit of
+  the candidate's range;
+- ``git checkout [<ref>] -- <paths>``, ``git restore [--source <ref>] <paths>``, ``git reset --hard
+  <ref>``, ``git stash`` restoring each touched file to the version the baseline ran (checked blob by
+  blob), ``git apply -R``/``patch -R`` with a patch file that touches each of them, or ``cp`` of a
+  file whose bytes are the baseline's;
+- ``NAME=<the baseline's value>`` for a changed variable, ``unset NAME`` for one the candidate added;
+- ``--option <the baseline's value>`` for a changed option, the option named for one it added.
+
+A rollback that names something else is refused with the rollback that would work. Where the
+difference is not recorded (imported windows, no provenance, no run on a side) the rollback must at
+least name something that exists: a commit, a workspace file, or a setting the baseline ran with.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
+from perfgate.decisions.verdict import Check
 from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, str_list
 
-__all__ = ["MAX_TOKENS", "example_options", "rollback_check"]
+__all__ = ["MAX_TOKENS", "CandidateChange", "candidate_change", "rollback_check"]
 
-MAX_TOKENS = 64
-"""Tokens of a rollback that are looked at (a rollback is a command or a reference, not an essay)."""
+MAX_TOKENS = 256
+"""Tokens of a rollback that are read (a rollback is a few commands, not an essay)."""
+MAX_COMMITS = 64
+"""Commits of a candidate's range that are listed; a longer range is undone by a reset or by files."""
+MAX_PATCH_BYTES = 4 << 20
+"""A patch file a rollback applies is read up to this size for the paths it touches."""
 _HEX = re.compile(r"[0-9a-fA-F]{7,64}")
-_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)")
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
+_REF = re.compile(r"@|[A-Za-z0-9_][A-Za-z0-9_./~^+-]{0,199}")
+"""What a rollback may name as a git revision (no leading '-', no path syntax, no spaces)."""
+_PATCH_PATH = re.compile(rb"^(?:\+\+\+|---) (?:[ab]/)?([^\t\n]+)|^diff --git a/(\S+) b/(\S+)", re.M)
+_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "\n"})
 
 
-def _tokens(text: str) -> list[str]:
+@dataclass
+class CandidateChange:
+    """What the candidate's runs differ in from the baseline's, as recorded. ``commits``: the candidate's
+    range (baseline's commit excluded); ``committed``: files changed between the two commits; ``dirty``:
+    files whose uncommitted diff differs; ``home``: path -> the commit that holds the baseline's version
+    (None when the baseline ran it uncommitted); ``sha256``: the baseline's digest of a file its command
+    names; ``env``/``options``: name -> the baseline's value (None: the baseline did not set it)."""
+
+    base_commit: str
+    commits: list[str] = field(default_factory=list[str])
+    unlisted: str | None = None
+    committed: set[str] = field(default_factory=set[str])
+    dirty: set[str] = field(default_factory=set[str])
+    home: dict[str, str | None] = field(default_factory=dict[str, "str | None"])
+    sha256: dict[str, str] = field(default_factory=dict[str, str])
+    env: dict[str, str | None] = field(default_factory=dict[str, "str | None"])
+    options: dict[str, str | None] = field(default_factory=dict[str, "str | None"])
+
+    def empty(self) -> bool:
+        return not (self.commits or self.unlisted or self.home or self.env or self.options)
+
+
+def _git(workspace: Path, args: list[str]) -> str | None:
+    from perfgate.execution.changes import git_output
+
+    out = git_output(workspace, args)
+    return None if out is None else out.decode(errors="replace").strip()
+
+
+def _resolve(workspace: Path, ref: str) -> str | None:
+    """The full commit id ``ref`` names in the workspace's repository, read only; None if none."""
+    if not _REF.fullmatch(ref) or ".." in ref:
+        return None
+    return _git(workspace, ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"])
+
+
+def _object(workspace: Path, commit: str, path: str) -> str | None:
+    """The object id of ``path`` (workspace-relative) at ``commit``; None when absent there."""
+    return _git(workspace, ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{commit}:./{path}"])
+
+
+def _range(workspace: Path, old: str, new: str) -> tuple[list[str], str | None]:
+    listed = _git(workspace, ["rev-list", f"--max-count={MAX_COMMITS + 1}", f"{old}..{new}"])
+    if listed is None:
+        return [], f"the commits {old[:10]}..{new[:10]} cannot be listed"
+    commits = listed.split()
+    if len(commits) > MAX_COMMITS:
+        return [], f"more than {MAX_COMMITS} commits lie between {old[:10]} and {new[:10]}"
+    return commits, None
+
+
+def candidate_change(
+    workspace: Path, base: EvidenceRecord, cand: EvidenceRecord, written: Callable[[str], bool] | None = None
+) -> CandidateChange | None:
+    """The recorded difference between a baseline and a candidate window; None when a side has no
+    recorded code state (its difference cannot be known). ``written``: an option's value the runs
+    themselves wrote (an output path), which no rollback needs to restore."""
+    from perfgate.benchmarking.argv import argv_options, launched_argv
+    from perfgate.benchmarking.sides import record_provenance
+
+    b_prov, c_prov = record_provenance(base), record_provenance(cand)
+    b_code, c_code = as_dict(b_prov.get("code")), as_dict(c_prov.get("code"))
+    b_commit, c_commit = b_code.get("commit"), c_code.get("commit")
+    if not isinstance(b_commit, str) or not isinstance(c_commit, str):
+        return None
+    change = CandidateChange(base_commit=b_commit)
+    b_diff, c_diff = as_dict(b_code.get("diff_files")), as_dict(c_code.get("diff_files"))
+    if b_commit != c_commit:
+        change.commits, change.unlisted = _range(workspace, b_commit, c_commit)
+        names = _git(
+            workspace,
+            ["diff-tree", "-r", "-z", "--name-only", "--relative", "--no-renames", b_commit, c_commit],
+        )
+        if names is None:
+            change.unlisted = (
+                change.unlisted or f"the files changed in {b_commit[:10]}..{c_commit[:10]} cannot be listed"
+            )
+        change.committed = {n for n in (names or "").split("\0") if n}
+    change.dirty = {p for p in c_diff if b_diff.get(p) != c_diff.get(p)}
+    b_files, c_files = as_dict(b_prov.get("files")), as_dict(c_prov.get("files"))
+    change.sha256 = {
+        str(p): d for p, d in b_files.items() if isinstance(d, str) and p in c_files and c_files[p] != d
+    }
+    for path in sorted(change.committed | change.dirty | set(change.sha256)):
+        change.home[path] = None if path in b_diff else b_commit
+    b_env = {str(k): str(v) for k, v in as_dict(base.inputs.get("env")).items()}
+    c_env = {str(k): str(v) for k, v in as_dict(cand.inputs.get("env")).items()}
+    change.env = {n: b_env.get(n) for n in sorted(set(b_env) | set(c_env)) if b_env.get(n) != c_env.get(n)}
+    b_argv, c_argv = launched_argv(base.inputs), launched_argv(cand.inputs)
+    if isinstance(b_argv, list) and isinstance(c_argv, list):
+        b_opts = argv_options(str_list(b_argv))
+        c_opts = argv_options(str_list(c_argv))
+        for name in sorted(set(b_opts) | set(c_opts)):
+            b_val, c_val = b_opts.get(name), c_opts.get(name)
+            if b_val == c_val or (
+                written is not None and all(v is None or written(v) for v in (b_val, c_val))
+            ):
+                continue
+            change.options[name] = b_val
+    return change
+
+
+@dataclass
+class _Effects:
+    """What a rollback's commands would do. ``restored``: (source commit or None for HEAD, paths or None
+    for every path); ``patched``/``copied``: paths a reverse patch touches, path -> sha256 of the copied
+    file; ``mentioned``: every token."""
+
+    reverted: set[str] = field(default_factory=set[str])
+    restored: list[tuple[str | None, list[str] | None]] = field(
+        default_factory=list[tuple["str | None", "list[str] | None"]]
+    )
+    patched: set[str] = field(default_factory=set[str])
+    copied: dict[str, str] = field(default_factory=dict[str, str])
+    assigned: dict[str, str] = field(default_factory=dict[str, str])
+    unset: set[str] = field(default_factory=set[str])
+    mentioned: list[str] = field(default_factory=list[str])
+    unknown: list[str] = field(default_factory=list[str])
+
+
+def _commands(text: str) -> list[list[str]]:
+    lexer = shlex.shlex(text.replace("`", " "), posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    lexer.commenters = ""
+    commands: list[list[str]] = [[]]
     try:
-        parts = shlex.split(text)
-    except ValueError:
-        parts = text.split()
-    return [p.strip("`'\",;()") for p in parts][:MAX_TOKENS]
+        for i, token in enumerate(lexer):
+            if i >= MAX_TOKENS:
+                break
+            if token in _SEPARATORS or set(token) <= set(";&|"):
+                commands.append([])
+            else:
+                commands[-1].append(token.strip("'\",()"))
+    except ValueError:  # an unclosed quote: read what came before it as words
+        commands = [[t.strip("'\",;()`") for t in text.split()[:MAX_TOKENS]]]
+    return [c for c in commands if c]
 
 
-def _in_workspace(token: str, workspace: Path) -> bool:
+def _relative(workspace: Path, token: str) -> str | None:
+    """``token`` as a workspace-relative path (it need not exist now); None outside the workspace."""
     if not token or token.startswith("-") or "\0" in token or len(token) > 1000:
-        return False
+        return None
     root = workspace.resolve()
     try:
         path = (root / token).resolve()
     except (OSError, RuntimeError):
+        return None
+    if path == root:
+        return "."
+    return str(path.relative_to(root)) if path.is_relative_to(root) else None
+
+
+def _patch_paths(workspace: Path, token: str) -> set[str]:
+    rel = _relative(workspace, token)
+    if rel is None or rel == ".":
+        return set()
+    path = workspace.resolve() / rel
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_PATCH_BYTES:
+            return set()
+        data = path.read_bytes()
+    except OSError:
+        return set()
+    out: set[str] = set()
+    for m in _PATCH_PATH.finditer(data):
+        for group in m.groups():
+            if group and group != b"/dev/null":
+                out.add(group.decode(errors="replace").strip())
+    return out
+
+
+def _git_effects(workspace: Path, args: list[str], fx: _Effects) -> None:
+    while args and args[0] in ("-C", "-c"):
+        args = args[2:]
+    if not args:
+        return
+    sub, rest = args[0], args[1:]
+    if "--" in rest:
+        cut = rest.index("--")
+        words, paths = [a for a in rest[:cut] if not a.startswith("-")], rest[cut + 1 :]
+    else:
+        words, paths = [a for a in rest if not a.startswith("-")], None
+    if sub == "revert":
+        mainline = {rest[i + 1] for i, a in enumerate(rest[:-1]) if a in ("-m", "--mainline")}
+        for word in (w for w in words if w not in mainline):
+            old, dots, new = word.partition("..")
+            if dots:
+                a, b = _resolve(workspace, old or "HEAD"), _resolve(workspace, new or "HEAD")
+                commits = _range(workspace, a, b)[0] if a and b else []
+                if commits:
+                    fx.reverted.update(commits)
+                else:
+                    fx.unknown.append(word)
+            elif (commit := _resolve(workspace, word)) is not None:
+                fx.reverted.add(commit)
+            else:
+                fx.unknown.append(f"{word} (no commit of the workspace's repository)")
+    elif sub == "reset" and any(a in ("--hard", "--keep", "--merge") for a in rest):
+        source = _resolve(workspace, words[0]) if words else _resolve(workspace, "HEAD")
+        if source is None:
+            fx.unknown.append(f"{' '.join(words)} (no commit of the workspace's repository)")
+        else:
+            fx.restored.append((source, None))
+    elif sub == "stash" and (not words or words[0] in ("push", "save")):
+        fx.restored.append((_resolve(workspace, "HEAD"), paths))
+    elif sub in ("checkout", "restore", "switch"):
+        source: str | None = None
+        for i, a in enumerate(rest):
+            if a.startswith("--source="):
+                source = a.partition("=")[2]
+            elif a in ("-s", "--source") and i + 1 < len(rest):
+                source = rest[i + 1]
+                words = [w for w in words if w != source]
+        if sub == "checkout" and paths is not None and words:
+            source = words[0]
+        if sub == "checkout" and paths is None and words:
+            # `git checkout X`: a revision (the whole tree) or, where none resolves, paths
+            if len(words) == 1 and (commit := _resolve(workspace, words[0])) is not None:
+                fx.restored.append((commit, None))
+                return
+            paths = words
+        elif sub == "restore" and paths is None:
+            paths = words
+        commit = _resolve(workspace, source or "HEAD")
+        if commit is None:
+            fx.unknown.append(f"{source} (no commit of the workspace's repository)")
+            return
+        rels = [r for p in paths or [] if (r := _relative(workspace, p)) is not None]
+        fx.restored.append((commit, None if "." in rels else rels))
+    elif sub == "apply" and any(a in ("-R", "--reverse") for a in rest):
+        for word in words:
+            fx.patched |= _patch_paths(workspace, word)
+
+
+def _effects(workspace: Path, rollback: str) -> _Effects:
+    fx = _Effects()
+    for command in _commands(rollback):
+        fx.mentioned += command
+        while command and (m := _ASSIGN.fullmatch(command[0])):
+            fx.assigned[m.group(1)] = m.group(2)
+            command = command[1:]
+        if not command:
+            continue
+        name, args = Path(command[0]).name, command[1:]
+        if name == "export":
+            fx.assigned.update(
+                {m.group(1): m.group(2) for a in args if (m := _ASSIGN.fullmatch(a)) is not None}
+            )
+        elif name == "unset":
+            fx.unset.update(a for a in args if not a.startswith("-"))
+        elif name == "env":
+            fx.unset.update(b for a, b in pairwise(args) if a in ("-u", "--unset"))
+            fx.assigned.update(
+                {m.group(1): m.group(2) for a in args if (m := _ASSIGN.fullmatch(a)) is not None}
+            )
+        elif name == "git":
+            _git_effects(workspace, args, fx)
+        elif name == "patch" and any(a in ("-R", "--reverse") for a in args):
+            files = [b for a, b in pairwise(args) if a in ("<", "-i", "--input")]
+            for file in files:
+                fx.patched |= _patch_paths(workspace, file)
+        elif name in ("cp", "mv") and len(words := [a for a in args if not a.startswith("-")]) == 2:
+            src, dst = (_relative(workspace, w) for w in words)
+            if src and dst and (workspace.resolve() / src).is_file():
+                try:
+                    data = (workspace.resolve() / src).read_bytes()
+                except OSError:
+                    continue
+                fx.copied[dst] = hashlib.sha256(data).hexdigest()
+    return fx
+
+
+def _option_restored(name: str, value: str | None, tokens: list[str]) -> bool:
+    from perfgate.benchmarking.argv import argv_options
+
+    spelled = [t for t in tokens if t.startswith("-") and t.lstrip("-").replace("-", "_").lower() == name]
+    if value is None:  # added by the candidate: naming it is all a rollback can say ("drop --compile")
+        return bool(spelled) or any(
+            t.partition("=")[0].lstrip("-").replace("-", "_").lower() == name
+            for t in tokens
+            if t.startswith("-")
+        )
+    return argv_options(tokens).get(name) == value or (value == "true" and bool(spelled))
+
+
+def _file_restored(workspace: Path, change: CandidateChange, path: str, fx: _Effects) -> bool:
+    """The rollback brings ``path`` back to the version the baseline ran: a reverse patch touching it, a
+    copy of the baseline's bytes, or a restore from a commit whose blob is the baseline's."""
+    if path in fx.patched or (path in change.sha256 and fx.copied.get(path) == change.sha256[path]):
+        return True
+    home = change.home.get(path)
+    if home is None:  # the baseline ran it uncommitted: no commit holds its version
         return False
-    return path != root and path.is_relative_to(root) and path.is_file()
+    want = _object(workspace, home, path)
+    for source, paths in fx.restored:
+        covered = paths is None or any(
+            p == "." or path == p or path.startswith(p.rstrip("/") + "/") for p in paths
+        )
+        if covered and source is not None and _object(workspace, source, path) == want:
+            return True
+    return False
+
+
+def _suggestion(change: CandidateChange, files: list[str], revert: bool) -> list[str]:
+    """Rollback commands that would undo ``files`` (and the commit range, when ``revert``)."""
+    out: list[str] = []
+    if revert and change.commits:
+        first, last = change.commits[-1][:12], change.commits[0][:12]
+        out.append(
+            f"git revert --no-edit {first}" if first == last else f"git revert --no-edit {first}^..{last}"
+        )
+        files = [p for p in files if p in change.dirty]
+    restorable = [p for p in files if change.home.get(p) is not None]
+    if restorable:
+        out.append(
+            f"git checkout {change.base_commit[:12]} -- {' '.join(shlex.quote(p) for p in restorable[:8])}"
+        )
+    out += [f"git apply -R <a patch of {p}>" for p in files if change.home.get(p) is None][:3]
+    return out
+
+
+def _judge(workspace: Path, change: CandidateChange, rollback: str) -> Check:
+    fx = _effects(workspace, rollback)
+    undone: list[str] = []
+    missing: list[str] = []
+    fixes: list[str] = []
+    reverted = bool(change.commits) and set(change.commits) <= fx.reverted
+    if reverted:
+        undone.append("reverts " + ", ".join(c[:10] for c in change.commits[:4]))
+    left: list[str] = []
+    for path in sorted(change.home):
+        by_revert = reverted and path in change.committed and path not in change.dirty
+        if by_revert:
+            continue
+        if _file_restored(workspace, change, path, fx):
+            undone.append(f"restores {path}")
+        else:
+            left.append(path)
+    if change.unlisted and not reverted and not any(paths is None for _, paths in fx.restored):
+        left.append("the commits between the sides")
+    if left:
+        missing.append("the code change in " + ", ".join(left[:8]))
+        fixes += _suggestion(change, left, revert=not reverted)
+    for name, value in change.env.items():
+        if value is None and name in fx.unset:
+            undone.append(f"unsets {name}")
+        elif value is not None and (
+            fx.assigned.get(name) == value or (value.startswith("<redacted") and name in fx.assigned)
+        ):
+            undone.append(f"sets {name} back")
+        else:
+            missing.append(f"environment variable {name}")
+            fixes.append(f"unset {name}" if value is None else f"{name}={shlex.quote(value)}")
+    for name, value in change.options.items():
+        if _option_restored(name, value, fx.mentioned):
+            undone.append(f"--{name} back to the baseline's")
+        else:
+            missing.append(f"option --{name}")
+            fixes.append(f"drop --{name}" if value is None else f"--{name} {shlex.quote(value)}")
+    if not missing:
+        return Check(
+            True, True, "the rollback undoes the candidate's change: it " + "; ".join(undone[:6]), []
+        )
+    stray = sorted(c[:10] for c in fx.reverted - set(change.commits))
+    notes = [f"it reverts {', '.join(stray[:3])}, which is not the candidate's commit"] if stray else []
+    notes += [f"it names {u}" for u in fx.unknown[:2]]
+    if change.unlisted:
+        notes.append(change.unlisted)
+    return Check(
+        True,
+        False,
+        f"rollback {rollback[:120]!r} does not undo the candidate's change: it leaves "
+        + "; ".join(missing[:6])
+        + (f" ({'; '.join(notes)})" if notes else ""),
+        [],
+        "decide keep again with a rollback that undoes the change, e.g. rollback="
+        + repr("; ".join(dict.fromkeys(fixes))[:400]),
+    )
+
+
+def _names_something(rollback: str, workspace: Path, baseline: Sequence[EvidenceRecord]) -> Check:
+    """Where the difference is not recorded: the rollback names a commit, a workspace file or a setting
+    the baseline ran with, each checked against the repository, the workspace or the ledger."""
+    found: list[str] = []
+    unknown: list[str] = []
+    for token in (t for c in _commands(rollback) for t in c):
+        if token in ("-", "--"):
+            continue
+        if token.startswith("-") or _ASSIGN.fullmatch(token):
+            if _baseline_ran(token, baseline):
+                found.append(f"{token} (the baseline's windows ran with it)")
+            elif baseline:
+                unknown.append(f"{token} is not in the baseline windows' recorded command or environment")
+        elif ("/" in token or "." in token) and (rel := _relative(workspace, token)) not in (None, "."):
+            if (workspace.resolve() / rel).is_file():
+                found.append(f"file {token}")
+        elif (_HEX.fullmatch(token) or token in ("HEAD", "@") or "~" in token or "^" in token) and token:
+            if (commit := _resolve(workspace, token)) is not None:
+                found.append(f"commit {token} ({commit[:10]})")
+            elif _HEX.fullmatch(token):
+                unknown.append(f"{token} is no commit of the workspace's repository")
+    if found:
+        return Check(True, True, "the rollback names " + "; ".join(found[:3]), [])
+    why = "; ".join(unknown[:3]) or "it names no commit, workspace file or baseline setting"
+    options = (
+        [a for a in str_list(baseline[0].inputs.get("command")) if a.startswith("-")][:3] if baseline else []
+    )
+    return Check(
+        True,
+        False,
+        f"rollback {rollback[:120]!r} cannot be checked: {why}",
+        [],
+        "decide keep again with a rollback that names what restores the baseline and can be checked: a commit "
+        "of this repository (rollback='git revert <sha>'), a workspace file (rollback='git checkout HEAD -- "
+        "<path>' or 'git apply -R <patch file>')"
+        + (
+            f", or the baseline's own options as its windows ran them (e.g. {' '.join(options)!r})"
+            if options
+            else ""
+        ),
+    )
 
 
 def _baseline_ran(token: str, baseline: Sequence[EvidenceRecord]) -> bool:
@@ -62,35 +490,17 @@ def _baseline_ran(token: str, baseline: Sequence[EvidenceRecord]) -> bool:
 
 
 def rollback_check(
-    rollback: str, workspace: Path, baseline: Sequence[EvidenceRecord]
-) -> tuple[list[str], str | None]:
-    """(what the rollback names that was checked, the problem when it names nothing checkable)."""
-    from perfgate.execution.changes import commit_exists
-
-    found: list[str] = []
-    unknown: list[str] = []
-    for token in _tokens(rollback):
-        if _HEX.fullmatch(token):
-            if commit_exists(workspace, token):
-                found.append(f"commit {token}")
-            else:
-                unknown.append(f"{token} is no commit of the workspace's repository")
-        elif token in ("-", "--"):
-            continue
-        elif token.startswith("-") or _ASSIGN.fullmatch(token):
-            if _baseline_ran(token, baseline):
-                found.append(f"{token} (the baseline's windows ran with it)")
-            elif baseline:
-                unknown.append(f"{token} is not in the baseline windows' recorded command or environment")
-        elif ("/" in token or "." in token) and _in_workspace(token, workspace):
-            found.append(f"file {token}")
-    if found:
-        return found, None
-    why = "; ".join(unknown[:3]) or "it names no commit, workspace file or baseline setting"
-    return [], f"rollback {rollback[:120]!r} cannot be checked: {why}"
-
-
-def example_options(baseline: Sequence[EvidenceRecord], limit: int = 3) -> list[str]:
-    """Options the baseline's first window ran with, to show in a refusal."""
-    argv = str_list(baseline[0].inputs.get("command")) if baseline else []
-    return [a for a in argv if a.startswith("-")][:limit]
+    rollback: str,
+    workspace: Path,
+    baseline: Sequence[EvidenceRecord],
+    candidate: Sequence[EvidenceRecord],
+    written: Callable[[str], bool] | None = None,
+) -> Check:
+    """Whether ``rollback`` undoes what the candidate's windows changed against the baseline's (the
+    first of each side, as the comparison's differences read them)."""
+    change: Any = None
+    if baseline and candidate:
+        change = candidate_change(workspace, baseline[0], candidate[0], written)
+    if change is None or change.empty():
+        return _names_something(rollback, workspace, baseline)
+    return _judge(workspace, change, rollback)

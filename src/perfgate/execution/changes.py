@@ -48,6 +48,7 @@ __all__ = [
     "commit_changes",
     "commit_exists",
     "commit_file",
+    "git_output",
     "internal_references",
     "resolve_executables",
 ]
@@ -325,6 +326,12 @@ def _git(workspace: Path, args: list[str], max_bytes: int = 64 << 20) -> bytes |
         max_bytes,
     )
     return run.stdout_bytes if run.ok else None
+
+
+def git_output(workspace: Path, args: list[str], max_bytes: int = 1 << 20) -> bytes | None:
+    """The output of a read-only git command in the workspace's repository, run with the safety options
+    every read here uses (no hooks, no fsmonitor, no pager); None when git is missing or the command fails."""
+    return _git(workspace, args, max_bytes)
 
 
 _REV = re.compile(r"[0-9a-fA-F]{7,64}")
