@@ -197,7 +197,59 @@ def _existing_ledger(args: argparse.Namespace) -> Ledger | None:
     return ledger
 
 
+def _cmd_ledger_retire(args: argparse.Namespace, tty_path: str = "/dev/tty") -> int:
+    """`perfgate ledger retire`: the operator, at a terminal, acknowledges that the workspace's lost
+    ledgers are gone. An agent has neither: no terminal, and the trust root is not its to write."""
+    from perfgate.evidence import Ledger
+    from perfgate.execution.approve_cli import EXIT_NO_TTY
+    from perfgate.trust import TrustRootError
+
+    workspace: Path = args.workspace.resolve()
+    if not workspace.is_dir():
+        _fail(f"workspace {workspace} is not a directory", "pass --workspace DIR of the project")
+        return 2
+    ledger = Ledger(workspace, _trust(args))
+    lost = ledger.lost()
+    if not lost:
+        print(f"nothing to retire: the trust root remembers no lost ledger for {workspace}")
+        return 0
+    listed = "\n".join(f"  ledger {old['ledger_id']}: {old.get('seq')} records" for old in lost)
+    if not sys.stdin.isatty():
+        _fail(
+            "refusing to retire a ledger without a terminal (stdin is not a TTY): its evidence is gone for good",
+            f"the operator runs `perfgate ledger retire --workspace {workspace}` in a terminal",
+        )
+        return EXIT_NO_TTY
+    try:
+        with open(tty_path, encoding="utf-8") as tty_in, open(tty_path, "w", encoding="utf-8") as tty_out:
+            tty_out.write(
+                f"The trust root anchored these ledgers in {workspace}; they were deleted or replaced:\n"
+                f"{listed}\nRetire them (their evidence is gone for good, later keeps no longer ask for it)? "
+                'Type "retire" to confirm: '
+            )
+            tty_out.flush()
+            answer = tty_in.readline().strip().lower()
+    except OSError as exc:
+        _fail(f"refusing to retire: no controlling terminal ({exc})", "run it in a terminal")
+        return EXIT_NO_TTY
+    if answer != "retire":
+        print("nothing retired")
+        return 1
+    import getpass
+
+    try:
+        done = ledger.retire_lost(f"{getpass.getuser()} on {os.ttyname(0)}")
+    except TrustRootError as exc:
+        _fail(str(exc), "run it as the operator who owns the trust root (--state-dir, $PERFGATE_STATE_DIR)")
+        return 2
+    for entry in done:
+        print(f"retired ledger {entry['ledger_id']} ({entry['records']} records) at {entry['retired_at']}")
+    return 0
+
+
 def _cmd_ledger(args: argparse.Namespace) -> int:
+    if args.ledger_command == "retire":
+        return _cmd_ledger_retire(args)
     ledger = _existing_ledger(args)
     if ledger is None:
         return 2
@@ -205,8 +257,12 @@ def _cmd_ledger(args: argparse.Namespace) -> int:
         report = ledger.verify()
         for err in report.errors:
             print(f"ERROR {err}")
+        if report.next_step:
+            print(f"next: {report.next_step}")
         for warn in report.warnings:
             print(f"warning {warn}")
+        if report.format_migrated_from is not None:
+            print(f"upgraded: written in ledger format {report.format_migrated_from}, migrated on opening")
         signed = (
             f", {report.signed_records} signed by key {report.key_id}"
             if report.key_id
@@ -508,6 +564,12 @@ def _build_parser() -> argparse.ArgumentParser:
     ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True)
     verify = ledger_sub.add_parser("verify", help="check the hash chain and artifacts; exit 1 on any edit")
     _workspace_arg(verify)
+    retire = ledger_sub.add_parser(
+        "retire",
+        help="operator: acknowledge that a deleted or replaced ledger is gone, so keeps can pass again "
+        "(interactive: needs a terminal and write access to the trust root)",
+    )
+    _workspace_arg(retire)
     show = ledger_sub.add_parser("show", help="list records, or print one record in full")
     _workspace_arg(show)
     show.add_argument("id", nargs="?", help="evidence id to print in full")

@@ -1000,7 +1000,8 @@ def evaluate_keep(
             if report.ok
             else "; ".join(report.errors[:5]),
             [],
-            "restore the edited evidence or re-measure; an edited ledger cannot support a keep",
+            report.next_step
+            or "restore the edited evidence or re-measure; an edited ledger cannot support a keep",
         )
     )
     return gates

@@ -26,7 +26,12 @@ from perfgate._sqlite import retry_while_busy
 from perfgate._statefs import make_dirs
 from perfgate.evidence._held import this_pid
 
-__all__ = ["SCHEMA", "Connection", "connection"]
+__all__ = ["FORMAT", "SCHEMA", "Connection", "LedgerFormatError", "connection"]
+
+FORMAT = 2
+"""The ledger's format, kept in ``meta`` as ``format``. 1: no marker (the signing columns may be missing:
+a ledger from before signing); 2: the marker. An older ledger is migrated when it is opened (its records
+are never rewritten: their hashes and MACs stay as they were); a newer one is refused."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS evidence (
@@ -48,6 +53,11 @@ BEGIN SELECT RAISE(ABORT, 'the evidence ledger is append-only'); END;
 """
 
 _BUSY_TIMEOUT_S = 60.0
+
+
+class LedgerFormatError(RuntimeError):
+    """The ledger was written by a newer perfgate, in a format this one cannot read."""
+
 
 _FileId = tuple[int, ...]
 
@@ -112,15 +122,12 @@ class Connection:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(SCHEMA)
-            if len(self._signing_columns(conn)) < 2:
-                # A ledger from before signing (its records stay unsigned) gains the columns. Looked at
-                # again and added in one write transaction: processes opening it at once all find the
-                # columns missing, and only the first may add them.
+            if self._format(conn) != FORMAT or len(self._signing_columns(conn)) < 2:
+                # An older ledger is brought to this format, looked at again and migrated in one write
+                # transaction: processes opening it at once all find it old, and only the first may migrate.
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    for column in ("key_id", "mac"):
-                        if column not in self._signing_columns(conn):
-                            conn.execute(f"ALTER TABLE evidence ADD COLUMN {column} TEXT")
+                    self._migrate(conn)
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")
@@ -133,6 +140,39 @@ class Connection:
             conn.close()
             raise
         return conn
+
+    def _format(self, conn: sqlite3.Connection) -> int:
+        """The format ``meta`` names (1 when it names none: written before the marker).
+
+        Raises:
+            LedgerFormatError: a format newer than this perfgate's (or not a number).
+        """
+        row = conn.execute("SELECT value FROM meta WHERE name = 'format'").fetchone()
+        if row is None:
+            return 1
+        value = str(row[0])
+        if not value.isdigit() or int(value) > FORMAT:
+            raise LedgerFormatError(
+                f"the ledger {self.db_path} has format {value}, newer than this perfgate reads (up to {FORMAT}): "
+                "upgrade perfgate (nothing was changed)"
+            )
+        return int(value)
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Bring a ledger of an older format to `FORMAT`, inside the caller's write transaction: a new
+        database gets the marker; format 1 gains the signing columns when it predates signing (its records
+        stay unsigned)."""
+        found = self._format(conn)
+        if found == FORMAT:
+            return
+        for column in ("key_id", "mac"):
+            if column not in self._signing_columns(conn):
+                conn.execute(f"ALTER TABLE evidence ADD COLUMN {column} TEXT")
+        conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES ('format', ?)", (str(FORMAT),))
+        if conn.execute("SELECT 1 FROM evidence LIMIT 1").fetchone() is not None:
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (name, value) VALUES ('migrated_from', ?)", (str(found),)
+            )
 
     @staticmethod
     def _signing_columns(conn: sqlite3.Connection) -> set[str]:

@@ -16,17 +16,20 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
 from perfgate.evidence._database import Connection
 from perfgate.evidence._held import CLOEXEC, NOFOLLOW, HeldFile, any_file, this_pid
-from perfgate.trust import SigningKey, TrustRoot, TrustRootError
+from perfgate.trust import SigningKey, TrustRoot, TrustRootError, write_private
 
 __all__ = ["Anchor"]
 
 _ANCHOR_MAC = "perfgate-ledger-anchor"
+_RETIRED_MAC = "perfgate-ledger-retired"
 _ANCHOR_FILE = "anchor.slots"
+_RETIRED_FILE = "retired.json"
 _LEGACY_ANCHOR_FILE = "anchor.json"
 _ANCHOR_SLOT = 8192  # bytes per slot; an anchor is ~300 bytes plus ~80 per replaced database
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
@@ -90,13 +93,135 @@ class Anchor:
             self._file = self.trust.workspace_dir(self.workspace, create=False) / _ANCHOR_FILE
         return self._file
 
-    def _message(self, seq: int, hash_: str) -> str:
+    def _message(self, seq: int, hash_: str, ledger_id: str | None = None) -> str:
         """What an anchor's MAC covers: this workspace, the ledger's id, the head's sequence and hash."""
-        return f"{self.workspace}:{self.ledger_id}:{seq}:{hash_}"
+        return f"{self.workspace}:{ledger_id or self.ledger_id}:{seq}:{hash_}"
 
-    def mac_verifies(self, key: SigningKey, seq: int, hash_: str, mac: str | None) -> bool:
-        """Whether ``mac`` is ``key``'s MAC of an anchor of this ledger at ``seq`` with head ``hash_``."""
-        return key.check(_ANCHOR_MAC, self._message(seq, hash_), mac)
+    def mac_verifies(
+        self, key: SigningKey, seq: int, hash_: str, mac: str | None, ledger_id: str | None = None
+    ) -> bool:
+        """Whether ``mac`` is ``key``'s MAC of an anchor of this ledger (or ``ledger_id``) at ``seq`` with
+        head ``hash_``."""
+        return key.check(_ANCHOR_MAC, self._message(seq, hash_, ledger_id), mac)
+
+    def copies(self, key: SigningKey, ledger_id: str | None = None) -> list[tuple[Path, dict[str, Any]]]:
+        """The anchors in force at other workspace paths of this ledger (or ``ledger_id``), each with its
+        path: where the workspace was before a move, or another live copy. Only anchors whose MAC verifies
+        for that path and that ledger id count."""
+        wanted = ledger_id or self.ledger_id
+        own = self.trust.workspace_dir(self.workspace, create=False)
+        try:
+            folders = sorted((self.trust.state_dir / "workspaces").iterdir())
+        except OSError:
+            return []
+        found: list[tuple[Path, dict[str, Any]]] = []
+        for folder in folders:
+            try:
+                where = Path((folder / "workspace").read_text().strip())
+            except OSError:
+                continue
+            other = Anchor(self.trust, where, self._db)
+            if folder == own or other.path.parent != folder:
+                continue
+            try:
+                anchor = other.read(key)
+            except TrustRootError:
+                continue
+            seq, hash_ = (anchor or {}).get("seq"), (anchor or {}).get("hash")
+            if (
+                anchor is not None
+                and anchor.get("ledger_id") == wanted
+                and isinstance(seq, int)
+                and isinstance(hash_, str)
+                and other.mac_verifies(key, seq, hash_, cast("str | None", anchor.get("mac")), wanted)
+            ):
+                found.append((where, anchor))
+        return found
+
+    def retired(self, key: SigningKey) -> dict[str, dict[str, Any]]:
+        """Ledger id -> the operator's retirement of it in this workspace (``records``, ``retired_at``,
+        ``by``), for the entries whose MAC verifies."""
+        data = self.trust.read_json(self.path.with_name(_RETIRED_FILE))
+        entries = cast("list[Any]", data) if isinstance(data, list) else []
+        out: dict[str, dict[str, Any]] = {}
+        for entry in entries:
+            if isinstance(entry, dict):
+                item = cast("dict[str, Any]", entry)
+                if key.check(_RETIRED_MAC, self._retired_message(item), item.get("mac")):
+                    out[str(item["ledger_id"])] = item
+        return out
+
+    def _retired_message(self, entry: dict[str, Any]) -> str:
+        return f"{self.workspace}:{entry.get('ledger_id')}:{entry.get('records')}:{entry.get('retired_at')}"
+
+    def lost(self, key: SigningKey) -> list[dict[str, Any]]:
+        """The ledgers this workspace's anchor remembers that are gone from it and not retired yet: the
+        anchored ledger when the database here is another one, and those it replaced before (a ledger
+        anchored at another path now, moved there, is not lost). Each: ``ledger_id``, ``seq``."""
+        anchor = self.read(key)
+        if anchor is None:
+            return []
+        remembered = cast("list[dict[str, Any]]", list(anchor.get("replaced") or []))
+        if anchor.get("ledger_id") != self.ledger_id:
+            remembered.append({"ledger_id": anchor.get("ledger_id"), "seq": anchor.get("seq")})
+        retired = self.retired(key)
+        out: list[dict[str, Any]] = []
+        for old in remembered:
+            lid = old.get("ledger_id")
+            if lid == self.ledger_id or lid in retired or any(o["ledger_id"] == lid for o in out):
+                continue
+            if not isinstance(lid, str) or any(
+                _slot_seq(copy) >= _slot_seq(old) for _, copy in self.copies(key, lid)
+            ):
+                continue
+            out.append(old)
+        return out
+
+    def retire(self, key: SigningKey, by: str) -> list[dict[str, Any]]:
+        """Record in the trust root that the ledgers `lost` here are gone for good (the operator's word,
+        ``by`` whom), so `verify` reports them instead of failing; returns the entries written.
+
+        An anchor of a retired ledger is removed (the next append starts a new one); the anchor of the
+        ledger here stays. Needs write access to the trust root.
+
+        Raises:
+            TrustRootError: the trust root cannot be written.
+        """
+        import fcntl
+
+        with self._db.lock:
+            fd = self._lock_file()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                lost = self.lost(key)
+                if not lost:
+                    return []
+                at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                path = self.path.with_name(_RETIRED_FILE)
+                data = self.trust.read_json(path)
+                entries = cast("list[Any]", data) if isinstance(data, list) else []
+                written: list[dict[str, Any]] = []
+                for old in lost:
+                    entry: dict[str, Any] = {
+                        "ledger_id": old["ledger_id"],
+                        "records": old.get("seq"),
+                        "retired_at": at,
+                        "by": by,
+                    }
+                    entry["mac"] = key.mac(_RETIRED_MAC, self._retired_message(entry))
+                    written.append(entry)
+                try:
+                    write_private(path, json.dumps(entries + written, indent=1).encode())
+                    anchor = self.read(key)
+                    if anchor is not None and anchor.get("ledger_id") != self.ledger_id:
+                        self.path.unlink(missing_ok=True)
+                        self.path.with_name(_LEGACY_ANCHOR_FILE).unlink(missing_ok=True)
+                        self._memo = None
+                except OSError as exc:
+                    raise TrustRootError(f"cannot write the trust root {self.path.parent}: {exc}") from exc
+                return written
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _raw_slots(self) -> list[bytes]:
         """The anchor file's two slots as bytes (empty when the file or the slot is absent)."""

@@ -164,6 +164,28 @@ class Ledger:
             pass
         return self._anchor.read(self.signing_key())
 
+    def lost(self) -> list[dict[str, Any]]:
+        """The ledgers this workspace had that are gone (deleted or replaced) and not retired yet: each a
+        ``ledger_id`` and the ``seq`` of its last anchored record. Empty without the key."""
+        key = self.signing_key()
+        with self._connect():  # the ledger id of the database now on disk
+            pass
+        return self._anchor.lost(key) if key is not None else []
+
+    def retire_lost(self, by: str) -> list[dict[str, Any]]:
+        """Record in the trust root that the `lost` ledgers are gone for good (the operator's word: the CLI
+        asks at a terminal), so `verify` reports them instead of failing; returns what was retired.
+
+        Raises:
+            TrustRootError: no signing key is readable, or the trust root is not writable.
+        """
+        key = self._signer.current_key(create=False)
+        if key is None:
+            raise TrustRootError(f"no signing key in {self.trust.key_dir}: nothing was anchored here")
+        with self._connect():
+            pass
+        return self._anchor.retire(key, by)
+
     # ------------------------------------------------------------------ writing
     @staticmethod
     def timestamp() -> str:

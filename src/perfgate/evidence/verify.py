@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,6 +42,26 @@ class VerifyReport(BaseModel):
         default=0, description="Records whose MAC verifies under the trust root's key."
     )
     key_id: str | None = Field(default=None, description="The trust root's current key (None: no key).")
+    ledger_id: str = Field(default="", description="The id of the ledger database checked.")
+    format_migrated_from: int | None = Field(
+        default=None, description="The format this ledger was written in, when an upgrade migrated it."
+    )
+    retired: list[dict[str, Any]] = Field(
+        default_factory=list[dict[str, Any]],
+        description="Ledgers of this workspace the operator retired (`perfgate ledger retire`): ledger_id, "
+        "records, retired_at, by.",
+    )
+    next_step: str | None = Field(
+        default=None, description="What can make this ledger verify again, when something here can."
+    )
+
+
+RETIRE_STEP = (
+    "the operator runs `perfgate ledger retire --workspace {0}` at a terminal (it records in the trust root "
+    "that the lost evidence is gone), or restores {0}/.perfgate from a backup; re-measuring cannot bring "
+    "the lost ledger back"
+)
+"""The next step when a ledger this workspace had is gone (deleted, replaced)."""
 
 
 def verify_ledger(
@@ -67,6 +88,8 @@ def verify_ledger(
     hashes: dict[int, str] = {}
     key = signer.signing_key()
     signed = 0
+    retired: list[dict[str, Any]] = []
+    next_step: str | None = None
     anchor, head_text, rows = _verify_inputs(db, trust_anchor, head_path, key)
     if anchor is None and key is not None and rows:
         # Records and no anchor: another process may be between the very first commit and its anchor.
@@ -113,7 +136,12 @@ def verify_ledger(
                 "so nothing here is verified (run as the operator, or pass the server's --state-dir)"
             )
     else:
-        errors.extend(_check_anchor(trust_anchor, key, anchor, hashes))
+        checked = _check_anchor(trust_anchor, key, anchor, hashes)
+        errors.extend(checked.errors)
+        warnings.extend(checked.warnings)
+        retired = checked.retired
+        if checked.lost:
+            next_step = RETIRE_STEP.format(workspace)
     if head_text is not None:
         try:
             head_seq_text, head_hash = head_text.split()
@@ -140,7 +168,17 @@ def verify_ledger(
         warnings=warnings,
         signed_records=signed,
         key_id=key.key_id if key else None,
+        ledger_id=db.ledger_id,
+        format_migrated_from=_migrated_from(db),
+        retired=retired,
+        next_step=next_step,
     )
+
+
+def _migrated_from(db: Connection) -> int | None:
+    with db.use() as conn:
+        row = conn.execute("SELECT value FROM meta WHERE name = 'migrated_from'").fetchone()
+    return int(row[0]) if row is not None and str(row[0]).isdigit() else None
 
 
 def _verify_inputs(
@@ -172,51 +210,135 @@ def _anchor_to_check(trust_anchor: Anchor, key: SigningKey) -> dict[str, Any] | 
         return exc
 
 
+@dataclass
+class _AnchorCheck:
+    errors: list[str] = field(default_factory=list[str])
+    warnings: list[str] = field(default_factory=list[str])
+    retired: list[dict[str, Any]] = field(default_factory=list[dict[str, Any]])
+    lost: bool = False
+    """A ledger this workspace had is gone: `RETIRE_STEP` is what helps."""
+
+
 def _check_anchor(
     trust_anchor: Anchor,
     key: SigningKey,
     anchor: dict[str, Any] | TrustRootError | None,
     hashes: dict[int, str],
-) -> list[str]:
+) -> _AnchorCheck:
     if isinstance(anchor, TrustRootError):
-        return [f"the anchor cannot be read: {anchor}"]
-    last = max(hashes) if hashes else 0
-    if anchor is None:
-        return (
-            [
-                f"the trust root holds no anchor for this workspace but the ledger has {last} records: it was "
-                "written without the server's trust root (or the trust root was reset)"
-            ]
-            if last
-            else []
+        return _AnchorCheck([f"the anchor cannot be read: {anchor}"])
+    out = _AnchorCheck()
+    retired = trust_anchor.retired(key)
+    out.retired = list(retired.values())
+    out.warnings.extend(
+        f"ledger {r['ledger_id']} ({r.get('records')} records) was lost here and retired by the operator "
+        f"({r.get('by')}) at {r.get('retired_at')}: its evidence is gone and counts for nothing"
+        for r in out.retired
+    )
+    if trust_anchor.ledger_id in retired:
+        out.errors.append(
+            f"this ledger ({trust_anchor.ledger_id}) was retired by the operator as lost: a copy brought back "
+            "after its retirement is not evidence"
         )
+        return out
+    copies = trust_anchor.copies(key)
+    if anchor is None or anchor.get("ledger_id") in retired:
+        out.errors.extend(_check_copies(copies, hashes, out.warnings))
+        return out
     seq, hash_ = anchor.get("seq"), anchor.get("hash")
     if not isinstance(seq, int) or not isinstance(hash_, str):
-        return ["the anchor in the trust root is corrupt"]
+        out.errors.append("the anchor in the trust root is corrupt")
+        return out
     if anchor.get("key_id") != key.key_id:
-        return [
+        out.errors.append(
             f"the anchor was signed by key {anchor.get('key_id')}, not the current key {key.key_id}: the key "
             "was lost or replaced; records before it are unverifiable"
-        ]
+        )
+        return out
+    last = max(hashes) if hashes else 0
     if not trust_anchor.mac_verifies(key, seq, hash_, cast("str | None", anchor.get("mac"))):
+        if anchor.get("ledger_id") != trust_anchor.ledger_id and not trust_anchor.lost(key):
+            # the ledger anchored here lives on at another path (moved away): this one is new here
+            out.errors.extend(_check_copies(copies, hashes, out.warnings))
+            return out
         if anchor.get("ledger_id") != trust_anchor.ledger_id:
-            return [
-                "the ledger database was replaced: its id differs from the anchored one (a copy of another "
-                "ledger, or a new database)"
-            ]
-        return ["the anchor's MAC does not verify: it was edited"]
+            out.lost = True
+            out.errors.append(
+                f"the ledger database was replaced: the trust root anchored ledger {anchor.get('ledger_id')} "
+                f"({seq} records) here, and this is another one (a new database, or a copy of another ledger)"
+            )
+        else:
+            out.errors.append("the anchor's MAC does not verify: it was edited")
+        return out
     if seq > last:
-        return [
+        out.errors.append(
             f"the ledger ends at record {last} but the trust root anchored record {seq}: its tail was removed "
             "or it was rolled back to an older copy"
-        ]
-    if hashes.get(seq) != hash_:
-        return [
+        )
+    elif hashes.get(seq) != hash_:
+        out.errors.append(
             f"record {seq} differs from the one anchored in the trust root: the history was rewritten or "
             "rolled back and regrown"
-        ]
-    return [
+        )
+    lost = trust_anchor.lost(key)
+    out.lost = bool(lost)
+    out.errors.extend(
         f"the trust root anchored another ledger database here before (id {old.get('ledger_id')}, "
         f"{old.get('seq')} records): it was deleted or replaced, and its evidence is gone"
-        for old in cast("list[dict[str, Any]]", anchor.get("replaced") or [])
+        for old in lost
+    )
+    out.warnings.extend(_diverged(copies, hashes))
+    return out
+
+
+def _check_copies(
+    copies: list[tuple[Path, dict[str, Any]]], hashes: dict[int, str], warnings: list[str]
+) -> list[str]:
+    """Errors for a ledger with no anchor at this path: fine when it holds the anchored head of a copy of
+    itself at another path (the workspace was moved, renamed or copied), noted in ``warnings``."""
+    last = max(hashes) if hashes else 0
+    if not last:
+        return []
+    if not copies:
+        return [
+            f"the trust root holds no anchor for this workspace, nor for this ledger anywhere, but the ledger "
+            f"has {last} records: it was written without the server's trust root (or the trust root was reset)"
+        ]
+    for where, copy in copies:
+        if hashes.get(copy["seq"]) == copy["hash"]:
+            warnings.append(
+                f"this ledger was anchored at {where} (record {copy['seq']}): the workspace was moved or "
+                "copied here, and its records up to there are the anchored ones"
+            )
+            warnings.extend(_diverged([c for c in copies if c[0] != where], hashes))
+            return []
+    older = [(where, copy) for where, copy in copies if copy["seq"] > last]
+    if older and all((where / ".perfgate" / "ledger.db").exists() for where, _ in older):
+        warnings.extend(
+            f"this is an older copy of the ledger at {where}, which the trust root anchored at record "
+            f"{copy['seq']} (this copy ends at record {last})"
+            for where, copy in older
+        )
+        return []
+    return [
+        f"the ledger ends at record {last} but the trust root anchored record {copy['seq']} of it at "
+        f"{where}: its tail was removed or it was rolled back to an older copy"
+        if copy["seq"] > last
+        else f"record {copy['seq']} differs from the one the trust root anchored for this ledger at {where}: "
+        "the history was rewritten or rolled back and regrown"
+        for where, copy in copies
+    ]
+
+
+def _diverged(copies: list[tuple[Path, dict[str, Any]]], hashes: dict[int, str]) -> list[str]:
+    """Other live copies of this ledger whose anchored head is not in this one: the two grew apart."""
+    last = max(hashes) if hashes else 0
+    return [
+        f"diverged: the copy of this ledger at {where} holds another record {copy['seq']} than this one; "
+        "they are two histories now, each verified by its own anchor (neither's records count for the other)"
+        if copy["seq"] <= last
+        else f"diverged or behind: the copy of this ledger at {where} has grown to record {copy['seq']}; this "
+        f"one ends at record {last}"
+        for where, copy in copies
+        if hashes.get(copy["seq"]) != copy["hash"]
     ]
