@@ -166,10 +166,11 @@ class RecordDecisionInput(BaseModel):
         str | None,
         Field(
             max_length=2000,
-            description="decide: how to undo the change, naming something that can be checked: a commit of the "
-            "workspace's repository ('git revert 1a2b3c4'), a workspace file ('git checkout HEAD -- train.py', "
-            "'git apply -R change.patch'), or the baseline's own option or variable as its windows ran it "
-            "('--num-workers 0', 'OMP_NUM_THREADS=1'). Required for keep; shown in decisions.md and the report.",
+            description="decide: the commands that undo the change, checked against what the candidate's runs "
+            "changed: its commits ('git revert HEAD', a sha, a branch), the files its diff touched ('git checkout "
+            "HEAD~1 -- train.py', 'git restore train.py', 'git apply -R change.patch'), and each changed setting at "
+            "the baseline's value ('--num-workers 0', 'OMP_NUM_THREADS=1', 'unset NAME' for an added variable). "
+            "Required for keep; shown in decisions.md and the report.",
         ),
     ] = None
     fewer_windows_reason: Annotated[
@@ -394,8 +395,8 @@ SPEC = ToolSpec(
         "'decide'. A 'keep' is refused unless the ledger holds: an environment record, a passed "
         "compare_benchmarks of non-profiled windows from one environment with an improvement beyond noise, "
         "passed correctness evidence (and a sample audit when data loading changed), and an intact ledger. "
-        "A keep also needs a rollback naming something checkable (a commit, a workspace file, or the baseline's own "
-        "option); any failed check attached in any role blocks it; peak memory may not grow beyond noise unless "
+        "A keep also needs a rollback that undoes the candidate's change (git revert of its commit, its files "
+        "restored, the baseline's value of a changed setting); any failed check attached in any role blocks it; peak memory may not grow beyond noise unless "
         "accepted. 'revert', 'inconclusive' and 'blocked' are always recorded; "
         "a kept change can later be reverted (the keep stays in the history). Use 'show' to see what is missing."
     ),
