@@ -29,7 +29,7 @@ from _trust import operator_policy
 from perfgate.evidence import Ledger
 from perfgate.execution.approvals import ApprovalStatus, ApprovalStore
 from perfgate.execution.audit import APPROVAL_TOOL
-from perfgate.execution.changes import MAX_DIFF_LINES, internal_references
+from perfgate.execution.changes import MAX_DIFF_FILES, MAX_DIFF_LINES, internal_references
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 
@@ -383,3 +383,24 @@ def test_one_scope_covers_timing_profiling_and_capturing_the_same_command(tmp_pa
     assert template({**user, "PERFGATE_LOG_PATTERN": "step (\\d+)"}) != window
     with pytest.raises(BenchmarkError, match="PERFGATE_STOP: perfgate sets its harness's variables itself"):
         launch_env({"PERFGATE_STOP": "0"}, tmp_path / "pycache", None)
+
+
+async def test_a_file_past_the_screen_is_a_warning_naming_it_and_where_the_whole_diff_is(
+    workspace: Path,
+) -> None:
+    """Twelve files of diff fill the screen; a one-line payload in a thirteenth is a `!` line with its count
+    and the file that holds the whole diff. Invisible characters in a diff line are escaped."""
+    repo(workspace)
+    human = Human()
+    async with Client(server(workspace), elicitation_callback=human) as client:
+        assert not (await client.call_tool(TOOL, {"argv": [PY, "train.py"]})).is_error
+        for i in range(MAX_DIFF_FILES):
+            (workspace / f"mod{i:02d}.py").write_text("".join(f"v{j} = {j}\n" for j in range(20)))
+        (workspace / "zz_helper.py").write_text("import os\nos.system('id')\u200b\n")
+        assert not (await client.call_tool(TOOL, {"argv": [PY, "train.py"]})).is_error
+    message = human.asked[1]
+    warning = next(line for line in message.splitlines() if line.startswith("! zz_helper.py"))
+    assert "2 added line(s) not shown here; the whole diff is in " in warning
+    whole = Path(warning.rsplit(" ", 1)[1]).read_text()
+    assert "+os.system('id')\\u200b" in whole and "\u200b" not in whole
+    assert "\u200b" not in message

@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shutil
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -92,9 +93,22 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 256 else f"\\u{code:04x}"
 
 
+_UNSEEN = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+"""Unicode categories a screen does not show as themselves: controls, format characters (zero-width
+spaces and joiners, direction marks and overrides, the byte-order mark), surrogates, private and
+unassigned code points, line and paragraph separators."""
+
+
 def _clean(text: str) -> str:
-    """``text`` with control and direction-changing characters shown as escapes."""
-    return _CONTROL.sub(_escape, text)
+    """``text`` with control, invisible and direction-changing characters shown as escapes."""
+    if text.isascii():
+        return _CONTROL.sub(_escape, text)
+    return "".join(
+        (f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+        if ch != "\t" and unicodedata.category(ch) in _UNSEEN
+        else ch
+        for ch in text
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -228,6 +242,12 @@ class ChangeStore:
 
     def _private(self, path: Path) -> Path:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return path
+
+    def keep_diff(self, digest: str, lines: Sequence[str]) -> Path:
+        """Write the whole diff an approval of tree ``digest`` could not show, for the human to read."""
+        path = self._private(self.folder / "diffs") / f"{digest}.diff"
+        _write_private(path, ("\n".join(lines) + "\n").encode())
         return path
 
     def save(self, tree: CodeTree, texts: Mapping[str, bytes]) -> None:
@@ -562,9 +582,15 @@ def change_view(
         if not changed:
             plain.insert(0, f"code: no change since {base.label}")
         else:
-            diff, counts = _diff(store, workspace, base, tree, changed)
+            diff, counts, hidden, whole = _diff(store, workspace, base, tree, changed)
             listed = [f"{rel} ({counts.get(rel, 'binary or large')})" for rel in changed]
             plain.insert(0, f"code: {len(changed)} file(s) changed since {base.label}: {_names(listed)}")
+            if hidden:
+                where = store.keep_diff(code_tree_digest, whole)
+                alerts += [
+                    f"! {_clean(rel)}: {n} added line(s) not shown here; the whole diff is in {where}"
+                    for rel, n in hidden.items()
+                ]
     notes = [f"note: {_clean(n)}" for n in tree.notes]
     return [*alerts, *plain, *notes], diff
 
@@ -579,9 +605,12 @@ def _inside(path: Path, workspace: Path) -> bool:
 
 def _diff(
     store: ChangeStore, workspace: Path, base: _Base, tree: CodeTree, changed: list[str]
-) -> tuple[list[str], dict[str, str]]:
+) -> tuple[list[str], dict[str, str], dict[str, int], list[str]]:
+    """(the diff lines shown, each file's counts, file -> added lines left off the screen, the whole diff)."""
     lines: list[str] = []
+    whole: list[str] = []
     counts: dict[str, str] = {}
+    hidden: dict[str, int] = {}
     left_lines = 0
     left_files: list[str] = []
     for index, rel in enumerate(changed):
@@ -596,15 +625,18 @@ def _diff(
         added = sum(1 for x in body[2:] if x.startswith("+"))
         removed = sum(1 for x in body[2:] if x.startswith("-"))
         counts[rel] = f"+{added} -{removed}" if entry is not None else f"removed, -{removed}"
-        if index >= MAX_DIFF_FILES:
+        cleaned = [_clean(x) for x in body]
+        whole += cleaned
+        room = 0 if index >= MAX_DIFF_FILES else max(0, MAX_DIFF_LINES - len(lines))
+        if room == 0 and index >= MAX_DIFF_FILES:
             left_files.append(rel)
-            continue
-        room = MAX_DIFF_LINES - len(lines)
-        lines += [_clean(x) for x in body[:room]]
+        lines += cleaned[:room]
         left_lines += max(0, len(body) - room)
+        if unseen := sum(1 for x in body[max(room, 2) :] if x.startswith("+")):
+            hidden[rel] = unseen
     if left_lines or left_files:
         lines.append(
             f"... {left_lines} more diff lines and {len(left_files)} more files not shown"
             + (f" ({_names(left_files)})" if left_files else "")
         )
-    return lines, counts
+    return lines, counts, hidden, whole
