@@ -7,9 +7,10 @@ naming the keys. A resume is then needed only when the change declares a layout 
 changed variable names checkpointing, the saved state differs between the sides, or the change's own changed
 lines save or load checkpoints (`perfgate.decisions.checkpoint_code`); a saving line the change left alone is
 never enough. Where no save was observed on both sides, a changed file whose changed lines cannot be read and
-which saves or loads counts too, and measuring both sides with job=true settles it. It reads the latest resume launch of a candidate window (`run_benchmark_window(resume_of=...)`, judged by
-`perfgate.benchmarking.checkpoint_resume`) and, where both runs captured tensors at one aligned step, a tensor
-check of exactly that pair.
+which saves or loads counts too, and measuring both sides with job=true settles it. It reads the latest
+resume launch of a candidate window (`run_benchmark_window(resume_of=...)`, judged by
+`perfgate.benchmarking.checkpoint_resume`) and, where both runs captured tensors at one aligned step, a
+tensor check of exactly that pair.
 """
 
 from __future__ import annotations
@@ -77,9 +78,8 @@ def _why(
         return f"the code change's own lines touch checkpointing: {'; '.join(touched[:3])}", False
     if unread and not state.observed:
         return (
-            f"the code change may touch checkpointing: {'; '.join(unread[:3])}, and no window of "
-            f"{'both sides' if not state.evidence else 'one side'} saved a checkpoint whose state could be "
-            "compared",
+            f"the code change may touch checkpointing: {'; '.join(unread[:3])}, and no save was observed on "
+            "both sides to compare what they hold",
             True,
         )
     return None, False
