@@ -9,8 +9,9 @@ passes; one that ignores its checkpoint, one that restores the weights but not A
 baseline's windows instead of the candidate's are refused. Where both runs captured tensors at the same
 training step, the resume check pairs the two files and the gate reads a tensor check of exactly those:
 a match strengthens it, a mismatch (Adam's state not restored, the loss still equal) refuses the keep.
-A code change falls under the gate when a file it touched calls a checkpoint saver or loader, as read
-from the files.
+A code change falls under the gate when its own changed lines call a checkpoint saver or loader (issue 57:
+an unchanged saving line of a changed file no longer counts; tests/test_checkpoint_state.py has the saved
+state's side).
 """
 
 from __future__ import annotations
@@ -312,15 +313,17 @@ async def test_a_code_change_falls_under_the_gate_when_a_file_it_touched_saves_o
         gate = await _gate(client, exp, ev.comparison([base], [cand], declared=["code"]))
         assert gate["status"] == "failed", gate
         assert (
-            "the code change touches checkpointing: train.py (calls torch.load, torch.save)" in gate["reason"]
-        )
+            "the code change may touch checkpointing: train.py (calls torch.load, torch.save; which of its lines "
+            "changed cannot be read" in gate["reason"]
+        ), gate
         assert "no resume launch" in gate["reason"] and "resume_of" in gate["satisfy_with"]
+        assert "measure each side once with job=true" in gate["satisfy_with"], gate
 
         base = window(**{"train.py": _sha(SCRIPT), "model.py": _sha("def forward(x):\n    return x\n")})
         cand = window(**{"train.py": _sha(SCRIPT), "model.py": _sha(model)})
         gate = await _gate(client, exp, ev.comparison([base], [cand], declared=["code"]))
         assert gate["status"] == "not_applicable", gate
-        assert "touches no file that saves or loads a checkpoint" in gate["reason"]
+        assert "its changed lines save or load no checkpoint" in gate["reason"]
 
         # the candidate ran a model.py that saved; the file was rewritten since: what ran cannot be read
         cand = window(**{"train.py": _sha(SCRIPT), "model.py": _sha(model + "torch.save(1, 'x.pt')\n")})
@@ -376,8 +379,8 @@ async def test_a_change_committed_between_the_runs_is_read_at_both_commits(ws: P
         gate = await _gate(client, exp, ev.comparison([window(forward)], [window(saving)], declared=["code"]))
         assert gate["status"] == "failed", gate
         assert (
-            f"ckpt_utils.py (changed between commits {forward[:12]} and {saving[:12]}; calls torch.save)"
-            in (gate["reason"])
+            f"ckpt_utils.py (changed between commits {forward[:12]} and {saving[:12]}; its changed lines call "
+            "torch.save)" in (gate["reason"])
         ), gate
         gate = await _gate(client, exp, ev.comparison([window(first)], [window(forward)], declared=["code"]))
         assert gate["status"] == "not_applicable", gate
@@ -394,10 +397,10 @@ async def test_a_change_committed_between_the_runs_is_read_at_both_commits(ws: P
         assert "one side ran outside git: it cannot be read" in gate["reason"], gate
 
 
-async def test_a_file_the_diff_touched_is_read_as_the_run_held_it(ws: Path) -> None:
+async def test_a_file_the_diff_touched_is_read_by_its_changed_lines(ws: Path) -> None:
     """A helper the command never names, changed by the candidate's uncommitted diff in a line that saves
-    nothing, while another of its lines (unchanged) saves the optimizer: it touches checkpointing, even
-    after the saving line was deleted from the workspace once the candidate ran."""
+    nothing, while another of its lines (unchanged) saves the optimizer: the unchanged saving line is not
+    enough to ask for a resume (issue 57; before, it was). A diff whose changed line saves still is."""
     helper = "import torch\n\n\ndef lr(step):\n    return 0.1\n\n\ndef save(state, path):\n    torch.save(state, path)\n"
     commit = _commit(ws, {"helper.py": helper}, "helper")
     section = (
@@ -417,11 +420,30 @@ async def test_a_file_the_diff_touched_is_read_as_the_run_held_it(ws: Path) -> N
         provenance = {"argv": ["python", "train.py"], "cwd": ".", "code": code, "files": files}
         return ev.window(provenance=provenance, artifacts={"code.diff": diff} if diff is not None else None)
 
+    saving = (
+        b"diff --git a/helper.py b/helper.py\n--- a/helper.py\n+++ b/helper.py\n@@ -9,1 +9,1 @@\n"
+        b"-    torch.save(state, path)\n+    torch.save(state, path + '.tmp')\n"
+    )
     async with Client(build_server(ServerConfig.create(ws))) as client:
         exp = await _open(client, "learning rate helper")
         gate = await _gate(client, exp, ev.comparison([window(None)], [window(section)], declared=["code"]))
+        assert gate["status"] == "not_applicable", gate
+        # both sides' diffs change the lr line alike; only the candidate's also changes the save
+        both = ev.comparison(
+            [window(section)],
+            [
+                window(
+                    section
+                    + saving[len(b"diff --git a/helper.py b/helper.py\n--- a/helper.py\n+++ b/helper.py\n") :]
+                )
+            ],
+            declared=["code"],
+        )
+        gate = await _gate(client, exp, both)
     assert gate["status"] == "failed", gate
-    assert "the code change touches checkpointing: helper.py (calls torch.save)" in gate["reason"], gate
+    assert "own lines touch checkpointing: helper.py (its changed lines call torch.save)" in gate["reason"], (
+        gate
+    )
 
 
 async def test_a_change_of_the_number_of_ranks_needs_a_resume(ws: Path) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "PhaseRecord",
     "RankRecord",
     "RecordSet",
+    "SavedStateRecord",
     "StepColumns",
     "TensorDumpRecord",
     "WindowRecord",
@@ -133,6 +134,28 @@ class CheckpointFileRecord(msgspec.Struct, frozen=True):
     """The step in progress (optimizer steps completed before the call)."""
     path: Annotated[str, msgspec.Meta(max_length=4096)]
     """Absolute, as the launched process resolved it."""
+    state: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")] | None = None
+    """A save: the digest of what the writer was handed (a key of `JobRecord.saved_states`)."""
+
+
+class SavedStateRecord(msgspec.Struct, frozen=True):
+    """What a checkpoint writer was handed (`perfgate.harness.saved_state`): its keys, shapes and dtypes."""
+
+    keys: Annotated[int, msgspec.Meta(ge=0)]
+    """Every key walked (the digest covers them all)."""
+    entries: Annotated[
+        list[
+            tuple[
+                Annotated[str, msgspec.Meta(max_length=300)],
+                Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=64)] | None,
+                Annotated[str, msgspec.Meta(max_length=40)],
+            ]
+        ],
+        msgspec.Meta(max_length=1_000),
+    ]
+    """(key, shape or None for a non-tensor value, dtype or ``value``/``values``), sorted by key."""
+    complete: bool = True
+    """False: the walk stopped before the whole object was read."""
 
 
 class JobRecord(msgspec.Struct, frozen=True):
@@ -149,6 +172,11 @@ class JobRecord(msgspec.Struct, frozen=True):
     checkpoint_files: Annotated[list[CheckpointFileRecord], msgspec.Meta(max_length=10_000)] = msgspec.field(
         default_factory=list[CheckpointFileRecord]
     )
+    saved_states: Annotated[
+        dict[Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")], SavedStateRecord],
+        msgspec.Meta(max_length=16),
+    ] = msgspec.field(default_factory=dict[str, SavedStateRecord])
+    """Digest -> each distinct state the job's checkpoint writers were handed."""
 
 
 class TensorDumpRecord(msgspec.Struct, frozen=True):

@@ -1,11 +1,16 @@
 """The keep's ``checkpoint_resume`` gate: a parallel layout or checkpointing change resumes from its own
 checkpoint and trains on as the uninterrupted run does.
 
-It applies when the change declares a layout entry (`LAYOUT_TERMS`), its changed variable names checkpointing,
-or a file it touched saves or loads checkpoints, as read from the files (`perfgate.decisions.checkpoint_code`).
-It reads the latest resume launch of a candidate window (`run_benchmark_window(resume_of=...)`, judged by
-`perfgate.benchmarking.checkpoint_resume`) and, where both runs captured tensors at one aligned step, a tensor
-check of exactly that pair.
+First, where both sides' windows saved a checkpoint, what they saved is compared (`perfgate.decisions
+.saved_state`): a checkpoint the baseline saved must load into the candidate strictly, or the keep is refused
+naming the keys. A resume is then needed only when the change declares a layout entry (`LAYOUT_TERMS`), its
+changed variable names checkpointing, the saved state differs between the sides, or the change's own changed
+lines save or load checkpoints (`perfgate.decisions.checkpoint_code`); a saving line the change left alone is
+never enough. Where no save was observed on both sides, a changed file whose changed lines cannot be read and
+which saves or loads counts too, and measuring both sides with job=true settles it. It reads the latest
+resume launch of a candidate window (`run_benchmark_window(resume_of=...)`, judged by
+`perfgate.benchmarking.checkpoint_resume`) and, where both runs captured tensors at one aligned step, a
+tensor check of exactly that pair.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from perfgate.decisions.binding import (
 from perfgate.decisions.checkpoint_code import touched_checkpointing
 from perfgate.decisions.equivalence import stricter_than_defaults
 from perfgate.decisions.experiments import Experiment
+from perfgate.decisions.saved_state import StateDifference, saved_state_difference
 from perfgate.decisions.verdict import OK_STATES, Check
 from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
 from perfgate.evidence.access import as_dict, as_list, str_list
@@ -42,10 +48,14 @@ checkpoint is saved in)."""
 _CHECKPOINT_WORD = re.compile(r"checkpoint|ckpt", re.IGNORECASE)
 
 
-def _why(exp: Experiment, comparison: EvidenceRecord, lookup: Lookup, workspace: Path) -> str | None:
+def _why(
+    exp: Experiment, comparison: EvidenceRecord, state: StateDifference, lookup: Lookup, workspace: Path
+) -> tuple[str | None, bool]:
     """Why the change must show that checkpoints still resume: a layout entry it declares, checkpointing
-    named by its changed variable, or a touched file that saves or loads checkpoints, as read from the
-    files (`perfgate.decisions.checkpoint_code`); None: none of these."""
+    named by its changed variable, a saved state that differs between the sides, or changed lines that save
+    or load checkpoints (`perfgate.decisions.checkpoint_code`); where the saved state was not observed on
+    both sides, also a change whose lines cannot be read in a file that saves or loads. None: none of these.
+    The flag: the reason is one that observing both sides' saves (job=true) would settle."""
     named = {*declaration_for(exp.changed_variable), *declared_for_experiment(exp, comparison)}
     layout = sorted(
         term.name
@@ -54,27 +64,67 @@ def _why(exp: Experiment, comparison: EvidenceRecord, lookup: Lookup, workspace:
         and term.name in LAYOUT_TERMS
     )
     if layout:
-        return f"the change declares the parallel layout ({', '.join(layout)})"
+        return f"the change declares the parallel layout ({', '.join(layout)})", False
     if _CHECKPOINT_WORD.search(exp.changed_variable):
-        return f"the changed variable names checkpointing ({exp.changed_variable!r})"
-    touched = touched_checkpointing(comparison, lookup, workspace)
+        return f"the changed variable names checkpointing ({exp.changed_variable!r})", False
+    if state.differs:
+        return (
+            f"the state the candidate saves differs from the baseline's ({', '.join(state.evidence)}), though "
+            "the keys, shapes and dtypes read of it load strictly",
+            False,
+        )
+    touched, unread = touched_checkpointing(comparison, lookup, workspace)
     if touched:
-        return f"the code change touches checkpointing: {'; '.join(touched[:3])}"
-    return None
+        return f"the code change's own lines touch checkpointing: {'; '.join(touched[:3])}", False
+    if unread and not state.observed:
+        return (
+            f"the code change may touch checkpointing: {'; '.join(unread[:3])}, and no save was observed on "
+            "both sides to compare what they hold",
+            True,
+        )
+    return None, False
+
+
+def _incompatible(state: StateDifference, command: list[str]) -> Check:
+    """A checkpoint the baseline saved would not load into the candidate: the keep is refused, resume or no
+    resume (a resume of the candidate's own checkpoint says nothing of the checkpoints already saved)."""
+    read = "" if state.complete else " (among the keys the harness read of each state)"
+    return Check(
+        True,
+        False,
+        f"a checkpoint the baseline saved does not load into the candidate strictly{read}: {state.describe()}",
+        state.evidence,
+        "keep what the candidate saves loadable from the baseline's checkpoints: the same keys (module and "
+        "parameter names), shapes and dtypes; then measure the candidate again with job=true"
+        + (f" (run_benchmark_window(command={command!r}, job=true, ...))" if command else "")
+        + " so its save is compared, and keep again",
+    )
 
 
 def resume_check(exp: Experiment, comparison: EvidenceRecord, ledger: Ledger, lookup: Lookup) -> Check:
-    """A layout or checkpointing change resumes from its own checkpoint: the latest resume launch of a
-    candidate window (`run_benchmark_window(resume_of=...)`, `perfgate.benchmarking.checkpoint_resume`)
-    loaded a file that run saved and trained on as the uninterrupted run did."""
-    why = _why(exp, comparison, lookup, ledger.workspace)
+    """A checkpoint the baseline saved loads into the candidate (`perfgate.decisions.saved_state`); and a
+    layout or checkpointing change resumes from its own checkpoint: the latest resume launch of a candidate
+    window (`run_benchmark_window(resume_of=...)`, `perfgate.benchmarking.checkpoint_resume`) loaded a file
+    that run saved and trained on as the uninterrupted run did."""
+    state = saved_state_difference(comparison, lookup)
+    windows = [r for i in str_list(comparison.inputs.get("candidate")) if (r := lookup(i)) is not None]
+    target = next((r for r in windows if r.inputs.get("job")), None)
+    command = str_list(target.inputs.get("command")) if target is not None else []
+    if state.differs and not state.loads:
+        return _incompatible(state, str_list(windows[0].inputs.get("command")) if windows else [])
+    why, observable = _why(exp, comparison, state, lookup, ledger.workspace)
     if why is None:
         return Check(
             False,
             True,
-            "the change declares no parallel layout entry, does not name checkpointing and touches no file "
-            "that saves or loads a checkpoint",
-            [],
+            "the change declares no parallel layout entry, does not name checkpointing, and its changed lines "
+            "save or load no checkpoint"
+            + (
+                f"; the state it saves is the baseline's (same keys, shapes and dtypes: {', '.join(state.evidence)})"
+                if state.observed
+                else ""
+            ),
+            state.evidence,
         )
     candidate = str_list(comparison.inputs.get("candidate"))
     baseline = set(str_list(comparison.inputs.get("baseline")))
@@ -84,8 +134,6 @@ def resume_check(exp: Experiment, comparison: EvidenceRecord, ledger: Ledger, lo
         if r.inputs.get("resume_of") in candidate or r.inputs.get("resume_of") in baseline
     ]
     own = [r for r in resumes if r.inputs.get("resume_of") in candidate]
-    target = next((r for i in candidate if (r := lookup(i)) is not None and r.inputs.get("job")), None)
-    command = str_list(target.inputs.get("command")) if target is not None else []
     fix = (
         f"run_benchmark_window(command={[*command, '<resume option>', '<a checkpoint it saved>']!r}, "
         f"job=true, resume_of={target.id!r}, repeats=1, warmup_steps and measure_steps that fit the resumed "
@@ -95,6 +143,11 @@ def resume_check(exp: Experiment, comparison: EvidenceRecord, ledger: Ledger, lo
         "a checkpoint save inside the run, compare_benchmarks(...) with it, then run_benchmark_window(command="
         "<that command plus its resume option>, job=true, resume_of=<that window's evidence_id>)"
     )
+    if observable:
+        fix = (
+            "measure each side once with job=true (its save then runs and what it holds is compared: the same "
+            f"state needs no resume), or {fix}"
+        )
     if not own:
         other = [r.id for r in resumes]
         return Check(

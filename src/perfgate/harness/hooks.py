@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from perfgate.harness import _state, capture, computed
+from perfgate.harness import _state, capture, computed, saved_state
 from perfgate.harness._state import ActiveWindow, active_window
 
 __all__ = ["activate", "batch_size", "deactivate", "install_optimizer_hook", "model_facts", "patch_savers"]
@@ -177,24 +177,39 @@ def _patch_backward(torch: Any) -> None:
 
 
 _SAVERS = (
-    ("torch", "save", "torch.save", 1, "f"),
-    ("torch.distributed.checkpoint", "save", "torch.distributed.checkpoint.save", None, "checkpoint_id"),
+    ("torch", "save", "torch.save", 1, "f", "obj"),
+    (
+        "torch.distributed.checkpoint",
+        "save",
+        "torch.distributed.checkpoint.save",
+        None,
+        "checkpoint_id",
+        "state_dict",
+    ),
     (
         "torch.distributed.checkpoint",
         "async_save",
         "torch.distributed.checkpoint.async_save",
         None,
         "checkpoint_id",
+        "state_dict",
     ),
-    ("safetensors.torch", "save_file", "safetensors.torch.save_file", 1, "filename"),
+    ("safetensors.torch", "save_file", "safetensors.torch.save_file", 1, "filename", "tensors"),
 )
 """Checkpoint writers timed as the job's checkpoint phases: (module, attribute, name in notes, position and
-keyword of the file it names). A module the script has not imported by its first step is left alone (the
-harness never imports one)."""
+keyword of the file it names, keyword of the object it saves, always its first argument). A module the
+script has not imported by its first step is left alone (the harness never imports one)."""
 _LOADERS = (
-    ("torch", "load", "torch.load", 0, "f"),
-    ("torch.distributed.checkpoint", "load", "torch.distributed.checkpoint.load", None, "checkpoint_id"),
-    ("safetensors.torch", "load_file", "safetensors.torch.load_file", 0, "filename"),
+    ("torch", "load", "torch.load", 0, "f", None),
+    (
+        "torch.distributed.checkpoint",
+        "load",
+        "torch.distributed.checkpoint.load",
+        None,
+        "checkpoint_id",
+        None,
+    ),
+    ("safetensors.torch", "load_file", "safetensors.torch.load_file", 0, "filename", None),
 )
 """Checkpoint readers whose file is listed (`Window.checkpoint_file`), as `_SAVERS`."""
 _saves_patched: set[str] = set()
@@ -204,12 +219,12 @@ def patch_savers() -> None:
     """Wrap the checkpoint writers (`_SAVERS`) and readers (`_LOADERS`) of the modules already imported;
     again at the first step boundary, when the script's own imports are done."""
     for wrap, table in ((_noted_save, _SAVERS), (_noted_load, _LOADERS)):
-        for module_name, attr, what, position, keyword in table:
+        for module_name, attr, what, position, keyword, saved in table:
             module = sys.modules.get(module_name)
             original = getattr(module, attr, None)
             if what in _saves_patched or not callable(original):
                 continue
-            setattr(module, attr, wrap(original, what, position, keyword))
+            setattr(module, attr, wrap(original, what, position, keyword, saved))
             _saves_patched.add(what)
 
 
@@ -231,13 +246,28 @@ def _named_file(
         return None
 
 
-def _noted_save(original: Any, what: str, position: int | None, keyword: str) -> Any:
+def _saved_state(args: tuple[Any, ...], kwargs: dict[str, Any], saved: str) -> dict[str, Any] | None:
+    """The schema of the object a saver was handed (`perfgate.harness.saved_state`); None: none handed, or it
+    could not be read."""
+    obj = kwargs[saved] if saved in kwargs else args[0] if args else None
+    if obj is None:
+        return None
+    try:
+        return saved_state.state_schema(obj)
+    except Exception:  # noqa: BLE001 -- a state_dict() that raises here must not fail the script's save
+        return None
+
+
+def _noted_save(original: Any, what: str, position: int | None, keyword: str, saved: str | None) -> Any:
     def noted_save(*args: Any, **kwargs: Any) -> Any:
         window = active_window()
         if window is None:
             return original(*args, **kwargs)
         window.work_starts()
         start = _now()
+        # read before the write (metadata only), inside the checkpoint's own time
+        state = _saved_state(args, kwargs, saved) if saved is not None else None
+        digest = window.saved_state(state) if state is not None else None
         try:
             return original(*args, **kwargs)
         finally:
@@ -246,12 +276,14 @@ def _noted_save(original: Any, what: str, position: int | None, keyword: str) ->
                 window.user_work_ran(what, end - start)
             window.phase_ran("checkpoint", start, end)
             if (path := _named_file(args, kwargs, position, keyword)) is not None:
-                window.checkpoint_file("save", path)
+                window.checkpoint_file("save", path, digest)
 
     return noted_save
 
 
-def _noted_load(original: Any, what: str, position: int | None, keyword: str) -> Any:
+def _noted_load(original: Any, what: str, position: int | None, keyword: str, saved: str | None) -> Any:
+    del saved  # a loader hands over no state
+
     def noted_load(*args: Any, **kwargs: Any) -> Any:
         loaded = original(*args, **kwargs)
         window = active_window()

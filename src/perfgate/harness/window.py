@@ -56,6 +56,9 @@ digest: the data path a comparison's sides share when their digests agree."""
 MAX_PHASES = 10_000
 """Phases (evaluation passes, checkpoints, marked phases) a record lists; later ones are counted only."""
 MAX_CHECKPOINT_FILES = 1_000
+MAX_SAVED_STATES = 16
+"""Distinct saved states (`perfgate.harness.saved_state`) a record lists; a save of another one is listed by
+its digest only."""
 """Checkpoint files saved or loaded that a record names (the step and path of each); later ones are dropped."""
 _JOB_LOSS_BATCH = 4096
 """Losses a job run keeps on the device after its windows before reading them back in one transfer."""
@@ -237,8 +240,11 @@ class Window:
         """[kind, step, start_ns, end_ns, calls, training forwards before it]: evaluation passes, checkpoints,
         marked phases (`phase_ran`); ``step`` is the step in progress when the phase began."""
         self._phases_dropped = 0
-        self._checkpoint_files: list[tuple[str, int, str]] = []
-        """(save or load, step in progress, absolute path) of each checkpoint call that named a file."""
+        self._checkpoint_files: list[tuple[str, int, str, str | None]] = []
+        """(save or load, step in progress, absolute path, digest of the state saved) of each checkpoint call
+        that named a file."""
+        self._saved_states: dict[str, dict[str, Any]] = {}
+        """Digest -> the schema of a state a checkpoint writer was handed (`perfgate.harness.saved_state`)."""
         self._train_forwards = 0
         self._train_start_ns: int | None = None
         _preload_own_modules()
@@ -376,12 +382,23 @@ class Window:
             return
         phases.append([kind, self._count, start_ns, end_ns, 1, self._train_forwards])
 
-    def checkpoint_file(self, op: str, path: str) -> None:
+    def checkpoint_file(self, op: str, path: str, state: str | None = None) -> None:
         """A checkpoint writer (``op`` "save") or reader ("load") named ``path`` (absolute) while step
-        ``steps_completed`` was in progress: the server aligns a resumed run's steps on it."""
+        ``steps_completed`` was in progress: the server aligns a resumed run's steps on it. ``state``: the
+        digest `saved_state` gave what the writer was handed."""
         if os.getpid() != self._pid or len(self._checkpoint_files) >= MAX_CHECKPOINT_FILES:
             return
-        self._checkpoint_files.append((op, self._count, path[:4096]))
+        self._checkpoint_files.append((op, self._count, path[:4096], state))
+
+    def saved_state(self, schema: dict[str, Any]) -> str | None:
+        """A checkpoint writer was handed a state of this schema (`perfgate.harness.saved_state.state_schema`):
+        kept once per digest (up to `MAX_SAVED_STATES`); its digest, or None in a forked child."""
+        if os.getpid() != self._pid:
+            return None
+        digest = str(schema["digest"])
+        if digest not in self._saved_states and len(self._saved_states) < MAX_SAVED_STATES:
+            self._saved_states[digest] = {k: v for k, v in schema.items() if k != "digest"}
+        return digest
 
     def begin(self) -> None:
         """Mark the start of step 0 (done implicitly by the first ``step()`` block)."""
@@ -639,8 +656,10 @@ class Window:
                 ],
                 "phases_dropped": self._phases_dropped,
                 "checkpoint_files": [
-                    {"op": op, "step": step, "path": path} for op, step, path in self._checkpoint_files
+                    {"op": op, "step": step, "path": path, "state": state}
+                    for op, step, path, state in self._checkpoint_files
                 ],
+                "saved_states": dict(self._saved_states),
             },
             "outside_windows": {
                 "loss": [list(p) for p in self._outside_loss],

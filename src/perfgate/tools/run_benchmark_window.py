@@ -37,6 +37,7 @@ from perfgate.benchmarking.results import (
     run_throughput,
     window_result,
 )
+from perfgate.benchmarking.saved_state import saved_states
 from perfgate.benchmarking.sides import rank0_records
 from perfgate.benchmarking.window_launch import record_dir, window_launch
 from perfgate.benchmarking.window_plan import Capture, WindowPlan
@@ -192,6 +193,15 @@ def _other_code(ran: RunProvenance, target: EvidenceRecord) -> str | None:
     return f"changed since: {', '.join(changed[:3])}" if changed else None
 
 
+def _launch_records(ev: EvidenceBuilder) -> list[RankRecord]:
+    """Rank 0's record of each launch of this run, in launch order (one that does not decode is left out)."""
+    found: list[RankRecord] = []
+    for path in sorted(ev.dir.glob("launch*_rank0.json"), key=lambda p: int(p.name[6:].split("_")[0])):
+        with contextlib.suppress(RecordError):
+            found.append(read_record(path))
+    return found
+
+
 def _resume_check(
     inp: RunBenchmarkWindowInput,
     rt: ToolRuntime,
@@ -205,10 +215,7 @@ def _resume_check(
     target = rt.ledger.get(inp.resume_of) if inp.resume_of is not None else None
     if target is None:
         return None
-    resumed: list[RankRecord] = []
-    for path in sorted(ev.dir.glob("launch*_rank0.json"), key=lambda p: int(p.name[6:].split("_")[0])):
-        with contextlib.suppress(RecordError):
-            resumed.append(read_record(path))
+    resumed = _launch_records(ev)
     theirs: list[TensorDump] = []
     for raw in as_list(target.result.get("tensor_dumps")):
         with contextlib.suppress(ValidationError):
@@ -364,6 +371,7 @@ async def record_windows(
             ev, "step_times.png", lambda: step_times_png(by_rank, inp.warmup_steps, title), key=True
         )
     out = _render(inp, ev, rt, got)
+    out.saved_states = saved_states(await anyio.to_thread.run_sync(_launch_records, ev))
     if got.failure is None and (
         resumed := await anyio.to_thread.run_sync(_resume_check, inp, rt, ev, got.tensor_dumps, provenance)
     ):

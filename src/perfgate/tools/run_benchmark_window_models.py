@@ -18,6 +18,7 @@ from perfgate.benchmarking.job import JobSummary, JobTiming
 from perfgate.benchmarking.provenance import RunProvenance
 from perfgate.benchmarking.replicas import ReplicaCheck
 from perfgate.benchmarking.results import ModelFacts, RankResult, Throughput, WindowResult
+from perfgate.benchmarking.saved_state import SavedState
 from perfgate.benchmarking.window_plan import Timing
 from perfgate.evidence import EvidenceState
 from perfgate.execution.hang import HangDiagnosis
@@ -359,6 +360,13 @@ class RunBenchmarkWindowOutput(BaseModel):
         default=None,
         description="resume_of: the resumed launches against the uninterrupted run (checkpoint loaded, the "
         "step it was saved at, loss agreement at the aligned steps).",
+    )
+    saved_states: list[SavedState] = Field(
+        default_factory=list[SavedState],
+        description="Each distinct state the run's checkpoint writers (torch.save, DCP save, safetensors "
+        "save_file) were handed, rank 0: keys, shapes, dtypes and a digest. The keep's checkpoint_resume gate "
+        "compares the baseline's with the candidate's: run a side with job=true for its end-of-run save to "
+        "be seen.",
     )
     job_launches: list[JobTiming] = Field(
         default_factory=list[JobTiming], description="job=true: each launch's whole job."
