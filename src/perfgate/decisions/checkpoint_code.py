@@ -205,3 +205,16 @@ def touched_checkpointing(
                 "was recorded, e.g. it is not tracked by git)"
             )
     return found, unread
+
+
+def saving_files(record: EvidenceRecord, workspace: Path) -> list[str]:
+    """``'<path> (calls torch.save)'`` for each file the window's command names that calls a checkpoint
+    saver or loader, read where the workspace still holds the version the window ran (its digest)."""
+    out: list[str] = []
+    for path, digest in as_dict(_provenance(record).get("files")).items():
+        text = _text(workspace, str(path))
+        if text is None or hashlib.sha256(text).hexdigest() != digest:
+            continue
+        if calls := checkpoint_calls(text.decode("utf-8", "replace")):
+            out.append(f"{path} (calls {', '.join(calls)})")
+    return out

@@ -28,7 +28,7 @@ from perfgate.decisions.binding import (
     declared_for_experiment,
     looser_than_declared,
 )
-from perfgate.decisions.checkpoint_code import touched_checkpointing
+from perfgate.decisions.checkpoint_code import saving_files, touched_checkpointing
 from perfgate.decisions.equivalence import stricter_than_defaults
 from perfgate.decisions.experiments import Experiment
 from perfgate.decisions.saved_state import StateDifference, saved_state_difference
@@ -76,6 +76,8 @@ def _why(
     touched, unread = touched_checkpointing(comparison, lookup, workspace)
     if touched:
         return f"the code change's own lines touch checkpointing: {'; '.join(touched[:3])}", False
+    if not state.observed and (moved := _structure_moved(comparison, lookup, workspace)):
+        return moved, True
     if unread and not state.observed:
         return (
             f"the code change may touch checkpointing: {'; '.join(unread[:3])}, and no save was observed on "
@@ -83,6 +85,30 @@ def _why(
             True,
         )
     return None, False
+
+
+def _structure_moved(comparison: EvidenceRecord, lookup: Lookup, workspace: Path) -> str | None:
+    """Where no save was observed: the model's parameters changed names, shapes or dtypes between the sides
+    (the harness's structure digest) in a job whose code saves or loads checkpoints, so a checkpoint the
+    baseline saved may no longer load; the sides' saves, once observed, settle it."""
+    firsts = [
+        next((r for i in str_list(comparison.inputs.get(side)) if (r := lookup(i)) is not None), None)
+        for side in ("baseline", "candidate")
+    ]
+    base, cand = firsts
+    if base is None or cand is None:
+        return None
+    digests = [as_dict(r.result.get("model")).get("structure") for r in (base, cand)]
+    if not all(isinstance(d, str) for d in digests) or digests[0] == digests[1]:
+        return None
+    saving = saving_files(cand, workspace)
+    if not saving:
+        return None
+    return (
+        f"the model's parameters changed names, shapes or dtypes (structure {str(digests[0])[:8]} -> "
+        f"{str(digests[1])[:8]}) and the job saves checkpoints ({'; '.join(saving[:2])}): a checkpoint the "
+        "baseline saved may no longer load, and no save was observed on both sides to compare what they hold"
+    )
 
 
 def _incompatible(state: StateDifference, command: list[str]) -> Check:
