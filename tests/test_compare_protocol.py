@@ -109,7 +109,6 @@ LAUNCHED_CHANGES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "timing": ({}, {"timing": "explicit"}),
     "warmup_steps": ({}, {"warmup_steps": 0}),
     "measure_steps": ({}, {"measure_steps": 10}),
-    "repeats": ({}, {"repeats": 5}),
     "same_process": ({}, {"same_process": True}),
     "log_pattern": (
         {"timing": "log", "log_pattern": r"step (?P<step>\d+) (?P<step_time_ms>[0-9.]+)"},

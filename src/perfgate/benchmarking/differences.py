@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
-from perfgate.benchmarking.argv import argv_changes, argv_options, launched_argv
+from perfgate.benchmarking.argv import argv_changes, argv_options
+from perfgate.benchmarking.identity import ran_argv, written_by
 from perfgate.benchmarking.observed import Place, entries_showing, explains, option_name
+from perfgate.benchmarking.outputs import output_paths
 from perfgate.benchmarking.protocol import IMPORTED_FIELDS, LAUNCHED_FIELDS, MEASURED_FIELDS, changed_fields
 from perfgate.benchmarking.provenance import code_differences
 from perfgate.benchmarking.sides import IMPORT_TOOL, record_contract, record_protocol, record_provenance
@@ -262,13 +264,12 @@ def _argv_differences(
     out: Differences, base: EvidenceRecord, cand: EvidenceRecord, declared: Sequence[str]
 ) -> None:
     """The command lines (imported evidence has none), with how they were launched (a Slurm launch's
-    resources): a changed semantic flag explains its own tokens, declared or not (its difference says
+    resources), each value its run wrote read as an output (`identity.ran_argv`: a dump or log path each
+    side wrote is no setting; one a side did not write still is): a changed semantic flag explains its own tokens, declared or not (its difference says
     which); any other changed option must be one a declared change sets, and the rest of argv the same."""
-    b_argv, c_argv = launched_argv(base.inputs), launched_argv(cand.inputs)
-    if not (isinstance(b_argv, list) and isinstance(c_argv, list) and b_argv != c_argv):
+    b_list, c_list = ran_argv(base), ran_argv(cand)
+    if b_list is None or c_list is None or b_list == c_list:
         return
-    b_list = [str(x) for x in cast("list[Any]", b_argv)]
-    c_list = [str(x) for x in cast("list[Any]", c_argv)]
     changed = [
         i
         for i in range(max(len(b_list), len(c_list)))
@@ -340,8 +341,10 @@ def _batch_split_explains(declared: Sequence[str], option: str, alike: frozenset
 def _code_differences(
     out: Differences, base: EvidenceRecord, cand: EvidenceRecord, declared: Sequence[str]
 ) -> None:
-    """The git code state and the workspace files the command names, each covered by a declared 'code'."""
+    """The git code state and the workspace files the command names, each covered by a declared 'code';
+    paths either run wrote (its outputs, and what an earlier call left there) are no code."""
     names = declared_names(declared)
+    written = output_paths(base.result) + output_paths(cand.result)
     b_prov, c_prov = record_provenance(base), record_provenance(cand)
     b_code, c_code = as_dict(b_prov.get("code")), as_dict(c_prov.get("code"))
     if not b_prov or not c_prov:
@@ -353,7 +356,7 @@ def _code_differences(
             + str(b_code.get("unknown_reason") or c_code.get("unknown_reason") or "unknown")
             + ")"
         )
-    elif paths := code_differences(b_code, c_code):
+    elif paths := [p for p in code_differences(b_code, c_code) if not written_by(p, written)]:
         if CODE in names:
             out.used.add(CODE)
         out.items.append(
@@ -371,6 +374,8 @@ def _code_differences(
     for path in sorted(set(b_files) | set(c_files)):
         if b_files.get(path) == c_files.get(path) or path not in b_files or path not in c_files:
             continue  # a file only one side names is an argv difference
+        if written_by(path, written):
+            continue  # what an earlier run left at an output path: not what this one ran
         if CODE in names:
             out.used.add(CODE)
         out.items.append(

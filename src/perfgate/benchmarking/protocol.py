@@ -1,8 +1,10 @@
 """The measurement protocol of a benchmark window: where the timed boundary lies and how work is counted.
 
 Two windows measure the same thing only when they were taken the same way: the same warm-up skipped, the
-same number of steps timed, the same timer, the same windows per process and launches, the same source of
-samples or tokens per step, the same log pattern. A window whose warm-up was cut from 5 steps to 0 times
+same number of steps timed, the same timer, windows in one process or one per launch, the same source of
+samples or tokens per step, the same log pattern. How many windows or launches a call made is not part of
+it: that is sample size (the interval and the launch count see it), and windows of one boundary measured
+over several calls pool. A window whose warm-up was cut from 5 steps to 0 times
 its compile or cache-filling steps; one that counts samples from a declared figure instead of the batches
 seen counts other work. So a protocol difference between the sides is part of the comparison: it is named
 and refuses the comparison unless the caller declared it as ``protocol.<field>`` in ``declared_changes``
@@ -31,13 +33,13 @@ LAUNCHED_FIELDS: dict[str, str] = {
     "timing": "how steps are timed (harness optimizer steps, the script's own Window, or a log)",
     "warmup_steps": "optimizer steps skipped before each window",
     "measure_steps": "optimizer steps in each window",
-    "repeats": "windows measured (launches, or windows of one launch with same_process)",
     "same_process": "whether the windows share one process",
     "log_pattern": "the pattern step times are read with (timing='log')",
     "samples_per_step": "samples per step as given (null: counted from the batches seen)",
     "tokens_per_step": "tokens per step as given",
 }
-"""run_benchmark_window inputs that set the measurement boundary."""
+"""run_benchmark_window inputs that set the measurement boundary (``repeats`` is sample size, not one of
+them)."""
 
 IMPORTED_FIELDS: dict[str, str] = {
     "pattern": "the pattern step times are read with (format='regex')",

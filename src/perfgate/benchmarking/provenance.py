@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from perfgate.benchmarking.outputs import ArgvPath, argv_paths
+
 if TYPE_CHECKING:
     from perfgate.execution.service import ArtifactWriter
 
@@ -134,6 +136,11 @@ class RunProvenance(BaseModel):
     files: dict[str, str] = Field(
         description="sha256 of each workspace file the argv names (script, configs; untracked included)."
     )
+    argv_paths: list[ArgvPath] = Field(
+        default_factory=list[ArgvPath],
+        description="The option values of argv read as paths, stamped before the first launch: the run's "
+        "outputs are those it wrote (perfgate.benchmarking.outputs).",
+    )
 
 
 def workspace_relative(path: Path, workspace: Path) -> str:
@@ -153,7 +160,8 @@ def run_provenance(
     artifacts: ArtifactWriter,
 ) -> RunProvenance:
     """A launched run's argv, env change names, code state (git; the dirty diff as the artifact
-    ``code.diff``) and digests of the workspace files argv names: every run perfgate launches records this.
+    ``code.diff``) and digests of the workspace files argv names, its option values stamped as paths: every run perfgate
+    launches records this.
 
     ``cwd_name`` is the working directory as given, ``cwd`` where it resolved to.
     """
@@ -183,4 +191,5 @@ def run_provenance(
         env_changes=sorted(env),
         code=code,
         files=argv_files(command, cwd, workspace),
+        argv_paths=argv_paths(command, cwd, workspace),
     )

@@ -3,28 +3,34 @@ longer validation asked for before any keep.
 
 The seeds' tuning loop runs matched short screens (a sweep of microbatch sizes, a few kernel options), then
 runs the winner for at least 50 healthy steps before trusting it. A candidate list that holds the windows of
-more than one candidate (they differ among themselves in what ran: argv, env values, contract execution
-settings, code state) is such a screen: each candidate is compared with the baseline on its own, under the
+more than one candidate (they differ among themselves in what ran, `benchmarking.identity`: argv less the
+paths the run wrote, env values, contract execution settings, code state) is such a screen; windows of one
+candidate measured in several calls are not: each candidate is compared with the baseline on its own, under the
 same declared changes, and ranked. The winner is the improved candidate whose interval's lower end is
 highest; a screen is never kept itself (pooling different candidates would measure none of them).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from perfgate.benchmarking.sides import IMPORT_TOOL, record_contract, record_provenance
-from perfgate.evidence.access import as_dict
+from perfgate.benchmarking.identity import identity_differences, identity_key, record_identity
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.ab import EvidenceComparison
     from perfgate.evidence import EvidenceRecord
 
-__all__ = ["VALIDATION_STEPS", "Screen", "ScreenEntry", "candidate_groups", "rank_screen"]
+__all__ = [
+    "VALIDATION_STEPS",
+    "Screen",
+    "ScreenEntry",
+    "candidate_groups",
+    "rank_screen",
+    "screen_differences",
+]
 
 VALIDATION_STEPS = 50
 """Healthy steps a screen's winner runs before it can be kept (the seeds' rule)."""
@@ -47,6 +53,11 @@ class Screen(BaseModel):
     """Each candidate against the baseline, the winner first."""
 
     entries: list[ScreenEntry]
+    differs: list[str] = Field(
+        default_factory=list[str],
+        description="What differs among the candidates (each against the first): 'argv --opt', 'env.NAME', "
+        "'execution.KEY', 'code PATH', 'file PATH'.",
+    )
     winner: list[str] | None = Field(
         description="The winner's window evidence ids: improved, with the highest lower interval end; None when "
         "no candidate improved beyond noise."
@@ -67,35 +78,29 @@ class Screen(BaseModel):
             for e in self.entries
         )
         shown = "winner's" if self.winner else "best candidate's"
-        return f"screen of {len(self.entries)} candidates, best first: {ranked}; the figures below are the {shown}"
-
-
-def _run_key(record: EvidenceRecord) -> str:
-    """What ran, as one string: windows of one candidate share it (their labels and reasons may differ)."""
-    execution = record_contract(record).execution
-    if record.tool == IMPORT_TOOL:
-        return json.dumps({"execution": execution}, sort_keys=True, default=str)
-    prov = record_provenance(record)
-    code = as_dict(prov.get("code"))
-    return json.dumps(
-        {
-            "argv": record.inputs.get("command"),
-            "env": record.inputs.get("env"),
-            "execution": execution,
-            "code": [code.get("commit"), code.get("diff_sha256")],
-            "files": prov.get("files"),
-        },
-        sort_keys=True,
-        default=str,
-    )
+        differ = f"; they differ in {', '.join(self.differs[:8])}" if self.differs else ""
+        return (
+            f"screen of {len(self.entries)} candidates, best first: {ranked}{differ}; the figures below are the "
+            f"{shown}"
+        )
 
 
 def candidate_groups(records: Sequence[EvidenceRecord]) -> list[list[EvidenceRecord]]:
-    """The candidate windows grouped by what ran, in first-seen order (one group: no screen)."""
+    """The candidate windows grouped by what ran (`identity.record_identity`), in first-seen order (one
+    group: no screen, whatever calls measured them)."""
     groups: dict[str, list[EvidenceRecord]] = {}
     for r in records:
-        groups.setdefault(_run_key(r), []).append(r)
+        groups.setdefault(identity_key(r), []).append(r)
     return list(groups.values())
+
+
+def screen_differences(groups: Sequence[Sequence[EvidenceRecord]]) -> list[str]:
+    """What differs among the candidates (each against the first), by name (`identity.identity_differences`)."""
+    first = record_identity(groups[0][0])
+    found: dict[str, None] = {}
+    for g in groups[1:]:
+        found.update(dict.fromkeys(identity_differences(first, record_identity(g[0]))))
+    return list(found)
 
 
 def _entry(group: Sequence[EvidenceRecord], ab: EvidenceComparison) -> ScreenEntry:
@@ -159,6 +164,7 @@ def rank_screen(
         )
     screen = Screen(
         entries=[entries[i] for i in ranked],
+        differs=screen_differences(groups),
         winner=None if best is None else entries[best].candidate,
         next=f"next: {step}",
     )

@@ -23,6 +23,7 @@ from perfgate.benchmarking.health import job_health_of_launches
 from perfgate.benchmarking.job import JobTiming, job_timing
 from perfgate.benchmarking.logsettings import read_logged_settings
 from perfgate.benchmarking.measured import ObservedBatch, launch_stream, observe_batch, window_health
+from perfgate.benchmarking.outputs import RunOutput, written_outputs
 from perfgate.benchmarking.provenance import RunProvenance
 from perfgate.benchmarking.replicas import ReplicaCheck, replica_check
 from perfgate.benchmarking.window_plan import WindowPlan
@@ -78,6 +79,8 @@ class WindowRun:
     timing_checks: list[TimingCheck] = field(default_factory=list[TimingCheck])
     replicas: list[ReplicaCheck] = field(default_factory=list[ReplicaCheck])
     tensor_dumps: list[TensorDump] = field(default_factory=list[TensorDump])
+    outputs: list[RunOutput] = field(default_factory=list[RunOutput])
+    """The option values of the command line the launches wrote (`perfgate.benchmarking.outputs`)."""
     launch_ids: list[int | None] = field(default_factory=list[int | None])
     """Per launch: the id the server gave it (None: unknown)."""
     reported_metrics: dict[str, float] = field(default_factory=dict[str, float])
@@ -162,6 +165,14 @@ async def measure_windows(
             out.windows.extend((launch, w) for w in got)
     except BenchmarkError as exc:  # a WindowFailure among them
         out.failure = str(exc)
+    if provenance is not None and provenance.argv_paths:
+        dumped = [d.path for r in all_records for d in r.tensor_dumps]
+        saved = [
+            f.path for r in all_records if r.job is not None for f in r.job.checkpoint_files if f.op == "save"
+        ]
+        out.outputs = await anyio.to_thread.run_sync(
+            written_outputs, provenance.argv_paths, dumped, saved, workspace
+        )
 
     if out.windows and out.failure is None:
         out.summary = summarize_run([w for _, w in out.windows])

@@ -2,7 +2,7 @@
 needs a candidate run that trained at least that many steps, healthily (finite losses and gradient norms,
 no unexplained skipped iteration, no loss spike, no loss-scale collapse: ``job_health``).
 
-Any candidate window counts: one of the comparison's, or a run of the same command measured after open and
+Any candidate window counts: one of the comparison's, or a run of the same command (less the output paths it wrote) measured after open and
 attached in role ``candidate``. A passed ``check_training_health`` of a candidate window with ``min_steps``
 at least the number asked counts too.
 """
@@ -29,6 +29,14 @@ class ValidationVerdict:
     unhealthy: bool = False
 
 
+def _command(record: EvidenceRecord) -> tuple[str, ...]:
+    """The command as it ran, less the output paths the run wrote (`benchmarking.identity.ran_argv`): a
+    validation run may write its dump or log elsewhere."""
+    from perfgate.benchmarking.identity import ran_argv
+
+    return tuple(ran_argv(record) or str_list(record.inputs.get("command")))
+
+
 def _span(record: EvidenceRecord) -> tuple[int, str]:
     """Steps the run's job health covers (the longest launch), and its verdict."""
     job = as_dict(record.result.get("job_health"))
@@ -41,7 +49,7 @@ def validation_verdict(
     exp: Experiment, steps: int, comparison: EvidenceRecord | None, lookup: Lookup
 ) -> ValidationVerdict:
     compared = str_list(comparison.inputs.get("candidate")) if comparison is not None else []
-    commands = {tuple(str_list(r.inputs.get("command"))) for i in compared if (r := lookup(i)) is not None}
+    commands = {_command(r) for i in compared if (r := lookup(i)) is not None}
     windows: list[EvidenceRecord] = [r for i in compared if (r := lookup(i)) is not None]
     for wid in exp.ids("candidate"):
         record = lookup(wid)
@@ -49,7 +57,7 @@ def validation_verdict(
             record is not None
             and record.tool == "run_benchmark_window"
             and record.seq > exp.opened_seq
-            and (not commands or tuple(str_list(record.inputs.get("command"))) in commands)
+            and (not commands or _command(record) in commands)
         ):
             windows.append(record)
     seen: list[str] = []

@@ -192,8 +192,8 @@ class CompareBenchmarksOutput(BaseModel):
     )
     screen: Screen | None = Field(
         default=None,
-        description="The candidate windows came from several candidates (they differ in argv, env, execution "
-        "settings or code): each was compared with the baseline, ranked, and the winner's validation is the "
+        description="The candidate windows came from several candidates (they differ in argv less the output "
+        "paths each run wrote, env, execution settings or code; `differs` says which): each was compared with the baseline, ranked, and the winner's validation is the "
         "next step. A screen is never a keep's comparison.",
     )
     job: JobComparison | None = Field(
@@ -410,9 +410,11 @@ SPEC = ToolSpec(
         "/ within_noise; insufficient_launches with fewer than 2 separate launches a side). Refuses "
         "(incomparable, "
         "with reasons) when contract invariants differ, when the changed execution settings or measurement "
-        "protocol (warm-up, measured steps, timing, repeats, samples per step, log pattern) differ from "
+        "protocol (warm-up, measured steps, timing, samples per step, log pattern) differ from "
         "declared_changes (undeclared or declared-but-absent), or when any window is profiled or failed. "
-        "Warns under 3 launches per side. Its evidence is what record_decision needs for a 'keep'. Setting "
+        "Windows of one candidate pool, whatever calls and launches measured them; candidate windows that "
+        "differ in what ran (argv less the output paths each run wrote, env, execution settings, code) are a "
+        "screen, which names what differs. Warns under 3 launches per side. Its evidence is what record_decision needs for a 'keep'. Setting "
         "names: skill://perfgate/references/vocabulary.md."
     ),
     input_model=CompareBenchmarksInput,

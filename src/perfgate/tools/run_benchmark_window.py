@@ -421,6 +421,7 @@ def _render(
         "batch_source": batch.source if batch is not None else None,
         "model": model_facts(first),
         "tensor_dumps": got.tensor_dumps,
+        "outputs": got.outputs,
         "launch_ids": got.launch_ids,
         "reported_metrics": got.reported_metrics,
         "logged_settings": got.logged_settings,

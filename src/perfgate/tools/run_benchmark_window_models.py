@@ -15,6 +15,7 @@ from perfgate.benchmarking.corroborate import TimingCheck
 from perfgate.benchmarking.dumps import TensorDump
 from perfgate.benchmarking.health import JobHealth, TrainingHealth
 from perfgate.benchmarking.job import JobSummary, JobTiming
+from perfgate.benchmarking.outputs import RunOutput
 from perfgate.benchmarking.provenance import RunProvenance
 from perfgate.benchmarking.replicas import ReplicaCheck
 from perfgate.benchmarking.results import ModelFacts, RankResult, Throughput, WindowResult
@@ -385,6 +386,12 @@ class RunBenchmarkWindowOutput(BaseModel):
         default_factory=list[TensorDump],
         description="Files perfgate.harness.dump_tensors wrote in the launched processes: they are this run's "
         "output, and compare_tensors binds a file with these bytes to this record (its launch and code state).",
+    )
+    outputs: list[RunOutput] = Field(
+        default_factory=list[RunOutput],
+        description="Option values of the command the launches wrote (created or changed on disk while they ran: "
+        "dumps, checkpoints, logs, output folders): outputs of this run, not settings, so two calls that differ "
+        "only there are one candidate. A value the run did not write stays a setting.",
     )
     launch_ids: list[int | None] = Field(
         default_factory=list[int | None],
