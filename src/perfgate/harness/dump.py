@@ -171,8 +171,8 @@ def dump_tensors(
     candidate a file of its own: ``dump_tensors("captures/{label}-{launch}.safetensors", ...)``.
 
     In a measured run a dump never overwrites a file an earlier launch wrote (a re-run of the baseline would
-    otherwise replace the file an earlier check compared): such a path gets ``-<launch id>`` before its
-    extension, the run's answer lists the file as written, and a note says so.
+    otherwise replace the file an earlier check compared): such a path gets ``-launch<launch id>`` before
+    its extension, the run's answer lists the file as written, and a note says so.
 
     In a profiled run (profile_segment) nothing is written: its tensors are evidence of nothing (a profiled
     run never is), and its files would be strays in the workspace. The path it would have had is returned.
@@ -254,7 +254,7 @@ def _own_file(target: Path, window: ActiveWindow) -> Path:
         return target
     if written >= window.origin_unix_ns:
         return target
-    own = target.with_name(f"{target.stem}-{_expand('{launch}', None)}{target.suffix}")
+    own = target.with_name(f"{target.stem}-launch{_expand('{launch}', None)}{target.suffix}")
     if own not in _kept_apart:
         _kept_apart.add(own)
         window.note(
