@@ -106,8 +106,9 @@ async def test_the_harness_captures_at_a_step_what_the_script_would_dump_bit_for
         )
         assert out["state"] == "executed", out["failure_reason"]
         dumps = {d["path"]: d for d in out["tensor_dumps"]}
-        assert set(dumps) == {"captures/baseline.safetensors", "self/baseline.safetensors"}
-        own, script = dumps["captures/baseline.safetensors"], dumps["self/baseline.safetensors"]
+        capture = f"captures/baseline-{out['launch_ids'][0]}.safetensors"  # the default names the launch
+        assert set(dumps) == {capture, "self/baseline.safetensors"}
+        own, script = dumps[capture], dumps["self/baseline.safetensors"]
         # bound to this launch like the script's own dump, at the same step, outside the window
         assert own["launch"] == script["launch"] == 0 and own["step"] == script["step"] == 3
         assert own["digest"] == script["digest"] and own["size_bytes"] == script["size_bytes"]
@@ -144,7 +145,7 @@ async def test_a_capture_inside_a_window_discards_it_as_dump_tensors_does(allowe
         out = await _call(client, "run_benchmark_window", _window(30, {"step": 4}, warmup=3))
     assert out["state"] == "executed", out["failure_reason"]
     (dump,) = out["tensor_dumps"]
-    assert dump["step"] == 4 and dump["path"] == "captures/baseline.safetensors"
+    assert dump["step"] == 4 and dump["path"] == f"captures/baseline-{dump['launch_id']}.safetensors"
     assert any(
         "dump_tensors ran inside window 0 at step 4" in w and "discarded" in w for w in out["warnings"]
     )

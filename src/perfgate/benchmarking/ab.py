@@ -64,7 +64,7 @@ def compare_evidence(
     """
     from perfgate.benchmarking.compare import compare_windows, launch_throughputs
     from perfgate.benchmarking.drift import interleaved_plan, launch_infos
-    from perfgate.benchmarking.noise import explain_noise
+    from perfgate.benchmarking.noise import explain_noise, thread_change
 
     judged = comparability(base, cand, declared, per_device=per_device, busy_share=busy_share)
     if judged.reasons:
@@ -82,7 +82,7 @@ def compare_evidence(
         base_windows, cand_windows, min_effect=min_effect, launches=launches, settle=settle
     )
     rates = (launch_throughputs(base_windows, result.unit), launch_throughputs(cand_windows, result.unit))
-    noise = explain_noise(base, cand, result, rates, settle)
+    noise = explain_noise(base, cand, result, rates, settle, thread_change(declared, judged.differences))
     training = training_differences(side_training(workspace, base), side_training(workspace, cand))
     imported = (
         [

@@ -195,7 +195,11 @@ def summarize_window(
         per_rank: list[list[int | None]] = [
             (r.steps.samples if column == "samples" else r.steps.tokens)[span] for r in records
         ]
-        if any(v is None for col in per_rank for v in col):
+        if column == "samples" and any(v is None for col in per_rank for v in col):
+            # no DataLoader batch on every step: the samples that reached the model's forward, where counted
+            # (`perfgate.benchmarking.measured.measured_batch` reads the same column)
+            per_rank = [r.steps.model_samples[span] for r in records]
+        if any(len(col) != n or any(v is None for v in col) for col in per_rank):
             return None, None
         per_step = [float(sum(col[j] or 0 for col in per_rank)) for j in range(n)]
         return int(sum(per_step)), per_step

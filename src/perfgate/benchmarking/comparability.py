@@ -74,7 +74,11 @@ def side_reasons(side: str, records: Sequence[EvidenceRecord]) -> list[str]:
             )
         elif r.state not in USABLE:
             why = r.result.get("failure_reason")
-            reasons.append(f"{side} evidence {r.id} is {r.state.value}" + (f" ({why})" if why else ""))
+            what = "failed" if r.state == EvidenceState.FAILED else f"is {r.state.value}"
+            reasons.append(
+                f"{side} window {r.id} {what}, so it has no step timing to compare"
+                + (f": {why}" if why else "")
+            )
     contracts = [record_contract(r) for r in records]
     reasons += [f"{side}: {p}" for p in same_contract(contracts)]
     reasons += [f"{side}: {p}" for p in same_protocol([record_protocol(r) for r in records])]

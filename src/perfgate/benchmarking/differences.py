@@ -141,6 +141,10 @@ def find_differences(
     return out
 
 
+_MEASURED_STATES = ("executed", "passed")
+"""States of a window that measured (`perfgate.benchmarking.comparability.USABLE`)."""
+
+
 def protocol_differences(base: EvidenceRecord, cand: EvidenceRecord, names: set[str]) -> list[Difference]:
     """The measurement-boundary fields that differ between the windows, each declared (as
     ``protocol.<field>``: ``warmup_steps`` alone is the learning-rate warm-up of the vocabulary) or not.
@@ -154,6 +158,11 @@ def protocol_differences(base: EvidenceRecord, cand: EvidenceRecord, names: set[
     meaning = {**(IMPORTED_FIELDS if base.tool == IMPORT_TOOL else LAUNCHED_FIELDS), **MEASURED_FIELDS}
     out: list[Difference] = []
     for key in changed_fields(b_proto, c_proto):
+        if key in MEASURED_FIELDS and any(
+            key not in proto and r.state.value not in _MEASURED_STATES
+            for proto, r in ((b_proto, base), (c_proto, cand))
+        ):
+            continue  # a failed window measured nothing: the comparison names it as failed, with its reason
         declared = f"protocol.{key}" in names
         out.append(
             Difference(

@@ -34,7 +34,12 @@ class TensorDump(BaseModel):
         "'sha256:<hex>' in a run record written before BLAKE3."
     )
     size_bytes: int
-    launch: int = Field(description="The launch (0-based) whose process wrote it.")
+    launch: int = Field(description="The launch (0-based, in this call) whose process wrote it.")
+    launch_id: int | None = Field(
+        default=None,
+        description="That launch's number in the workspace (launch_ids[launch]): what {launch} in the path "
+        "became, so a name written with it carries this number. Null: not numbered by the server.",
+    )
     rank: int
     step: int = Field(description="Steps completed in that process when it was written.")
     computed: dict[str, int] | None = Field(
@@ -46,14 +51,18 @@ class TensorDump(BaseModel):
     )
 
 
-def tensor_dumps(workspace: Path, launch: int, records: Sequence[RankRecord]) -> list[TensorDump]:
-    """The dumps each rank's record of ``launch`` names, with paths relative to the workspace where inside it."""
+def tensor_dumps(
+    workspace: Path, launch: int, records: Sequence[RankRecord], launch_id: int | None = None
+) -> list[TensorDump]:
+    """The dumps each rank's record of ``launch`` (the workspace's launch ``launch_id``) names, with paths
+    relative to the workspace where inside it."""
     return [
         TensorDump(
             path=workspace_relative(Path(d.path), workspace),
             digest=digest,
             size_bytes=d.size_bytes,
             launch=launch,
+            launch_id=launch_id,
             rank=r.rank,
             step=d.step,
             computed=d.computed,

@@ -14,7 +14,9 @@ the runs noisy, from what the server recorded of each window run (never from the
 - **spread**: each side's launch-to-launch spread against the effect.
 
 The last line is what settles it: the interleaved calls, with enough repeats, and the pinned threads when
-the run was over-subscribed.
+the run was over-subscribed. Advice never undoes what is compared: where the thread count is the change
+(declared, or a difference between the sides), the hint pins no thread count, says so, and asks for free
+CPUs or counts that fit instead (`thread_change`).
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from perfgate.benchmarking.observed import Place, entries_showing, explains
 from perfgate.evidence.access import as_dict
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.compare import Comparison
+    from perfgate.benchmarking.differences import Difference
     from perfgate.evidence import EvidenceRecord
 
-__all__ = ["explain_noise", "oversubscription", "pinned_threads"]
+__all__ = ["explain_noise", "oversubscription", "pinned_threads", "thread_change"]
 
 _SPEED_SPREAD = 0.10
 _BUSY_SHARE = 0.25
@@ -67,6 +71,35 @@ def oversubscription(record: EvidenceRecord) -> tuple[int, int, float, int] | No
     return ranks, threads, free, cpus
 
 
+_THREADS = "threads"
+"""The vocabulary entry a thread pin sets (`perfgate.benchmarking.observed.WHERE_SHOWN`)."""
+_PLACES: dict[str, Place] = {"env": "env", "measured": "fingerprint", "argv": "option"}
+"""A difference's field prefix -> where its setting shows."""
+
+
+def thread_change(declared: Sequence[str], differences: Sequence[Difference] = ()) -> str | None:
+    """What makes the thread count the change being compared (so a hint must not pin it), or None: a
+    declared change that explains torch's thread count or its variables, or a difference between the sides
+    where the thread count shows (an environment variable, the measured fingerprint, an option, the
+    contract's ``threads``)."""
+    shows: tuple[tuple[Place, str], ...] = (
+        ("fingerprint", "num_threads"),
+        ("env", "OMP_NUM_THREADS"),
+        ("option", _THREADS),
+    )
+    for d in declared:
+        if any(explains([d.lstrip("-")], place, name) for place, name in shows):
+            return f"{d!r} is the declared change"
+    for d in differences:
+        kind, _, name = d.field.partition(".")
+        place = _PLACES.get(kind)
+        if d.field == f"contract.execution.{_THREADS}" or (
+            place is not None and _THREADS in entries_showing(place, name)
+        ):
+            return f"{d.field} differs between the sides"
+    return None
+
+
 def _spread(values: Sequence[float]) -> float:
     """Largest relative distance of a launch from its side's median."""
     mid = statistics.median(values)
@@ -79,8 +112,12 @@ def explain_noise(
     comparison: Comparison,
     rates: tuple[Sequence[float], Sequence[float]],
     settle: str,
+    changed: str | None = None,
 ) -> list[str]:
-    """The lines that say why ``comparison`` could not tell and what to run next; empty when it could."""
+    """The lines that say why ``comparison`` could not tell and what to run next; empty when it could.
+
+    ``changed``: what makes the thread count the compared change (`thread_change`); the next call then
+    keeps each side's own count rather than pinning one."""
     if comparison.verdict not in ("within_noise", "insufficient_launches"):
         return []
     out: list[str] = []
@@ -95,12 +132,14 @@ def explain_noise(
             + f", against an effect of {effect:.0%}"
         )
     pins: list[int] = []
+    crowded: list[int] = []
     for side, records in (("baseline", base), ("candidate", cand)):
         for r in records:
             over = oversubscription(r)
             if over is not None:
                 ranks, threads, free, cpus = over
                 pins.append(pinned_threads(free, ranks))
+                crowded.append(ranks * threads)
                 out.append(
                     f"over-subscribed: {side} {r.id} ran {ranks} rank(s) x {threads} torch threads on {free:.1f} "
                     f"free of {cpus} CPUs, so its steps waited on the scheduler"
@@ -126,10 +165,15 @@ def explain_noise(
                     f"host speed: a fixed CPU probe ran {max(speeds) / min(speeds):.2f}x faster at one {side} launch of "
                     f"{r.id} than at another (frequency scaling or load that came and went)"
                 )
-    pin = (
-        f'pin threads on both sides (env {{"OMP_NUM_THREADS": "{min(pins)}"}} in every call), then '
-        if pins
-        else ""
-    )
+    if not pins:
+        pin = ""
+    elif changed is not None:
+        pin = (
+            f"keep each side's own thread count ({changed}: pinning it would undo the change) and hold everything "
+            f"else as it was; run both sides while other work leaves at least {max(crowded)} CPUs free, or compare "
+            f"counts that fit the {min(pins)} CPU(s) per rank left free, then "
+        )
+    else:
+        pin = f'pin threads on both sides (env {{"OMP_NUM_THREADS": "{min(pins)}"}} in every call), then '
     out.append("next: " + pin + settle)
     return out

@@ -20,7 +20,7 @@ class Capture:
 
     step: int
     what: tuple[str, ...] = ("parameters",)
-    path: str = "captures/{label}.safetensors"
+    path: str = "captures/{label}-{launch}.safetensors"
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ async def measure_windows(
                 out.first_launch = out.first_launch or records
                 all_records.extend(records)
                 launches.append(records)
-                out.tensor_dumps.extend(tensor_dumps(workspace, launch, records))
+                out.tensor_dumps.extend(tensor_dumps(workspace, launch, records, launched.launch_id))
                 out.sample_streams.append(launch_stream(records))
                 out.reported_metrics = (
                     {k: v for k, v in records[0].metrics.items() if math.isfinite(v)} if records else {}

@@ -443,8 +443,8 @@ def _comparison_gates(
     if isinstance(low, float) and isinstance(high, float):
         figure += f" (95% interval {low:.3f}-{high:.3f})"
     contradicted = as_dict(latest.result.get("job")).get("headline_contradicted")
-    if isinstance(contradicted, str):
-        figure = contradicted  # the pooled figure alone would mislead
+    # the pooled figure alone would mislead: the contradiction follows it as a clause of its own
+    also = f"; {contradicted}" if isinstance(contradicted, str) else ""
     more = (
         "more separate launches per side (run_benchmark_window repeats>=3, not same_process), then a new "
         "compare_benchmarks(...) over all of them and "
@@ -468,7 +468,7 @@ def _comparison_gates(
             _gate(
                 "comparison",
                 False,
-                f"verdict is within_noise: speedup {figure} is not beyond noise",
+                f"verdict is within_noise: {latest.id} measured speedup {figure}, not beyond noise{also}",
                 [latest.id],
                 more,
             )
@@ -489,13 +489,13 @@ def _comparison_gates(
             _gate(
                 "comparison",
                 False,
-                f"verdict is {verdict}: speedup {figure}",
+                f"verdict is {verdict}: {latest.id} measured speedup {figure}{also}",
                 [latest.id],
                 "decide 'revert' (the candidate is not faster)",
             )
         ]
     else:
-        gates = [_gate("comparison", True, f"improved: speedup {figure}", [latest.id])]
+        gates = [_gate("comparison", True, f"improved: speedup {figure}{also}", [latest.id])]
     gates += _binding_gates(exp, latest, ev)
     return [
         *gates,
@@ -716,6 +716,31 @@ def _binding_gates(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -
     return gates
 
 
+def _failed_tensor_checks(exp: Experiment, ev: _Evidence) -> Gate | None:
+    """With no passed check attached: the tensor checks of ``exp`` (attached, or run with its
+    experiment_id) that failed, each named with its figures; None when none failed."""
+    attached = set(exp.ids("correctness"))
+    failed = [
+        r
+        for r in ev.ledger.records(tool="compare_tensors")
+        if r.state.value == "failed" and (r.id in attached or r.inputs.get("experiment_id") == exp.id)
+    ]
+    if not failed:
+        return None
+    return _gate(
+        "correctness",
+        False,
+        "; ".join(
+            f"tensor check {r.id} failed ({r.result.get('summary') or 'no summary recorded'})" for r in failed
+        ),
+        [r.id for r in failed],
+        "repair the candidate and compare_tensors(...) its own new dump at the same tolerance, then "
+        + _attach(exp, "correctness")
+        + "; or, if the numerics changed on purpose, record_decision(action='open', hypothesis=..., "
+        f"classification='training_change', changed_variable={exp.changed_variable!r}, quality={{...}})",
+    )
+
+
 def _correctness_gate(exp: Experiment, ev: _Evidence) -> Gate:
     from perfgate.decisions.binding import correctness_binding_problems, looser_than_declared
 
@@ -728,7 +753,7 @@ def _correctness_gate(exp: Experiment, ev: _Evidence) -> Gate:
     )
     base = _passed_by(exp, ev, "correctness", "compare_tensors", "correctness", fix)
     if base.status == "failed":
-        return base
+        return _failed_tensor_checks(exp, ev) or base
     loose = [
         f"{cid} compared with {', '.join(why)}, looser than the experiment's declared tolerance "
         f"({declared.describe()}, fixed at open)"

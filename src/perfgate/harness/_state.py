@@ -52,6 +52,9 @@ class ActiveWindow(Protocol):
     job: bool
 
     @property
+    def origin_unix_ns(self) -> int: ...
+
+    @property
     def measuring(self) -> bool: ...
     @property
     def steps_completed(self) -> int: ...

@@ -23,7 +23,7 @@ __all__ = [
 
 ENV_PREFIX = "PERFGATE_"
 CAPTURE_KINDS = ("parameters", "gradients", "optimizer_state")
-DEFAULT_CAPTURE_PATH = "captures/{label}.safetensors"
+DEFAULT_CAPTURE_PATH = "captures/{label}-{launch}.safetensors"
 TimingMode = Literal["optimizer", "explicit"]
 _TIMING_MODES: tuple[TimingMode, ...] = ("optimizer", "explicit")
 

@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from perfgate.digests import ALGORITHM, format_digest, new_hasher
-from perfgate.harness._state import active_window
+from perfgate.harness._state import ActiveWindow, active_window
 
 __all__ = ["dump_tensors"]
 
@@ -165,9 +165,14 @@ def dump_tensors(
     device and are copied to the host one at a time. Parent folders are created. Returns the path.
 
     ``{label}``, ``{launch}`` and ``{rank}`` in ``path`` become the run's label (run_benchmark_window's
-    ``label``, in file-name characters; ``unlabelled`` outside a labelled run), the launch id and the rank,
-    so one line of code gives the baseline's and the candidate's runs a file each:
-    ``dump_tensors("captures/{label}.safetensors", ...)``.
+    ``label``, in file-name characters; ``unlabelled`` outside a labelled run), the launch id (the
+    workspace's launch number, as run_benchmark_window's ``launch_ids`` and each ``tensor_dumps`` entry's
+    ``launch_id`` show it) and the rank, so one line of code gives every launch of the baseline and of the
+    candidate a file of its own: ``dump_tensors("captures/{label}-{launch}.safetensors", ...)``.
+
+    In a measured run a dump never overwrites a file an earlier launch wrote (a re-run of the baseline would
+    otherwise replace the file an earlier check compared): such a path gets ``-launch<launch id>`` before
+    its extension, the run's answer lists the file as written, and a note says so.
 
     In a profiled run (profile_segment) nothing is written: its tensors are evidence of nothing (a profiled
     run never is), and its files would be strays in the workspace. The path it would have had is returned.
@@ -182,6 +187,8 @@ def dump_tensors(
     if window is not None and window.config.profile is not None:
         _skipped_in_profile(target)
         return target
+    if window is not None:
+        target = _own_file(target, window)
     try:
         computed = None if window is None else _computed(mapping, window.steps_completed)
         digest, size = _dump(target, mapping, metadata)
@@ -235,6 +242,30 @@ def _expand(path: str, label: str | None) -> Path:
         return _UNSAFE.sub("_", value or "").strip("._")[:64] or otherwise
 
     return Path(_FIELDS.sub(fill, path))
+
+
+def _own_file(target: Path, window: ActiveWindow) -> Path:
+    """``target``, or where it holds a file from before this launch (modified before its window was
+    created: an earlier launch's, or one copied in), the same name with this launch's id before the
+    extension. A file this launch wrote (an earlier dump, another rank) is the launch's own to replace."""
+    try:
+        written = target.stat().st_mtime_ns
+    except OSError:
+        return target
+    if written >= window.origin_unix_ns:
+        return target
+    own = target.with_name(f"{target.stem}-launch{_expand('{launch}', None)}{target.suffix}")
+    if own not in _kept_apart:
+        _kept_apart.add(own)
+        window.note(
+            f"dump_tensors: {target} holds an earlier launch's file, so this launch wrote {own} (put {{launch}} "
+            "in the path to give every launch a file of its own)"
+        )
+    return own
+
+
+_kept_apart: set[Path] = set()
+"""Files `_own_file` moved a dump to, noted once each."""
 
 
 def _dump(target: Path, mapping: Mapping[str, Any], metadata: Mapping[str, str] | None) -> tuple[str, int]:

@@ -344,6 +344,11 @@ class Window:
         if self._written is not None and not self._closed:
             self._write()
 
+    @property
+    def origin_unix_ns(self) -> int:
+        """Wall clock (ns) when this window was created, before the process trained (or dumped) anything."""
+        return self._origin_unix_ns
+
     def note(self, text: str) -> None:
         """A line for the record's notes (the run's answer shows them as warnings)."""
         if os.getpid() == self._pid:

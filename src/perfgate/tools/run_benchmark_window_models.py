@@ -92,10 +92,10 @@ class TensorCapture(BaseModel):
         Field(
             min_length=1,
             max_length=500,
-            description="safetensors file relative to cwd; {label}, {launch}, {rank} are filled in as dump_tensors "
-            "does.",
+            description="safetensors file relative to cwd; {label}, {launch} (the workspace's launch number, "
+            "unique per launch), {rank} are filled in as dump_tensors does.",
         ),
-    ] = "captures/{label}.safetensors"
+    ] = "captures/{label}-{launch}.safetensors"
 
     @model_validator(mode="after")
     def _inside(self) -> TensorCapture:
@@ -192,7 +192,8 @@ class RunBenchmarkWindowInput(BaseModel):
         str | None,
         Field(
             description="Free-form label, e.g. 'baseline' or 'candidate'; dump_tensors fills {label} in its path "
-            "with it, so the two sides' runs write a file each from one line of code."
+            "with it (and {launch} with the launch's number), so every launch of each side writes a file of its "
+            "own from one line of code."
         ),
     ] = None
     contract: Annotated[
@@ -396,7 +397,8 @@ class RunBenchmarkWindowOutput(BaseModel):
     launch_ids: list[int | None] = Field(
         default_factory=list[int | None],
         description="Per launch: the id the server gave it (PERFGATE_LAUNCH_ID, the `session` of the sample "
-        "records perfgate.harness recorders wrote in it); a keep binds a sample audit to these launches.",
+        "records perfgate.harness recorders wrote in it, and what {launch} in a dump path becomes); a keep "
+        "binds a sample audit to these launches.",
     )
     reported_metrics: dict[str, float] = Field(
         default_factory=dict[str, float],
