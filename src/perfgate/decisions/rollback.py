@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -101,13 +101,13 @@ def _range(workspace: Path, old: str, new: str) -> tuple[list[str], str | None]:
     return commits, None
 
 
-def candidate_change(
-    workspace: Path, base: EvidenceRecord, cand: EvidenceRecord, written: Callable[[str], bool] | None = None
-) -> CandidateChange | None:
-    """The recorded difference between a baseline and a candidate window; None when a side has no
-    recorded code state (its difference cannot be known). ``written``: an option's value the runs
-    themselves wrote (an output path), which no rollback needs to restore."""
-    from perfgate.benchmarking.argv import argv_options, launched_argv
+def candidate_change(workspace: Path, base: EvidenceRecord, cand: EvidenceRecord) -> CandidateChange | None:
+    """The recorded difference between a baseline and a candidate window, less what the runs themselves
+    wrote (`perfgate.benchmarking.identity`: an output path is no setting to restore); None when a side
+    has no recorded code state (its difference cannot be known)."""
+    from perfgate.benchmarking.argv import argv_options
+    from perfgate.benchmarking.identity import ran_argv, written_by
+    from perfgate.benchmarking.outputs import output_paths
     from perfgate.benchmarking.sides import record_provenance
 
     b_prov, c_prov = record_provenance(base), record_provenance(cand)
@@ -133,22 +133,19 @@ def candidate_change(
     change.sha256 = {
         str(p): d for p, d in b_files.items() if isinstance(d, str) and p in c_files and c_files[p] != d
     }
+    written = [*output_paths(base.result), *output_paths(cand.result)]
     for path in sorted(change.committed | change.dirty | set(change.sha256)):
-        change.home[path] = None if path in b_diff else b_commit
+        if not written_by(path, written):
+            change.home[path] = None if path in b_diff else b_commit
     b_env = {str(k): str(v) for k, v in as_dict(base.inputs.get("env")).items()}
     c_env = {str(k): str(v) for k, v in as_dict(cand.inputs.get("env")).items()}
     change.env = {n: b_env.get(n) for n in sorted(set(b_env) | set(c_env)) if b_env.get(n) != c_env.get(n)}
-    b_argv, c_argv = launched_argv(base.inputs), launched_argv(cand.inputs)
-    if isinstance(b_argv, list) and isinstance(c_argv, list):
-        b_opts = argv_options(str_list(b_argv))
-        c_opts = argv_options(str_list(c_argv))
-        for name in sorted(set(b_opts) | set(c_opts)):
-            b_val, c_val = b_opts.get(name), c_opts.get(name)
-            if b_val == c_val or (
-                written is not None and all(v is None or written(v) for v in (b_val, c_val))
-            ):
-                continue
-            change.options[name] = b_val
+    b_argv, c_argv = ran_argv(base), ran_argv(cand)
+    if b_argv is not None and c_argv is not None:
+        b_opts, c_opts = argv_options(b_argv), argv_options(c_argv)
+        change.options = {
+            n: b_opts.get(n) for n in sorted(set(b_opts) | set(c_opts)) if b_opts.get(n) != c_opts.get(n)
+        }
     return change
 
 
@@ -494,13 +491,12 @@ def rollback_check(
     workspace: Path,
     baseline: Sequence[EvidenceRecord],
     candidate: Sequence[EvidenceRecord],
-    written: Callable[[str], bool] | None = None,
 ) -> Check:
     """Whether ``rollback`` undoes what the candidate's windows changed against the baseline's (the
     first of each side, as the comparison's differences read them)."""
     change: Any = None
     if baseline and candidate:
-        change = candidate_change(workspace, baseline[0], candidate[0], written)
+        change = candidate_change(workspace, baseline[0], candidate[0])
     if change is None or change.empty():
         return _names_something(rollback, workspace, baseline)
     return _judge(workspace, change, rollback)
