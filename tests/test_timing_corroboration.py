@@ -312,6 +312,7 @@ def _check(status: str, consistency: str) -> dict[str, Any]:
         ("unobserved", "unverified", True),  # a Slurm launch: the harness's word, said so in the gate
         ("untrusted", "consistent", False),
         ("corroborated", "measurement_dependent", False),
+        ("corroborated", "noisy", True),  # uneven steps on one side of the windows: noise, not a contradiction
     ],
 )
 async def test_the_keep_refuses_windows_the_server_contradicts(
