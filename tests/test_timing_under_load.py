@@ -23,7 +23,9 @@ from _trust import any_code_rules, operator_policy
 from perfgate.benchmarking.corroborate import corroborate_launch
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from test_timing_corroboration import SKIP_WHILE_MEASURED, TRAIN, _record, _stamps
+from test_timing_corroboration import SKIP_WHILE_MEASURED, TRAIN
+from test_timing_corroboration import _record as _record  # pyright: ignore[reportPrivateUsage]
+from test_timing_corroboration import _stamps as _stamps  # pyright: ignore[reportPrivateUsage]
 
 pytestmark = pytest.mark.anyio
 
@@ -91,10 +93,7 @@ def burners() -> Iterator[None]:
 
 @pytest.fixture
 def ws(workspace: Path) -> Path:
-    operator_policy(
-        "[execution]\n"
-        + any_code_rules([PY, "-m", "perfgate.harness"], [PY, "train.py"])
-    )
+    operator_policy("[execution]\n" + any_code_rules([PY, "-m", "perfgate.harness"], [PY, "train.py"]))
     return workspace
 
 
@@ -116,13 +115,16 @@ async def _run(ws: Path, script: str, **extra: Any) -> dict[str, Any]:
         result = await client.call_tool("run_benchmark_window", args)
     assert not result.is_error, result.content
     out = result.structured_content
-    assert out is not None and out["state"] == "executed", out.get("failure_reason")
+    assert out is not None
+    assert out["state"] == "executed", out.get("failure_reason")
     return out
 
 
 @pytest.mark.usefixtures("burners")
 @pytest.mark.parametrize("script", [CHECKPOINTS, LOADER], ids=["checkpoint-every-5-steps", "loader-workers"])
-async def test_an_honest_script_beside_a_cpu_burner_is_not_measurement_dependent(ws: Path, script: str) -> None:
+async def test_an_honest_script_beside_a_cpu_burner_is_not_measurement_dependent(
+    ws: Path, script: str
+) -> None:
     pytest.importorskip("torch")
     out = await _run(ws, script)
     (check,) = out["timing_checks"]
