@@ -187,3 +187,21 @@ def test_a_window_faster_than_both_sides_is_still_measurement_dependent() -> Non
     check = corroborate_launch(0, [record], _stamps(record))
     assert check.consistency == "measurement_dependent" and check.blocks_keep, check
     assert "on both sides" in check.reasons[0]
+
+
+def test_a_late_stamp_on_a_busy_host_is_not_a_bent_clock() -> None:
+    """The demo's candidate beside two burners: the stamping thread waited 70 ms for a core before it read
+    the window's last boundary (a stamp is never early, only late). Nearby prompt stamps tell the truth."""
+    record = _record([15.0] * 35, 5, 30)
+    ticks = _stamps(record)
+    ticks.stamps[0][35] += 70_000_000
+    ticks.ended_ns += 70_000_000
+    for b in range(20, 24):  # a burst: four boundaries read at once, stamped with the last one's time
+        ticks.stamps[0][b] = ticks.stamps[0][24]
+    check = corroborate_launch(0, [record], ticks)
+    assert check.status == "corroborated", check.reasons
+    # the same stamps against a record whose clock ran 20% fast over its window: still untrusted
+    bent = _record([15.0] * 5 + [12.0] * 30, 5, 30)
+    check = corroborate_launch(0, [bent], _stamps(record))
+    assert check.status == "untrusted" and check.blocks_keep, check.reasons
+    assert any("window 0 took" in r for r in check.reasons), check.reasons
