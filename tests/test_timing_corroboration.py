@@ -312,6 +312,11 @@ def _check(status: str, consistency: str) -> dict[str, Any]:
         ("unobserved", "unverified", True),  # a Slurm launch: the harness's word, said so in the gate
         ("untrusted", "consistent", False),
         ("corroborated", "measurement_dependent", False),
+        (
+            "corroborated",
+            "noisy",
+            True,
+        ),  # uneven steps on one side of the windows: noise, not a contradiction
     ],
 )
 async def test_the_keep_refuses_windows_the_server_contradicts(
@@ -337,3 +342,5 @@ async def test_the_keep_refuses_windows_the_server_contradicts(
     if not kept:
         assert "trusted_timing" in text and f"{status}, {consistency}" in text
         assert "re-run the candidate with run_benchmark_window" in text
+    elif consistency == "noisy":
+        assert "3 launch(es) noisy around their windows, not a contradiction" in text, text

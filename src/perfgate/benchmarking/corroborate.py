@@ -6,16 +6,24 @@ clock or skip work only while it is measured. Two checks keep such figures from 
 1. **Clock.** Every step boundary reached the server as it happened and was stamped there
    (:mod:`perfgate.execution.ticks`). For each rank, the span the record reports from its first to its
    last observed boundary, and each window's elapsed time, must match the server's stamps of the same
-   boundaries within ``ABS_SLACK_NS + REL_SLACK x span``. The slack covers the stamping thread's wake-up on
-   a busy host; a clock bent by more than 5 % shows on any window longer than ~0.5 s. A boundary observed
+   boundaries within ``ABS_SLACK_NS + REL_SLACK x span``. A stamp is never earlier than its boundary but
+   may be later (the stamping thread waited for a core, or read several boundaries at once), so each edge
+   is read through the smallest lag (stamp minus record time) among the boundaries within ``LATE_REACH`` of
+   it: a late read is not a bent clock, and a bent clock moves every lag. The slack covers what remains;
+   a clock bent by more than 5 % shows on any window longer than ~0.5 s. A boundary observed
    twice, or a record that ends after the last observed boundary with most of its steps never seen, is
    tampering or a lost channel: the timing is not corroborated.
 2. **Consistency.** The harness keeps timing steps after the last window (guard steps) and times the
-   warm-up. The windows' median step must not be faster than the median of these neighbours by more
-   than ``max(CONSISTENCY_MARGIN, 3 x IQR/median)``, the spread being the larger of the windows' and the
-   neighbours' (a script can widen either by varying its own steps, so neither is trusted more): work that
-   the script skips only while it is measured makes its windows faster than the steps around them. (One-sided: a window slower than
-   its neighbours is periodic work or load, reported elsewhere.)
+   warm-up. Work that the script skips only while it is measured makes its windows faster than the steady
+   steps on *both* sides of them: the pace drops as a window opens and comes back as it closes. So each
+   side (the warm-up tail, the guard steps) is compared with the windows on its own: it is "slower beyond
+   noise" when its median step exceeds the windows' median by more than ``max(CONSISTENCY_MARGIN,
+   3 x IQR/median)`` (the larger spread of the two) and exceeds nearly every measured step (the windows'
+   90th percentile: a slow kind of step that also occurs inside the windows, a periodic checkpoint or a
+   loader stall, is not skipped while measured). Both sides slower beyond noise is
+   ``measurement_dependent`` (no keep). One side only (a warm-up transient such as DataLoader workers
+   starting, a burst of other load, a save at the end), or a script that ended with its window so only its
+   warm-up can be compared, is ``noisy``: it blocks nothing, and ``next`` names the run that settles it.
 
 A launch without observations (a Slurm launch, whose boundaries do not reach this machine as they happen,
 or an older record) is ``unobserved``: its figures stand on the harness's word, and the answer says so.
@@ -32,7 +40,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -57,8 +65,15 @@ the interpreter lock or a core on a busy 2-core host (observed up to ~10 ms), wi
 REL_SLACK = 0.05
 """Disagreement allowed in proportion to the span compared."""
 CONSISTENCY_MARGIN = 0.25
-"""Windows at most this much faster than their neighbouring steady steps (median), or 3x their own spread."""
+"""Windows at most this much faster than the steady steps on one side of them (median), or 3x the spread."""
 MIN_NEIGHBOURS = 3
+"""Steady steps around the windows (both sides together) the fewest that a comparison rests on."""
+MIN_SIDE = 2
+"""Steps on one side of the windows (warm-up tail or guard steps) for that side to be compared."""
+SLOW_QUANTILE = 0.9
+"""A side counts as slower only when its median step exceeds this quantile of the measured steps."""
+LATE_REACH = 2
+"""Boundaries on each side of an edge whose stamps may stand for it when its own stamp arrived late."""
 MIN_COVERAGE = 0.9
 """Share of a rank's boundaries that must have been observed for its timing to count as corroborated."""
 
@@ -68,7 +83,7 @@ LOG_REL_SLACK = 0.10
 """`REL_SLACK` for log lines: the time between two step lines holds the printing and logging too."""
 
 Status = Literal["corroborated", "untrusted", "unobserved"]
-Consistency = Literal["consistent", "measurement_dependent", "unverified"]
+Consistency = Literal["consistent", "noisy", "measurement_dependent", "unverified"]
 
 
 class TimingCheck(BaseModel):
@@ -83,11 +98,16 @@ class TimingCheck(BaseModel):
     )
     consistency: Consistency = Field(
         description="consistent: the measured windows' median step matches the steady steps around them "
-        "(warm-up tail and guard steps after the last window); measurement_dependent: the windows are "
-        "faster than those steps beyond noise (work done differently while measured: no keep); unverified: "
-        "too few neighbouring steps to tell."
+        "(warm-up tail and guard steps after the last window); noisy: the steps on one side of the windows "
+        "were slower (a warm-up transient, other load, periodic saves or loader stalls) or only the warm-up "
+        "could be compared; this blocks no keep, and `next` says what settles it; measurement_dependent: the "
+        "steps on both sides are slower than the windows beyond noise and than nearly every measured step "
+        "(work done differently while measured: no keep); unverified: too few neighbouring steps to tell."
     )
     reasons: list[str] = Field(default_factory=list[str], description="Why, for each finding.")
+    next: str | None = Field(
+        default=None, description="The run that settles a noisy or unverified consistency (None otherwise)."
+    )
     launch_duration_ms: float | None = Field(
         default=None, description="The launch's wall time as the server measured it (start to exit)."
     )
@@ -150,9 +170,18 @@ def _clock(record: RankRecord, stamps: dict[int, int], reasons: list[str]) -> tu
         )
         ok = False
     first, last = common[0], common[-1]
+    at = {b: i for i, b in enumerate(common)}
+
+    def lag(b: int) -> int:
+        # a stamp is never earlier than the boundary it stamps, but may be later: the stamping thread waited
+        # for a core on a busy host, or read several boundaries at once. The smallest lag among the nearby
+        # boundaries is the closest to the record's true offset; a bent clock moves every one of them.
+        near = common[max(0, at[b] - LATE_REACH) : at[b] + LATE_REACH + 1]
+        return min(stamps[k] - reported[k] for k in near)
+
     server = stamps[last] - stamps[first]
     said = reported[last] - reported[first]
-    if abs(server - said) > _bound(max(server, said)):
+    if abs(lag(last) - lag(first)) > _bound(max(server, said)):
         reasons.append(
             f"rank {record.rank}: steps {first}-{last} took {server / 1e6:.1f} ms on the server's clock but "
             f"{said / 1e6:.1f} ms by the record (x{server / max(said, 1):.2f}): the process's clock or its "
@@ -161,9 +190,11 @@ def _clock(record: RankRecord, stamps: dict[int, int], reasons: list[str]) -> tu
         ok = False
     for w in record.windows:
         a, b = w.first_step, w.last_step + 1
-        if a in stamps and b in stamps:
+        if a in at and b in at:
             seen = stamps[b] - stamps[a]
-            if abs(seen - w.elapsed_ns) > _bound(max(seen, w.elapsed_ns)):
+            # the server's span of the window, its late edges read from their prompt neighbours
+            prompt = reported[b] - reported[a] + lag(b) - lag(a)
+            if abs(prompt - w.elapsed_ns) > _bound(max(seen, w.elapsed_ns)):
                 reasons.append(
                     f"rank {record.rank}: window {w.index} took {seen / 1e6:.1f} ms on the server's clock but "
                     f"{w.elapsed_ns / 1e6:.1f} ms by the record"
@@ -175,34 +206,84 @@ def _clock(record: RankRecord, stamps: dict[int, int], reasons: list[str]) -> tu
     return ok, server, said
 
 
-def _neighbour_ratio(record: RankRecord) -> tuple[float | None, float]:
-    """`_step_neighbour_ratio` of one rank's record."""
-    return _step_neighbour_ratio(
-        record.steps.step_time_ns, [(w.first_step, w.last_step) for w in record.windows]
-    )
+class _Sides(NamedTuple):
+    """One series' windows against the steady steps on each side of them."""
+
+    verdict: Consistency
+    ratio: float | None
+    """The larger of (side's median step / measured median step) over the sides compared."""
+    reason: str | None
+    next: str | None
 
 
-def _step_neighbour_ratio(
-    times: Sequence[float], windows: Sequence[tuple[int, int]]
-) -> tuple[float | None, float]:
-    """(median neighbouring steady step / median measured step, the larger IQR/median of the two) for one
-    series of step times and its windows (first and last step, inclusive): either side's noise (load on a busy
-    host lands on some steps, not others) widens what counts as "beyond noise"."""
+def _judge(times: Sequence[float], windows: Sequence[tuple[int, int]]) -> _Sides:
+    """Compare one series of step times with its windows (first and last step, inclusive) on each side: the
+    second half of the warm-up (its start holds compilation and caches) and every guard step after the last
+    window. Either side's spread widens what counts as "beyond noise" (load on a busy host lands on some
+    steps, not others)."""
     measured: list[float] = []
     for a, b in windows:
         measured.extend(times[a : b + 1])
     if not measured:
-        return None, 0.0
-    last = max(b for _, b in windows)
+        return _Sides("unverified", None, None, None)
     first = min(a for a, _ in windows)
-    # the second half of the warm-up (its start holds compilation and caches) and every guard step
-    neighbours = list(times[first // 2 : first]) + list(times[last + 1 :])
-    if len(neighbours) < MIN_NEIGHBOURS:
-        return None, 0.0
+    last = max(b for _, b in windows)
+    sides = {"warm-up tail": list(times[first // 2 : first]), "guard steps": list(times[last + 1 :])}
     mid = statistics.median(measured)
-    if mid <= 0:
-        return None, 0.0
-    return statistics.median(neighbours) / mid, max(_spread(measured), _spread(neighbours))
+    compared = {name: steps for name, steps in sides.items() if len(steps) >= MIN_SIDE}
+    if mid <= 0 or sum(len(s) for s in compared.values()) < MIN_NEIGHBOURS:
+        return _Sides(
+            "unverified",
+            None,
+            "too few steady steps around the windows to compare them with",
+            "run more steps: the harness times guard steps after the last window when the script goes on",
+        )
+    top = _quantile(measured, SLOW_QUANTILE)
+    ratios = {name: statistics.median(steps) / mid for name, steps in compared.items()}
+    slower = [
+        name
+        for name, steps in compared.items()
+        if ratios[name] > 1 + max(CONSISTENCY_MARGIN, 3 * max(_spread(measured), _spread(steps)))
+        and statistics.median(steps) > top
+    ]
+    ratio = max(ratios.values())
+    if len(slower) == len(sides):
+        return _Sides(
+            "measurement_dependent",
+            ratio,
+            f"the measured windows' median step is {ratio:.2f}x faster than the steady steps around them, on "
+            "both sides (warm-up tail and guard steps): the script works differently while it is measured",
+            None,
+        )
+    if not slower:
+        return _Sides("consistent", ratio, None, None)
+    (side,) = slower
+    if len(compared) < len(sides):
+        why = (
+            f"the {side} ran {ratios[side]:.2f}x slower than the measured windows, and the script ended with its "
+            "last window, so no steady steps after the windows could be compared (a warm-up transient such as "
+            "loader workers starting, or other load)"
+        )
+        settle = (
+            "to settle it, give the script more steps than warm-up + windows (the harness times a quarter of a "
+            "window of guard steps after the last one), or measure longer windows"
+        )
+    else:
+        other = next(n for n in compared if n != side)
+        why = (
+            f"the {side} ran {ratios[side]:.2f}x slower than the measured windows but the {other} ran like them "
+            "(a warm-up transient, a burst of other load, or periodic work such as a save or a loader stall)"
+        )
+        settle = (
+            "to settle it, measure longer windows or more repeats, interleaved with the baseline "
+            "(compare_benchmarks suggests the order)"
+        )
+    return _Sides("noisy", ratio, why, settle)
+
+
+def _quantile(times: Sequence[float], q: float) -> float:
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _spread(times: Sequence[float]) -> float:
@@ -221,20 +302,10 @@ def corroborate_launch(launch: int, records: Sequence[RankRecord], ticks: Launch
     # consistency first: it needs no observation
     worst: float | None = None
     for r in records:
-        ratio, spread = _neighbour_ratio(r)
-        if ratio is None:
-            continue
-        worst = ratio if worst is None else max(worst, ratio)
-        if ratio > 1 + max(CONSISTENCY_MARGIN, 3 * spread):
-            check.consistency = "measurement_dependent"
-            reasons.append(
-                f"rank {r.rank}: the measured windows' median step is {ratio:.2f}x faster than the steady steps "
-                "around them (warm-up tail and guard steps): the script works differently while it is measured"
-            )
-        elif check.consistency == "unverified":
-            check.consistency = "consistent"
-    if worst is None:
-        reasons.append("too few steady steps around the windows to compare them with (run more steps)")
+        sides = _judge(r.steps.step_time_ns, [(w.first_step, w.last_step) for w in r.windows])
+        if sides.ratio is not None:
+            worst = sides.ratio if worst is None else max(worst, sides.ratio)
+        _merge(check, sides, f"rank {r.rank}: ")
     check.neighbour_ratio = None if worst is None else round(worst, 4)
     if ticks is None:
         return check
@@ -331,6 +402,20 @@ def corroborate_log(
     return check
 
 
+_RANK: dict[Consistency, int] = {"unverified": 0, "consistent": 1, "noisy": 2, "measurement_dependent": 3}
+
+
+def _merge(check: TimingCheck, sides: _Sides, prefix: str = "") -> None:
+    """Fold one series' verdict into the launch's: the worst rank decides, its reason and next kept."""
+    if sides.reason is not None and (sides.verdict != "unverified" or check.consistency == "unverified"):
+        check.reasons.append(prefix + sides.reason)
+    if _RANK[sides.verdict] > _RANK[check.consistency] or (
+        sides.verdict == "unverified" and check.consistency == "unverified"
+    ):
+        check.consistency = sides.verdict
+        check.next = sides.next
+
+
 def _log_consistency(
     check: TimingCheck, entries: Sequence[tuple[int, float, int]], spans: Sequence[tuple[int, int]]
 ) -> None:
@@ -344,16 +429,7 @@ def _log_consistency(
         times.extend([ms] * (1 if prev is None else max(1, step - prev)))
         prev = step
     steps = [(starts[i], starts[j + 1] - 1 if j + 1 < len(starts) else len(times) - 1) for i, j in spans]
-    ratio, spread = _step_neighbour_ratio(times, steps)
-    if ratio is None:
-        check.reasons.append("too few steady steps around the windows to compare them with (run more steps)")
-        return
-    check.neighbour_ratio = round(ratio, 4)
-    if ratio > 1 + max(CONSISTENCY_MARGIN, 3 * spread):
-        check.consistency = "measurement_dependent"
-        check.reasons.append(
-            f"the measured windows' median step is {ratio:.2f}x faster than the steady steps around them in the "
-            "log: the script works differently while it is measured"
-        )
-    else:
-        check.consistency = "consistent"
+    sides = _judge(times, steps)
+    if sides.ratio is not None:
+        check.neighbour_ratio = round(sides.ratio, 4)
+    _merge(check, sides, "in the log, ")

@@ -606,6 +606,7 @@ def _timing_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> 
     ids = [*str_list(comparison.inputs.get("baseline")), *str_list(comparison.inputs.get("candidate"))]
     bad: list[str] = []
     unobserved: list[str] = []
+    noisy: list[str] = []
     for wid in ids:
         record = ev.get(wid)
         if record is None or record.tool != "run_benchmark_window":
@@ -618,6 +619,8 @@ def _timing_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> 
                 bad.append(f"{wid} launch {check.get('launch')}: {status}, {consistency} ({why})")
             elif status == "unobserved":
                 unobserved.append(wid)
+            if consistency == "noisy":
+                noisy.append(str(check.get("next") or "longer windows settle it"))
     if bad:
         return _gate(
             "trusted_timing",
@@ -628,15 +631,24 @@ def _timing_gate(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> 
             "diff), re-run the candidate with run_benchmark_window, then compare_benchmarks again and "
             + _attach(exp, "comparison"),
         )
+    # noisy: uneven steps on one side of the windows (load, a warm-up transient, periodic work), not a
+    # contradiction; said, with what settles it, but never a refusal
+    said = (
+        f"; {len(noisy)} launch(es) noisy around their windows, not a contradiction: {noisy[0]}"
+        if noisy
+        else ""
+    )
     if unobserved:
         return _gate(
             "trusted_timing",
             True,
             f"no contradiction; {len(set(unobserved))} window record(s) were not observed by the server (Slurm "
-            "launches): their times are the harness's word",
+            "launches): their times are the harness's word" + said,
             ids,
         )
-    return _gate("trusted_timing", True, "the server's own clock corroborates every compared launch", ids)
+    return _gate(
+        "trusted_timing", True, "the server's own clock corroborates every compared launch" + said, ids
+    )
 
 
 def _binding_gates(exp: Experiment, comparison: EvidenceRecord, ev: _Evidence) -> list[Gate]:

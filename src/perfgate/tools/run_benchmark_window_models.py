@@ -415,7 +415,8 @@ class RunBenchmarkWindowOutput(BaseModel):
         default_factory=list[TimingCheck],
         description="Per launch: the harness's figures checked against the server's own observation (its "
         "clock on each step boundary as it arrived, the launch's duration) and the windows against the steady "
-        "steps around them. A launch that is untrusted or measurement_dependent supports no keep.",
+        "steps around them. A launch that is untrusted or measurement_dependent supports no keep; a noisy one "
+        "does, and its `next` says what settles it.",
     )
     replicas: list[ReplicaCheck] = Field(
         default_factory=list[ReplicaCheck],
