@@ -74,6 +74,11 @@ SLOW_QUANTILE = 0.9
 """A side counts as slower only when its median step exceeds this quantile of the measured steps."""
 LATE_REACH = 2
 """Boundaries on each side of an edge whose stamps may stand for it when its own stamp arrived late."""
+TAIL_ABS_NS = 1_500_000_000
+"""Time allowed after the last step boundary of a launch the harness stopped there (it writes its record and
+the interpreter exits): a busy 2-core host's teardown of a torch process, with margin."""
+TAIL_REL = 0.5
+"""... plus this share of the observed span of steps."""
 MIN_COVERAGE = 0.9
 """Share of a rank's boundaries that must have been observed for its timing to count as corroborated."""
 
@@ -294,8 +299,48 @@ def _spread(times: Sequence[float]) -> float:
     return (q[2] - q[0]) / q[1] if q[1] > 0 else 0.0
 
 
-def corroborate_launch(launch: int, records: Sequence[RankRecord], ticks: LaunchTicks | None) -> TimingCheck:
-    """Check one launch's records against the server's observation of it (``None``: nothing observed)."""
+def _unaccounted_tail(records: Sequence[RankRecord], ticks: LaunchTicks) -> str | None:
+    """Why the launch's time after its last boundary is more than a stopped process's exit; None when it is
+    not. The harness stops a launch at the first work after its last window (``window_complete``), so what
+    follows the last boundary the record holds is writing the record and exiting: time there that no step
+    accounts for is steps whose boundaries were sent early (a thread writing the channel faster than the steps
+    ran). Lines for boundaries the record never reached are forged outright. Judged for optimizer-timed
+    launches, which the harness always stops (an explicit window may be told not to)."""
+    if not records or any(r.stop_reason != "window_complete" or r.timing != "optimizer" for r in records):
+        return None
+    last_ns = 0
+    beyond = 0
+    for r in records:
+        reported = _boundary_times(r)
+        stamps = ticks.stamps.get(r.rank, {})
+        seen = [t for b, t in stamps.items() if b in reported]
+        last_ns = max(last_ns, *seen) if seen else last_ns
+        beyond += sum(1 for b in stamps if b > max(reported, default=0) + 1)
+    if beyond:
+        return (
+            f"{beyond} boundary line(s) arrived for steps the record never reached: something in the process "
+            "wrote the server's channel"
+        )
+    if last_ns == 0:
+        return None
+    first_ns = min((t for st in ticks.stamps.values() for t in st.values()), default=last_ns)
+    span_ns, tail_ns = last_ns - first_ns, ticks.ended_ns - last_ns
+    if tail_ns <= TAIL_ABS_NS + TAIL_REL * span_ns:
+        return None
+    claimed = max(sum(r.steps.step_time_ns) for r in records)
+    return (
+        f"the launch took {ticks.duration_ns / 1e9:.2f} s exec to exit: {(first_ns - ticks.started_ns) / 1e9:.2f} s "
+        f"before its first step boundary, {claimed / 1e9:.2f} s of steps the record claims, and "
+        f"{tail_ns / 1e9:.2f} s after its last boundary, where the harness had stopped the script: that time is "
+        "work no step accounts for (boundaries sent before the steps ran)"
+    )
+
+
+def corroborate_launch(
+    launch: int, records: Sequence[RankRecord], ticks: LaunchTicks | None, *, job: bool = False
+) -> TimingCheck:
+    """Check one launch's records against the server's observation of it (``None``: nothing observed);
+    ``job``: the launch ran to its own end (its tail is the script's, not a stopped process's exit)."""
     check = TimingCheck(launch=launch, status="unobserved", consistency="unverified")
     reasons = check.reasons
     check.boundaries_reported = sum(r.steps.count + 1 for r in records)
@@ -328,6 +373,9 @@ def corroborate_launch(launch: int, records: Sequence[RankRecord], ticks: Launch
         check.head_ms = (min(all_stamps) - ticks.started_ns) / 1e6
         check.tail_ms = (ticks.ended_ns - max(all_stamps)) / 1e6
     server, said = max(spans, default=(0, 0))
+    if not job and (tail := _unaccounted_tail(records, ticks)) is not None:
+        reasons.append(tail)
+        ok = False
     if said > 0:
         check.server_span_ms = server / 1e6
         check.reported_span_ms = said / 1e6

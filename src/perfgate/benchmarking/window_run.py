@@ -148,7 +148,7 @@ async def measure_windows(
                 )
                 got = harness_windows(plan, records, problems)
                 ticks = observed.get(launch) if observed is not None else None
-                out.timing_checks.append(corroborate_launch(launch, records, ticks))
+                out.timing_checks.append(corroborate_launch(launch, records, ticks, job=plan.job))
                 out.replicas.append(replica_check(launch, records, plan.contract.execution))
                 if plan.job and (timed := job_timing(launch, records, ticks)) is not None:
                     out.jobs.append(timed)
