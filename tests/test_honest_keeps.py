@@ -35,7 +35,7 @@ PER_SAMPLE = """    # one sample at a time
     losses = [nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1]) for i in range(len(x))]
     return torch.stack(losses).mean()"""
 VECTORIZED = "    return nn.functional.cross_entropy(model(x), y)"
-RENAMED = {"self.blocks": "self.layers", "for block in self.blocks": "for block in self.layers"}
+RENAMED = {"self.blocks": "self.layers"}
 
 
 def _git(ws: Path, *args: str) -> None:
@@ -63,9 +63,9 @@ def _edit(ws: Path, replacements: dict[str, str], message: str) -> None:
     _git(ws, "commit", "-qam", message)
 
 
-def _window(label: str, repeats: int, out: str) -> dict[str, Any]:
+def _window(label: str, repeats: int) -> dict[str, Any]:
     return {
-        "command": [sys.executable, "train.py", "--steps", "40", "--depth", "16", "--out", out],
+        "command": [sys.executable, "train.py", "--steps", "40", "--depth", "16", "--out", "ckpt/final.pt"],
         "warmup_steps": 8,
         "measure_steps": 20,
         "repeats": repeats,
@@ -86,13 +86,13 @@ async def _experiment(
             "hypothesis": why,
             "classification": "system_optimization",
             "changed_variable": "code",
-            "tolerance": {"atol": 1e-5, "rtol": 1e-4},
+            "tolerance": {"atol": 1e-5, "rtol": 1e-5},
         },
     )
     _edit(ws, edit, why)
-    # the candidate over two calls, each writing its checkpoint to its own path
-    c1 = await agent.call("run_benchmark_window", _window("candidate", 2, "ckpt/cand1.pt"))
-    c2 = await agent.call("run_benchmark_window", _window("candidate", 2, "ckpt/cand2.pt"))
+    # the candidate over two calls
+    c1 = await agent.call("run_benchmark_window", _window("candidate", 2))
+    c2 = await agent.call("run_benchmark_window", _window("candidate", 2))
     assert c1.get("state") == "executed" and c2.get("state") == "executed", (c1, c2)
     compared = await agent.call(
         "compare_benchmarks",
@@ -110,7 +110,7 @@ async def _experiment(
             "reference": base["tensor_dumps"][0]["path"],
             "candidate": c1["tensor_dumps"][0]["path"],
             "atol": 1e-5,
-            "rtol": 1e-4,
+            "rtol": 1e-5,
         },
     )
     keep = await agent.call(
@@ -141,7 +141,7 @@ async def test_an_honest_edit_of_a_job_that_saves_at_its_end_is_kept_and_a_renam
     async with Client(build_server(ServerConfig.create(ws)), elicitation_callback=Human()) as client:
         agent = Agent(client)
         env = await agent.call("collect_env", {})
-        base = await agent.call("run_benchmark_window", _window("baseline", 3, "ckpt/base.pt"))
+        base = await agent.call("run_benchmark_window", _window("baseline", 3))
         assert base.get("state") == "executed", base
         _, compared, keep = await _experiment(
             agent, ws, env, base, {PER_SAMPLE: VECTORIZED}, "the loss of the whole batch in one call"
@@ -155,17 +155,15 @@ async def test_an_honest_edit_of_a_job_that_saves_at_its_end_is_kept_and_a_renam
 
         # the vectorized job is the new baseline: a rename of its modules keeps every number, and the
         # windows end before the job's save: the changed model structure asks for the saves to be observed
-        base = await agent.call("run_benchmark_window", _window("baseline", 3, "ckpt/base2.pt"))
+        base = await agent.call("run_benchmark_window", _window("baseline", 3))
         exp, _, refused = await _experiment(agent, ws, env, base, RENAMED, "clearer module names")
         error = refused.get("error", "")
         assert "keep refused" in error and "checkpoint_resume" in error and "job=true" in error, refused
         # what the refusal says: each side once with job=true, so its save runs and what it holds is compared
         _git(ws, "checkout", "-q", "HEAD~1")
-        b_job = await agent.call("run_benchmark_window", {**_window("baseline", 1, "ckpt/b.pt"), "job": True})
+        b_job = await agent.call("run_benchmark_window", {**_window("baseline", 1), "job": True})
         _git(ws, "checkout", "-q", "-")
-        c_job = await agent.call(
-            "run_benchmark_window", {**_window("candidate", 1, "ckpt/c.pt"), "job": True}
-        )
+        c_job = await agent.call("run_benchmark_window", {**_window("candidate", 1), "job": True})
         compared = await agent.call(
             "compare_benchmarks",
             {
