@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from perfgate.harness import _state, capture, computed, saved_state
+from perfgate.harness import _state, capture, computed, saved_state, steps
 from perfgate.harness._state import ActiveWindow, active_window
 
 __all__ = ["activate", "batch_size", "deactivate", "install_optimizer_hook", "model_facts", "patch_savers"]
@@ -93,6 +93,7 @@ def install_optimizer_hook() -> None:
 
 
 def _on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
+    steps.update_ran()
     window = active_window()
     if window is not None:
         computed.saw_optimizer(optimizer)
@@ -164,12 +165,19 @@ def _patch_backward(torch: Any) -> None:
         window = active_window()
         if window is None:
             return original(*args, **kwargs)
-        window.add_loss(args[0] if args else kwargs.get("tensors"))
+        tensors = args[0] if args else kwargs.get("tensors")
+        finds_steps = window.timing == "optimizer"
+        if finds_steps:
+            steps.before_backward(window, tensors)  # first: the loss belongs to the step it starts
+        window.add_loss(tensors)
         start = _now()
         try:
-            return original(*args, **kwargs)
+            out = original(*args, **kwargs)
         finally:
             window.add_backward(_now() - start)
+        if finds_steps:
+            steps.after_backward()
+        return out
 
     # Tensor.backward looks this attribute up at call time, so loss.backward() is covered too.
     autograd.backward = timed_backward
@@ -314,6 +322,7 @@ def _patch_grad_scaler(torch: Any) -> None:
         return scaled
 
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        steps.update_ran()  # the scaler owns this update, skipped or not
         window = active_window()
         if window is not None:
             window.add_scaler_step(self)
@@ -406,6 +415,8 @@ def _count_forward(module: Any, args: tuple[Any, ...]) -> None:
     window = active_window()
     if window is None:
         return
+    if window.timing == "optimizer":
+        steps.before_forward(window)  # first: this forward belongs to the step it starts
     window.work_starts()  # any forward of the model, evaluation included, is new work
     if not sys.modules["torch"].is_grad_enabled():
         if window.job:
