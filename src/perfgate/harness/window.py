@@ -207,6 +207,11 @@ class Window:
         self._cur_model_samples: int | None = None
         self._model_samples: list[int | None] = []
         """Per step: samples that reached the top-level module's forward (every micro-batch)."""
+        self._cur_second: int | None = None
+        self._second_dim: list[int | None] = []
+        """Per step: the second dimension of those inputs, summed the same way (a sequence-first reading)."""
+        self._batch_layout: dict[str, Any] | None = None
+        self._autocast: set[str] = set()
         self._inputs = hashlib.blake2b(digest_size=16)
         self._inputs_read = 0
         self._inputs_known = True
@@ -483,6 +488,8 @@ class Window:
         self._cur_samples = None
         self._model_samples.append(None if self._cur_model_samples == -1 else self._cur_model_samples)
         self._cur_model_samples = None
+        self._second_dim.append(None if self._cur_second == -1 else self._cur_second)
+        self._cur_second = None
         if self._scaler_steps:
             self._count_skips(n)
 
@@ -534,9 +541,10 @@ class Window:
         if samples is not None:
             self._cur_samples = samples if self._cur_samples is None else self._cur_samples + samples
 
-    def add_model_samples(self, samples: int | None) -> None:
-        """Called by the forward hook with the leading dimension of one top-level forward's input; a call
-        whose input has none makes the step's count unknown (-1 until the step ends)."""
+    def add_model_samples(self, samples: int | None, second_dim: int | None = None) -> None:
+        """Called by the forward hook with the batch of one top-level forward's input (its batch dimension)
+        and that input's second dimension; a call whose input has none makes the step's count unknown (-1
+        until the step ends)."""
         if self._train_start_ns is None:
             self._train_start_ns = _now()
             self._trained.set()
@@ -545,6 +553,25 @@ class Window:
             self._cur_model_samples = -1
         else:
             self._cur_model_samples = (self._cur_model_samples or 0) + samples
+        if second_dim is None or self._cur_second == -1:
+            self._cur_second = -1
+        else:
+            self._cur_second = (self._cur_second or 0) + second_dim
+
+    def correct_model_samples(self, counted: int, actual: int) -> None:
+        """The forward in progress was counted as ``counted`` samples before its layout was known; it held
+        ``actual``."""
+        if self._cur_model_samples is not None and self._cur_model_samples != -1:
+            self._cur_model_samples += actual - counted
+
+    def note_batch_layout(self, dim: int, layer: str, batch: int) -> None:
+        """The sequence-first ``layer`` inside the model saw ``batch`` samples, dimension ``dim`` of the
+        model's input."""
+        self._batch_layout = {"dim": dim, "layer": layer[:200], "layer_batch": batch}
+
+    def note_autocast(self, dtype: str | None) -> None:
+        """A training forward before the first window ran under autocast to ``dtype`` (None: without)."""
+        self._autocast.add(dtype or "none")
 
     @property
     def windows_done(self) -> int:
@@ -709,7 +736,10 @@ class Window:
                 "samples": [s[3] for s in self._steps],
                 "tokens": [s[4] for s in self._steps],
                 "model_samples": list(self._model_samples),
+                "model_second_dim": list(self._second_dim),
             },
+            "batch_layout": self._batch_layout,
+            "autocast": sorted(self._autocast),
             "windows": list(self._windows),
             "other_optimizer_steps": self._other_optimizer_steps,
             "notes": list(self._notes),
@@ -790,6 +820,8 @@ class Window:
         self._cur_samples = None
         self._model_samples.append(None if self._cur_model_samples == -1 else self._cur_model_samples)
         self._cur_model_samples = None
+        self._second_dim.append(None if self._cur_second == -1 else self._cur_second)
+        self._cur_second = None
         if self._scaler_steps:
             self._count_skips(n)
         if self._runtime_env is None:
