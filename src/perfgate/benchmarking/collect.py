@@ -16,7 +16,14 @@ if TYPE_CHECKING:
     from perfgate.execution.executor import CommandResult
     from perfgate.execution.service import ArtifactWriter
 
-__all__ = ["WindowFailure", "collect_records", "harness_windows", "launch_failure", "log_windows"]
+__all__ = [
+    "WindowFailure",
+    "collect_records",
+    "harness_windows",
+    "launch_failure",
+    "log_windows",
+    "no_step_failure",
+]
 
 
 class WindowFailure(BenchmarkError):
@@ -35,6 +42,21 @@ def launch_failure(result: CommandResult) -> str:
         )
     last = tail.strip().splitlines()[-1] if tail.strip() else ""
     return f"{result.summary()}" + (f"; last stderr line: {file_text(last)}" if last else "")
+
+
+def no_step_failure(record_dir: Path) -> str | None:
+    """Why the harness stopped a launch for want of a step (what it looked for, the line to add), as its
+    record says; None when no rank was stopped so (or the records cannot be read)."""
+    from perfgate.benchmarking.records import load_records
+
+    try:
+        found = load_records(record_dir)
+    except RecordError:
+        return None
+    for r in found.records:
+        if r.stop_reason == "no_step_found" and r.error:
+            return f"rank {r.rank}: {r.error}"
+    return None
 
 
 def collect_records(
@@ -74,6 +96,14 @@ def harness_windows(plan: WindowPlan, records: list[RankRecord], problems: list[
         if r.profiled:
             raise WindowFailure(
                 f"rank {r.rank} ran under the profiler: profiled runs are not throughput evidence"
+            )
+        if not r.steps.count and r.stop_reason != "window_complete":
+            from perfgate.harness.steps import LOOKED_FOR
+
+            raise WindowFailure(
+                f"rank {r.rank} found no training step before the script ended ({r.error or r.stop_reason}); "
+                f"looked for {LOOKED_FOR}. Add the line `perfgate.harness.step()` (with `import perfgate.harness`) "
+                "at the end of each training iteration and measure again"
             )
         if len(r.windows) < want:
             measured = max(0, r.steps.count - r.warmup_steps)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,7 +33,9 @@ __all__ = [
     "check_contract",
     "check_observed",
     "data_parallel_size",
+    "declared_dtypes",
     "diff_contracts",
+    "precision_problems",
     "same_contract",
 ]
 
@@ -193,10 +196,13 @@ def check_observed(
     backward_per_step: int | None = None,
     device_kind: str | None = None,
     device_name: str | None = None,
+    param_dtype: str | None = None,
+    autocast: Sequence[str] = (),
 ) -> list[str]:
     """Contradictions between the contract and what the run showed (ranks that wrote records, samples,
-    backward passes per optimizer step, the device)."""
-    problems: list[str] = []
+    backward passes per optimizer step, the device, the dtype of the model's parameters and the autocast
+    dtype of its training forwards, see `precision_problems`)."""
+    problems: list[str] = precision_problems(contract, param_dtype, autocast)
     accumulation = contract.execution.get("accumulation")
     if isinstance(accumulation, int) and backward_per_step is not None and backward_per_step != accumulation:
         problems.append(
@@ -224,6 +230,47 @@ def check_observed(
             f"contract declares global_batch {global_batch} but the ranks processed {samples_per_step} "
             "samples per optimizer step"
         )
+    return problems
+
+
+_DTYPE_WORDS: dict[str, str] = {
+    **dict.fromkeys(("float64", "fp64", "f64", "double", "64"), "float64"),
+    **dict.fromkeys(("float32", "fp32", "f32", "float", "single", "tf32", "32"), "float32"),
+    **dict.fromkeys(("bfloat16", "bf16"), "bfloat16"),
+    **dict.fromkeys(("float16", "fp16", "f16", "half", "16"), "float16"),
+}
+"""Words of a declared precision that name a parameter or autocast dtype (``bf16-mixed``, ``torch.float32``,
+Lightning's ``16-mixed``); tf32 is float32 storage. Other words (``amp``, ``fp8``, ``mixed``) name none."""
+
+
+def declared_dtypes(value: object) -> set[str]:
+    """The dtypes a declared precision names (empty: none it can be checked by)."""
+    if not isinstance(value, str):
+        return set()
+    return {_DTYPE_WORDS[w] for w in re.split(r"[^a-z0-9]+", value.lower()) if w in _DTYPE_WORDS}
+
+
+def precision_problems(contract: Contract, param_dtype: str | None, autocast: Sequence[str]) -> list[str]:
+    """Where the declared ``precision`` (or its members ``param_dtype`` / ``compute_dtype``) names no dtype the
+    run used: the dtype holding most of the model's parameters, or the autocast dtype of its training
+    forwards (``autocast``: "none" for forwards without it). A declaration naming no dtype is not judged."""
+    if param_dtype is None:
+        return []
+    casts = sorted(a for a in autocast if a != "none")
+    compute = set(casts) or {param_dtype}
+    ran = f"the model's parameters ran {param_dtype}" + (
+        f" under autocast to {', '.join(casts)}" if casts else " without autocast"
+    )
+    problems: list[str] = []
+    for key, seen in (
+        ("precision", {param_dtype, *casts}),
+        ("param_dtype", {param_dtype}),
+        ("compute_dtype", compute),
+    ):
+        value = contract.invariants.get(key, contract.execution.get(key))
+        named = declared_dtypes(value)
+        if named and not named & seen:
+            problems.append(f"contract declares {key} {value!r} but {ran}")
     return problems
 
 

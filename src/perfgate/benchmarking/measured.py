@@ -22,6 +22,7 @@ __all__ = [
     "ObservedBatch",
     "backward_per_step",
     "launch_stream",
+    "layout_reading",
     "measured_batch",
     "measured_environment",
     "observe_batch",
@@ -48,13 +49,16 @@ def samples_per_step(records: Sequence[RankRecord], warmup_steps: int) -> int | 
 
 
 def measured_batch(
-    records: Sequence[RankRecord], warmup_steps: int, loader: int | None
+    records: Sequence[RankRecord], warmup_steps: int, loader: int | None, batch_first: bool | None = None
 ) -> tuple[int | None, BatchSource]:
     """Global samples per optimizer step that reached the model (summed over ranks and micro-batches), when
-    every rank counted every measured step alike; else the DataLoader's count ``loader``; else unverified."""
+    every rank counted every measured step alike; else the DataLoader's count ``loader``; else unverified.
+
+    The model's samples are read from the batch dimension the harness found (dimension 1 where a
+    sequence-first layer saw its batch there), or from the one ``batch_first`` declares."""
     if records:
         steps = min(r.steps.count for r in records)
-        columns = [r.steps.model_samples for r in records]
+        columns = [_model_column(r, batch_first) for r in records]
         if all(len(c) >= steps for c in columns) and steps > warmup_steps:
             totals = {sum(c[j] or 0 for c in columns) for j in range(warmup_steps, steps)}
             known = all(c[j] is not None for c in columns for j in range(warmup_steps, steps))
@@ -63,6 +67,43 @@ def measured_batch(
     if loader is not None:
         return loader, "data_loader"
     return None, "unverified"
+
+
+def _model_column(record: RankRecord, batch_first: bool | None) -> list[int | None]:
+    """The per-step samples of ``record``'s model inputs read from the declared dimension, else the harness's."""
+    found = record.batch_layout.dim if record.batch_layout is not None else 0
+    want = found if batch_first is None else (0 if batch_first else 1)
+    if want == found:
+        return record.steps.model_samples
+    if want == 1:
+        return record.steps.model_second_dim
+    # dimension 0 declared where the harness read dimension 1: the leading dimension is not recorded
+    return []
+
+
+def layout_reading(records: Sequence[RankRecord], batch_first: bool | None) -> tuple[str | None, list[str]]:
+    """Which dimension the batch was read from, in words (None: the leading one, found by default), and where
+    a declared ``batch_first`` contradicts a sequence-first layer's reading (both readings named)."""
+    layout = next((r.batch_layout for r in records if r.batch_layout is not None), None)
+    problems: list[str] = []
+    if layout is not None and batch_first is not None and layout.dim != (0 if batch_first else 1):
+        problems.append(
+            f"contract declares batch_first {str(batch_first).lower()} (the batch in dimension "
+            f"{0 if batch_first else 1} of the model's input), but the sequence-first layer {layout.layer} inside "
+            f"the model saw a batch of {layout.layer_batch}, dimension {layout.dim} of that input"
+        )
+    if batch_first is not None:
+        return (
+            f"dimension {0 if batch_first else 1} of the model's first input, as contract batch_first declares",
+            problems,
+        )
+    if layout is not None and layout.dim == 1:
+        return (
+            f"dimension 1 of the model's first input: the sequence-first layer {layout.layer} saw its batch of "
+            f"{layout.layer_batch} there",
+            problems,
+        )
+    return None, problems
 
 
 def backward_per_step(records: Sequence[RankRecord]) -> int | None:
@@ -143,8 +184,13 @@ def observe_batch(
     """The first launch's measured batch, samples and backward passes per step and device, checked against
     ``contract`` and the declared samples per step."""
     warnings: list[str] = []
+    declared_layout = contract.execution.get("batch_first", contract.invariants.get("batch_first"))
+    batch_first = declared_layout if isinstance(declared_layout, bool) else None
     measured = samples_per_step(records, warmup_steps)
-    batch, source = measured_batch(records, warmup_steps, measured)
+    batch, source = measured_batch(records, warmup_steps, measured, batch_first)
+    read_from, layout_problems = layout_reading(records, batch_first)
+    if read_from is not None and source == "model_inputs":
+        warnings.append(f"measured_batch {batch} read from {read_from}")
     if measured is None:
         measured = batch
     elif batch is not None and batch != measured:
@@ -153,13 +199,16 @@ def observe_batch(
             f"delivered {measured}: measured_batch is what reached the model"
         )
     device = records[0].device if records else None
-    problems = check_observed(
+    model = next((r.model for r in records if r.model is not None), None)
+    problems = layout_problems + check_observed(
         contract,
         world_size,
         measured,
         backward_per_step=backward_per_step(records),
         device_kind=device.kind if device else None,
         device_name=device.name if device else None,
+        param_dtype=model.param_dtype if model is not None else None,
+        autocast=sorted({a for r in records for a in r.autocast}),
     )
     if declared_samples is not None and measured is not None and measured != declared_samples:
         problems.append(

@@ -17,6 +17,7 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "MAX_STEPS",
     "MAX_WORLD_SIZE",
+    "BatchLayoutRecord",
     "CheckpointFileRecord",
     "DeviceRecord",
     "JobRecord",
@@ -74,6 +75,8 @@ class StepColumns(msgspec.Struct, frozen=True):
     tokens: list[_Bytes | None]
     model_samples: list[_Bytes | None] = msgspec.field(default_factory=list[_Bytes | None])
     """Samples that reached the top-level module's forward per step (empty from a harness without it)."""
+    model_second_dim: list[_Bytes | None] = msgspec.field(default_factory=list[_Bytes | None])
+    """The second dimension of those inputs, summed alike: the samples of a sequence-first layout."""
 
 
 class WindowRecord(msgspec.Struct, frozen=True):
@@ -209,6 +212,16 @@ class ModelRecord(msgspec.Struct, frozen=True):
     parameters: Annotated[int, msgspec.Meta(ge=0, le=2**62)]
     trainable_parameters: Annotated[int, msgspec.Meta(ge=0, le=2**62)]
     structure: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")]
+    param_dtype: Annotated[str, msgspec.Meta(max_length=40)] | None = None
+    """The dtype holding most of its parameter elements (``float32``); None: a harness that did not say."""
+
+
+class BatchLayoutRecord(msgspec.Struct, frozen=True):
+    """A sequence-first layer inside the model and the dimension of the model's input its batch was."""
+
+    dim: Annotated[int, msgspec.Meta(ge=0, le=1)]
+    layer: Annotated[str, msgspec.Meta(max_length=200)]
+    layer_batch: _Count
 
 
 class RankRecord(msgspec.Struct, frozen=True):
@@ -253,6 +266,11 @@ class RankRecord(msgspec.Struct, frozen=True):
     """Health of the steps outside the measured windows (None: a harness that did not record them)."""
     job: JobRecord | None = None
     """The whole job beside the windows (None: a harness that did not record it)."""
+    step_source: str | None = None
+    """What delimited the steps: gradients, optimizer or explicit (`perfgate.harness.steps`)."""
+    batch_layout: BatchLayoutRecord | None = None
+    autocast: list[Annotated[str, msgspec.Meta(max_length=40)]] = msgspec.field(default_factory=list[str])
+    """Autocast dtypes of the training forwards before the first window ("none": without autocast)."""
 
 
 @dataclass(frozen=True)

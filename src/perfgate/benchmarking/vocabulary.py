@@ -112,6 +112,13 @@ _TERMS: tuple[Term, ...] = (
         ),
     ),
     Term(
+        "batch_first",
+        "execution",
+        "layout of the model's inputs: true when the batch is their first dimension, false when it is the second "
+        "(sequence-first, (sequence, batch, ...)); the measured batch is read from that dimension",
+        ("batch_layout",),
+    ),
+    Term(
         "seq_len",
         "semantic",
         "sequence length / input shape",

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
-from perfgate.benchmarking.collect import WindowFailure, collect_records, harness_windows, log_windows
+from perfgate.benchmarking.collect import (
+    WindowFailure,
+    collect_records,
+    harness_windows,
+    log_windows,
+    no_step_failure,
+)
 from perfgate.benchmarking.corroborate import TimingCheck, corroborate_launch
 from perfgate.benchmarking.dumps import TensorDump, tensor_dumps, unreached_dump_warning
 from perfgate.benchmarking.errors import BenchmarkError
@@ -136,7 +142,10 @@ async def measure_windows(
                     "quiet host"
                 )
             if launched.failure is not None:
-                raise WindowFailure(f"launch {launch}: {launched.failure}")
+                why = None
+                if plan.timing != "log":
+                    why = await anyio.to_thread.run_sync(no_step_failure, launched.record_dir)
+                raise WindowFailure(f"launch {launch}: {why or launched.failure}")
             if plan.timing == "log":
                 # Parsing and record reading are CPU-bound: off the event loop, cancellable.
                 got, check = await anyio.to_thread.run_sync(log_windows, plan, launched.stdout, launch)

@@ -9,7 +9,12 @@ Zero code change::
     python -m perfgate.harness --warmup-steps 5 --measure-steps 20 -- train.py ARGS
     torchrun --nproc-per-node 2 -m perfgate.harness -- train.py ARGS
 
-Explicit, for loops without a torch optimizer::
+A step boundary the harness does not find by itself (see `perfgate.harness.steps`), in one line at the end
+of each training iteration::
+
+    perfgate.harness.step()
+
+Explicit, with the script's own window::
 
     window = perfgate.harness.Window(warmup_steps=5, measure_steps=20, record_dir="records")
     for batch in loader:
@@ -29,7 +34,7 @@ from typing import TYPE_CHECKING
 from perfgate._lazy import lazy_exports
 from perfgate.harness.config import ConfigError, HarnessConfig, ProfileConfig
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path
-from perfgate.harness.window import Window, WindowComplete, phase, report_metric
+from perfgate.harness.window import NoStepFound, Window, WindowComplete, phase, report_metric, step
 
 if TYPE_CHECKING:
     from perfgate.harness.dump import dump_tensors
@@ -47,6 +52,7 @@ __all__ = [
     "RECORD_VERSION",
     "ConfigError",
     "HarnessConfig",
+    "NoStepFound",
     "ProfileConfig",
     "RecordingDataset",
     "RecordingSampler",
@@ -60,6 +66,7 @@ __all__ = [
     "record_path",
     "report_metric",
     "sample_log_path",
+    "step",
 ]
 
 # Names served lazily: attribute -> module that defines it.

@@ -15,6 +15,7 @@ __all__ = [
     "CAPTURE_KINDS",
     "DEFAULT_CAPTURE_PATH",
     "ENV_PREFIX",
+    "NO_STEP_LIMIT_S",
     "ConfigError",
     "HarnessConfig",
     "ProfileConfig",
@@ -24,6 +25,10 @@ __all__ = [
 ENV_PREFIX = "PERFGATE_"
 CAPTURE_KINDS = ("parameters", "gradients", "optimizer_state")
 DEFAULT_CAPTURE_PATH = "captures/{label}-{launch}.safetensors"
+NO_STEP_LIMIT_S = 60.0
+"""Seconds after the training's first forward, backward() or batch within which the zero-code-change launcher
+must find a step boundary; past it the launch stops and says what it looked for (``PERFGATE_NO_STEP_S``; 0:
+never stop)."""
 TimingMode = Literal["optimizer", "explicit"]
 _TIMING_MODES: tuple[TimingMode, ...] = ("optimizer", "explicit")
 
@@ -88,6 +93,9 @@ class HarnessConfig:
     (see `perfgate.harness.capture`); None: no capture."""
     capture_what: tuple[str, ...] = ("parameters",)
     capture_path: str = DEFAULT_CAPTURE_PATH
+    no_step_s: float = NO_STEP_LIMIT_S
+    """Stop the launch when no step boundary is found this many seconds after training began (optimizer timing;
+    0: never), see `NO_STEP_LIMIT_S`."""
     job: bool = False
     """Measure the whole job beside the windows: the script runs to its own end (never stopped), every step
     boundary after the windows is still recorded, and its evaluation and checkpoint phases are timed."""
@@ -109,6 +117,8 @@ class HarnessConfig:
             raise ConfigError("progress_every must be >= 0")
         if self.guard_steps < 0:
             raise ConfigError("guard_steps must be >= 0")
+        if not self.no_step_s >= 0:
+            raise ConfigError("no_step_s must be >= 0 (0: never stop for want of a step)")
         if self.capture_step is not None and self.capture_step < 1:
             raise ConfigError("capture_step must be >= 1 (optimizer steps completed)")
         unknown = [w for w in self.capture_what if w not in CAPTURE_KINDS]
@@ -180,6 +190,7 @@ class HarnessConfig:
             capture_what=tuple((reader.text("CAPTURE_WHAT") or "parameters").split(",")),
             capture_path=reader.text("CAPTURE_PATH") or DEFAULT_CAPTURE_PATH,
             job=reader.flag("JOB", False),
+            no_step_s=reader.number("NO_STEP_S", NO_STEP_LIMIT_S),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -206,6 +217,8 @@ class HarnessConfig:
             out["LABEL"] = self.label
         if self.job:
             out["JOB"] = "1"
+        if self.no_step_s != NO_STEP_LIMIT_S:
+            out["NO_STEP_S"] = f"{self.no_step_s:g}"
         if self.capture_step is not None:
             out["CAPTURE_STEP"] = str(self.capture_step)
             out["CAPTURE_WHAT"] = ",".join(self.capture_what)
@@ -262,6 +275,15 @@ class _EnvReader:
             return int(value)
         except ValueError:
             raise ConfigError(f"{ENV_PREFIX}{name} must be an integer, got {value!r}") from None
+
+    def number(self, name: str, default: float) -> float:
+        value = self.text(name)
+        if value is None:
+            return default
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}{name} must be a number, got {value!r}") from None
 
     def flag(self, name: str, default: bool) -> bool:
         value = self.text(name)

@@ -5,7 +5,7 @@ Probes, each installed at most once per process and routed to whichever window i
 * a global optimizer step post-hook (``torch.optim.optimizer.register_optimizer_step_post_hook``):
   every update of the first optimizer that steps is one step boundary;
 * a wrapper around ``_BaseDataLoaderIter.__next__``: the host time the training loop blocked waiting
-  for a batch, and the batch size (leading dimension of the first tensor found);
+  for a batch, and the batch size (its batch sampler's, else the leading dimension of the first tensor);
 * a wrapper around ``torch.autograd.backward``: host time inside backward, which under data-parallel
   training also holds the wait for the other ranks' gradients; a scalar it is called on is the loss,
   kept as a device tensor (``detach()``, no synchronisation) and read at the window's edge;
@@ -41,7 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from perfgate.harness import _state, capture, computed, saved_state
+from perfgate.harness import _state, capture, computed, saved_state, steps
 from perfgate.harness._state import ActiveWindow, active_window
 
 __all__ = ["activate", "batch_size", "deactivate", "install_optimizer_hook", "model_facts", "patch_savers"]
@@ -55,6 +55,15 @@ _forward_probed = False
 _forward_probe: list[Any] = []
 """The global discovery hooks while no top-level module is known, then the one module hook."""
 _forward_depth = 0
+_batch_dim = 0
+"""The dimension of the top-level module's first input that holds the batch: 1 once a sequence-first layer
+inside it (`_SEQUENCE_FIRST`) saw the batch there (`_watch_layout`)."""
+_top_shape: tuple[int, ...] = ()
+"""The first input's shape of the top-level forward in progress (read by the layout probe)."""
+_device_type = "cpu"
+_SEQUENCE_FIRST = ("RNNBase", "MultiheadAttention")
+"""torch.nn classes whose ``batch_first=False`` instances take (sequence, batch, ...) inputs; the
+Transformer layers hold a MultiheadAttention."""
 _eval_start: int | None = None
 """Start of the evaluation forward in progress (a job run only)."""
 
@@ -93,6 +102,7 @@ def install_optimizer_hook() -> None:
 
 
 def _on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
+    steps.update_ran()
     window = active_window()
     if window is not None:
         computed.saw_optimizer(optimizer)
@@ -130,6 +140,24 @@ def _first_tensor(batch: object) -> Any:
     return None
 
 
+def _loader_batch(it: Any, batch: object) -> int | None:
+    """Samples in one batch a DataLoader iterator ``it`` yielded: its batch sampler's ``batch_size`` (the
+    remainder for the last batch of an epoch), whatever layout the collate function gave the batch; the
+    leading dimension of its first tensor where no batch sampler says."""
+    lead = batch_size(batch)
+    sampler: Any = getattr(it, "_index_sampler", None)
+    size = getattr(sampler, "batch_size", None)
+    if not getattr(it, "_auto_collation", False) or not isinstance(size, int) or lead == size:
+        return lead
+    try:
+        batches, total = len(sampler), len(sampler.sampler)
+    except (TypeError, AttributeError):  # an iterable dataset: no length, every batch full but its last
+        return size
+    if getattr(it, "_num_yielded", 0) == batches and not getattr(sampler, "drop_last", True) and total % size:
+        return total % size
+    return size
+
+
 def _patch_data_loader() -> None:
     global _data_loader_patched
     if _data_loader_patched:
@@ -146,7 +174,7 @@ def _patch_data_loader() -> None:
         window.work_starts()  # after the last window: the script ends before its next batch
         start = _now()
         batch = original(self)
-        window.add_data_wait(_now() - start, batch_size(batch))
+        window.add_data_wait(_now() - start, _loader_batch(self, batch))
         return batch
 
     base.__next__ = timed_next
@@ -164,12 +192,19 @@ def _patch_backward(torch: Any) -> None:
         window = active_window()
         if window is None:
             return original(*args, **kwargs)
-        window.add_loss(args[0] if args else kwargs.get("tensors"))
+        tensors = args[0] if args else kwargs.get("tensors")
+        finds_steps = window.timing == "optimizer"
+        if finds_steps:
+            steps.before_backward(window, tensors)  # first: the loss belongs to the step it starts
+        window.add_loss(tensors)
         start = _now()
         try:
-            return original(*args, **kwargs)
+            out = original(*args, **kwargs)
         finally:
             window.add_backward(_now() - start)
+        if finds_steps:
+            steps.after_backward()
+        return out
 
     # Tensor.backward looks this attribute up at call time, so loss.backward() is covered too.
     autograd.backward = timed_backward
@@ -314,6 +349,7 @@ def _patch_grad_scaler(torch: Any) -> None:
         return scaled
 
     def step(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        steps.update_ran()  # the scaler owns this update, skipped or not
         window = active_window()
         if window is not None:
             window.add_scaler_step(self)
@@ -353,9 +389,12 @@ def _probe_forward(torch: Any) -> None:
             return
         # found: count this call, then hand over to a hook on this module alone (the global hooks run for
         # every submodule call, a cost the measured steps should not carry)
-        _count_forward(module, args)
+        global _device_type
+        _device_type = next((p.device.type for p in module.parameters()), "cpu")
         if window is not None:
             window.note_model(model_facts(module))
+            _watch_layout(torch, module, args, window)
+        _count_forward(module, args)
         _remove_probe()
         _forward_probe.append(module.register_forward_pre_hook(_count_forward))
         if window is not None and window.job:
@@ -384,18 +423,69 @@ def model_facts(module: Any) -> dict[str, Any]:
     once per process; no tensor data is read."""
     structure = hashlib.blake2b(digest_size=16)
     total = trainable = 0
+    by_dtype: dict[str, int] = {}
     for name, p in module.named_parameters():
         n = int(p.numel())
         total += n
         trainable += n if p.requires_grad else 0
         structure.update(f"{name}:{tuple(p.shape)}:{p.dtype}\n".encode())
+        dtype = str(p.dtype).removeprefix("torch.")
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + n
     cls: type = type(module)  # pyright: ignore[reportUnknownVariableType]  # a torch module of any class
     return {
         "name": f"{cls.__module__}.{cls.__qualname__}"[:200],
         "parameters": total,
         "trainable_parameters": trainable,
         "structure": structure.hexdigest(),
+        "param_dtype": max(by_dtype, key=by_dtype.__getitem__) if by_dtype else None,
     }
+
+
+def _watch_layout(torch: Any, module: Any, args: tuple[Any, ...], window: ActiveWindow) -> None:
+    """Find the batch dimension of ``module``'s input: the first sequence-first layer inside it gets a one-shot
+    hook that reads its batch (dimension 1 of its input) and says which dimension of the top-level input
+    holds that many samples (an input transposed before the layer keeps dimension 0)."""
+    nn = torch.nn
+    kinds = tuple(k for name in _SEQUENCE_FIRST if isinstance(k := getattr(nn, name, None), type))
+    layer = next(
+        (m for m in module.modules() if isinstance(m, kinds) and not getattr(m, "batch_first", True)), None
+    )
+    if layer is None:
+        return
+    cls: type = type(layer)  # pyright: ignore[reportUnknownVariableType]  # a torch module of any class
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    handle: list[Any] = []
+    if layer is module:  # the model is the layer: its input is this call's, read before it is counted
+        global _batch_dim
+        shape = tuple(int(d) for d in getattr(_first_tensor(args), "shape", ()))
+        if len(shape) >= 3:
+            _batch_dim = 1
+            window.note_batch_layout(1, name, shape[1])
+        return
+
+    def read(_: Any, args: tuple[Any, ...]) -> None:
+        global _batch_dim
+        for h in handle:
+            h.remove()
+        item = _first_tensor(args)
+        shape = tuple(int(d) for d in getattr(item, "shape", ()))
+        top = _top_shape
+        if len(shape) < 3 or len(top) < 2:
+            return  # unbatched or packed input: the layout cannot be read here
+        batch = shape[1]
+        if top[1] == batch and top[0] != batch:
+            _batch_dim = 1
+            window.correct_model_samples(top[0], top[1])
+            window.note_batch_layout(1, name, batch)
+        elif top[0] == batch:
+            window.note_batch_layout(0, name, batch)
+        else:
+            window.note(
+                f"the sequence-first layer {name} saw a batch of {batch}, which is neither of the first two "
+                f"dimensions of the model's input {top}: samples are read from dimension 0"
+            )
+
+    handle.append(layer.register_forward_pre_hook(read))
 
 
 def _trains(module: Any) -> bool:
@@ -406,16 +496,37 @@ def _count_forward(module: Any, args: tuple[Any, ...]) -> None:
     window = active_window()
     if window is None:
         return
+    if window.timing == "optimizer":
+        steps.before_forward(window)  # first: this forward belongs to the step it starts
     window.work_starts()  # any forward of the model, evaluation included, is new work
     if not sys.modules["torch"].is_grad_enabled():
         if window.job:
             _eval_starts()
         return
+    global _top_shape
     capture.saw_module(module)
-    window.add_model_samples(batch_size(args))
+    item = _first_tensor(args)
+    shape: Any = getattr(item, "shape", None)
+    _top_shape = tuple(int(d) for d in shape[:2]) if shape is not None else ()
+    window.add_model_samples(
+        _top_shape[_batch_dim] if len(_top_shape) > _batch_dim else None,
+        _top_shape[1] if len(_top_shape) > 1 else None,
+    )
+    if not window.windows_done:
+        window.note_autocast(_autocast_dtype(sys.modules["torch"]))
     wanted = window.stream_rows_wanted()
     if wanted:
         window.add_stream(*_input_rows(args, wanted))
+
+
+def _autocast_dtype(torch: Any) -> str | None:
+    """The autocast dtype in force for the model's device (None: autocast is off)."""
+    try:
+        if not torch.is_autocast_enabled(_device_type):
+            return None
+        return str(torch.get_autocast_dtype(_device_type)).removeprefix("torch.")
+    except (TypeError, RuntimeError, AttributeError):  # a torch without per-device autocast queries
+        return None
 
 
 def _eval_starts() -> None:

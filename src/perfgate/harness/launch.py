@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from perfgate.harness import _state
 from perfgate.harness.config import ConfigError, HarnessConfig, ProfileConfig
-from perfgate.harness.window import Window, WindowComplete
+from perfgate.harness.window import NO_STEP_EXIT, NoStepFound, Window, WindowComplete
 
 __all__ = ["build_parser", "main"]
 
@@ -191,10 +191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
     reason = "script_exit"
     error: str | None = None
+    stopped: str | None = None
     try:
         _run_target(target)
     except WindowComplete:
         reason = "window_complete"
+    except NoStepFound as exc:
+        status, reason, error = NO_STEP_EXIT, "no_step_found", exc.message
+        stopped = exc.message
     except SystemExit as exc:
         status = _exit_status(exc.code)
         reason = "script_exit"
@@ -207,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         _state.set_launcher_config(None)
     _close(window, reason, error)
+    if stopped is not None:
+        print(f"[perfgate] {stopped}", file=sys.stderr, flush=True)  # the last line: what the answer quotes
     return status
 
 

@@ -1,8 +1,9 @@
 """A measurement window over training steps, timed from inside the training process.
 
 A *step* is the interval between two consecutive step boundaries: optimizer updates (the
-zero-code-change launcher calls :meth:`Window.optimizer_step` from a global optimizer hook) or the end
-of each ``with window.step():`` block. Boundaries are host timestamps from ``time.perf_counter_ns``;
+zero-code-change launcher calls :meth:`Window.optimizer_step` from a global optimizer hook), gradients a
+manual update consumed (`perfgate.harness.steps`), a ``perfgate.harness.step()`` call, or the end of each
+``with window.step():`` block (:meth:`Window.boundary` says which source counts). Boundaries are host timestamps from ``time.perf_counter_ns``;
 the device is synchronised only at window edges, so the sum of a window's step times equals its
 synchronised elapsed time. Where the device has timing events, one is recorded per boundary (no
 synchronisation) and read back once the window has ended.
@@ -30,6 +31,7 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -37,7 +39,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from perfgate.harness import _state, computed, hooks
+from perfgate.harness import _state, computed, hooks, steps
 from perfgate.harness._host import host_peak_rss_bytes, host_rss_bytes
 from perfgate.harness._rank import RankInfo, rank_from_env
 from perfgate.harness.config import ENV_PREFIX, HarnessConfig, ProfileConfig
@@ -45,7 +47,7 @@ from perfgate.harness.device import DeviceBackend, detect_backend
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path, stream_record, write_record
 from perfgate.harness.ticks import TickWriter
 
-__all__ = ["Window", "WindowComplete", "phase", "report_metric"]
+__all__ = ["NoStepFound", "Window", "WindowComplete", "phase", "report_metric", "step"]
 
 _now = time.perf_counter_ns
 
@@ -62,6 +64,13 @@ its digest only."""
 """Checkpoint files saved or loaded that a record names (the step and path of each); later ones are dropped."""
 _JOB_LOSS_BATCH = 4096
 """Losses a job run keeps on the device after its windows before reading them back in one transfer."""
+NO_STEP_GRACE_S = 10.0
+"""After the no-step limit, how long the script has to reach a forward, batch or checkpoint (where it is stopped
+cleanly) before the harness writes the record and ends the process itself."""
+NO_STEP_EXIT = 3
+"""Exit status of a launch stopped because no step was found."""
+_STEP_SOURCES = ("gradients", "optimizer", "explicit")
+"""Step boundary sources, weakest first: a source counts unless a stronger one has counted."""
 _NEVER = 1 << 62
 _PHASE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,40}")
 
@@ -91,6 +100,15 @@ class WindowComplete(SystemExit):
 
     def __init__(self) -> None:
         super().__init__(0)
+
+
+class NoStepFound(SystemExit):
+    """Ends a launch that trained for `HarnessConfig.no_step_s` without a step boundary (exit status
+    `NO_STEP_EXIT`); the message says what the harness looked for and the line to add."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(NO_STEP_EXIT)
+        self.message = message
 
 
 class _StepScope:
@@ -189,6 +207,11 @@ class Window:
         self._cur_model_samples: int | None = None
         self._model_samples: list[int | None] = []
         """Per step: samples that reached the top-level module's forward (every micro-batch)."""
+        self._cur_second: int | None = None
+        self._second_dim: list[int | None] = []
+        """Per step: the second dimension of those inputs, summed the same way (a sequence-first reading)."""
+        self._batch_layout: dict[str, Any] | None = None
+        self._autocast: set[str] = set()
         self._inputs = hashlib.blake2b(digest_size=16)
         self._inputs_read = 0
         self._inputs_known = True
@@ -220,6 +243,13 @@ class Window:
         self._stop_reason: str | None = None
         self._error: str | None = None
         self._first_optimizer: int | None = None
+        self._step_source: str | None = None
+        """Which source delimits steps (`boundary`); None until the first boundary."""
+        self._no_step: str | None = None
+        """Why the launch is being stopped for want of a step (set by the watch thread)."""
+        self._trained = threading.Event()
+        self._stepped = threading.Event()
+        self._closed_event = threading.Event()
         self._other_optimizer_steps = 0
         self._notes: list[str] = []
         self._written: Path | None = None
@@ -261,6 +291,10 @@ class Window:
         self._schedule_next()
         if _optimizer_mode:
             self.begin()
+            if cfg.no_step_s > 0:
+                threading.Thread(
+                    target=self._watch_for_steps, args=(cfg.no_step_s,), name="perfgate-no-step", daemon=True
+                ).start()
 
     # ------------------------------------------------------------------ public API
 
@@ -454,6 +488,8 @@ class Window:
         self._cur_samples = None
         self._model_samples.append(None if self._cur_model_samples == -1 else self._cur_model_samples)
         self._cur_model_samples = None
+        self._second_dim.append(None if self._cur_second == -1 else self._cur_second)
+        self._cur_second = None
         if self._scaler_steps:
             self._count_skips(n)
 
@@ -465,24 +501,77 @@ class Window:
                 self._other_optimizer_steps += 1
                 return
             self._first_optimizer = key
-        self.mark_step()
+        self.boundary("optimizer")
+
+    def boundary(self, source: str, samples: int | None = None, tokens: int | None = None) -> None:
+        """A step boundary found by ``source``: "gradients" (a manual update consumed them,
+        `perfgate.harness.steps`), "optimizer" (a torch optimizer stepped) or "explicit"
+        (``perfgate.harness.step()``). A source counts unless a stronger one (later in that list) has counted:
+        once a torch optimizer steps the gradient rule stands down, and once the script marks its own steps
+        the marker alone delimits them, so no update is counted twice."""
+        current = self._step_source
+        if current is not None and _STEP_SOURCES.index(source) < _STEP_SOURCES.index(current):
+            return
+        if (
+            current is not None
+            and current != source
+            and self._cur_backward == 0
+            and self._cur_model_samples is None
+        ):
+            # the weaker source already ended this iteration (an optimizer step just before the first
+            # step() call): the stronger one takes over from here without counting the iteration twice
+            self._step_source = source
+            return
+        if current != source:
+            if current is not None:
+                self._notes.append(
+                    f"steps 1..{self._count} were delimited by {current}, later steps by {source}: the earlier "
+                    "ones stay in the warm-up"
+                    if self._count <= self.config.warmup_steps
+                    else f"steps 1..{self._count} were delimited by {current}, later steps by {source}"
+                )
+            self._step_source = source
+        self.mark_step(samples, tokens)
 
     def add_data_wait(self, wait_ns: int, samples: int | None) -> None:
         """Called by the DataLoader hook with the time one ``next()`` blocked and its batch size."""
         self._cur_wait += wait_ns
+        if not self._trained.is_set():
+            self._trained.set()
         if samples is not None:
             self._cur_samples = samples if self._cur_samples is None else self._cur_samples + samples
 
-    def add_model_samples(self, samples: int | None) -> None:
-        """Called by the forward hook with the leading dimension of one top-level forward's input; a call
-        whose input has none makes the step's count unknown (-1 until the step ends)."""
+    def add_model_samples(self, samples: int | None, second_dim: int | None = None) -> None:
+        """Called by the forward hook with the batch of one top-level forward's input (its batch dimension)
+        and that input's second dimension; a call whose input has none makes the step's count unknown (-1
+        until the step ends)."""
         if self._train_start_ns is None:
             self._train_start_ns = _now()
+            self._trained.set()
         self._train_forwards += 1
         if samples is None or self._cur_model_samples == -1:
             self._cur_model_samples = -1
         else:
             self._cur_model_samples = (self._cur_model_samples or 0) + samples
+        if second_dim is None or self._cur_second == -1:
+            self._cur_second = -1
+        else:
+            self._cur_second = (self._cur_second or 0) + second_dim
+
+    def correct_model_samples(self, counted: int, actual: int) -> None:
+        """The forward in progress was counted as ``counted`` samples before its layout was known; it held
+        ``actual``."""
+        if self._cur_model_samples is not None and self._cur_model_samples != -1:
+            self._cur_model_samples += actual - counted
+
+    def note_batch_layout(self, dim: int, layer: str, batch: int) -> None:
+        """The sequence-first ``layer`` inside the model saw ``batch`` samples, dimension ``dim`` of the
+        model's input."""
+        self._batch_layout = {"dim": dim, "layer": layer[:200], "layer_batch": batch}
+
+    def note_autocast(self, dtype: str | None) -> None:
+        """A training forward before the first window ran under autocast to ``dtype`` (None: without)."""
+        self._autocast.add(dtype or "none")
 
     @property
     def windows_done(self) -> int:
@@ -516,6 +605,8 @@ class Window:
         """Called by the backward hook with the host time one ``backward()`` call took."""
         self._cur_backward += elapsed_ns
         self._backward_calls += 1
+        if not self._trained.is_set():
+            self._trained.set()
 
     def add_loss(self, tensor: Any) -> None:
         """Called by the backward hook: a scalar it runs on is a loss of the current step.
@@ -565,6 +656,9 @@ class Window:
         if self._closed:
             return self._written
         self._closed = True
+        self._closed_event.set()
+        self._stepped.set()
+        self._trained.set()
         if self._profiler is not None:
             self._profiler.stop()
         if self._stop_reason is None:
@@ -620,6 +714,7 @@ class Window:
             "node": self._node,
             "pid": self.rank.pid,
             "timing": self.timing,
+            "step_source": self._step_source,
             "warmup_steps": self.config.warmup_steps,
             "measure_steps": self.config.measure_steps,
             "windows_requested": self.config.windows,
@@ -641,7 +736,10 @@ class Window:
                 "samples": [s[3] for s in self._steps],
                 "tokens": [s[4] for s in self._steps],
                 "model_samples": list(self._model_samples),
+                "model_second_dim": list(self._second_dim),
             },
+            "batch_layout": self._batch_layout,
+            "autocast": sorted(self._autocast),
             "windows": list(self._windows),
             "other_optimizer_steps": self._other_optimizer_steps,
             "notes": list(self._notes),
@@ -699,6 +797,7 @@ class Window:
         if not self._begun:
             # mark_step() without begin(): step 0 started when the window was created.
             self._begin(self._origin_ns)
+        self._stepped.set()
         t = _now()
         is_edge = n in self._edges
         events = self._events
@@ -721,6 +820,8 @@ class Window:
         self._cur_samples = None
         self._model_samples.append(None if self._cur_model_samples == -1 else self._cur_model_samples)
         self._cur_model_samples = None
+        self._second_dim.append(None if self._cur_second == -1 else self._cur_second)
+        self._cur_second = None
         if self._scaler_steps:
             self._count_skips(n)
         if self._runtime_env is None:
@@ -976,6 +1077,28 @@ class Window:
         if self._stop_pending and os.getpid() == self._pid:
             self._stop_pending = False
             raise WindowComplete
+        if (
+            self._no_step is not None
+            and os.getpid() == self._pid
+            and threading.current_thread() is threading.main_thread()
+        ):
+            message, self._no_step = self._no_step, None
+            raise NoStepFound(message)
+
+    def _watch_for_steps(self, limit_s: float) -> None:
+        """The no-step watch (a daemon thread of the launcher's window): once training began, wait ``limit_s``
+        for the first step boundary; without one, stop the script at its next forward, batch or checkpoint
+        (`work_starts` raises `NoStepFound`), or after `NO_STEP_GRACE_S` end the process here."""
+        self._trained.wait()
+        if self._stepped.wait(limit_s):
+            return
+        message = no_step_message(limit_s, self._train_forwards, self._backward_calls)
+        self._no_step = message
+        if self._closed_event.wait(NO_STEP_GRACE_S):
+            return
+        self.close("no_step_found", message)
+        print(f"[perfgate] {message}", file=sys.stderr, flush=True)
+        os._exit(NO_STEP_EXIT)
 
     def _write(self) -> Path | None:
         record_dir = self.config.record_dir
@@ -992,6 +1115,31 @@ class Window:
     def _close_at_exit(self) -> None:
         if not self._closed:
             self.close("process_exit")
+
+
+def no_step_message(limit_s: float, forwards: int, backwards: int) -> str:
+    """Why a launch that trained without a step boundary was stopped, and the line that fixes it."""
+    return (
+        f"no training step found in the {limit_s:g} s after training began ({forwards} training forward(s) of "
+        f"the model, {backwards} backward() call(s) seen); looked for {steps.LOOKED_FOR}. Add the line "
+        "`perfgate.harness.step()` (with `import perfgate.harness`) at the end of each training iteration and "
+        "measure again"
+    )
+
+
+def step(samples: int | None = None, tokens: int | None = None) -> bool:
+    """Mark a step boundary in one line, at the end of each training iteration: the step that began at the
+    previous one ends now (``samples``/``tokens``: what it processed on this rank, else what the harness
+    counted). From the first call on, these calls alone delimit steps. For loops whose steps the harness does
+    not find by itself (`perfgate.harness.steps` says which it finds).
+
+    Returns False, doing nothing, when no harness window is active (the script run without perfgate).
+    """
+    window = _state.active_window()
+    if window is None:
+        return False
+    window.boundary("explicit", samples, tokens)
+    return True
 
 
 def report_metric(name: str, value: float) -> bool:
