@@ -1,5 +1,6 @@
 """Honest work is kept, as an agent would do it on a job that saves a checkpoint at its end: the edit
-committed, the candidate measured over two calls, `git revert HEAD` as the rollback. An edit that renames
+(a vectorized loss, then a fused optimizer) committed, the candidate measured over two calls, `git revert
+HEAD` as the rollback. An edit that renames
 modules (the same numbers, but a checkpoint the baseline saved no longer loads) is refused by the
 checkpoint gate, naming the keys.
 
@@ -36,6 +37,7 @@ PER_SAMPLE = """    # one sample at a time
     return torch.stack(losses).mean()"""
 VECTORIZED = "    return nn.functional.cross_entropy(model(x), y)"
 RENAMED = {"self.blocks": "self.layers"}
+FUSED = {"foreach=False": "fused=True"}
 
 
 def _git(ws: Path, *args: str) -> None:
@@ -153,8 +155,17 @@ async def test_an_honest_edit_of_a_job_that_saves_at_its_end_is_kept_and_a_renam
         assert gates["checkpoint_resume"]["status"] == "not_applicable", gates["checkpoint_resume"]
         assert gates["rollback"]["status"] == "passed", gates["rollback"]
 
-        # the vectorized job is the new baseline: a rename of its modules keeps every number, and the
-        # windows end before the job's save: the changed model structure asks for the saves to be observed
+        # the vectorized job is the new baseline; its optimizer's per-parameter loop fused into one kernel
+        base = await agent.call("run_benchmark_window", _window("baseline", 3))
+        _, compared, keep = await _experiment(agent, ws, env, base, FUSED, "Adam's update fused")
+        if compared.get("verdict") == "improved":
+            assert keep.get("accepted") is True, keep
+        else:  # a busy host may not tell a 1.3-2x change: then the comparison alone says why
+            assert "unmet (comparison)" in keep.get("error", ""), keep
+            _git(ws, "revert", "--no-edit", "HEAD")
+
+        # a rename of the modules keeps every number, and the windows end before the job's save: the
+        # changed model structure asks for the saves to be observed
         base = await agent.call("run_benchmark_window", _window("baseline", 3))
         exp, _, refused = await _experiment(agent, ws, env, base, RENAMED, "clearer module names")
         error = refused.get("error", "")

@@ -123,12 +123,15 @@ async def test_mingpt_user_keeps_the_fused_ops_and_shortcuts_are_refused(tmp_pat
     pytest.importorskip("torch")
     pytest.importorskip("numpy")
     ws = mingpt_workspace(tmp_path)
-    async with Client(build_server(ServerConfig.create(ws)), elicitation_callback=Human()) as client:
+    human = Human()
+    async with Client(build_server(ServerConfig.create(ws)), elicitation_callback=human) as client:
         agent = Agent(client)
         env = await agent.call("collect_env", {})
         base = await agent.call("run_benchmark_window", window(False, "baseline"))
         assert base.get("state") == "executed", base
         noisy = await _keep_fused(agent, ws, base, env)
+        # the keep, even through the interleaved re-run: at most 12 calls and 2 approval prompts
+        assert agent.calls <= 12 and len(human.asked) <= 2, (agent.calls, human.asked)
         await _shortcut(agent, base, env, "one transformer layer is enough", "--model.n_layer=1")
         await _shortcut(agent, base, env, "half the samples per step", "--trainer.batch_size=8")
     if noisy:
