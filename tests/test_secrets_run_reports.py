@@ -131,7 +131,8 @@ async def test_tokens_in_a_metric_name_a_checkpoint_path_and_tensor_keys_are_kep
                 "changed_variable": "x",
             },
         )
-        exp_id: str = (opened.structured_content or {})["experiment_id"]
+        opened_out: dict[str, Any] = opened.structured_content or {}
+        exp_id = str(opened_out["experiment_id"])
     # Both secret-bearing tensor keys are compared, as two keys, each named by its own placeholder.
     (comparison,) = (workspace / ".perfgate").rglob(f"*{got['evidence_id']}*/comparison.json")
     shown = comparison.read_text()
