@@ -13,6 +13,7 @@ import msgspec
 
 from perfgate.benchmarking.records import DeviceRecord, RankRecord, StepColumns, WindowRecord
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION
+from perfgate.redaction import Scrubber
 
 STEP_NS = 10_000_000
 
@@ -121,6 +122,9 @@ class Artifacts:
 
     def write_json(self, name: str, value: Any) -> Path:
         return self.write_bytes(name, json.dumps(value).encode())
+
+    def scrubber(self) -> Scrubber:
+        return Scrubber()
 
     def copy_in(self, name: str, source: BinaryIO) -> Path:
         p = self.path(name)

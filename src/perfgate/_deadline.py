@@ -21,11 +21,15 @@ from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_MAX_TRACE_EVENTS",
+    "DEFAULT_MEMORY_MB",
     "DEFAULT_PARSE_DEADLINE_S",
+    "MEMORY_ENV",
+    "TRACE_EVENT_BYTES",
     "DeadlineExceeded",
     "ParseLimits",
     "checkpoint",
     "deadline",
+    "past_memory_budget",
 ]
 
 DEFAULT_PARSE_DEADLINE_S = 600.0
@@ -37,6 +41,15 @@ DEFAULT_MAX_TRACE_EVENTS = 100_000_000
 """Most events read from one trace file. A long real capture holds a few million (about 100 bytes of
 memory each once tabled); raise it with ``perfgate serve --max-trace-events`` or
 ``PERFGATE_MAX_TRACE_EVENTS``."""
+
+DEFAULT_MEMORY_MB = 2048
+"""Memory (MiB) the server may take to read one call's inputs: a laptop's share. Traces are bounded by it
+before they are read whole (`ParseLimits.trace_events`); raise it with ``PERFGATE_MEMORY_MB`` where the
+machine has the memory."""
+MEMORY_ENV = "PERFGATE_MEMORY_MB"
+TRACE_EVENT_BYTES = 256
+"""Server memory one trace event takes once read and analysed (its table row, its share of the names, the
+analysis's working copies): ~190 bytes measured on a million-event trace, rounded up."""
 
 _DEADLINE_ENV = "PERFGATE_PARSE_DEADLINE_S"
 _EVENTS_ENV = "PERFGATE_MAX_TRACE_EVENTS"
@@ -56,10 +69,26 @@ class ParseLimits:
 
     deadline_s: float = DEFAULT_PARSE_DEADLINE_S
     max_trace_events: int = DEFAULT_MAX_TRACE_EVENTS
+    memory_mb: float = DEFAULT_MEMORY_MB
+
+    def trace_events(self, at_once: int = 1) -> tuple[int, str]:
+        """The most events one trace file may hold where ``at_once`` files are read together, and what to
+        do past it: ``max_trace_events``, or fewer where that many events (`TRACE_EVENT_BYTES` each) would
+        take the reading past the memory budget (``memory_mb``), refused while it is read."""
+        in_budget = int(self.memory_mb * (1 << 20)) // TRACE_EVENT_BYTES // max(at_once, 1)
+        if in_budget >= self.max_trace_events:
+            return self.max_trace_events, EVENTS_HOW
+        files = f", shared by the {at_once} files read at once" if at_once > 1 else ""
+        return in_budget, (
+            f"reading more would take the server past its memory budget of {self.memory_mb:g} MiB "
+            f"({MEMORY_ENV}, ~{TRACE_EVENT_BYTES} bytes an event{files}); where the machine has the memory, "
+            f"raise {MEMORY_ENV} in the server's environment"
+        )
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ParseLimits:
-        """Defaults overridden by ``PERFGATE_PARSE_DEADLINE_S`` / ``PERFGATE_MAX_TRACE_EVENTS``.
+        """Defaults overridden by ``PERFGATE_PARSE_DEADLINE_S`` / ``PERFGATE_MAX_TRACE_EVENTS`` /
+        ``PERFGATE_MEMORY_MB``.
 
         Raises:
             ValueError: a set variable is not a positive number (the message names it).
@@ -68,7 +97,25 @@ class ParseLimits:
         return cls(
             deadline_s=_positive(env.get(_DEADLINE_ENV), _DEADLINE_ENV, DEFAULT_PARSE_DEADLINE_S),
             max_trace_events=int(_positive(env.get(_EVENTS_ENV), _EVENTS_ENV, DEFAULT_MAX_TRACE_EVENTS)),
+            memory_mb=_positive(env.get(MEMORY_ENV), MEMORY_ENV, DEFAULT_MEMORY_MB),
         )
+
+
+def past_memory_budget(size: int, held_per_byte: int, what: str) -> str | None:
+    """Why a file of ``size`` bytes read whole (``held_per_byte``: server memory per byte of it once parsed)
+    cannot be read within ``PERFGATE_MEMORY_MB``, naming the limit; None when it fits.
+
+    Raises:
+        ValueError: PERFGATE_MEMORY_MB is set but not a positive number.
+    """
+    budget = _positive(os.environ.get(MEMORY_ENV), MEMORY_ENV, DEFAULT_MEMORY_MB)
+    if size * held_per_byte <= budget * (1 << 20):
+        return None
+    return (
+        f"{what} is {size / (1 << 20):.0f} MiB: read whole, it would take the server past its memory budget "
+        f"of {budget:g} MiB ({MEMORY_ENV}); split it, or raise {MEMORY_ENV} in the server's environment where "
+        "the machine has the memory"
+    )
 
 
 def _positive(raw: str | None, name: str, default: float) -> float:

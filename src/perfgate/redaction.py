@@ -25,9 +25,9 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 from perfgate.redactor import (
     REDACTED,
@@ -48,6 +48,8 @@ __all__ = [
     "install_log_filter",
     "scrub_bytes",
     "scrub_file",
+    "scrub_json",
+    "scrub_stream",
 ]
 
 # A secret-looking flag and its value inside free text (a command line in a log line or a message).
@@ -332,33 +334,58 @@ def scrub_bytes(data: bytes, scrub: Scrubber) -> bytes:
     )
 
 
+def scrub_stream(source: BinaryIO, scrub: Scrubber, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """What is left to read of ``source`` (a log, a record), without secrets, in whole-line chunks: a secret
+    is never cut in two (within a line of up to 16 chunks: a longer one is cut, to keep memory bounded).
+    Bytes that are not UTF-8 pass through unchanged."""
+    pending = b""
+    while True:
+        block = source.read(chunk_bytes)
+        data = pending + block
+        if not block:
+            if data:
+                yield scrub_bytes(data, scrub)
+            return
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            if len(data) < 16 * chunk_bytes:
+                pending = data
+                continue
+            cut = len(data)
+        yield scrub_bytes(data[:cut], scrub)
+        pending = data[cut:]
+
+
+def scrub_json(data: bytes, scrub: Scrubber) -> bytes:
+    """A JSON document (what a run reports: a harness record) with every string in it, keys included,
+    scrubbed; ``data`` itself when nothing was redacted.
+
+    Each secret becomes its tagged placeholder, so two keys holding different secrets stay two keys and the
+    same secret reads the same in every file and record.
+
+    Raises:
+        ValueError: not JSON, or nested past what can be walked.
+    """
+    import json
+
+    before = scrub.redactions
+    try:
+        tree = json.loads(data)
+        clean = scrub.tree(tree)
+    except RecursionError as exc:
+        raise ValueError("nested too deeply to scrub") from exc
+    if scrub.redactions == before:
+        return data
+    return json.dumps(clean, separators=(",", ":"), allow_nan=True).encode("utf-8")
+
+
 def scrub_file(path: Path, scrub: Scrubber, chunk_bytes: int = 1 << 20) -> int:
     """Rewrite a text log in place without secrets (streamed in whole-line chunks); returns redactions."""
     before = scrub.redactions
     tmp = path.with_name(f".{path.name}.scrub")
     with path.open("rb") as src, tmp.open("wb") as dst:
-        pending = b""
-        while True:
-            block = src.read(chunk_bytes)
-            data = pending + block
-            if not block:
-                if data:
-                    dst.write(
-                        scrub.text(data.decode("utf-8", errors="surrogateescape")).encode(
-                            "utf-8", errors="surrogateescape"
-                        )
-                    )
-                break
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:
-                pending = data
-                continue
-            dst.write(
-                scrub.text(data[:cut].decode("utf-8", errors="surrogateescape")).encode(
-                    "utf-8", errors="surrogateescape"
-                )
-            )
-            pending = data[cut:]
+        for block in scrub_stream(src, scrub, chunk_bytes):
+            dst.write(block)
     if scrub.redactions == before:
         tmp.unlink()
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from perfgate._deadline import past_memory_budget
 from perfgate._safeopen import open_file
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.formats import EXPECTED_SUFFIXES
@@ -22,6 +24,10 @@ from perfgate.audit.read_npz import ids_from_array, load_array_file
 from perfgate.audit.read_parquet import read_parquet_ids
 
 __all__ = ["EXPECTED_SUFFIXES", "ExpectedIds", "IdRange", "read_expected"]
+
+
+_HELD_PER_BYTE = 16
+"""Server memory per byte of an expected-ids text file read whole (its bytes, the parsed values, the ids)."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,10 @@ def read_expected(path: Path, pool: StringPool) -> SampleIds:
         return SampleIds.concat([ids_from_array(_load_array(path), pool, str(path))])
     try:
         with open_file(path) as f:
+            if why := past_memory_budget(
+                os.fstat(f.fileno()).st_size, _HELD_PER_BYTE, f"expected ids file {path}"
+            ):
+                raise AuditInputError(why)
             data = f.read()
     except OSError as exc:
         raise AuditInputError(f"cannot read expected ids {path}: {exc}") from exc

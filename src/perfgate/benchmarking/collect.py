@@ -63,20 +63,22 @@ def collect_records(
     artifacts: ArtifactWriter, record_dir: Path, launch: int
 ) -> tuple[list[RankRecord], list[str]]:
     """The rank records of ``launch`` in ``record_dir`` and the set's problems; each file is kept as the
-    artifact ``launch<N>_rank<R>.json``.
+    artifact ``launch<N>_rank<R>.json``; both are scrubbed by the scrubber of the record's artifacts.
 
     Raises:
         WindowFailure: a record is missing, unreadable or of an unknown format.
     """
-    from perfgate.benchmarking.records import load_records
+    from perfgate.benchmarking.records import load_records, scrubbed_record
 
+    scrub = artifacts.scrubber()
     try:
-        found = load_records(record_dir)
+        found = load_records(record_dir, scrub)
+        for path in sorted(record_dir.glob("rank*.json")):  # kept as decoded: scrubbed
+            artifacts.write_bytes(
+                f"launch{launch}_{path.name}", scrubbed_record(path.read_bytes(), path, scrub)
+            )
     except RecordError as exc:
         raise WindowFailure(str(exc)) from exc
-    for path in sorted(record_dir.glob("rank*.json")):
-        with path.open("rb") as source:
-            artifacts.copy_in(f"launch{launch}_{path.name}", source)
     return found.records, found.problems
 
 

@@ -4,6 +4,7 @@ the measured windows, and over every line of the log). Lines not known whole are
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perfgate._deadline import past_memory_budget
 from perfgate.benchmarking.aggregate import WindowSummary, windows_from_series
 from perfgate.benchmarking.contract import Contract, check_contract
 from perfgate.benchmarking.errors import BenchmarkError
@@ -50,6 +52,8 @@ __all__ = [
 BENCHMARK_JSON = "benchmark_json"
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _NUMBER = re.compile(r"(\d+)")
+_JSON_HELD_PER_BYTE = 16
+"""Server memory per byte of a benchmark JSON file read whole (its text and the parsed objects)."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +277,9 @@ def read_benchmark_files(request: ImportRequest, paths: list[Path]) -> ImportedR
         raise BenchmarkError("benchmark_json files carry their own contract: leave contract empty")
     docs: list[BenchmarkJson] = []
     for p in paths:
+        with contextlib.suppress(OSError):  # an unreadable file is named below
+            if why := past_memory_budget(p.stat().st_size, _JSON_HELD_PER_BYTE, p.name):
+                raise BenchmarkError(why)
         try:
             raw = json.loads(p.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
 from perfgate.benchmarking.errors import RecordError
 from perfgate.digests import DIGEST_PATTERN
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION
+
+if TYPE_CHECKING:
+    from perfgate.redaction import Scrubber
 
 __all__ = [
     "MAX_RECORD_BYTES",
@@ -33,6 +36,7 @@ __all__ = [
     "decode_record",
     "load_records",
     "read_record",
+    "scrubbed_record",
 ]
 
 
@@ -288,31 +292,52 @@ class RecordSet:
 _decoder = msgspec.json.Decoder(RankRecord)
 
 
-def read_record(path: Path) -> RankRecord:
-    """Decode one record file.
+def read_record(path: Path, scrub: Scrubber | None = None) -> RankRecord:
+    """Decode one record file, scrubbed (`decode_record`).
 
     Raises:
         RecordError: unreadable, not JSON, or not a harness record of a known version.
     """
+    return decode_record(_read(path), path, scrub)
+
+
+def _read(path: Path) -> bytes:
     try:
         with path.open("rb") as f:
-            data = f.read(MAX_RECORD_BYTES + 1)
+            return f.read(MAX_RECORD_BYTES + 1)
     except OSError as exc:
         raise RecordError(f"cannot read harness record {path}: {exc}") from exc
-    return decode_record(data, path)
 
 
-def decode_record(data: bytes, path: Path | str) -> RankRecord:
-    """Decode one record file's bytes (``path`` names it in errors).
+def scrubbed_record(data: bytes, path: Path | str, scrub: Scrubber | None = None) -> bytes:
+    """A record file's bytes with every string the run reported in it (metric names, checkpoint paths,
+    saved-state keys, notes, labels) passed through the scrubber the run's output passes through
+    (``scrub``; the plain `perfgate.redaction.Scrubber` by default): what is decoded and what is kept.
 
     Raises:
-        RecordError: too large, not JSON, or not a harness record of a known version.
+        RecordError: too large, or not JSON.
     """
+    from perfgate.redaction import Scrubber, scrub_json
+
     if len(data) > MAX_RECORD_BYTES:
         raise RecordError(
             f"{path} is over {MAX_RECORD_BYTES} bytes (limit benchmarking.records.MAX_RECORD_BYTES): not a "
             "harness record, or one from a run of more than a few million steps; measure fewer steps"
         )
+    try:
+        return scrub_json(data, scrub if scrub is not None else Scrubber())
+    except ValueError as exc:
+        raise RecordError(f"{path} is not a valid harness record: {exc}") from exc
+
+
+def decode_record(data: bytes, path: Path | str, scrub: Scrubber | None = None) -> RankRecord:
+    """Decode one record file's bytes (``path`` names it in errors), scrubbed first (`scrubbed_record`):
+    no string a run reports reaches the evidence raw.
+
+    Raises:
+        RecordError: too large, not JSON, or not a harness record of a known version.
+    """
+    data = scrubbed_record(data, path, scrub)
     try:
         record = _decoder.decode(data)
     except (msgspec.DecodeError, RecursionError) as exc:
@@ -348,13 +373,14 @@ def decode_record(data: bytes, path: Path | str) -> RankRecord:
     return record
 
 
-def load_records(directory: Path) -> RecordSet:
-    """All ``rank*.json`` records in ``directory``, with problems such as missing or duplicate ranks.
+def load_records(directory: Path, scrub: Scrubber | None = None) -> RecordSet:
+    """All ``rank*.json`` records in ``directory`` (scrubbed, `decode_record`), with problems such as
+    missing or duplicate ranks.
 
     Raises:
         RecordError: a file cannot be decoded.
     """
-    records = [read_record(p) for p in sorted(directory.glob("rank*.json"))]
+    records = [read_record(p, scrub) for p in sorted(directory.glob("rank*.json"))]
     records.sort(key=lambda r: r.rank)
     problems: list[str] = []
     if not records:

@@ -42,6 +42,7 @@ from perfgate.execution.reaper import RunList, become_subreaper
 if TYPE_CHECKING:
     from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant
     from perfgate.execution.request import CommandRequest
+    from perfgate.redaction import Scrubber
 
 __all__ = [
     "ArtifactSink",
@@ -72,6 +73,10 @@ class ArtifactWriter(ArtifactSink, Protocol):
     def write_json(self, name: str, value: Any) -> Path: ...
 
     def copy_in(self, name: str, source: BinaryIO) -> Path: ...
+
+    def scrubber(self) -> Scrubber:
+        """What every string written through this sink passes (the tool's request secrets included)."""
+        ...
 
 
 class UnapprovedCommandError(RuntimeError):

@@ -23,6 +23,7 @@ from perfgate.evidence._writer import run_in_ledger_thread
 from perfgate.execution.executor import CommandResult, ProgressWatch
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.service import CommandRunner, UnapprovedCommandError
+from perfgate.redaction import Scrubber, scrub_stream
 from perfgate.serving.config import ServerConfig
 
 __all__ = ["EvidenceBuilder", "ProgressFn", "ServerConfig", "ToolRuntime"]
@@ -37,13 +38,26 @@ async def _no_progress(progress: float, total: float | None, message: str | None
 
 @dataclass
 class EvidenceBuilder:
-    """A record being assembled: its id is fixed up front so artifacts can be written under it."""
+    """A record being assembled: its id is fixed up front so artifacts can be written under it.
+
+    Text written as an artifact (`write_text`, `write_json`, `copy_in`) passes the scrubber the ledger
+    applies to the record (`perfgate.redaction.Scrubber.for_tree` of the tool's ``inputs``, whose env and
+    argv secrets it adds): a string a run reported (a tensor key, a path, a metric name) is kept in no
+    artifact raw. `write_bytes` writes as given (images; text its caller scrubbed).
+    """
 
     id: str
     tool: str
     dir: Path
     started_at: str
     artifact_names: list[str] = field(default_factory=list[str])
+    inputs: Any = None
+    _scrub: Scrubber | None = field(default=None, repr=False)
+
+    def scrubber(self) -> Scrubber:
+        if self._scrub is None:
+            self._scrub = Scrubber.for_tree(self.inputs) if self.inputs is not None else Scrubber()
+        return self._scrub
 
     def path(self, name: str) -> Path:
         """Where to write artifact ``name`` (a plain file name); it is recorded on commit. The record's
@@ -56,10 +70,13 @@ class EvidenceBuilder:
         return self.dir / name
 
     def write_text(self, name: str, text: str) -> Path:
-        return self.write_bytes(name, text.encode())
+        return self.write_bytes(name, self.scrubber().text(text).encode())
 
     def write_json(self, name: str, value: Any) -> Path:
-        return self.write_text(name, json.dumps(value, indent=2, sort_keys=True, allow_nan=False) + "\n")
+        clean = self.scrubber().tree(value)
+        return self.write_bytes(
+            name, (json.dumps(clean, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
+        )
 
     def write_bytes(self, name: str, data: bytes) -> Path:
         path = self.path(name)
@@ -69,7 +86,7 @@ class EvidenceBuilder:
     def copy_in(self, name: str, source: BinaryIO) -> Path:
         """Artifact ``name`` holding what is left to read of ``source``, written as `write_bytes` writes."""
         path = self.path(name)
-        write_file(path, iter(lambda: source.read(1 << 20), b""))
+        write_file(path, scrub_stream(source, self.scrubber()))
         return path
 
 
@@ -227,6 +244,7 @@ class ToolRuntime:
             tool=self.tool,
             dir=self.ledger.artifact_dir(evidence_id, create=False),
             started_at=Ledger.timestamp(),
+            inputs=self.inputs,
         )
 
     async def commit(

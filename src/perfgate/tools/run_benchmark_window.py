@@ -303,7 +303,7 @@ async def _run_blocking(
             observed[launch] = listener.ticks
         for diagnosis in watch.diagnoses:
             if watch.dumps:
-                ev.write_bytes(f"{label}hang_stacks.txt", watch.dumps_text().encode("utf-8"))
+                ev.write_text(f"{label}hang_stacks.txt", watch.dumps_text())
                 diagnosis.stacks_artifact = rt.relative(ev.dir / f"{label}hang_stacks.txt")
             hangs.append(diagnosis)
         load = sampler.stop()

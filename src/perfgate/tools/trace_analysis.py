@@ -76,7 +76,7 @@ class TraceFile(BaseModel):
     rank: int
 
 
-def analysis_options(inp: TraceAnalysisFields, max_events: int | None = None) -> AnalysisOptions:
+def analysis_options(inp: TraceAnalysisFields, max_events: tuple[int, str] | None = None) -> AnalysisOptions:
     from perfgate.traces import AnalysisOptions
 
     options = AnalysisOptions(
@@ -85,7 +85,9 @@ def analysis_options(inp: TraceAnalysisFields, max_events: int | None = None) ->
         include_last_step=inp.include_last_step,
         short_kernel_us=inp.short_kernel_us,
     )
-    return options if max_events is None else dataclasses.replace(options, max_events=max_events)
+    if max_events is None:
+        return options
+    return dataclasses.replace(options, max_events=max_events[0], events_how=max_events[1])
 
 
 def resolve_traces(raw_paths: list[str], rt: ToolRuntime) -> list[Path]:
@@ -115,10 +117,10 @@ async def analyze_paths(paths: list[Path], inp: TraceAnalysisFields, rt: ToolRun
     Raises:
         ToolError: a trace that cannot be read or parsed (the file is named), or the deadline passed.
     """
-    from perfgate.traces.pool import Deadline, analyze_many
+    from perfgate.traces.pool import Deadline, analyze_many, worker_count
 
     limits = rt.config.limits
-    options = analysis_options(inp, limits.max_trace_events)
+    options = analysis_options(inp, limits.trace_events(worker_count(paths)))
     limit = Deadline(limits.deadline_s, time.monotonic() + limits.deadline_s)
 
     def progress(done: int, total: int, message: str) -> None:

@@ -83,6 +83,8 @@ class AnalysisOptions:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_event_bytes: int = DEFAULT_MAX_VALUE_BYTES
     max_events: int = DEFAULT_MAX_TRACE_EVENTS
+    events_how: str = EVENTS_HOW
+    """What the refusal of more than ``max_events`` events says to do (the limit it comes from)."""
     decompressor: Decompressor = "auto"
     read_block_bytes: int = DEFAULT_READ_BLOCK
 
@@ -172,8 +174,8 @@ def load_parts(
         if events > options.max_events:
             raise TraceTooLargeError(
                 f"{path}: more than {options.max_events} events (read {events} by byte "
-                f"{stream.decoded_bytes} of the decompressed JSON). Capture a "
-                f"shorter window (fewer profiler steps), or {EVENTS_HOW}"
+                f"{stream.decoded_bytes} of the decompressed JSON): {options.events_how}; or capture a "
+                "shorter window (fewer profiler steps)"
             )
         builder.add(batch, seen)
         checkpoint()
