@@ -874,7 +874,8 @@ async def test_a_keep_rests_on_the_latest_comparison_that_covers_its_windows(
         # attached after the later one, the earlier comparison is still the older evidence
         swapped = [{"id": later, "role": "comparison"}, *links]
         refused = await _keep(client, exp, swapped)
-        assert refused.is_error and f"{early} (improved at 1.400x) is overruled" in _text(refused), _text(refused)
+        text = _text(refused)
+        assert refused.is_error and f"{early} (improved at 1.400x) is overruled" in text, text
         # a newer comparison over the same windows that also says improved overrules nothing
         newest = ev.comparison([*sides["base"], more], sides["cand"])
         kept = await _keep(client, exp, [*links, {"id": newest, "role": "comparison"}])
