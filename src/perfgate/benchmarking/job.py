@@ -35,6 +35,7 @@ __all__ = [
     "JobSummary",
     "JobTiming",
     "PartChange",
+    "StartupLine",
     "compare_jobs",
     "job_timing",
     "summarize_jobs",
@@ -53,6 +54,14 @@ class JobPart(BaseModel):
     )
     seconds: float
     passes: int | None = Field(default=None, description="Phases of this kind (evaluation passes, saves).")
+
+
+class StartupLine(BaseModel):
+    """A line of the user's code start-up spent time at (the innermost user frame when sampled)."""
+
+    location: str = Field(description="file:line function.")
+    seconds: float = Field(description="Sampled time at this line (the calls it makes included).")
+    share: float = Field(description="Of the sampled start-up (harness start to the first training forward).")
 
 
 class JobTiming(BaseModel):
@@ -74,6 +83,11 @@ class JobTiming(BaseModel):
         "in that window's steps.",
     )
     phases_dropped: int = 0
+    startup_lines: list[StartupLine] = Field(
+        default_factory=list[StartupLine],
+        description="Start-up's own costs by line of the user's code, most time first (sampled; time in "
+        "the interpreter's and libraries' start-up outside the user's code is not listed).",
+    )
 
 
 class JobSummary(BaseModel):
@@ -86,7 +100,14 @@ class JobSummary(BaseModel):
     time_to_last_step_range_s: tuple[float, float]
     parts: list[JobPart] = Field(description="Each part's median over launches.")
     observed: bool
-    summary: str = Field(description="The job in one line: time to the last step, its parts, wall time.")
+    summary: str = Field(
+        description="The job in one line: time to the last step, its parts, wall time, start-up's top lines."
+    )
+    startup_lines: list[StartupLine] = Field(
+        default_factory=list[StartupLine],
+        description="Start-up's own costs by line of the user's code (each figure's median over launches), "
+        "most time first.",
+    )
 
 
 def _steady_ms(record: RankRecord) -> float | None:
@@ -169,7 +190,27 @@ def job_timing(launch: int, records: Sequence[RankRecord], ticks: LaunchTicks | 
         parts=parts,
         phases_in_windows=in_windows,
         phases_dropped=job.phases_dropped,
+        startup_lines=_startup_lines(record),
     )
+
+
+STARTUP_LINES = 3
+"""Start-up lines a job's timing ranks."""
+
+
+def _startup_lines(record: RankRecord) -> list[StartupLine]:
+    sampled = record.startup
+    if sampled is None or sampled.sampled_ns <= 0:
+        return []
+    lines = sorted(sampled.lines, key=lambda x: -x.ns)[:STARTUP_LINES]
+    return [
+        StartupLine(
+            location=f"{x.file}:{x.line} {x.function}",
+            seconds=x.ns / 1e9,
+            share=min(1.0, x.ns / sampled.sampled_ns),
+        )
+        for x in lines
+    ]
 
 
 def summarize_jobs(jobs: Sequence[JobTiming]) -> JobSummary | None:
@@ -199,9 +240,14 @@ def summarize_jobs(jobs: Sequence[JobTiming]) -> JobSummary | None:
         for p in parts
         if p.name != "after_last_step"
     )
+    lines = _median_lines(jobs)
+    at = ", ".join(f"{x.location} {x.seconds:.2f} s ({x.share:.0%})" for x in lines)
     return JobSummary(
         summary=f"job ({len(jobs)} launch(es), medians): {statistics.median(to_last):.2f} s to the last step "
-        f"({shown})" + (f"; wall {wall:.2f} s" if wall is not None else "; wall not observed"),
+        f"({shown})"
+        + (f"; wall {wall:.2f} s" if wall is not None else "; wall not observed")
+        + (f"; startup spent at {at}" if at else ""),
+        startup_lines=lines,
         launches=len(jobs),
         wall_s=wall,
         wall_range_s=(min(walls), max(walls)) if len(walls) == len(jobs) else None,
@@ -210,6 +256,23 @@ def summarize_jobs(jobs: Sequence[JobTiming]) -> JobSummary | None:
         parts=parts,
         observed=all(j.observed for j in jobs),
     )
+
+
+def _median_lines(jobs: Sequence[JobTiming]) -> list[StartupLine]:
+    """Each start-up line's median over the launches (0 where a launch did not rank it), most time first."""
+    found: dict[str, list[StartupLine]] = {}
+    for j in jobs:
+        for x in j.startup_lines:
+            found.setdefault(x.location, []).append(x)
+    out = [
+        StartupLine(
+            location=where,
+            seconds=statistics.median([x.seconds for x in xs] + [0.0] * (len(jobs) - len(xs))),
+            share=statistics.median([x.share for x in xs] + [0.0] * (len(jobs) - len(xs))),
+        )
+        for where, xs in found.items()
+    ]
+    return sorted(out, key=lambda x: -x.seconds)[:STARTUP_LINES]
 
 
 class PartChange(BaseModel):

@@ -165,6 +165,28 @@ class SavedStateRecord(msgspec.Struct, frozen=True):
     """False: the walk stopped before the whole object was read."""
 
 
+class StartupLineRecord(msgspec.Struct, frozen=True):
+    """One line of the user's code that start-up was sampled at (`perfgate.harness.startup`)."""
+
+    file: Annotated[str, msgspec.Meta(max_length=4096)]
+    line: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)]
+    function: Annotated[str, msgspec.Meta(max_length=1024)]
+    ns: _Ns
+    samples: _Ns
+
+
+class StartupRecord(msgspec.Struct, frozen=True):
+    """Start-up sampled from the harness's start to the first training forward or step."""
+
+    sampled_ns: _Ns = 0
+    samples: _Ns = 0
+    outside_user_code_ns: _Ns = 0
+    other_ns: _Ns = 0
+    lines: Annotated[list[StartupLineRecord], msgspec.Meta(max_length=64)] = msgspec.field(
+        default_factory=list[StartupLineRecord]
+    )
+
+
 class JobRecord(msgspec.Struct, frozen=True):
     """What the harness saw of the whole job: where training began and the phases beside the steps."""
 
@@ -275,6 +297,8 @@ class RankRecord(msgspec.Struct, frozen=True):
     batch_layout: BatchLayoutRecord | None = None
     autocast: list[Annotated[str, msgspec.Meta(max_length=40)]] = msgspec.field(default_factory=list[str])
     """Autocast dtypes of the training forwards before the first window ("none": without autocast)."""
+    startup: StartupRecord | None = None
+    """Where start-up spent its time, by line (None: not sampled)."""
 
 
 @dataclass(frozen=True)

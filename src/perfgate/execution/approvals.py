@@ -249,6 +249,15 @@ class ApprovalStore:
                 return grant.model_copy(update={"uses": grant.uses + 1})
         return None
 
+    def last_grant(self, tool: str) -> Approval | None:
+        """The newest grant a human decided in this workspace (expired or used up included), of ``tool``
+        where there is one: the last approved run an approval's difference is shown against."""
+        with self._connect() as conn:
+            rows = self._select(conn, "status IN ('granted', 'expired') AND decided_at IS NOT NULL", ())
+        rows.sort(key=lambda a: a.decided_at or 0.0)
+        same = [a for a in rows if a.tool == tool]
+        return (same or rows or [None])[-1]
+
     def why_asked_again(self, request: CommandRequest) -> str | None:
         """Why the newest grant for this command (same template) does not cover ``request``; None when
         no grant was ever made for it."""
@@ -291,10 +300,11 @@ class ApprovalStore:
             uses=1,
             evidence_id=evidence_id,
             scope=scope,
+            printed=request_print(request),
         )
         with self._write() as conn:
             conn.execute(
-                f"INSERT INTO approvals ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                f"INSERT INTO approvals ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     approval.id,
                     approval.digest,
@@ -308,6 +318,7 @@ class ApprovalStore:
                     1,
                     evidence_id,
                     scope.model_dump_json(),
+                    json.dumps(approval.printed),
                 ),
             )
             self._sign(conn, approval.id)

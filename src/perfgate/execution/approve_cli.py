@@ -25,7 +25,7 @@ from perfgate.execution.approvals import Approval, ApprovalStatus, ApprovalStore
 from perfgate.execution.audit import Decision, How, operator_identity, record_decision
 from perfgate.execution.gate import ApprovalGate, approval_view, approve_command, change_store
 from perfgate.execution.policy import ExecutionPolicy, PolicyError, load_policy
-from perfgate.execution.scope import ApprovalScope
+from perfgate.execution.scope import ApprovalScope, measuring_variable
 from perfgate.trust import TrustRoot, TrustRootError
 
 __all__ = ["EXIT_NO_TTY", "approve", "list_approvals"]
@@ -83,10 +83,12 @@ def _show(
     again = store.why_asked_again(approval.request) if approval.printed is None else None
     view = approval_view(
         approval.request,
-        approval.request.describe(approval.tool) + f"\nfull digest: {approval.digest}",
+        approval.request.describe(approval.tool, measuring_variable) + f"\nfull digest: {approval.digest}",
         workspace,
         change_store(store),
         _scope_line(policy, runs, vary),
+        store.last_grant(approval.tool),
+        approval.printed,
     )
     return (
         f"approval {approval.id} ({approval.status.value}), requested {_utc(approval.created_at)}, "

@@ -23,18 +23,19 @@ import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 from pydantic import BaseModel, Field
 
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
-from perfgate.execution.approvals import ApprovalStatus, ApprovalStore
+from perfgate.execution.approvals import Approval, ApprovalStatus, ApprovalStore
 from perfgate.execution.audit import Decision, How, record_decision
 from perfgate.execution.changes import ChangeStore, change_view
+from perfgate.execution.difference import command_changes
 from perfgate.execution.policy import ExecutionPolicy
 from perfgate.execution.request import CommandRequest, redact_request
-from perfgate.execution.scope import ApprovalScope, request_print
+from perfgate.execution.scope import ApprovalScope, measuring_variable, request_print
 from perfgate.execution.target import harness_entries
 
 __all__ = ["ApprovalGate", "ConsentForm", "Grant", "approval_view", "approve_command", "change_store"]
@@ -75,8 +76,9 @@ def approve_command(approval_id: str, workspace: Path) -> str:
 
 
 def _shown(request: CommandRequest, tool: str) -> str:
-    """The request as shown outside the approval itself: secrets redacted."""
-    return redact_request(request).describe(tool)
+    """The request as shown outside the approval itself: secrets redacted, perfgate's own harness
+    variables counted on one line."""
+    return redact_request(request).describe(tool, measuring_variable)
 
 
 def _utc(epoch_s: float) -> str:
@@ -98,15 +100,23 @@ def grants_line(policy: ExecutionPolicy, verb: str) -> str:
 
 
 def approval_view(
-    request: CommandRequest, shown: str, workspace: Path, changes: ChangeStore, scope_line: str
+    request: CommandRequest,
+    shown: str,
+    workspace: Path,
+    changes: ChangeStore,
+    scope_line: str,
+    base: Approval | None,
+    printed: dict[str, Any] | None = None,
 ) -> str:
     """What a human reads before approving: the deciding lines (programs inside the workspace, perfgate
-    internals, untracked importable files, what changed), the scope, the request, then the bounded diff.
-    Secrets the request carries are scrubbed from the file text shown."""
+    internals, untracked importable files, what changed in the code, the argv and the environment since
+    ``base``, the last approved run; ``printed``: the print of a stored request), the scope, the request, then the bounded diff. Secrets the request
+    carries are scrubbed from the text shown."""
     from perfgate.redaction import Scrubber
 
     code = request.code
     lead, diff = change_view(code.tree, code.executables, workspace, changes) if code else ([], [])
+    lead += command_changes(request, base, printed)
     scrub = Scrubber.for_values(request.env, request.argv)
     text = "\n".join([*lead, scope_line, "", shown])
     if diff:
@@ -272,6 +282,7 @@ class ApprovalGate:
             self.workspace,
             self.changes,
             grants_line(self.policy, "Accepting"),
+            self.store.last_grant(tool),
         )
         return (
             f"{head}:\n{view}\n\n"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,21 +141,24 @@ class CommandRequest(BaseModel):
     def short_digest(self) -> str:
         return self.digest[:12]
 
-    def describe(self, tool: str | None = None) -> str:
-        """A plain-text rendering for a human deciding whether to run it.
+    def describe(self, tool: str | None = None, own: Callable[[str], bool] | None = None) -> str:
+        """A plain-text rendering for a human deciding whether to run it; the variables ``own`` names
+        (those perfgate sets for its harness) are counted on one line, not listed.
 
         Deterministic (no clock, no ids) so the same request renders the same question on every round
         of a multi-round elicitation. argv is shown as a JSON list: unambiguous about token boundaries.
         """
+        hidden = sorted(k for k in self.env if own is not None and own(k))
+        shown = [
+            f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(self.env.items()) if k not in hidden
+        ]
+        if hidden:
+            shown.append(f"+ {len(hidden)} variables perfgate sets for its harness")
         lines = [f"tool:     {tool}"] if tool else []
         lines += [
             f"argv:     {json.dumps(list(self.argv), ensure_ascii=False)}",
             f"cwd:      {self.cwd}",
-            "env:      "
-            + (
-                ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(self.env.items()))
-                or "(none)"
-            ),
+            "env:      " + (", ".join(shown) or "(none)"),
             f"timeout:  {self.timeout_s:g} s",
             *(
                 [f"code:     {self.code.summary}"]

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from perfgate.harness._rank import RankInfo
 from perfgate.harness.config import HarnessConfig
+from perfgate.harness.startup import StartupSampler
 
 __all__ = [
     "ActiveWindow",
@@ -23,9 +24,22 @@ __all__ = [
     "deactivate",
     "launcher_active",
     "set_launcher_config",
+    "set_startup",
+    "startup",
 ]
 
 _launcher_config: HarnessConfig | None = None
+_startup: StartupSampler | None = None
+
+
+def set_startup(sampler: StartupSampler | None) -> None:
+    """The launcher's start-up sampler, which the first training forward or step stops."""
+    global _startup
+    _startup = sampler
+
+
+def startup() -> StartupSampler | None:
+    return _startup
 
 
 def set_launcher_config(config: HarnessConfig | None) -> None:

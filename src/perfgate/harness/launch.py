@@ -182,6 +182,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from perfgate.harness.samples import start_launch
 
     start_launch()
+    from perfgate.harness.startup import StartupSampler
+
+    sampler = StartupSampler()
+    _state.set_startup(sampler)
+    sampler.start()
     window: Window | None = None
     if cfg.timing == "optimizer":
         from perfgate.harness import hooks
@@ -210,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     finally:
         _state.set_launcher_config(None)
+        sampler.stop()
     _close(window, reason, error)
     if stopped is not None:
         print(f"[perfgate] {stopped}", file=sys.stderr, flush=True)  # the last line: what the answer quotes

@@ -17,6 +17,7 @@ loop. Nothing is installed when another tracer is active (a debugger, coverage):
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -37,6 +38,7 @@ def _library_roots() -> tuple[str, ...]:
     return tuple(sorted(roots))
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_user_file(filename: str) -> bool:
     if not filename or filename.startswith("<"):
         return False

@@ -90,6 +90,13 @@ def _per_step(losses: list[tuple[int, Any]]) -> dict[int, list[float]] | None:
     return per_step
 
 
+def _stop_startup() -> None:
+    """Start-up ends at the first training forward or step: the launcher's sampler stops there."""
+    sampler = _state.startup()
+    if sampler is not None:
+        sampler.stop()
+
+
 class WindowComplete(SystemExit):
     """Ends the training script once every window is measured (stop mode).
 
@@ -548,6 +555,7 @@ class Window:
         if self._train_start_ns is None:
             self._train_start_ns = _now()
             self._trained.set()
+            _stop_startup()
         self._train_forwards += 1
         if samples is None or self._cur_model_samples == -1:
             self._cur_model_samples = -1
@@ -750,6 +758,7 @@ class Window:
             "metrics": dict(self._metrics),
             "sample_stream": self._inputs.hexdigest() if self._inputs_read and self._inputs_known else None,
             "model": self._model,
+            "startup": None if (sampler := _state.startup()) is None else sampler.describe(),
             "job": {
                 "measured": self.job,
                 "train_start_ns": None if self._train_start_ns is None else self._train_start_ns - origin,
@@ -791,6 +800,8 @@ class Window:
             self._next_special = 1  # the fingerprint is read there (see _check_runtime_env)
 
     def _special_boundary(self, n: int, samples: int | None, tokens: int | None) -> None:
+        if n == 1:
+            _stop_startup()
         if self._done:
             self.work_starts()
             return

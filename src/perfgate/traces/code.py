@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -233,14 +234,28 @@ class _Index:
             return None
         return f"{loop_file}:{number} {func}", frame == loop
 
+    def own_lines(self, frame: int, rows: I64) -> list[int]:
+        """The line numbers of ``frame``'s own loop line ranges that ``rows`` run under, in order."""
+        line = self.line_of(rows, self.owner_frame(rows))
+        numbers: set[int] = set()
+        for row in int_list(np.unique(line[line >= 0])):
+            at = self._loop_line(frame, row)
+            if at is not None and at[1]:
+                numbers.add(int(self.lines[int(self.names[row])][1]))
+        return sorted(numbers)
+
     def owner_frame(self, rows: I64) -> I64:
         """The user frame that owns each row: the row itself when it is one, else its innermost."""
         return np.where(self.is_user[rows], rows, self.inner_user[rows])
 
-    def _frame_text(self, row: int) -> str | None:
+    def _frame_text(self, row: int, lines: Sequence[int] = ()) -> str | None:
+        """``file:line func`` of a frame row; with ``lines`` (its own loop lines, in order), those lines
+        (``file:15-16 func``) in place of the line its name carries."""
         if row < 0:
             return None
         file, line, func = self.frames[int(self.names[row])]
+        if lines:
+            line = f"{lines[0]}-{lines[-1]}" if len(lines) > 1 else str(lines[0])
         return f"{file}:{line} {func}"
 
     def module_of(self, frames: I64, rows: I64) -> I64:
@@ -258,9 +273,17 @@ class _Index:
             outer = np.where(more, up, outer)
         return np.where(own >= 0, own, outer)
 
-    def site_of(self, frame: int, row: int, module: int | None = None, line: int | None = None) -> CodeSite:
+    def site_of(
+        self,
+        frame: int,
+        row: int,
+        module: int | None = None,
+        line: int | None = None,
+        lines: Sequence[int] = (),
+    ) -> CodeSite:
         """The `CodeSite` of an owner frame row (or -1) for a representative attributed ``row``; ``line``:
-        the loop line range it runs under (found from ``row`` when not given)."""
+        the loop line range it runs under (found from ``row`` when not given); ``lines``: the frame's own
+        lines that the attributed rows run (`own_lines`), which name its location."""
         if line is None:
             line = int(self.line_of(np.array([row]), np.array([frame]))[0])
         loop_line = self._loop_line(frame, line)
@@ -282,7 +305,7 @@ class _Index:
             m = int(self.inner_module[m])
         cls_name = self.modules[int(self.names[module])][0] if module >= 0 else None
         path = ".".join(chain) if chain else None
-        location = self._frame_text(frame)
+        location = self._frame_text(frame, lines)
         site = int(self.site[frame]) if frame >= 0 and self.inner_module[frame] >= 0 else -1
         call_site = self._frame_text(site)
         if loop_line is not None:
@@ -490,7 +513,9 @@ def _loops(ix: _Index, rows: I64, steps: list[tuple[float, float]]) -> list[OpLo
 
 
 def _loop_owner(ix: _Index, members: I64) -> CodeSite | None:
-    """The innermost user frame (or module, without stacks) whose span holds the whole loop."""
+    """The innermost user frame (or module, without stacks) whose span holds the whole loop; for the
+    training loop's own frame (module-level code, a ``main()``), the lines of it that run the loop's ops
+    (``file:15-16 <module>``), not the line its frame is named by (where tracing began)."""
     first, last_end = int(members[0]), float(ix.end[members].max())
     for ancestors in (ix.inner_user, ix.inner_module):
         row = int(ancestors[first])
@@ -498,8 +523,9 @@ def _loop_owner(ix: _Index, members: I64) -> CodeSite | None:
             row = int(ancestors[row])
         if row >= 0:
             frame = row if ix.is_user[row] else -1
-            site = ix.site_of(frame, first if frame < 0 else row)
-            return site
+            if frame < 0:
+                return ix.site_of(frame, first)
+            return ix.site_of(frame, row, lines=ix.own_lines(frame, members))
     return None
 
 
