@@ -140,7 +140,8 @@ async def test_an_honest_edit_of_a_job_that_saves_at_its_end_is_kept_and_a_renam
 ) -> None:
     pytest.importorskip("torch")
     ws = _workspace(tmp_path)
-    async with Client(build_server(ServerConfig.create(ws)), elicitation_callback=Human()) as client:
+    human = Human()
+    async with Client(build_server(ServerConfig.create(ws)), elicitation_callback=human) as client:
         agent = Agent(client)
         env = await agent.call("collect_env", {})
         base = await agent.call("run_benchmark_window", _window("baseline", 3))
@@ -151,6 +152,7 @@ async def test_an_honest_edit_of_a_job_that_saves_at_its_end_is_kept_and_a_renam
         if compared.get("verdict") == "within_noise":
             pytest.skip(f"the host was too noisy to tell an 8x change: {compared.get('noise')}")
         assert keep.get("accepted") is True, keep
+        assert agent.calls <= 12 and len(human.asked) <= 2, (agent.calls, human.asked)
         gates = {g["name"]: g for g in keep["gates"]}
         assert gates["checkpoint_resume"]["status"] == "not_applicable", gates["checkpoint_resume"]
         assert gates["rollback"]["status"] == "passed", gates["rollback"]
