@@ -148,12 +148,16 @@ def written_outputs(
     dumped: Iterable[str],
     saved: Iterable[str],
     workspace: Path,
+    launch_ids: Sequence[int] = (),
 ) -> list[RunOutput]:
     """The stamped option values the launches wrote: the path's stamp changed since it was taken (the
     server's own observation; the harness shares the process with the code under test, so its word alone
     makes nothing an output), named by how: a tensor dump (``dumped``) or a checkpoint save (``saved``)
     the harness saw at or under it, else a change on disk. A value that was code before the run is never
-    one. Call after the last launch."""
+    one. A dump that found an earlier launch's file at its path and was kept apart beside it
+    (``<stem>-launch<id><suffix>``, `perfgate.harness.dump`) wrote there too: that file exists now, is
+    named for one of ``launch_ids`` (the server numbers launches), and the harness saw it dumped. Call after
+    the last launch."""
     dumps = [os.path.realpath(d) for d in dumped]
     saves = [os.path.realpath(s) for s in saved]
     root = workspace.resolve()
@@ -162,9 +166,14 @@ def written_outputs(
         if p.before is not None and p.before.startswith(_CODE):
             continue
         after = _stamp(Path(p.path))
-        if after is None or after == p.before:
+        apart = (
+            _kept_apart(Path(p.path), launch_ids, dumps) if after is not None and after == p.before else None
+        )
+        if after is None or (after == p.before and apart is None):
             continue
-        if any(under(d, p.path) for d in dumps):
+        if apart is not None:
+            seen = f"tensor dump (kept apart from an earlier launch's file as {apart.name})"
+        elif any(under(d, p.path) for d in dumps):
             seen = "tensor dump"
         elif any(under(s, p.path) for s in saves):
             seen = "checkpoint save"
@@ -176,6 +185,15 @@ def written_outputs(
             shown = p.path
         out.append(RunOutput(option=p.option, value=p.value, path=shown, seen=seen))
     return out
+
+
+def _kept_apart(path: Path, launch_ids: Sequence[int], dumps: Sequence[str]) -> Path | None:
+    """The file a launch of this run dumped beside ``path`` because ``path`` held an earlier launch's."""
+    for launch in launch_ids:
+        own = path.with_name(f"{path.stem}-launch{launch}{path.suffix}")
+        if os.path.realpath(own) in dumps and own.is_file():
+            return own
+    return None
 
 
 def _recorded(result: Mapping[str, Any]) -> list[tuple[str, str, str]]:

@@ -179,8 +179,9 @@ async def measure_windows(
         saved = [
             f.path for r in all_records if r.job is not None for f in r.job.checkpoint_files if f.op == "save"
         ]
+        numbered = [i for i in out.launch_ids if i is not None]
         out.outputs = await anyio.to_thread.run_sync(
-            written_outputs, provenance.argv_paths, dumped, saved, workspace
+            written_outputs, provenance.argv_paths, dumped, saved, workspace, numbered
         )
 
     if out.windows and out.failure is None:
