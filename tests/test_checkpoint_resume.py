@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -237,11 +238,10 @@ async def test_the_tensors_at_a_resumed_step_are_compared_and_gate_the_keep(ws: 
         )
         pair = honest["checkpoint_resume"]["tensors"]
         assert pair is not None, honest["checkpoint_resume"]
-        assert (pair["step"], pair["reference"], pair["candidate"]) == (
-            9,
-            "captures/cand.safetensors",
-            "captures/resumed.safetensors",
-        )
+        # each launch's capture is its own file, named by its label and launch (captures/{label}-{launch})
+        assert pair["step"] == 9, pair
+        assert re.fullmatch(r"captures/cand-\d+\.safetensors", pair["reference"]), pair
+        assert re.fullmatch(r"captures/resumed-\d+\.safetensors", pair["candidate"]), pair
         gate = await _gate(client, exp, comp)
         assert gate["status"] == "passed", gate
         assert (
