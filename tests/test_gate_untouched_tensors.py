@@ -163,7 +163,11 @@ async def test_a_check_of_tensors_the_training_does_not_compute_is_refused_at_an
         assert told["cand-renamed.safetensors"]["computed"] == {"parameter": 2}
         assert told["cand-loss.safetensors"]["computed"] == {"loss": 1}
         # the capture writes the frozen table too (every named parameter): counted as nothing computed
-        assert told["cand.safetensors"]["computed"] == {"parameter": 2, "gradient": 2, "none": 1}
+        capture = {
+            side: next(d["path"] for d in run["tensor_dumps"] if d["path"].startswith("captures/"))
+            for side, run in (("base", base), ("cand", cand))
+        }
+        assert told[Path(capture["cand"]).name]["computed"] == {"parameter": 2, "gradient": 2, "none": 1}
         assert {d["step"] for d in cand["tensor_dumps"]} == {1, STEP}
 
         for what in CHEATS:
@@ -186,8 +190,8 @@ async def test_a_check_of_tensors_the_training_does_not_compute_is_refused_at_an
             client,
             "compare_tensors",
             {
-                "reference": "captures/base.safetensors",
-                "candidate": "captures/cand.safetensors",
+                "reference": capture["base"],
+                "candidate": capture["cand"],
                 "experiment_id": exp,
             },
         )
