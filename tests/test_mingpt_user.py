@@ -130,8 +130,10 @@ async def test_mingpt_user_keeps_the_fused_ops_and_shortcuts_are_refused(tmp_pat
         base = await agent.call("run_benchmark_window", window(False, "baseline"))
         assert base.get("state") == "executed", base
         noisy = await _keep_fused(agent, ws, base, env)
-        # the keep, even through the interleaved re-run: at most 12 calls and 2 approval prompts
-        assert agent.calls <= 12 and len(human.asked) <= 2, (agent.calls, human.asked)
+        # the keep, even through the interleaved re-run, in at most 12 calls; the direct path in at most
+        # 2 approval prompts (the interleaved re-run asks again for the baseline's code: issue 59 item 7)
+        assert agent.calls <= 12, agent.calls
+        assert agent.calls > 7 or len(human.asked) <= 2, human.asked
         await _shortcut(agent, base, env, "one transformer layer is enough", "--model.n_layer=1")
         await _shortcut(agent, base, env, "half the samples per step", "--trainer.batch_size=8")
     if noisy:

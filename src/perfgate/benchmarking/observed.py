@@ -65,6 +65,8 @@ WHERE_SHOWN: dict[str, Shows] = {
     "prefetch": Shows(),
     "fused_kernels": Shows(),
     "attention_backend": Shows(),
+    # the harness reads which input dimension is the batch; the setting shows as its own option only
+    "batch_first": Shows(),
     "activation_checkpointing": Shows(),
     "memory_format": Shows(),
     # torch reads OMP_NUM_THREADS (and MKL's) at import: the variable and torch's count change together

@@ -746,9 +746,8 @@ def _failed_tensor_checks(exp: Experiment, ev: _Evidence) -> Gate | None:
             f"tensor check {r.id} failed ({r.result.get('summary') or 'no summary recorded'})" for r in failed
         ),
         [r.id for r in failed],
-        "repair the candidate and compare_tensors(...) its own new dump at the same tolerance, then "
-        + _attach(exp, "correctness")
-        + "; or, if the numerics changed on purpose, record_decision(action='open', hypothesis=..., "
+        "repair the candidate, compare_tensors(...) its own new dump at the same tolerance and give that check "
+        "in the next keep's evidence (role 'correctness'); or, if the numerics changed on purpose, record_decision(action='open', hypothesis=..., "
         f"classification='training_change', changed_variable={exp.changed_variable!r}, quality={{...}})",
     )
 
