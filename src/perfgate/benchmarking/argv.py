@@ -14,6 +14,7 @@ __all__ = [
     "argv_degrees",
     "argv_options",
     "argv_topology",
+    "is_number",
     "launched_argv",
     "positionals",
 ]
@@ -43,7 +44,8 @@ def launched_argv(inputs: Mapping[str, Any]) -> Any:
     return tokens
 
 
-def _is_number(token: str) -> bool:
+def is_number(token: str) -> bool:
+    """``token`` reads as a number (``0.1``, ``-3``, ``1e-4``, ``nan``): an option's value, never an option."""
     try:
         float(token)
     except ValueError:
@@ -56,7 +58,7 @@ def argv_options(tokens: list[str]) -> dict[str, str]:
     dotted segment, ``-`` as ``_``, lower case); an option followed by another option is a switch ('true')."""
     out: dict[str, str] = {}
     for i, token in enumerate(tokens):
-        if not token.startswith("-") or token.lstrip("-") == "" or _is_number(token):
+        if not token.startswith("-") or token.lstrip("-") == "" or is_number(token):
             continue
         flag, eq, value = token.partition("=")
         name = flag.lstrip("-").replace("-", "_").lower().rsplit(".", 1)[-1]
@@ -64,7 +66,7 @@ def argv_options(tokens: list[str]) -> dict[str, str]:
             following = tokens[i + 1] if i + 1 < len(tokens) else None
             value = (
                 following
-                if following is not None and (not following.startswith("-") or _is_number(following))
+                if following is not None and (not following.startswith("-") or is_number(following))
                 else "true"
             )
         out[name] = value
@@ -76,7 +78,7 @@ def positionals(tokens: list[str]) -> list[str]:
     out: list[str] = []
     value_next = False
     for token in tokens:
-        is_option = token.startswith("-") and token.lstrip("-") != "" and not _is_number(token)
+        is_option = token.startswith("-") and token.lstrip("-") != "" and not is_number(token)
         if is_option:
             value_next = "=" not in token
         elif value_next:

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from perfgate.benchmarking.argv import argv_options
+from perfgate.benchmarking.argv import argv_options, is_number
 from perfgate.envprobe.provenance import CODE_SUFFIXES
 from perfgate.evidence.access import as_dict, as_list
 
@@ -109,14 +109,6 @@ def _stamp(path: Path) -> str | None:
     return f"{code}dir:{digest.hexdigest()}"
 
 
-def _is_number(value: str) -> bool:
-    try:
-        float(value)
-    except ValueError:
-        return False
-    return True
-
-
 def argv_paths(argv: Sequence[str], cwd: Path, workspace: Path) -> list[ArgvPath]:
     """Each option value of ``argv`` read as a path and stamped now (before the run): numbers and
     switches are no paths, and the workspace or a folder above it is never an output (the server writes
@@ -126,7 +118,7 @@ def argv_paths(argv: Sequence[str], cwd: Path, workspace: Path) -> list[ArgvPath
     for name, value in argv_options(list(argv)).items():
         if len(out) >= MAX_STAMPED_OPTIONS:
             break
-        if not value or value == "true" or _is_number(value) or len(value) > 4096:
+        if not value or value == "true" or is_number(value) or len(value) > 4096:
             continue
         try:
             path = (cwd / value).resolve()

@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
+from perfgate.benchmarking.argv import is_number
 from perfgate.benchmarking.vocabulary import vocabulary_name
 from perfgate.evidence import EvidenceRecord
 from perfgate.redactor import placeholder
@@ -213,7 +214,7 @@ def _argv_datasets(tokens: list[str]) -> list[str]:
     out: list[str] = []
     reading = False
     for token in tokens:
-        if token.startswith("-") and not _is_number(token):
+        if token.startswith("-") and not is_number(token):
             flag, eq, value = token.partition("=")
             reading = _is_dataset_key(flag.lstrip("-")) and not eq
             if eq and _is_dataset_key(flag.lstrip("-")) and _is_location(value):
@@ -221,11 +222,3 @@ def _argv_datasets(tokens: list[str]) -> list[str]:
         elif reading and _is_location(token):
             out.append(token)
     return out
-
-
-def _is_number(token: str) -> bool:
-    try:
-        float(token)
-    except ValueError:
-        return False
-    return True
