@@ -80,6 +80,13 @@ def test_the_readme_links_into_docs_name_pages_and_headings_that_exist() -> None
             assert anchor in _anchors(page), f"README links {target}#{anchor}, a heading {target} lacks"
 
 
+def test_the_gates_page_keeps_the_markers_its_generated_table_goes_between() -> None:
+    """The gate table is generated from the gate registry into docs/gates.md, between these two lines."""
+    text = (DOCS / "gates.md").read_text()
+    start, end = text.find("<!-- gates-table:start -->"), text.find("<!-- gates-table:end -->")
+    assert 0 <= start < end, "docs/gates.md lost its gates-table markers"
+
+
 def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
     pytest.importorskip("mkdocs")
     done = _build(ROOT, tmp_path / "site")
