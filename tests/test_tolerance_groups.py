@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from mcp import Client
 
-from perfgate.decisions.binding import looser_than_declared
 from perfgate.decisions.experiments import load_experiment
+from perfgate.decisions.tensor_binding import looser_than_declared
 from perfgate.evidence import Ledger
 from perfgate.harness.dump import dump_tensors
 from test_record_decision import _text

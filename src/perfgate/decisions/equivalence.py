@@ -19,7 +19,6 @@ from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, as_list
 
 if TYPE_CHECKING:
-    from perfgate.decisions.spread import Limit
     from perfgate.tensors import TensorComparison
 
 __all__ = [
@@ -29,6 +28,7 @@ __all__ = [
     "REORDER_ALLOWANCE",
     "Ceiling",
     "DtypeTolerance",
+    "Limit",
     "applied_tolerances",
     "beyond_ceiling",
     "ceiling",
@@ -43,6 +43,15 @@ __all__ = [
 class Ceiling:
     rtol: float
     atol: float
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The ceiling for one dtype and where it came from (a sentence): the table's, or one the baseline's own
+    spread raised (`perfgate.decisions.spread.ceiling_for`)."""
+
+    ceiling: Ceiling | None
+    source: str
 
 
 DEFAULTS: dict[str, Ceiling] = {

@@ -21,17 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
-from perfgate.decisions.binding import (
-    TOPOLOGY,
-    binds_files,
-    declaration_for,
-    declared_for_experiment,
-    looser_than_declared,
-)
+from perfgate.decisions.binding import TOPOLOGY, declaration_for, declared_for_experiment
 from perfgate.decisions.checkpoint_code import saving_files, touched_checkpointing
 from perfgate.decisions.equivalence import stricter_than_defaults
 from perfgate.decisions.experiments import Experiment
 from perfgate.decisions.saved_state import StateDifference, saved_state_difference
+from perfgate.decisions.tensor_binding import binds_files, looser_than_declared
 from perfgate.decisions.verdict import OK_STATES, Check
 from perfgate.evidence import EvidenceRecord, Ledger, canonical_json
 from perfgate.evidence.access import as_dict, as_list, str_list

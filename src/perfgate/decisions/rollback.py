@@ -1,4 +1,5 @@
-"""A kept change's rollback is judged by what it would undo, not by the words it uses.
+"""A kept change's rollback is judged by what it would undo (the candidate's difference, read by
+`perfgate.decisions.rollback_change`), not by the words it uses.
 
 The candidate's difference from the baseline is read from the two sides' recorded runs: the commits
 between the baseline's and the candidate's code state, the files their diffs touched, the environment
@@ -30,123 +31,27 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from perfgate.decisions.rollback_change import (
+    CandidateChange,
+    candidate_change,
+    commit_range,
+    object_id,
+    resolve_commit,
+)
 from perfgate.decisions.verdict import Check
 from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, str_list
 
-__all__ = ["MAX_TOKENS", "CandidateChange", "candidate_change", "rollback_check"]
+__all__ = ["MAX_TOKENS", "rollback_check"]
 
 MAX_TOKENS = 256
 """Tokens of a rollback that are read (a rollback is a few commands, not an essay)."""
-MAX_COMMITS = 64
-"""Commits of a candidate's range that are listed; a longer range is undone by a reset or by files."""
 MAX_PATCH_BYTES = 4 << 20
 """A patch file a rollback applies is read up to this size for the paths it touches."""
 _HEX = re.compile(r"[0-9a-fA-F]{7,64}")
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
-_REF = re.compile(r"@|[A-Za-z0-9_][A-Za-z0-9_./~^+-]{0,199}")
-"""What a rollback may name as a git revision (no leading '-', no path syntax, no spaces)."""
 _PATCH_PATH = re.compile(rb"^(?:\+\+\+|---) (?:[ab]/)?([^\t\n]+)|^diff --git a/(\S+) b/(\S+)", re.M)
 _SEPARATORS = frozenset({";", "&&", "||", "|", "&", "\n"})
-
-
-@dataclass
-class CandidateChange:
-    """What the candidate's runs differ in from the baseline's, as recorded. ``commits``: the candidate's
-    range (baseline's commit excluded); ``committed``: files changed between the two commits; ``dirty``:
-    files whose uncommitted diff differs; ``home``: path -> the commit that holds the baseline's version
-    (None when the baseline ran it uncommitted); ``sha256``: the baseline's digest of a file its command
-    names; ``env``/``options``: name -> the baseline's value (None: the baseline did not set it)."""
-
-    base_commit: str
-    commits: list[str] = field(default_factory=list[str])
-    unlisted: str | None = None
-    committed: set[str] = field(default_factory=set[str])
-    dirty: set[str] = field(default_factory=set[str])
-    home: dict[str, str | None] = field(default_factory=dict[str, "str | None"])
-    sha256: dict[str, str] = field(default_factory=dict[str, str])
-    env: dict[str, str | None] = field(default_factory=dict[str, "str | None"])
-    options: dict[str, str | None] = field(default_factory=dict[str, "str | None"])
-
-    def empty(self) -> bool:
-        return not (self.commits or self.unlisted or self.home or self.env or self.options)
-
-
-def _git(workspace: Path, args: list[str]) -> str | None:
-    from perfgate.execution.changes import git_output
-
-    out = git_output(workspace, args)
-    return None if out is None else out.decode(errors="replace").strip()
-
-
-def _resolve(workspace: Path, ref: str) -> str | None:
-    """The full commit id ``ref`` names in the workspace's repository, read only; None if none."""
-    if not _REF.fullmatch(ref) or ".." in ref:
-        return None
-    return _git(workspace, ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"])
-
-
-def _object(workspace: Path, commit: str, path: str) -> str | None:
-    """The object id of ``path`` (workspace-relative) at ``commit``; None when absent there."""
-    return _git(workspace, ["rev-parse", "--verify", "--quiet", "--end-of-options", f"{commit}:./{path}"])
-
-
-def _range(workspace: Path, old: str, new: str) -> tuple[list[str], str | None]:
-    listed = _git(workspace, ["rev-list", f"--max-count={MAX_COMMITS + 1}", f"{old}..{new}"])
-    if listed is None:
-        return [], f"the commits {old[:10]}..{new[:10]} cannot be listed"
-    commits = listed.split()
-    if len(commits) > MAX_COMMITS:
-        return [], f"more than {MAX_COMMITS} commits lie between {old[:10]} and {new[:10]}"
-    return commits, None
-
-
-def candidate_change(workspace: Path, base: EvidenceRecord, cand: EvidenceRecord) -> CandidateChange | None:
-    """The recorded difference between a baseline and a candidate window, less what the runs themselves
-    wrote (`perfgate.benchmarking.identity`: an output path is no setting to restore); None when a side
-    has no recorded code state (its difference cannot be known)."""
-    from perfgate.benchmarking.argv import argv_options
-    from perfgate.benchmarking.identity import ran_argv, written_by
-    from perfgate.benchmarking.outputs import output_paths
-    from perfgate.benchmarking.sides import record_provenance
-
-    b_prov, c_prov = record_provenance(base), record_provenance(cand)
-    b_code, c_code = as_dict(b_prov.get("code")), as_dict(c_prov.get("code"))
-    b_commit, c_commit = b_code.get("commit"), c_code.get("commit")
-    if not isinstance(b_commit, str) or not isinstance(c_commit, str):
-        return None
-    change = CandidateChange(base_commit=b_commit)
-    b_diff, c_diff = as_dict(b_code.get("diff_files")), as_dict(c_code.get("diff_files"))
-    if b_commit != c_commit:
-        change.commits, change.unlisted = _range(workspace, b_commit, c_commit)
-        names = _git(
-            workspace,
-            ["diff-tree", "-r", "-z", "--name-only", "--relative", "--no-renames", b_commit, c_commit],
-        )
-        if names is None:
-            change.unlisted = (
-                change.unlisted or f"the files changed in {b_commit[:10]}..{c_commit[:10]} cannot be listed"
-            )
-        change.committed = {n for n in (names or "").split("\0") if n}
-    change.dirty = {p for p in c_diff if b_diff.get(p) != c_diff.get(p)}
-    b_files, c_files = as_dict(b_prov.get("files")), as_dict(c_prov.get("files"))
-    change.sha256 = {
-        str(p): d for p, d in b_files.items() if isinstance(d, str) and p in c_files and c_files[p] != d
-    }
-    written = [*output_paths(base.result), *output_paths(cand.result)]
-    for path in sorted(change.committed | change.dirty | set(change.sha256)):
-        if not written_by(path, written):
-            change.home[path] = None if path in b_diff else b_commit
-    b_env = {str(k): str(v) for k, v in as_dict(base.inputs.get("env")).items()}
-    c_env = {str(k): str(v) for k, v in as_dict(cand.inputs.get("env")).items()}
-    change.env = {n: b_env.get(n) for n in sorted(set(b_env) | set(c_env)) if b_env.get(n) != c_env.get(n)}
-    b_argv, c_argv = ran_argv(base), ran_argv(cand)
-    if b_argv is not None and c_argv is not None:
-        b_opts, c_opts = argv_options(b_argv), argv_options(c_argv)
-        change.options = {
-            n: b_opts.get(n) for n in sorted(set(b_opts) | set(c_opts)) if b_opts.get(n) != c_opts.get(n)
-        }
-    return change
 
 
 @dataclass
@@ -234,24 +139,24 @@ def _git_effects(workspace: Path, args: list[str], fx: _Effects) -> None:
         for word in (w for w in words if w not in mainline):
             old, dots, new = word.partition("..")
             if dots:
-                a, b = _resolve(workspace, old or "HEAD"), _resolve(workspace, new or "HEAD")
-                commits = _range(workspace, a, b)[0] if a and b else []
+                a, b = resolve_commit(workspace, old or "HEAD"), resolve_commit(workspace, new or "HEAD")
+                commits = commit_range(workspace, a, b)[0] if a and b else []
                 if commits:
                     fx.reverted.update(commits)
                 else:
                     fx.unknown.append(word)
-            elif (commit := _resolve(workspace, word)) is not None:
+            elif (commit := resolve_commit(workspace, word)) is not None:
                 fx.reverted.add(commit)
             else:
                 fx.unknown.append(f"{word} (no commit of the workspace's repository)")
     elif sub == "reset" and any(a in ("--hard", "--keep", "--merge") for a in rest):
-        source = _resolve(workspace, words[0]) if words else _resolve(workspace, "HEAD")
+        source = resolve_commit(workspace, words[0]) if words else resolve_commit(workspace, "HEAD")
         if source is None:
             fx.unknown.append(f"{' '.join(words)} (no commit of the workspace's repository)")
         else:
             fx.restored.append((source, None))
     elif sub == "stash" and (not words or words[0] in ("push", "save")):
-        fx.restored.append((_resolve(workspace, "HEAD"), paths))
+        fx.restored.append((resolve_commit(workspace, "HEAD"), paths))
     elif sub in ("checkout", "restore", "switch"):
         source: str | None = None
         for i, a in enumerate(rest):
@@ -264,13 +169,13 @@ def _git_effects(workspace: Path, args: list[str], fx: _Effects) -> None:
             source = words[0]
         if sub == "checkout" and paths is None and words:
             # `git checkout X`: a revision (the whole tree) or, where none resolves, paths
-            if len(words) == 1 and (commit := _resolve(workspace, words[0])) is not None:
+            if len(words) == 1 and (commit := resolve_commit(workspace, words[0])) is not None:
                 fx.restored.append((commit, None))
                 return
             paths = words
         elif sub == "restore" and paths is None:
             paths = words
-        commit = _resolve(workspace, source or "HEAD")
+        commit = resolve_commit(workspace, source or "HEAD")
         if commit is None:
             fx.unknown.append(f"{source} (no commit of the workspace's repository)")
             return
@@ -340,12 +245,12 @@ def _file_restored(workspace: Path, change: CandidateChange, path: str, fx: _Eff
     home = change.home.get(path)
     if home is None:  # the baseline ran it uncommitted: no commit holds its version
         return False
-    want = _object(workspace, home, path)
+    want = object_id(workspace, home, path)
     for source, paths in fx.restored:
         covered = paths is None or any(
             p == "." or path == p or path.startswith(p.rstrip("/") + "/") for p in paths
         )
-        if covered and source is not None and _object(workspace, source, path) == want:
+        if covered and source is not None and object_id(workspace, source, path) == want:
             return True
     return False
 
@@ -444,7 +349,7 @@ def _names_something(rollback: str, workspace: Path, baseline: Sequence[Evidence
             if (workspace.resolve() / rel).is_file():
                 found.append(f"file {token}")
         elif (_HEX.fullmatch(token) or token in ("HEAD", "@") or "~" in token or "^" in token) and token:
-            if (commit := _resolve(workspace, token)) is not None:
+            if (commit := resolve_commit(workspace, token)) is not None:
                 found.append(f"commit {token} ({commit[:10]})")
             elif _HEX.fullmatch(token):
                 unknown.append(f"{token} is no commit of the workspace's repository")

@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from perfgate.decisions.equivalence import Ceiling, ceiling, maximum
+from perfgate.decisions.equivalence import Ceiling, Limit, ceiling, maximum
 from perfgate.digests import entry_digest, format_digest
 from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, as_list, str_list
 
-__all__ = ["SPREAD_FACTOR", "BaselineSpread", "Limit", "baseline_spread", "ceiling_for", "check_step"]
+__all__ = ["SPREAD_FACTOR", "BaselineSpread", "baseline_spread", "ceiling_for", "check_step"]
 
 SPREAD_FACTOR = 2.0
 """The candidate may differ from a baseline launch by this many times what two baseline launches differ by
@@ -66,14 +66,6 @@ class BaselineSpread:
     measured: dict[str, tuple[float, float]] = field(default_factory=dict[str, tuple[float, float]])
     check_id: str | None = None
     pair: tuple[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class Limit:
-    """The ceiling for one dtype and where it came from (a sentence)."""
-
-    ceiling: Ceiling | None
-    source: str
 
 
 def _dumps(windows: Iterable[str], lookup: Lookup) -> list[_Dump]:
