@@ -1,7 +1,7 @@
 """The skill says what the code does, no more and no less.
 
-Read from the code, not from a copy of its vocabulary: the keep gates (every ``Gate`` the decisions
-package can build, found in its source and cross-checked against what ``record_decision`` returns), the
+Read from the code, not from a copy of its vocabulary: the keep gates (the gate registry's rows,
+cross-checked against what ``record_decision`` returns), the
 states each tool module can set, the generated tool schemas, and the identifiers the source knows.
 Then the skill is held to them in both directions: it may not name a gate, state, field or rule the
 code lacks, and the code may not enforce a gate or set a state the skill does not mention. Three rules
@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from mcp import Client
 
+from perfgate.decisions.gates.registry import GATES
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.harness.dump import dump_tensors
 from perfgate.skills.catalog import SKILL_DIR, SKILL_FILE, skill_files
@@ -87,41 +88,9 @@ def _section(text: str, title: str) -> str:
 
 
 def gate_names_in_code() -> set[str]:
-    """Every literal gate name the decisions package passes to ``Gate`` or to a helper returning one.
-
-    A helper is any function annotated ``-> Gate`` that takes a ``name`` parameter; the literal bound to
-    that parameter at each call site is a gate name.
-    """
-    trees = [ast.parse(p.read_text(encoding="utf-8")) for p in sorted((SRC / "decisions").glob("*.py"))]
-    makers: dict[str, list[str]] = {"Gate": []}
-    for tree in trees:
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef) and node.returns is not None:
-                params = [a.arg for a in node.args.args]
-                if ast.unparse(node.returns).strip("'\"") == "Gate" and "name" in params:
-                    makers[node.name] = params
-    names: set[str] = set()
-    for tree in trees:
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func
-            called = (
-                func.id
-                if isinstance(func, ast.Name)
-                else func.attr
-                if isinstance(func, ast.Attribute)
-                else ""
-            )
-            if called not in makers:
-                continue
-            value = next((k.value for k in node.keywords if k.arg == "name"), None)
-            params = makers[called]
-            if value is None and "name" in params and params.index("name") < len(node.args):
-                value = node.args[params.index("name")]
-            if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                names.add(value.value)
-    return names
+    """Every gate the keep evaluates: the registry's rows (`perfgate.decisions.gates.registry`), the only
+    place a gate gets its name."""
+    return {row.name for row in GATES}
 
 
 def gate_names_in_skill() -> set[str]:
@@ -131,7 +100,6 @@ def gate_names_in_skill() -> set[str]:
 
 def test_the_skill_lists_exactly_the_gates_the_code_evaluates() -> None:
     code, skill = gate_names_in_code(), gate_names_in_skill()
-    assert {"environment", "comparison", "ledger_integrity"} <= code, "the source scan found too little"
     assert not code - skill, f"gates the code enforces but SKILL.md does not list: {sorted(code - skill)}"
     assert not skill - code, f"gates SKILL.md lists but the code does not have: {sorted(skill - code)}"
 
@@ -202,12 +170,10 @@ async def _gates_shown(workspace: Path, server: Any, launches: list[int] | None)
 
 
 @pytest.mark.anyio
-async def test_the_gates_record_decision_returns_are_the_ones_the_source_scan_found(
-    workspace: Path, server: Any
-) -> None:
+async def test_the_gates_record_decision_returns_are_the_registrys(workspace: Path, server: Any) -> None:
     shown = await _gates_shown(workspace, server, [0, 1, 2])
     assert "window_count" in shown and "ledger_integrity" in shown
-    assert set(shown) <= gate_names_in_code(), "the source scan misses gates record_decision returns"
+    assert set(shown) <= gate_names_in_code(), "record_decision returns gates the registry does not list"
 
 
 @pytest.mark.anyio

@@ -1,6 +1,7 @@
 """Every file generated from the code: the tool schemas and the ``tools/list`` catalog in `perfgate.schemas`,
-the skill's contract vocabulary reference, rendered from the vocabulary the code checks, and each tool's
-reference page (``references/tool-<name>.md``), rendered from its documented schemas.
+the skill's contract vocabulary reference, rendered from the vocabulary the code checks, each tool's
+reference page (``references/tool-<name>.md``), rendered from its documented schemas, and the gate table
+of every file in ``GATE_TABLE_FILES``, rendered from the gate registry.
 
 `perfgate schemas` writes them; ``--check`` fails on drift. Generating them builds a server, so this module
 sits above `perfgate.server`.
@@ -16,14 +17,19 @@ from typing import Any
 import anyio
 
 from perfgate.benchmarking.vocabulary import render_vocabulary
+from perfgate.decisions.gates.table import with_gate_table
 from perfgate.schemas import SCHEMA_DIR
 from perfgate.server import build_server, tool_for
 from perfgate.serving.config import ServerConfig
-from perfgate.skills.catalog import reference, tool_reference
+from perfgate.skills.catalog import SKILL_DIR, SKILL_FILE, reference, tool_reference
 from perfgate.skills.reference_page import render_tool_reference
 from perfgate.tools import registered_specs
 
-__all__ = ["check_schemas", "render_schemas", "write_schemas"]
+__all__ = ["GATE_TABLE_FILES", "check_schemas", "render_schemas", "write_schemas"]
+
+GATE_TABLE_FILES = (Path(__file__).resolve().parents[2] / "docs" / "gates.md", SKILL_DIR / SKILL_FILE)
+"""Files that show the gate table between ``<!-- gates-table:start -->`` and ``<!-- gates-table:end -->``.
+The docs are there only in a source checkout; an installed package has the skill alone."""
 
 
 def _dump(value: Any) -> str:
@@ -58,9 +64,12 @@ def render_schemas() -> dict[str, str]:
 
 
 def _elsewhere(files: dict[str, str]) -> dict[Path, str]:
-    """Generated files outside the schema folder (the vocabulary and each tool's skill reference), from the
-    schema files ``files``: path -> content."""
+    """Generated files outside the schema folder (the vocabulary, each tool's skill reference and the gate
+    tables), from the schema files ``files``: path -> content."""
     out = {reference("vocabulary").path: render_vocabulary()}
+    for path in GATE_TABLE_FILES:
+        if path.exists():
+            out[path] = with_gate_table(path.read_text(encoding="utf-8"))
     listed = {t["name"]: t for t in json.loads(files["tools_list.json"])}
     for spec in registered_specs(read_only=False):
         page = tool_reference(spec.name)
@@ -82,13 +91,18 @@ def write_schemas() -> list[Path]:
     return list(targets)
 
 
+def _shown(path: Path) -> str:
+    """A generated file's path as a drift line names it: inside the package, else as it is."""
+    return str(path.relative_to(SCHEMA_DIR.parent)) if path.is_relative_to(SCHEMA_DIR.parent) else path.name
+
+
 def check_schemas() -> list[str]:
     """Differences between the checked-in files and freshly generated ones (empty when in sync)."""
     files = render_schemas()
     drift: list[str] = []
     targets = {SCHEMA_DIR / name: content for name, content in files.items()} | _elsewhere(files)
     for path, content in targets.items():
-        name = path.name if path.parent == SCHEMA_DIR else str(path.relative_to(SCHEMA_DIR.parent))
+        name = path.name if path.parent == SCHEMA_DIR else _shown(path)
         if not path.exists():
             drift.append(f"missing: {name}")
         elif path.read_text(encoding="utf-8") != content:

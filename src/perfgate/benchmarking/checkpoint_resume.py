@@ -17,7 +17,7 @@ copies) this module finds, without taking the agent's word for any of it:
 - **tensors**: where both runs captured the model's tensors (``capture={'step': ...}`` or ``dump_tensors``)
   at the same training step (the resumed launch's step ``k``, the uninterrupted run's ``S + k``), the pair
   of files to give compare_tensors, each named with the digest its run recorded; the keep's
-  ``checkpoint_resume`` gate reads a tensor check of exactly those two files (`perfgate.decisions.gates`).
+  ``checkpoint_resume`` gate reads a tensor check of exactly those two files (`perfgate.decisions.gates.launches`).
 
 A resume that loads the weights but not the optimizer's state (fresh Adam moments, a reset learning-rate
 schedule) matches at its first step and drifts from the next: the loss check names the first step apart,

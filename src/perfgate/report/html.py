@@ -14,7 +14,8 @@ from typing import Any
 
 from perfgate._statefs import make_dirs, write_file
 from perfgate.decisions.experiments import Experiment, load_experiments
-from perfgate.decisions.gates import evaluate_keep, window_fingerprint
+from perfgate.decisions.gates.environment import window_fingerprint
+from perfgate.decisions.gates.registry import evaluate_keep
 from perfgate.evidence import EvidenceRecord, Ledger
 from perfgate.evidence.access import str_list
 from perfgate.evidence.artifacts import ArtifactChanged, read_artifact

@@ -12,7 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from perfgate._statefs import write_file
 from perfgate.decisions.binding import EVAL_PREFIX, QUALITY_METRICS
 from perfgate.decisions.experiments import Classification, Decision, Experiment, Link, Role, load_experiments
-from perfgate.decisions.gates import Gate, evaluate_keep, next_step, summarize
+from perfgate.decisions.gates.base import Gate
+from perfgate.decisions.gates.refusal import next_step, summarize
+from perfgate.decisions.gates.registry import evaluate_keep
 from perfgate.decisions.render import render_decisions
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, Ledger
