@@ -12,8 +12,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from perfgate.decisions.experiments import Experiment, Role, load_experiments
-from perfgate.decisions.verdict import Check
+from perfgate.decisions.verdict import OK_STATES, Check
 from perfgate.evidence import EvidenceRecord, Ledger
+from perfgate.evidence.access import as_dict, str_list
 
 __all__ = [
     "Gate",
@@ -90,14 +91,39 @@ class Keep:
 
     @cached_property
     def comparison(self) -> EvidenceRecord | None:
-        """The comparison attached last (`comparison.contradicting` finds a later one in the ledger that
-        overrules it)."""
+        """The comparison attached last (`overruled_by` finds a later one in the ledger that overrules it)."""
         attached = [
             r
             for i in self.exp.ids("comparison")
             if (r := self.get(i)) is not None and r.tool == "compare_benchmarks"
         ]
         return attached[-1] if attached else None
+
+    @cached_property
+    def overruled_by(self) -> EvidenceRecord | None:
+        """The newest later comparison over the latest one's windows (plus any more), when it does not say
+        improved: a keep rests on the latest comparison that covers its windows, never on one it overrules."""
+        latest = self.comparison
+        if (
+            latest is None
+            or latest.result.get("verdict") != "improved"
+            or as_dict(latest.result.get("screen"))
+        ):
+            return None
+        base, cand = (set(str_list(latest.inputs.get(k))) for k in ("baseline", "candidate"))
+        covering = [
+            r
+            for r in self.ledger.records(tool="compare_benchmarks")
+            if r.seq > latest.seq
+            and not as_dict(r.result.get("screen"))
+            and base <= set(str_list(r.inputs.get("baseline")))
+            and cand <= set(str_list(r.inputs.get("candidate")))
+        ]
+        if not covering:
+            return None
+        newest = covering[-1]
+        improved = newest.result.get("verdict") == "improved" and newest.state.value in OK_STATES
+        return None if improved else newest
 
     @property
     def compared(self) -> EvidenceRecord:

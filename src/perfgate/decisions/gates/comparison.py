@@ -4,7 +4,7 @@ over the same windows, not a screen of several candidates, comparable and ``impr
 from __future__ import annotations
 
 from perfgate.decisions.gates.base import Keep, verdict
-from perfgate.decisions.verdict import OK_STATES, Check
+from perfgate.decisions.verdict import Check
 from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, as_list, str_list
 
@@ -14,11 +14,7 @@ __all__ = ["comparison", "stands"]
 def stands(keep: Keep) -> bool:
     """A comparison the window, binding and launch gates read: attached last, not overruled, not a screen."""
     latest = keep.comparison
-    return (
-        latest is not None
-        and _contradicting(latest, keep) is None
-        and not as_dict(latest.result.get("screen"))
-    )
+    return latest is not None and keep.overruled_by is None and not as_dict(latest.result.get("screen"))
 
 
 def _verdict_text(record: EvidenceRecord) -> str:
@@ -27,27 +23,6 @@ def _verdict_text(record: EvidenceRecord) -> str:
     if record.result.get("status") == "incomparable" or record.state.value == "failed":
         return "incomparable"
     return f"{record.result.get('verdict')}{figure}"
-
-
-def _contradicting(comparison: EvidenceRecord, keep: Keep) -> EvidenceRecord | None:
-    """The newest later comparison over the same windows (plus any more), when it does not say improved:
-    a keep rests on the latest comparison that covers its windows, never on an earlier one it overrules."""
-    if comparison.result.get("verdict") != "improved" or as_dict(comparison.result.get("screen")):
-        return None
-    base, cand = (set(str_list(comparison.inputs.get(k))) for k in ("baseline", "candidate"))
-    covering = [
-        r
-        for r in keep.ledger.records(tool="compare_benchmarks")
-        if r.seq > comparison.seq
-        and not as_dict(r.result.get("screen"))
-        and base <= set(str_list(r.inputs.get("baseline")))
-        and cand <= set(str_list(r.inputs.get("candidate")))
-    ]
-    if not covering:
-        return None
-    newest = covering[-1]
-    improved = newest.result.get("verdict") == "improved" and newest.state.value in OK_STATES
-    return None if improved else newest
 
 
 def _contradicted(keep: Keep, older: EvidenceRecord, newer: EvidenceRecord) -> Check:
@@ -74,7 +49,7 @@ def comparison(keep: Keep) -> Check:
     latest = keep.comparison
     if latest is None:
         return verdict(False, "no compare_benchmarks evidence is attached", keep.exp.ids("comparison"), fix)
-    if (newer := _contradicting(latest, keep)) is not None:
+    if (newer := keep.overruled_by) is not None:
         return _contradicted(keep, latest, newer)
     screen = as_dict(latest.result.get("screen"))
     if screen:
