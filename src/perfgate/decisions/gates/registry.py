@@ -28,6 +28,9 @@ class Applies:
 
 @dataclass(frozen=True)
 class Row:
+    """One gate: the name every answer gives it, the function that judges it, what it protects (one line of
+    the rendered table) and when it is evaluated."""
+
     name: str
     check: Callable[[Keep], Check]
     protects: str
