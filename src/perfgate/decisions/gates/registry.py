@@ -1,6 +1,6 @@
 """Every gate a ``keep`` must pass, in the order they are evaluated and reported: its name, what it protects,
 and when it applies. The keep is a loop over this table; adding a gate is one row here and one function in
-a module beside it. The README's and the skill's gate tables are rendered from it (`table`)."""
+a module beside it. The gate tables of docs/gates.md and the skill are rendered from it (`table`)."""
 
 from __future__ import annotations
 
