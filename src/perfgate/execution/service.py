@@ -280,9 +280,12 @@ class CommandRunner:
         label: str = "",
         log_dir: Path | None = None,
         watch: ProgressWatch | None = None,
+        side: int = 0,
     ) -> CommandResult:
         """Run ``request`` after checking it is the approved one; logs go to ``{label}stdout.log`` etc.
-        ``watch`` may stop it early when it stalls (`perfgate.execution.executor.execute`).
+        ``watch`` may stop it early when it stalls (`perfgate.execution.executor.execute`). A pair
+        (`CommandRequest.paired`) is checked whole and runs the side ``side`` names: 0 its baseline, 1 its
+        candidate.
 
         The output is captured where only the operator can write (``log_dir``, or a temporary folder in
         the trust root), without secrets, then copied to the artifacts: the copy in the workspace is for
@@ -311,6 +314,7 @@ class CommandRunner:
                 "approved for this call"
             )
         self._service.gate.check_limits(request)
+        request = request.sides[side]
 
         async def on_progress(p: CommandProgress) -> None:
             line = p.last_line[:160]
