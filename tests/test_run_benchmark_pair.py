@@ -81,7 +81,14 @@ async def _open(agent: Agent, why: str) -> str:
     return opened["experiment_id"]
 
 
-async def _keep(agent: Agent, exp: str, env: dict[str, Any], got: dict[str, Any], why: str) -> dict[str, Any]:
+async def _keep(
+    agent: Agent,
+    exp: str,
+    env: dict[str, Any],
+    got: dict[str, Any],
+    why: str,
+    rollback: str = "--sleep-ms 30",
+) -> dict[str, Any]:
     tensors = await agent.call(
         "compare_tensors",
         {
@@ -98,7 +105,7 @@ async def _keep(agent: Agent, exp: str, env: dict[str, Any], got: dict[str, Any]
             "experiment_id": exp,
             "decision": "keep",
             "rationale": why,
-            "rollback": "--sleep-ms 30",
+            "rollback": rollback,
             "evidence": [
                 {"id": env["evidence_id"], "role": "environment"},
                 {"id": got["comparison_id"], "role": "comparison"},

@@ -71,11 +71,17 @@ def pair_changes(request: CommandRequest, printed: dict[str, Any] | None = None)
         return []
     now = printed or request_print(request)
     argv, env = _argv_env_changes(request, request.paired, now, now["paired"])
+    ref = request.code_ref
     return [
         "candidate (B) against baseline (A): "
         + (f"arguments {_listed(argv)}" if argv else "same arguments")
         + "; "
         + (f"environment {_listed(env)}" if env else "same environment")
+        + (
+            f"; code: A runs {ref.describe()} ({_listed([_q(f) for f in sorted(ref.files)])}), B the working tree"
+            if ref is not None
+            else "; same code"
+        )
     ]
 
 

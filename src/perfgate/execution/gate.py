@@ -115,7 +115,8 @@ def approval_view(
     from perfgate.redaction import Scrubber
 
     code = request.code
-    lead, diff = change_view(code.tree, code.executables, workspace, changes) if code else ([], [])
+    against = request.code_ref.commit if request.code_ref is not None else None
+    lead, diff = change_view(code.tree, code.executables, workspace, changes, against) if code else ([], [])
     lead = pair_changes(request, printed) + lead + command_changes(request, base, printed)
     scrub = Scrubber.for_values(request.env, request.argv)
     text = "\n".join([*lead, scope_line, "", shown])

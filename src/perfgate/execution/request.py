@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.redaction import Scrubber
 
-__all__ = ["DIGEST_VERSION", "CodeBinding", "CommandRequest", "redact_request"]
+__all__ = ["DIGEST_VERSION", "CodeBinding", "CodeRef", "CommandRequest", "redact_request"]
 
 DIGEST_VERSION = 3
 """Bumped when the digested fields change, so an old approval can never match a new meaning."""
@@ -66,6 +66,20 @@ class CodeBinding(BaseModel):
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+class CodeRef(BaseModel):
+    """A paired run's baseline code: the working tree with these files as ``commit`` holds them."""
+
+    ref: str = Field(description="The ref as given (HEAD, a branch, a commit).")
+    commit: str = Field(description="The commit it resolved to when the request was made.")
+    files: dict[str, str] = Field(
+        description="Workspace-relative path -> its git blob id and mode at the commit ('oid mode'; '' where "
+        "the commit lacks the file): the bytes the baseline runs."
+    )
+
+    def describe(self) -> str:
+        return f"{self.ref} ({self.commit[:12]}), {len(self.files)} file(s) swapped"
+
+
 class CommandRequest(BaseModel):
     """One command to execute, as the human will see it."""
 
@@ -85,6 +99,11 @@ class CommandRequest(BaseModel):
     )
     code: CodeBinding | None = Field(
         default=None, description="The code it runs, filled in by the server's gate (never by a tool input)."
+    )
+    code_ref: CodeRef | None = Field(
+        default=None,
+        description="A paired run's baseline at a git ref: the files the server swaps in before each of its "
+        "launches (`perfgate.execution.codeswap`), bound with the request.",
     )
     paired: CommandRequest | None = Field(
         default=None,
@@ -132,6 +151,8 @@ class CommandRequest(BaseModel):
             "timeout_s": float(self.timeout_s),
             "code": self.code.bound() if self.code is not None else None,
         }
+        if self.code_ref is not None:
+            fields["code_ref"] = self.code_ref.model_dump(mode="json")
         if self.paired is not None:
             fields["paired"] = self.paired.bound_fields()
         return fields
@@ -193,6 +214,8 @@ class CommandRequest(BaseModel):
             "env:      " + (", ".join(shown) or "(none)"),
             f"timeout:  {self.timeout_s:g} s",
         ]
+        if self.code_ref is not None:
+            lines.append(f"code at:  {self.code_ref.describe()} (the working tree's files, swapped in place)")
         if self.code is not None:
             lines.append(f"code:     {self.code.summary}")
             lines += [

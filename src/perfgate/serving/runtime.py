@@ -134,9 +134,11 @@ class ToolRuntime:
         log_dir: Path | None = None,
         watch: ProgressWatch | None = None,
         side: int = 0,
+        around: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
     ) -> CommandResult:
         """Run the command this call was approved for; its logs become artifacts of ``evidence``. A
-        paired run's request runs one side at a time: ``side`` 0 its baseline, 1 its candidate.
+        paired run's request runs one side at a time: ``side`` 0 its baseline, 1 its candidate, with ``around``
+        putting its code in place (`perfgate.execution.service.CommandRunner.run`).
 
         ``request`` must equal what the spec's ``command`` function returned for this input. The server
         captures the output in a private folder (``log_dir``, a folder of `private_dir` the caller holds,
@@ -154,7 +156,7 @@ class ToolRuntime:
         if self.commands is None:
             raise UnapprovedCommandError(f"{self.tool} declares no ToolSpec.command; it cannot run commands")
         return await self.commands.run(
-            request, evidence, label=label, log_dir=log_dir, watch=watch, side=side
+            request, evidence, label=label, log_dir=log_dir, watch=watch, side=side, around=around
         )
 
     async def start_detached(

@@ -13,8 +13,10 @@ refuses exactly as it would on the separate calls.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -32,8 +34,10 @@ from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
 from perfgate.benchmarking.vocabulary import vocabulary_name
 from perfgate.benchmarking.window_launch import record_dir
 from perfgate.benchmarking.window_run import Launched
+from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
-from perfgate.execution.request import CommandRequest
+from perfgate.execution.codeswap import SWAP_DIR, CodeSwap, SwapRefusedError, plan_swap, recover, recovered
+from perfgate.execution.request import CodeRef, CommandRequest
 from perfgate.execution.rundir import one_run
 from perfgate.redaction import Scrubber
 from perfgate.serving.runtime import ToolRuntime
@@ -75,6 +79,18 @@ class PairCandidate(BaseModel):
 class RunBenchmarkPairInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    baseline_ref: Annotated[
+        str | None,
+        Field(
+            max_length=200,
+            description="One command at two code states: the baseline runs the code of this git ref (HEAD, a "
+            "branch, a commit), the candidate the working tree. The server writes the ref's bytes over the "
+            "files that differ before each baseline launch and puts the working tree's back after it (saved "
+            "outside the workspace first; nothing is checked out). The candidate may change its command, env "
+            "or contract as well.",
+        ),
+    ] = None
+
     baseline: Annotated[
         RunBenchmarkWindowInput,
         Field(
@@ -86,14 +102,15 @@ class RunBenchmarkPairInput(BaseModel):
     candidate: Annotated[
         PairCandidate,
         Field(
-            description="What the candidate changes: its command, env or contract; the rest is the baseline's."
+            description="What the candidate changes: its command, env or contract; the rest is the baseline's "
+            "(left out with baseline_ref: the same command on the working tree)."
         ),
-    ]
+    ] = Field(default_factory=PairCandidate)
     declared_changes: Annotated[
         list[str],
         Field(
             description="As compare_benchmarks takes them: the contract execution settings the candidate changed "
-            "on purpose, and 'env:NAME' for a changed variable."
+            "on purpose, and 'env:NAME' for a changed variable ('code' is added with baseline_ref)."
         ),
     ] = Field(default_factory=list[str])
     max_launches: Annotated[
@@ -143,8 +160,11 @@ class RunBenchmarkPairInput(BaseModel):
                 "resume_of and launcher='slurm' out (run_benchmark_window has them)"
             )
         c = self.candidate
-        if c.command is None and c.env is None and c.contract is None:
-            raise ValueError("the candidate changes nothing: give its command, env or contract")
+        if c.command is None and c.env is None and c.contract is None and self.baseline_ref is None:
+            raise ValueError(
+                "the candidate changes nothing: give baseline_ref (the code edited since a commit) or the "
+                "candidate's command, env or contract"
+            )
         return self
 
 
@@ -225,11 +245,45 @@ def sides(inp: RunBenchmarkPairInput, launches: int | None = None) -> tuple[RunB
 def command(inp: RunBenchmarkPairInput, rt: ToolRuntime) -> CommandRequest:
     """Both sides as one request: the baseline's launch, its candidate's as `CommandRequest.paired`."""
     base, cand = (run_benchmark_window.command(side, rt) for side in sides(inp))
+    if inp.baseline_ref is not None:
+        base = base.model_copy(update={"code_ref": _code_ref(inp.baseline_ref, rt)})
     reason = inp.reason or (
         f"run_benchmark_pair: baseline and candidate in turn (A B B A ...), at most {inp.max_launches} launches a "
         f"side, stopping when the verdict is settled at {inp.confidence:.0%}; {base.reason}"
     )
     return base.model_copy(update={"paired": cand.model_copy(update={"reason": ""}), "reason": reason})
+
+
+def _swap_dir(rt: ToolRuntime) -> Path:
+    """Where a code-state pair saves the candidate's files and its journal: the server's, never the workspace."""
+    return rt.private_dir / SWAP_DIR
+
+
+def _code_ref(ref: str, rt: ToolRuntime) -> CodeRef:
+    """The baseline's code at ``ref``, after restoring any working tree a crashed pair left swapped (the
+    answer says so).
+
+    Raises:
+        ToolError: the swap cannot be exact (not a repository, no such ref, unmerged files, links, files
+            under .perfgate or outside the workspace); the message says what to do.
+    """
+    recover(rt.workspace, rt.private_dir)
+    try:
+        return plan_swap(rt.workspace, ref)
+    except SwapRefusedError as exc:
+        lines = [f"run_benchmark_pair cannot run the baseline at {ref!r}: {exc}", *recovered(rt.private_dir)]
+        raise ToolError("\n".join(lines)) from exc
+
+
+def _code_identity(side: RunBenchmarkWindowInput, rt: ToolRuntime) -> tuple[str | None, str | None]:
+    """(commit, diff sha256) of the code the side would run now: what its window record's code state holds."""
+    from perfgate.benchmarking.provenance import run_code_scope
+    from perfgate.envprobe import git_snapshot
+
+    cwd = rt.resolve_path(side.cwd, kind="dir")
+    roots, programs = run_code_scope(side.command, cwd, side.env, rt.workspace)
+    snapshot, _ = git_snapshot(rt.workspace, roots=roots, programs=programs)
+    return (snapshot.commit, snapshot.diff_sha256) if snapshot is not None else (None, None)
 
 
 def _median_ms(
@@ -257,6 +311,7 @@ class _Side:
     inp: RunBenchmarkWindowInput
     launches: run_benchmark_window.BlockingLaunches
     run_dir: Path
+    index: int
     kept: list[Launched] = dataclasses.field(default_factory=list[Launched])
     medians: list[float] = dataclasses.field(default_factory=list[float])
 
@@ -296,31 +351,66 @@ async def run(inp: RunBenchmarkPairInput, rt: ToolRuntime) -> RunBenchmarkPairOu
         ev = side_rt.evidence()
         pair.append(
             _Side(
-                side, run_benchmark_window.BlockingLaunches(side, side_rt, request, ev, folder, index), folder
+                side,
+                run_benchmark_window.BlockingLaunches(side, side_rt, request, ev, folder, index),
+                folder,
+                index,
             )
         )
+    recover(rt.workspace, rt.private_dir)
+    notes = recovered(rt.private_dir)
+    swap = CodeSwap(rt.workspace, request.code_ref, _swap_dir(rt)) if request.code_ref is not None else None
     with (
         one_run(pair[0].run_dir, rt.tool, rt.relative(pair[0].run_dir)),
         one_run(pair[1].run_dir, rt.tool, rt.relative(pair[1].run_dir)),
+        swap if swap is not None else contextlib.nullcontext(),
     ):
         try:
-            return await _run_pair(inp, rt, pair)
+            out = await _run_pair(inp, rt, pair, swap)
         finally:
             for side in pair:
                 remove_tree(side.run_dir)
+    if notes:
+        out.warnings[:0] = notes
+    return out
 
 
-async def _run_pair(inp: RunBenchmarkPairInput, rt: ToolRuntime, pair: list[_Side]) -> RunBenchmarkPairOutput:
+def _code_at(
+    side: _Side, rt: ToolRuntime, swap: CodeSwap | None, provenance: RunProvenance
+) -> Callable[[], contextlib.AbstractContextManager[object]]:
+    """What each of the side's launches runs inside: its code put in place (the ref's for a code-state
+    pair's baseline) and checked to be the code its window record names, or the launch is refused."""
+    expected = (provenance.code.commit, provenance.code.diff_sha256)
+
+    @contextlib.contextmanager
+    def at() -> Generator[None]:
+        with swap.baseline() if swap is not None and side.index == 0 else contextlib.nullcontext():
+            if swap is not None and _code_identity(side.inp, rt) != expected:
+                raise ToolError(
+                    f"the workspace's code is not the {'baseline' if side.index == 0 else 'candidate'}'s its "
+                    "record names (was it edited during the run?); nothing ran. Leave the workspace alone "
+                    "while a paired run goes on and call again."
+                )
+            yield
+
+    return at
+
+
+async def _run_pair(
+    inp: RunBenchmarkPairInput, rt: ToolRuntime, pair: list[_Side], swap: CodeSwap | None
+) -> RunBenchmarkPairOutput:
     """Launch A B B A ... until a look settles, the budget is spent or a launch fails; then record each side
-    and compare them."""
+    and compare them. ``swap``: a code-state pair's, the baseline's provenance read with its code in place."""
     provenances: list[RunProvenance] = []
     for side in pair:
         fresh_dir(side.run_dir)
-        provenances.append(
-            await anyio.to_thread.run_sync(
-                run_benchmark_window.window_provenance, side.inp, side.launches.rt, side.launches.ev
-            )
-        )
+
+        def read(side: _Side = side) -> RunProvenance:
+            with swap.baseline() if swap is not None and side.index == 0 else contextlib.nullcontext():
+                return run_benchmark_window.window_provenance(side.inp, side.launches.rt, side.launches.ev)
+
+        provenances.append(await anyio.to_thread.run_sync(read))
+        side.launches.around = _code_at(side, rt, swap, provenances[-1])
     alpha = 1.0 - inp.confidence
     order = ""
     seen: list[Look] = []
@@ -377,7 +467,8 @@ async def _answer(
         cmp_inp = compare_benchmarks.CompareBenchmarksInput(
             baseline=[base.evidence_id],
             candidate=[cand.evidence_id],
-            declared_changes=inp.declared_changes,
+            # the code is the change a code-state pair makes, declared by construction
+            declared_changes=[*inp.declared_changes, *(["code"] if inp.baseline_ref is not None else [])],
             per_device=inp.per_device,
             min_effect=inp.min_effect,
         )

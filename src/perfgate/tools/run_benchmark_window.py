@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,7 +289,8 @@ class BlockingLaunches:
     saw of each (host load, start time, host speed, step stamps, hangs) for `record_windows`.
 
     ``request`` is what this call's approval covers; ``side`` which of a pair's sides runs (0: the
-    request itself, or a pair's baseline; 1: a pair's candidate). ``run_dir`` is held by the caller.
+    request itself, or a pair's baseline; 1: a pair's candidate); ``around`` puts that side's code in place
+    for each launch (a baseline at a git ref). ``run_dir`` is held by the caller.
     """
 
     inp: RunBenchmarkWindowInput
@@ -298,6 +299,7 @@ class BlockingLaunches:
     ev: EvidenceBuilder
     run_dir: Path
     side: int = 0
+    around: Callable[[], contextlib.AbstractContextManager[object]] | None = None
     host_loads: list[HostLoad] = field(default_factory=list[HostLoad])
     starts: list[float] = field(default_factory=list[float])
     speeds: list[float] = field(default_factory=list[float])
@@ -317,7 +319,13 @@ class BlockingLaunches:
             ticks = listener.ticks if listener is not None else None
             watch = HangWatch(inp.stall_s, None if inp.timing == "log" else records, ticks)
             result = await rt.run_command(
-                self.request, ev, label=label, log_dir=run_dir, watch=watch, side=self.side
+                self.request,
+                ev,
+                label=label,
+                log_dir=run_dir,
+                watch=watch,
+                side=self.side,
+                around=self.around,
             )
         if listener is not None:
             self.observed[launch] = listener.ticks
