@@ -65,7 +65,7 @@ from perfgate.traces.phases import phase_of_name  # noqa: E402
 
 HTA_FIELDS = ("idle_time(us)", "compute_time(us)", "non_compute_time(us)", "kernel_time(us)")
 LARGE_BYTES = 1_000_000
-"""Shared traces at least this large on disk (gzip) count as large; the README's targets differ."""
+"""Shared traces at least this large on disk (gzip) count as large; docs/benchmarks.md's targets differ."""
 
 _HTA_CHILD = r"""
 import json, logging, sys, time, warnings

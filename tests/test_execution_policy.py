@@ -260,10 +260,10 @@ def test_rules_can_be_built_in_code(tmp_path: Path) -> None:
     assert policy.match(req(tmp_path, "make", "clean")) is None
 
 
-def test_the_readme_allowlist_example_allows_its_named_script_and_nothing_else(tmp_path: Path) -> None:
-    """The README's policy example, as written there: its rule names a script (never `*`), and under the
-    harness wrapper it lets that script, with that content, run and nothing else."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+def test_the_documented_allowlist_example_allows_its_named_script_and_nothing_else(tmp_path: Path) -> None:
+    """The documented policy example (docs/approvals.md), as written there: its rule names a script (never
+    `*`), and under the harness wrapper it lets that script, with that content, run and nothing else."""
+    readme = (Path(__file__).parents[1] / "docs" / "approvals.md").read_text()
     block = readme.split("# ~/.config/perfgate/policy.toml", 1)[1].split("\n", 1)[1].split("```", 1)[0]
     assert '"*"' not in block and "perfgate.harness" not in block
     script = tmp_path / "train.py"

@@ -33,7 +33,7 @@ Why not Yelp's detect-secrets (1.5.0, the obvious candidate): it scans lines and
 value, not where it is; its entropy plugins only look inside quoted strings, so an env value or an argv
 token (never quoted) is not seen, and an unquoted AWS secret key is not reported at all; its settings are
 process-global state, and it brings requests and PyYAML. These rules are a few regular expressions and one
-counting pass per candidate (see the README for the measured values per second).
+counting pass per candidate.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ or what counts as evidence lives there. The trust root is two per-user directori
 Only the operator sets these, in the agent host's server configuration (``env`` or ``args`` of the
 server entry); no tool input can. Directories are created ``0700`` and files ``0600``. The defence holds
 when the agent cannot write (or read) the trust root: a separate OS user, or a host sandbox that
-confines the agent's writes to the workspace (see the README's threat model).
+confines the agent's writes to the workspace (see the threat model in docs/approvals.md).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ A command runs in its own session and process group, but its descendants can lea
 
 Stopping sends SIGTERM to every member, waits the grace period, then SIGKILLs what is left, repeating
 until nothing carries the marks (a process forking while being killed is caught on the next pass).
-Limits (README threat model): a descendant that clears its environment *and* leaves the group while the
-server is not running escapes; cgroups would close that gap and are not used yet.
+Limits (the threat model, docs/approvals.md): a descendant that clears its environment *and* leaves the
+group while the server is not running escapes; cgroups would close that gap and are not used yet.
 """
 
 from __future__ import annotations

@@ -555,7 +555,7 @@ SPEC = ToolSpec(
     ),
     details=(
         "Launch the baseline (a run_benchmark_window input) and the candidate (its command, env or contract "
-        "changed) in turn, A B B A A B ..., under one approval that shows both and their difference, with "
+        "changed, or the working tree against the code of baseline_ref, swapped in place per launch) in turn, A B B A A B ..., under one approval that shows both and their difference, with "
         "threads pinned to the server's cores unless a side sets them. After each pair from the third, a "
         "Student t interval on the mean log ratio of the pairs' launch medians is looked at with the "
         "confidence spent across the looks (Bonferroni): launch medians ignore stalls, logs make step time's "
