@@ -22,6 +22,7 @@ GOALS: dict[str, list[str]] = {
     "bench_traces": ["--skip-synthetic", "--ranks", "0"],
     "bench_tool_calls": [],
     "bench_startup": [],
+    "bench_paired": ["--steps", "6"],
 }
 """The benchmarks whose ``--json`` report feeds the goals' table, and their arguments under ``--goals``."""
 
@@ -71,6 +72,23 @@ def goal_rows(reports: dict[str, Any]) -> list[tuple[str, str, str, str]]:
                 "<= 1.0x",
                 f"{_x(ratio)} ({startup['perfgate_cold_start_s']:.3f} vs {startup['minimal_cold_start_s']:.3f} s): "
                 f"{'met' if ratio <= 1.0 else 'not met'}",
+            )
+        )
+    rows += paired_rows(reports.get("bench_paired"))
+    return rows
+
+
+def paired_rows(paired: dict[str, Any] | None) -> list[tuple[str, str, str, str]]:
+    """Launches and wall time to a verdict, the paired run over today's calls, per change and host."""
+    rows: list[tuple[str, str, str, str]] = []
+    for r in (paired or {}).get("ratios", []):
+        met = r["launches"] <= 0.5 and r["wall"] <= 1 / 3
+        rows.append(
+            (
+                f"A/B to a verdict, {r['change']} change, {r['host']} host: one `run_benchmark_pair` call",
+                "the skill's run_benchmark_window calls per side and compare_benchmarks",
+                "<= 0.5x launches, <= 0.33x wall time",
+                f"{r['launches']:.2f}x launches, {r['wall']:.2f}x wall ({r['verdicts']}): {'met' if met else 'not met'}",
             )
         )
     return rows

@@ -9,6 +9,7 @@ __all__ = ["TOOL_MODULES"]
 TOOL_MODULES: tuple[str, ...] = (
     "collect_env",
     "run_benchmark_window",
+    "run_benchmark_pair",
     "benchmark_run",
     "import_benchmark",
     "compare_benchmarks",

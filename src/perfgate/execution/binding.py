@@ -32,9 +32,15 @@ def bind_code(request: CommandRequest, workspace: Path, store: ChangeStore | Non
 
     The binding also holds the programs the argv resolves to on the run's PATH and the digest of every
     importable file (`perfgate.execution.changes`); with ``store``, those files' text is kept there for
-    the approval's diff.
+    the approval's diff. A pair's candidate is bound too (its argv may name other files and programs).
     """
     from perfgate.envprobe.provenance import code_state
+
+    if request.paired is not None:
+        paired = bind_code(request.paired, workspace, store)
+        return bind_code(request.model_copy(update={"paired": None}), workspace, store).model_copy(
+            update={"paired": paired}
+        )
 
     state = code_state(workspace)
     files = {str(path): file_sha256(path) for path in files_named(request.argv, request.cwd)}

@@ -409,10 +409,10 @@ def commit_changes(
     return out, None
 
 
-def _head(workspace: Path) -> tuple[str, dict[str, str]] | None:
-    """The commit checked out and its files under ``workspace`` (relative path -> blob id)."""
-    commit = _git(workspace, ["rev-parse", "--verify", "-q", "HEAD"])
-    listing = _git(workspace, ["ls-tree", "-r", "-z", "HEAD"])
+def _head(workspace: Path, rev: str = "HEAD") -> tuple[str, dict[str, str]] | None:
+    """The commit checked out (or ``rev``) and its files under ``workspace`` (relative path -> blob id)."""
+    commit = _git(workspace, ["rev-parse", "--verify", "-q", rev])
+    listing = _git(workspace, ["ls-tree", "-r", "-z", rev])
     if not commit or listing is None:
         return None
     files: dict[str, str] = {}
@@ -509,19 +509,20 @@ def _names(paths: Sequence[str]) -> str:
     return shown + (f", and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else "")
 
 
-def _base(store: ChangeStore, workspace: Path, current: str) -> _Base | None:
-    last = store.last_approved()
+def _base(store: ChangeStore, workspace: Path, current: str, against: str | None = None) -> _Base | None:
+    last = store.last_approved() if against is None else None
     if last is not None:
         tree = store.tree(last[0])
         if tree is not None:
             label = f"the last approved run ({last[1]}, {_utc(last[2])})"
             return _Base(label, {k: v[0] for k, v in tree.files.items()}, by_oid=False)
-    head = _head(workspace)
+    head = _head(workspace, against or "HEAD")
     if head is None:
         return None
     suffixes = _tree_suffixes()
     files = {rel: oid for rel, oid in head[1].items() if PurePosixPath(rel).suffix in suffixes}
-    return _Base(f"commit {head[0][:12]} (no run approved in this workspace yet)", files, True, head[0])
+    why = "the paired run's baseline" if against else "no run approved in this workspace yet"
+    return _Base(f"commit {head[0][:12]} ({why})", files, True, head[0])
 
 
 def _old_text(store: ChangeStore, workspace: Path, base: _Base, rel: str) -> str | None:
@@ -539,10 +540,15 @@ def _old_text(store: ChangeStore, workspace: Path, base: _Base, rel: str) -> str
 
 
 def change_view(
-    code_tree_digest: str, executables: Mapping[str, str], workspace: Path, store: ChangeStore
+    code_tree_digest: str,
+    executables: Mapping[str, str],
+    workspace: Path,
+    store: ChangeStore,
+    against: str | None = None,
 ) -> tuple[list[str], list[str]]:
     """(lead lines, diff lines) for an approval of code ``code_tree_digest`` running ``executables``
-    (the code binding's path -> value). Lead lines marked ``!`` need the human's attention."""
+    (the code binding's path -> value), the diff drawn against commit ``against`` (a paired run's baseline)
+    or else the last approved tree. Lead lines marked ``!`` need the human's attention."""
     alerts: list[str] = []
     plain: list[str] = []
     for path, value in sorted(executables.items()):
@@ -568,7 +574,7 @@ def change_view(
         untracked = [rel for rel in sorted(tree.files) if rel not in tracked]
         if untracked:
             alerts.append(f"! importable files git does not track (they run too): {_names(untracked)}")
-    base = _base(store, workspace, code_tree_digest)
+    base = _base(store, workspace, code_tree_digest, against)
     diff: list[str] = []
     if base is None:
         plain.insert(

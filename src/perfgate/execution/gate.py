@@ -32,7 +32,7 @@ from perfgate.evidence import Ledger
 from perfgate.execution.approvals import Approval, ApprovalStatus, ApprovalStore
 from perfgate.execution.audit import Decision, How, record_decision
 from perfgate.execution.changes import ChangeStore, change_view
-from perfgate.execution.difference import command_changes
+from perfgate.execution.difference import command_changes, pair_changes
 from perfgate.execution.policy import ExecutionPolicy
 from perfgate.execution.request import CommandRequest, redact_request
 from perfgate.execution.scope import ApprovalScope, measuring_variable, request_print
@@ -115,8 +115,9 @@ def approval_view(
     from perfgate.redaction import Scrubber
 
     code = request.code
-    lead, diff = change_view(code.tree, code.executables, workspace, changes) if code else ([], [])
-    lead += command_changes(request, base, printed)
+    against = request.code_ref.commit if request.code_ref is not None else None
+    lead, diff = change_view(code.tree, code.executables, workspace, changes, against) if code else ([], [])
+    lead = pair_changes(request, printed) + lead + command_changes(request, base, printed)
     scrub = Scrubber.for_values(request.env, request.argv)
     text = "\n".join([*lead, scope_line, "", shown])
     if diff:
@@ -165,7 +166,8 @@ class ApprovalGate:
         Raises:
             ToolError: timeout above the maximum, or a working directory outside the allowed roots.
         """
-        problems = self.policy.limit_violations(request) + self._foreign_harness(request)
+        problems = [p for side in request.sides for p in self.policy.limit_violations(side)]
+        problems += [p for side in request.sides for p in self._foreign_harness(side)]
         if problems:
             raise ToolError(
                 "this command cannot run here: "
@@ -221,7 +223,8 @@ class ApprovalGate:
         """
         self.expire_due()
         self.check_limits(request)
-        rule = self.policy.match(self._without_own_env(request))
+        rules = [self.policy.match(self._without_own_env(side)) for side in request.sides]
+        rule = rules[0] if all(r is not None for r in rules) else None  # a pair: both sides allowed
         if rule is not None:
             who = f"operator policy {self.policy.describe_source()}"
             evidence_id = record_decision(

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.redaction import Scrubber
 
-__all__ = ["DIGEST_VERSION", "CodeBinding", "CommandRequest", "redact_request"]
+__all__ = ["DIGEST_VERSION", "CodeBinding", "CodeRef", "CommandRequest", "redact_request"]
 
 DIGEST_VERSION = 3
 """Bumped when the digested fields change, so an old approval can never match a new meaning."""
@@ -66,6 +66,20 @@ class CodeBinding(BaseModel):
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+class CodeRef(BaseModel):
+    """A paired run's baseline code: the working tree with these files as ``commit`` holds them."""
+
+    ref: str = Field(description="The ref as given (HEAD, a branch, a commit).")
+    commit: str = Field(description="The commit it resolved to when the request was made.")
+    files: dict[str, str] = Field(
+        description="Workspace-relative path -> its git blob id and mode at the commit ('oid mode'; '' where "
+        "the commit lacks the file): the bytes the baseline runs."
+    )
+
+    def describe(self) -> str:
+        return f"{self.ref} ({self.commit[:12]}), {len(self.files)} file(s) swapped"
+
+
 class CommandRequest(BaseModel):
     """One command to execute, as the human will see it."""
 
@@ -85,6 +99,16 @@ class CommandRequest(BaseModel):
     )
     code: CodeBinding | None = Field(
         default=None, description="The code it runs, filled in by the server's gate (never by a tool input)."
+    )
+    code_ref: CodeRef | None = Field(
+        default=None,
+        description="A paired run's baseline at a git ref: the files the server swaps in before each of its "
+        "launches (`perfgate.execution.codeswap`), bound with the request.",
+    )
+    paired: CommandRequest | None = Field(
+        default=None,
+        description="A paired run's candidate side (this request is its baseline): one approval covers both, "
+        "shown side by side with their difference, and its digest binds both.",
     )
 
     @field_validator("argv")
@@ -117,8 +141,9 @@ class CommandRequest(BaseModel):
         return env
 
     def bound_fields(self) -> dict[str, Any]:
-        """The fields an approval binds to, in canonical JSON-ready form."""
-        return {
+        """The fields an approval binds to, in canonical JSON-ready form (a pair's candidate under
+        ``paired``; a single request's fields are what they were before pairs existed)."""
+        fields: dict[str, Any] = {
             "v": DIGEST_VERSION,
             "argv": list(self.argv),
             "cwd": str(self.cwd),
@@ -126,10 +151,27 @@ class CommandRequest(BaseModel):
             "timeout_s": float(self.timeout_s),
             "code": self.code.bound() if self.code is not None else None,
         }
+        if self.code_ref is not None:
+            fields["code_ref"] = self.code_ref.model_dump(mode="json")
+        if self.paired is not None:
+            fields["paired"] = self.paired.bound_fields()
+        return fields
 
     def unbound(self) -> CommandRequest:
-        """This request without its code binding (what a tool computes from its input)."""
-        return self if self.code is None else self.model_copy(update={"code": None})
+        """This request without its code binding (what a tool computes from its input), a pair's candidate
+        included."""
+        if self.code is None and (self.paired is None or self.paired.code is None):
+            return self
+        paired = self.paired.unbound() if self.paired is not None else None
+        return self.model_copy(update={"code": None, "paired": paired})
+
+    @property
+    def sides(self) -> tuple[CommandRequest, ...]:
+        """What runs: this request alone, or a pair's baseline (this request less its candidate) and its
+        candidate."""
+        if self.paired is None:
+            return (self,)
+        return (self.model_copy(update={"paired": None}), self.paired)
 
     @property
     def digest(self) -> str:
@@ -143,40 +185,47 @@ class CommandRequest(BaseModel):
 
     def describe(self, tool: str | None = None, own: Callable[[str], bool] | None = None) -> str:
         """A plain-text rendering for a human deciding whether to run it; the variables ``own`` names
-        (those perfgate sets for its harness) are counted on one line, not listed.
+        (those perfgate sets for its harness) are counted on one line, not listed. A pair shows its
+        baseline's lines, then its candidate's, each marked.
 
         Deterministic (no clock, no ids) so the same request renders the same question on every round
         of a multi-round elicitation. argv is shown as a JSON list: unambiguous about token boundaries.
         """
+        lines = [f"tool:     {tool}"] if tool else []
+        if self.paired is None:
+            lines += self._what_runs(own)
+        else:
+            lines.append("baseline (A) and candidate (B), launched in turn (A B B A ...):")
+            lines += [f"A {line}" for line in self._what_runs(own)]
+            lines += [f"B {line}" for line in self.paired._what_runs(own)]
+        lines += [f"reason:   {self.reason or '(none given)'}", f"digest:   {self.short_digest}"]
+        return "\n".join(lines)
+
+    def _what_runs(self, own: Callable[[str], bool] | None) -> list[str]:
         hidden = sorted(k for k in self.env if own is not None and own(k))
         shown = [
             f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in sorted(self.env.items()) if k not in hidden
         ]
         if hidden:
             shown.append(f"+ {len(hidden)} variables perfgate sets for its harness")
-        lines = [f"tool:     {tool}"] if tool else []
-        lines += [
+        lines = [
             f"argv:     {json.dumps(list(self.argv), ensure_ascii=False)}",
             f"cwd:      {self.cwd}",
             "env:      " + (", ".join(shown) or "(none)"),
             f"timeout:  {self.timeout_s:g} s",
-            *(
-                [f"code:     {self.code.summary}"]
-                + [
-                    f"file:     {path} sha256 {digest[:16]}"
-                    for path, digest in sorted(self.code.files.items())
-                ]
-                + [
-                    f"program:  {path} sha256 {digest[:16]}{digest[64:]}"
-                    for path, digest in sorted(self.code.executables.items())
-                ]
-                if self.code is not None
-                else []
-            ),
-            f"reason:   {self.reason or '(none given)'}",
-            f"digest:   {self.short_digest}",
         ]
-        return "\n".join(lines)
+        if self.code_ref is not None:
+            lines.append(f"code at:  {self.code_ref.describe()} (the working tree's files, swapped in place)")
+        if self.code is not None:
+            lines.append(f"code:     {self.code.summary}")
+            lines += [
+                f"file:     {path} sha256 {digest[:16]}" for path, digest in sorted(self.code.files.items())
+            ]
+            lines += [
+                f"program:  {path} sha256 {digest[:16]}{digest[64:]}"
+                for path, digest in sorted(self.code.executables.items())
+            ]
+        return lines
 
 
 def redact_request(request: CommandRequest) -> CommandRequest:
@@ -190,5 +239,6 @@ def redact_request(request: CommandRequest) -> CommandRequest:
             "argv": tuple(scrub.argv(request.argv)),
             "env": {k: str(v) for k, v in scrub.env(request.env).items()},
             "reason": scrub.text(request.reason),
+            "paired": redact_request(request.paired) if request.paired is not None else None,
         }
     )

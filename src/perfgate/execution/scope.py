@@ -43,12 +43,15 @@ def request_print(request: CommandRequest) -> dict[str, Any]:
     """The request less its code, each value replaced by its sha256 (argv tokens also by the flag before
     an ``=``): what a scope's template is computed from. Kept with a pending approval, whose stored request
     has its secrets redacted, so the template a human grants binds the real values without storing them."""
-    return {
+    printed: dict[str, Any] = {
         "argv": [[_h(t), _h(t.partition("=")[0]) if "=" in t else None] for t in request.argv],
         "cwd": str(request.cwd),
         "env": {k: _h(v) for k, v in sorted(request.env.items())},
         "timeout_s": float(request.timeout_s),
     }
+    if request.paired is not None:  # a pair's template covers its candidate too
+        printed["paired"] = request_print(request.paired)
+    return printed
 
 
 def template_digest(printed: dict[str, Any], vary: tuple[str, ...] = ()) -> str:
@@ -57,6 +60,8 @@ def template_digest(printed: dict[str, Any], vary: tuple[str, ...] = ()) -> str:
     differ only in their code, in a varied flag's value, or in how perfgate measures them."""
     fields = json.loads(json.dumps(printed))
     fields["env"] = {k: v for k, v in fields["env"].items() if not measuring_variable(k)}
+    if "paired" in fields:
+        fields["paired"] = template_digest(fields["paired"], vary)
     if vary:
         flags = {_h(f) for f in vary}
         argv: list[list[str | None]] = fields["argv"]

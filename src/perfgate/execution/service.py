@@ -280,9 +280,14 @@ class CommandRunner:
         label: str = "",
         log_dir: Path | None = None,
         watch: ProgressWatch | None = None,
+        side: int = 0,
+        around: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
     ) -> CommandResult:
         """Run ``request`` after checking it is the approved one; logs go to ``{label}stdout.log`` etc.
-        ``watch`` may stop it early when it stalls (`perfgate.execution.executor.execute`).
+        ``watch`` may stop it early when it stalls (`perfgate.execution.executor.execute`). A pair
+        (`CommandRequest.paired`) is checked whole and runs the side ``side`` names: 0 its baseline, 1 its
+        candidate; ``around`` (entered after the check, left after the process ended) puts that side's code
+        in place, a baseline's `CommandRequest.code_ref`, so the approval is checked on the candidate's.
 
         The output is captured where only the operator can write (``log_dir``, or a temporary folder in
         the trust root), without secrets, then copied to the artifacts: the copy in the workspace is for
@@ -311,6 +316,7 @@ class CommandRunner:
                 "approved for this call"
             )
         self._service.gate.check_limits(request)
+        request = request.sides[side]
 
         async def on_progress(p: CommandProgress) -> None:
             line = p.last_line[:160]
@@ -325,6 +331,8 @@ class CommandRunner:
             folder = log_dir if log_dir is not None else stack.enter_context(self._service.scratch())
             names = (f"{label}stdout.log", f"{label}stderr.log")
             launch = await anyio.to_thread.run_sync(next_launch_id, self._service.private_dir)
+            if around is not None:
+                stack.enter_context(around())
             try:
                 result = await execute(
                     request,

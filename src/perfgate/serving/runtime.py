@@ -133,8 +133,12 @@ class ToolRuntime:
         label: str = "",
         log_dir: Path | None = None,
         watch: ProgressWatch | None = None,
+        side: int = 0,
+        around: Callable[[], contextlib.AbstractContextManager[object]] | None = None,
     ) -> CommandResult:
-        """Run the command this call was approved for; its logs become artifacts of ``evidence``.
+        """Run the command this call was approved for; its logs become artifacts of ``evidence``. A
+        paired run's request runs one side at a time: ``side`` 0 its baseline, 1 its candidate, with ``around``
+        putting its code in place (`perfgate.execution.service.CommandRunner.run`).
 
         ``request`` must equal what the spec's ``command`` function returned for this input. The server
         captures the output in a private folder (``log_dir``, a folder of `private_dir` the caller holds,
@@ -151,7 +155,9 @@ class ToolRuntime:
         """
         if self.commands is None:
             raise UnapprovedCommandError(f"{self.tool} declares no ToolSpec.command; it cannot run commands")
-        return await self.commands.run(request, evidence, label=label, log_dir=log_dir, watch=watch)
+        return await self.commands.run(
+            request, evidence, label=label, log_dir=log_dir, watch=watch, side=side, around=around
+        )
 
     async def start_detached(
         self, request: CommandRequest, *, launches: int, record_dir: str | None, meta: dict[str, Any]

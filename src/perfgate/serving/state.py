@@ -20,6 +20,16 @@ class AppState:
         self.config = config
         self.ledger = Ledger(config.workspace, config.trust)
         self.execution = ExecutionService(config.workspace, self.ledger)
+        self._restore_swapped_code()
+
+    def _restore_swapped_code(self) -> None:
+        """Put back the working tree a paired run left at its baseline when the server stopped mid-run (the
+        next paired call's answer says so); a look at one folder when there is nothing to do."""
+        private = self.ledger.trust.workspace_dir(self.config.workspace, create=False)
+        if (private / "codeswap").exists():
+            from perfgate.execution.codeswap import recover
+
+            recover(self.config.workspace, private)
 
     async def aclose(self) -> None:
         """Stop command process groups still running, and the trace reader's kept worker (call when the

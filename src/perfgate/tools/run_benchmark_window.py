@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,16 @@ from perfgate.tools.run_benchmark_window_models import (
 from perfgate.traces.hostload import HostLoadSampler, busy_neighbour
 from perfgate.traces.models import HostLoad
 
-__all__ = ["SPEC", "command", "plan", "record_windows", "run"]
+__all__ = [
+    "SPEC",
+    "BlockingLaunches",
+    "command",
+    "plan",
+    "record_windows",
+    "run",
+    "window_provenance",
+    "window_run_dir",
+]
 
 
 # --------------------------------------------------------------------------- the command
@@ -87,7 +97,7 @@ def plan(inp: RunBenchmarkWindowInput) -> WindowPlan:
     )
 
 
-def _run_dir(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> Path:
+def window_run_dir(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> Path:
     # In the trust root: the harness writes its records where only the operator can write, so the agent
     # cannot replace them while the run goes on (nor plant links that the run's cleanup would follow).
     return input_run_dir(rt.private_dir / "bench-runs", inp.model_dump(mode="json"))
@@ -122,7 +132,7 @@ def command(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> CommandRequest:
             inp.env,
             harness_copy=harness_pythonpath(trust.state_dir),
             pycache=trust.pycache_dir,
-            run_dir=_run_dir(inp, rt),
+            run_dir=window_run_dir(inp, rt),
             harness_on_path=inp.harness_on_path,
             slurm=_slurm(inp),
         )
@@ -235,14 +245,14 @@ async def run(inp: RunBenchmarkWindowInput, rt: ToolRuntime) -> RunBenchmarkWind
     await anyio.to_thread.run_sync(_resume_target, inp, rt)
     if inp.timing == "harness" or inp.harness_on_path:
         await anyio.to_thread.run_sync(prepare_harness_path, harness_pythonpath(rt.ledger.trust.state_dir))
-    run_dir = _run_dir(inp, rt)
+    run_dir = window_run_dir(inp, rt)
     if inp.detach:
         return await _start_detached(inp, rt, request, run_dir)
     with one_run(run_dir, rt.tool, rt.relative(run_dir)):
         return await _run_blocking(inp, rt, request, run_dir)
 
 
-def _provenance(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder) -> RunProvenance:
+def window_provenance(inp: RunBenchmarkWindowInput, rt: ToolRuntime, ev: EvidenceBuilder) -> RunProvenance:
     cwd = rt.resolve_path(inp.cwd, kind="dir")
     return run_provenance(inp.command, inp.cwd, cwd, inp.env, rt.workspace, ev)
 
@@ -258,7 +268,7 @@ async def _start_detached(
             pass
     ev = rt.evidence()
     # what ran is captured now, at launch (the code may change while the run goes on)
-    provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
+    provenance = await anyio.to_thread.run_sync(window_provenance, inp, rt, ev)
     meta = {"inputs": inp.model_dump(mode="json"), "provenance": provenance.model_dump(mode="json")}
     run_id, _ = await rt.start_detached(request, launches=launches, record_dir=records, meta=meta)
     out = _render(inp, ev, rt, WindowRun())
@@ -273,42 +283,60 @@ async def _start_detached(
     return await rt.commit(ev, out, command=list(request.argv), environment_id=inp.environment_id)
 
 
-async def _run_blocking(
-    inp: RunBenchmarkWindowInput, rt: ToolRuntime, request: CommandRequest, run_dir: Path
-) -> RunBenchmarkWindowOutput:
-    """`run` without detach, holding ``run_dir``: each launch runs here, watched from outside."""
-    ev = rt.evidence()
-    provenance = await anyio.to_thread.run_sync(_provenance, inp, rt, ev)
-    records = record_dir(run_dir)
-    # The server's own folder: what the agent planted at its name is removed, never followed.
-    fresh_dir(run_dir)
-    host_loads: list[HostLoad] = []
-    starts: list[float] = []
-    speeds: list[float] = []
-    observed: dict[int, LaunchTicks] = {}
-    hangs: list[HangDiagnosis] = []
-    listen = TICKS_ENV in request.env
+@dataclass
+class BlockingLaunches:
+    """Runs one launch at a time of a blocking run, here, watched from outside, and keeps what the server
+    saw of each (host load, start time, host speed, step stamps, hangs) for `record_windows`.
 
-    async def launch_once(launch: int, label: str) -> Launched:
+    ``request`` is what this call's approval covers; ``side`` which of a pair's sides runs (0: the
+    request itself, or a pair's baseline; 1: a pair's candidate); ``around`` puts that side's code in place
+    for each launch (a baseline at a git ref). ``run_dir`` is held by the caller.
+    """
+
+    inp: RunBenchmarkWindowInput
+    rt: ToolRuntime
+    request: CommandRequest
+    ev: EvidenceBuilder
+    run_dir: Path
+    side: int = 0
+    around: Callable[[], contextlib.AbstractContextManager[object]] | None = None
+    host_loads: list[HostLoad] = field(default_factory=list[HostLoad])
+    starts: list[float] = field(default_factory=list[float])
+    speeds: list[float] = field(default_factory=list[float])
+    observed: dict[int, LaunchTicks] = field(default_factory=dict[int, LaunchTicks])
+    hangs: list[HangDiagnosis] = field(default_factory=list[HangDiagnosis])
+
+    async def __call__(self, launch: int, label: str) -> Launched:
+        inp, rt, ev, run_dir = self.inp, self.rt, self.ev, self.run_dir
+        records = record_dir(run_dir)
         fresh_dir(records)
         sampler = HostLoadSampler()
         sampler.start()
         before = await anyio.to_thread.run_sync(host_speed_probe)
-        starts.append(time.time())
+        self.starts.append(time.time())
+        listen = TICKS_ENV in self.request.sides[self.side].env
         with TickListener(ticks_path(run_dir)) if listen else contextlib.nullcontext() as listener:
             ticks = listener.ticks if listener is not None else None
             watch = HangWatch(inp.stall_s, None if inp.timing == "log" else records, ticks)
-            result = await rt.run_command(request, ev, label=label, log_dir=run_dir, watch=watch)
+            result = await rt.run_command(
+                self.request,
+                ev,
+                label=label,
+                log_dir=run_dir,
+                watch=watch,
+                side=self.side,
+                around=self.around,
+            )
         if listener is not None:
-            observed[launch] = listener.ticks
+            self.observed[launch] = listener.ticks
         for diagnosis in watch.diagnoses:
             if watch.dumps:
                 ev.write_text(f"{label}hang_stacks.txt", watch.dumps_text())
                 diagnosis.stacks_artifact = rt.relative(ev.dir / f"{label}hang_stacks.txt")
-            hangs.append(diagnosis)
+            self.hangs.append(diagnosis)
         load = sampler.stop()
-        host_loads.append(load)
-        speeds.append(math.sqrt(before * await anyio.to_thread.run_sync(host_speed_probe)))
+        self.host_loads.append(load)
+        self.speeds.append(math.sqrt(before * await anyio.to_thread.run_sync(host_speed_probe)))
         failure = None if result.succeeded else launch_failure(result)
         if result.stalled and watch.ended is not None:
             failure = f"it made no progress and was stopped: {watch.ended.summary}"
@@ -321,20 +349,39 @@ async def _run_blocking(
             result.launch_id,
         )
 
-    try:
+    async def record(
+        self,
+        provenance: RunProvenance | None,
+        launch_once: LaunchFn | None = None,
+        inp: RunBenchmarkWindowInput | None = None,
+    ) -> RunBenchmarkWindowOutput:
+        """`record_windows` with what these launches kept; ``launch_once`` (default: run them) and
+        ``inp`` (default: this run's) where the launches already ran."""
         return await record_windows(
-            inp,
-            rt,
-            request,
-            ev,
-            launch_once,
+            inp or self.inp,
+            self.rt,
+            self.request.sides[self.side],
+            self.ev,
+            launch_once or self,
             provenance,
-            host_loads=host_loads,
-            observed=observed,
-            launch_starts=starts,
-            launch_speeds=speeds,
-            hangs=hangs,
+            host_loads=self.host_loads,
+            observed=self.observed,
+            launch_starts=self.starts,
+            launch_speeds=self.speeds,
+            hangs=self.hangs,
         )
+
+
+async def _run_blocking(
+    inp: RunBenchmarkWindowInput, rt: ToolRuntime, request: CommandRequest, run_dir: Path
+) -> RunBenchmarkWindowOutput:
+    """`run` without detach, holding ``run_dir``: each launch runs here, watched from outside."""
+    ev = rt.evidence()
+    provenance = await anyio.to_thread.run_sync(window_provenance, inp, rt, ev)
+    # The server's own folder: what the agent planted at its name is removed, never followed.
+    fresh_dir(run_dir)
+    try:
+        return await BlockingLaunches(inp, rt, request, ev, run_dir).record(provenance)
     finally:
         remove_tree(run_dir)
 
