@@ -45,13 +45,15 @@ def _windows(workspace: Path, records: Sequence[EvidenceRecord], per_device: boo
     return out
 
 
-def _settle_plan(
+def _settle_plans(
     base: Sequence[EvidenceRecord], cand: Sequence[EvidenceRecord], launches: Mapping[str, LaunchInfo]
-) -> str:
-    """The calls that settle a drift question, reusing what was measured: one call a side, one after the
-    other, needs two more to make A B B A (`bracketing_plan`); anything else four (`interleaved_plan`)."""
+) -> tuple[str, str]:
+    """The calls that settle a drift question: (reusing what was measured, afresh). One call a side, one
+    after the other, needs two more to make A B B A (`bracketing_plan`); anything else, or a question the
+    calls made cannot answer (over-subscribed threads), four (`interleaved_plan`)."""
     from perfgate.benchmarking.drift import bracketing_plan, interleaved_plan
 
+    afresh = interleaved_plan(f"the inputs of {base[0].id}", f"the inputs of {cand[0].id}")
     if len(base) == 1 and len(cand) == 1:
 
         def starts(record: EvidenceRecord) -> list[float | None]:
@@ -59,8 +61,8 @@ def _settle_plan(
 
         plan = bracketing_plan((base[0].id, starts(base[0])), (cand[0].id, starts(cand[0])))
         if plan is not None:
-            return plan
-    return interleaved_plan(f"the inputs of {base[0].id}", f"the inputs of {cand[0].id}")
+            return plan, afresh
+    return afresh, afresh
 
 
 def compare_evidence(
@@ -91,17 +93,20 @@ def compare_evidence(
     base_windows = _windows(workspace, base, per_device)
     cand_windows = _windows(workspace, cand, per_device)
     launches = {tag: info for r in [*base, *cand] for tag, info in launch_infos(r.id, r.result).items()}
-    settle = _settle_plan(base, cand, launches)
+    settle, afresh = _settle_plans(base, cand, launches)
     if any(d.kind in ("code", "file") for d in judged.differences):
-        settle += (
+        switch = (
             "; the code differs, so put the baseline's code in place before each baseline call (e.g. git stash) "
             "and the candidate's before each candidate call (git stash pop)"
         )
+        settle, afresh = settle + switch, afresh + switch
     result = compare_windows(
         base_windows, cand_windows, min_effect=min_effect, launches=launches, settle=settle
     )
     rates = (launch_throughputs(base_windows, result.unit), launch_throughputs(cand_windows, result.unit))
-    noise = explain_noise(base, cand, result, rates, settle, thread_change(declared, judged.differences))
+    noise = explain_noise(
+        base, cand, result, rates, settle, thread_change(declared, judged.differences), afresh
+    )
     training = training_differences(side_training(workspace, base), side_training(workspace, cand))
     imported = (
         [
