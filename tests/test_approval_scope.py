@@ -404,3 +404,50 @@ async def test_a_file_past_the_screen_is_a_warning_naming_it_and_where_the_whole
     whole = Path(warning.rsplit(" ", 1)[1]).read_text()
     assert "+os.system('id')\\u200b" in whole and "\u200b" not in whole
     assert "\u200b" not in message
+
+
+async def test_returning_to_an_approved_code_state_reuses_its_grant_and_nothing_unseen_does(
+    workspace: Path,
+) -> None:
+    """Issue 59 item 7: interleaved A B B A calls switch the code with git stash between them. Each code
+    state the human was shown is covered by its own grant, so going back to the baseline (or to the
+    candidate again) asks nothing; a code state, argv or environment the human never saw still asks."""
+    marker = repo(workspace)
+    human = Human()
+    args = {"argv": [PY, "train.py"]}
+    helper = workspace / "helper.py"
+    async with Client(server(workspace), elicitation_callback=human) as client:
+
+        async def call(request: dict[str, Any] = args) -> None:
+            result = await client.call_tool(TOOL, request)
+            assert not result.is_error, text(result)
+
+        await call()  # A: the baseline, asked
+        helper.write_text("def work():\n    return sum(range(10))\n")
+        await call()  # B: the candidate, asked
+        assert len(human.asked) == 2
+        git(workspace, "stash")
+        await call()  # A again
+        git(workspace, "stash", "pop")
+        await call()  # B B
+        await call()
+        git(workspace, "stash")
+        await call()  # A
+        assert len(human.asked) == 2 and runs(marker) == 6
+        # outside what was shown: a third code state, then the baseline's code with another argv or env
+        git(workspace, "stash", "pop")
+        helper.write_text("def work():\n    return 1\n")
+        await call()
+        assert len(human.asked) == 3 and "covered other code" in human.asked[2].splitlines()[0]
+        git(workspace, "checkout", "helper.py")
+        await call({"argv": [PY, "train.py", "--steps", "2"]})
+        await call({**args, "env": {"OMP_NUM_THREADS": "2"}})
+        assert len(human.asked) == 5
+        argv_lead, env_lead = (message.split("\n\n")[0] for message in human.asked[3:])
+        assert (
+            "arguments: changed since the last approved run" in argv_lead and '+ "--steps" "2"' in argv_lead
+        )
+        assert 'environment: changed since then: + OMP_NUM_THREADS="2"' in env_lead, env_lead
+    assert runs(marker) == 9
+    uses = {a.id: a.uses for a in ApprovalStore.open(workspace).list((ApprovalStatus.GRANTED,))}
+    assert sorted(uses.values()) == [1, 1, 1, 3, 3], uses

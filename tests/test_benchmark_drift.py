@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from perfgate.benchmarking.compare import WindowSample, compare_windows
-from perfgate.benchmarking.drift import LaunchInfo, LaunchRate, fold, measure_drift
+from perfgate.benchmarking.drift import LaunchInfo, LaunchRate, bracketing_plan, fold, measure_drift
 
 
 def _side(
@@ -158,3 +158,24 @@ def test_a_decisive_verdict_on_sides_whose_drift_was_not_measured_says_so() -> N
     assert result.drift is not None and result.drift.design == "unknown"
     (line,) = [w for w in result.warnings if w.startswith("drift between the sides not measured")]
     assert "host speed" in line and "interleaved" in line
+
+
+def test_one_call_a_side_one_after_the_other_is_bracketed_by_two_more_calls() -> None:
+    """Issue 59 item 7: the calls already made are the first half of A B B A, so settling a drift question
+    takes two more window calls, not four; the plan names the ids to compare, the earlier side first and
+    last. Where the calls cannot be reused (overlapping launches, a launch without its start, fewer than
+    three launches a call) there is no such plan and the four-call `interleaved_plan` stands."""
+    base, cand = ("ev-a", [0.0, 10.0, 20.0]), ("ev-b", [30.0, 40.0, 50.0])
+    plan = bracketing_plan(base, cand)
+    assert plan is not None and plan.startswith(
+        "run_benchmark_window(the inputs of ev-b, repeats=3), then run_benchmark_window(the inputs of ev-a"
+    )
+    assert "compare_benchmarks(baseline=[ev-a, 2nd id], candidate=[ev-b, 1st id])" in plan
+    assert "the baseline brackets the candidate" in plan
+    # the candidate measured first: the candidate brackets the baseline
+    flipped = bracketing_plan(("ev-a", [30.0, 40.0, 50.0]), ("ev-b", [0.0, 10.0, 20.0]))
+    assert flipped is not None and "baseline=[ev-a, 1st id], candidate=[ev-b, 2nd id]" in flipped
+    assert "the candidate brackets the baseline" in flipped
+    assert bracketing_plan(base, ("ev-b", [15.0, 40.0, 50.0])) is None
+    assert bracketing_plan(base, ("ev-b", [30.0, None, 50.0])) is None
+    assert bracketing_plan(base, ("ev-b", [30.0, 40.0])) is None

@@ -9,11 +9,15 @@ is kept as an equivalent speedup (1.2-1.9x per launch); on top of it, the shortc
 take next (a smaller model, fewer samples per step) are refused at keep, each as a training change.
 
 On a busy host the first comparison may not tell (``within_noise``); the user then does what its answer's
-``next:`` line says (interleaved calls, the code switched with git stash between them) and compares again.
+``next:`` line says (two more calls, the candidate's then the baseline's, the code switched with git stash
+between them, so the calls already made bracket them: A B B A) and compares again. Either way the keep
+takes at most 12 calls and 2 approval prompts: going back to the baseline's code reuses its approval. Set
+``PERFGATE_MINGPT_INTERLEAVE=1`` to take the interleaved path whatever the first verdict.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -118,7 +122,7 @@ def mingpt_workspace(root: Path) -> Path:
 
 @pytest.mark.timeout(
     1200
-)  # 10 launches, up to 12 more interleaved, 4 for the shortcuts: 4-6 min on a quiet host
+)  # 10 launches, up to 6 more interleaved, 4 for the shortcuts: 4-6 min on a quiet host
 async def test_mingpt_user_keeps_the_fused_ops_and_shortcuts_are_refused(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("numpy")
@@ -130,10 +134,9 @@ async def test_mingpt_user_keeps_the_fused_ops_and_shortcuts_are_refused(tmp_pat
         base = await agent.call("run_benchmark_window", window(False, "baseline"))
         assert base.get("state") == "executed", base
         noisy = await _keep_fused(agent, ws, base, env)
-        # the keep, even through the interleaved re-run, in at most 12 calls; the direct path in at most
-        # 2 approval prompts (the interleaved re-run asks again for the baseline's code: issue 59 item 7)
-        assert agent.calls <= 12, agent.calls
-        assert agent.calls > 7 or len(human.asked) <= 2, human.asked
+        # the keep, even through the interleaved re-run, in at most 12 calls and 2 approval prompts: the
+        # baseline's code, back in place for its second call, is the code the human already approved
+        assert agent.calls <= 12 and len(human.asked) <= 2, (agent.calls, human.asked)
         await _shortcut(agent, base, env, "one transformer layer is enough", "--model.n_layer=1")
         await _shortcut(agent, base, env, "half the samples per step", "--trainer.batch_size=8")
     if noisy:
@@ -163,20 +166,20 @@ async def _keep_fused(agent: Agent, ws: Path, base: dict[str, Any], env: dict[st
     cand = await agent.call("run_benchmark_window", window(True, "fused"))
     assert cand.get("state") == "executed", cand
     compared = await agent.call("compare_benchmarks", comparison([base], [cand]), lines=6)
-    if compared.get("verdict") == "within_noise":
-        # what the answer says to do next: A B B A, the code switched between the sides
-        nxt = compared["noise"][-1]
-        assert nxt.startswith("next: ") and "git stash" in nxt, compared["noise"]
-        _git(ws, "stash")
-        b1 = await agent.call("run_benchmark_window", {**window(False, "baseline"), "repeats": 3})
-        _git(ws, "stash", "pop")
-        c1 = await agent.call("run_benchmark_window", {**window(True, "fused"), "repeats": 3})
+    if compared.get("verdict") == "within_noise" or os.environ.get("PERFGATE_MINGPT_INTERLEAVE") == "1":
+        if compared.get("verdict") == "within_noise":
+            # what the answer says to do next: the candidate's call, then the baseline's with its code in place
+            nxt = compared["noise"][-1]
+            assert nxt.startswith("next: ") and "git stash" in nxt, compared["noise"]
+            assert (
+                f"run_benchmark_window(the inputs of {cand['evidence_id']}, repeats=3), then "
+                f"run_benchmark_window(the inputs of {base['evidence_id']}, repeats=3)"
+            ) in nxt, nxt
         c2 = await agent.call("run_benchmark_window", {**window(True, "fused"), "repeats": 3})
         _git(ws, "stash")
         b2 = await agent.call("run_benchmark_window", {**window(False, "baseline"), "repeats": 3})
         _git(ws, "stash", "pop")
-        compared = await agent.call("compare_benchmarks", comparison([b1, b2], [c1, c2]), lines=6)
-        cand = c1
+        compared = await agent.call("compare_benchmarks", comparison([base, b2], [cand, c2]), lines=6)
     if compared.get("verdict") != "improved":
         # a host this busy cannot tell even interleaved: the answer must say why and what settles it
         assert compared.get("verdict") == "within_noise" and compared["noise"][-1].startswith("next: "), (

@@ -3,7 +3,7 @@ host drift between the sides folded in, and whether the candidate may train diff
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +15,7 @@ from perfgate.benchmarking.training import TrainingCheck, training_differences
 
 if TYPE_CHECKING:
     from perfgate.benchmarking.compare import Comparison, WindowSample
+    from perfgate.benchmarking.drift import LaunchInfo
     from perfgate.evidence import EvidenceRecord
 
 __all__ = ["EvidenceComparison", "compare_evidence"]
@@ -44,6 +45,26 @@ def _windows(workspace: Path, records: Sequence[EvidenceRecord], per_device: boo
     return out
 
 
+def _settle_plans(
+    base: Sequence[EvidenceRecord], cand: Sequence[EvidenceRecord], launches: Mapping[str, LaunchInfo]
+) -> tuple[str, str]:
+    """The calls that settle a drift question: (reusing what was measured, afresh). One call a side, one
+    after the other, needs two more to make A B B A (`bracketing_plan`); anything else, or a question the
+    calls made cannot answer (over-subscribed threads), four (`interleaved_plan`)."""
+    from perfgate.benchmarking.drift import bracketing_plan, interleaved_plan
+
+    afresh = interleaved_plan(f"the inputs of {base[0].id}", f"the inputs of {cand[0].id}")
+    if len(base) == 1 and len(cand) == 1:
+
+        def starts(record: EvidenceRecord) -> list[float | None]:
+            return [info.started_s for info in launches.values() if info.call == record.id]
+
+        plan = bracketing_plan((base[0].id, starts(base[0])), (cand[0].id, starts(cand[0])))
+        if plan is not None:
+            return plan, afresh
+    return afresh, afresh
+
+
 def compare_evidence(
     workspace: Path,
     base: Sequence[EvidenceRecord],
@@ -63,7 +84,7 @@ def compare_evidence(
             or unreadable, or a side has no usable steps.
     """
     from perfgate.benchmarking.compare import compare_windows, launch_throughputs
-    from perfgate.benchmarking.drift import interleaved_plan, launch_infos
+    from perfgate.benchmarking.drift import launch_infos
     from perfgate.benchmarking.noise import explain_noise, thread_change
 
     judged = comparability(base, cand, declared, per_device=per_device, busy_share=busy_share)
@@ -72,17 +93,20 @@ def compare_evidence(
     base_windows = _windows(workspace, base, per_device)
     cand_windows = _windows(workspace, cand, per_device)
     launches = {tag: info for r in [*base, *cand] for tag, info in launch_infos(r.id, r.result).items()}
-    settle = interleaved_plan(f"the inputs of {base[0].id}", f"the inputs of {cand[0].id}")
+    settle, afresh = _settle_plans(base, cand, launches)
     if any(d.kind in ("code", "file") for d in judged.differences):
-        settle += (
+        switch = (
             "; the code differs, so put the baseline's code in place before each baseline call (e.g. git stash) "
             "and the candidate's before each candidate call (git stash pop)"
         )
+        settle, afresh = settle + switch, afresh + switch
     result = compare_windows(
         base_windows, cand_windows, min_effect=min_effect, launches=launches, settle=settle
     )
     rates = (launch_throughputs(base_windows, result.unit), launch_throughputs(cand_windows, result.unit))
-    noise = explain_noise(base, cand, result, rates, settle, thread_change(declared, judged.differences))
+    noise = explain_noise(
+        base, cand, result, rates, settle, thread_change(declared, judged.differences), afresh
+    )
     training = training_differences(side_training(workspace, base), side_training(workspace, cand))
     imported = (
         [

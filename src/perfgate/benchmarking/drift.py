@@ -48,6 +48,7 @@ __all__ = [
     "Drift",
     "LaunchInfo",
     "LaunchRate",
+    "bracketing_plan",
     "fold",
     "host_speed_probe",
     "interleaved_plan",
@@ -282,13 +283,42 @@ def measure_drift(rates: Sequence[LaunchRate]) -> Drift:
 
 def interleaved_plan(baseline_call: str, candidate_call: str, repeats: int = 3) -> str:
     """The calls that settle a drift question: A B B A at the call level (launches AAA BBB BBB AAA), every
-    call with the same repeats (a protocol field both sides must share), compared as one comparison. Six
+    call with the same repeats, compared as one comparison (`bracketing_plan` reuses a side's call already
+    made, where it can). Six
     launches a side let the rank test over launches decide with up to 5 of its 36 pairs out of order
     (four would need every pair in order)."""
     return (
         f"run_benchmark_window({baseline_call}, repeats={repeats}), then run_benchmark_window({candidate_call}, "
         f"repeats={repeats}) twice, then the baseline's call again; compare_benchmarks(baseline=[1st id, 4th id], "
         "candidate=[2nd id, 3rd id]): the baseline brackets the candidate, so drift hits both sides"
+    )
+
+
+def bracketing_plan(
+    baseline: tuple[str, Sequence[float | None]], candidate: tuple[str, Sequence[float | None]]
+) -> str | None:
+    """The two calls that turn one baseline call and one candidate call, measured one after the other, into
+    A B B A: the later side's call again, then the earlier side's; compared with the two calls already made,
+    the earlier side brackets the later. None when that does not hold: a side of several calls, a launch
+    without its start time, the sides' launches overlapping in time, or fewer than three launches a call
+    (six a side is what `interleaved_plan` asks for).
+
+    ``baseline``, ``candidate``: (evidence id, start time of each launch, server clock)."""
+    sides = {"baseline": baseline, "candidate": candidate}
+    for _, starts in sides.values():
+        if len(starts) < 3 or any(t is None for t in starts):
+            return None
+    (first, (first_id, first_starts)), (second, (second_id, _)) = sorted(
+        sides.items(), key=lambda kv: min(t or 0.0 for t in kv[1][1])
+    )
+    if max(t or 0.0 for t in first_starts) >= min(t or 0.0 for t in sides[second][1]):
+        return None
+    ids = {first: f"{first_id}, 2nd id", second: f"{second_id}, 1st id"}
+    return (
+        f"run_benchmark_window(the inputs of {second_id}, repeats=3), then run_benchmark_window(the inputs of "
+        f"{first_id}, repeats=3); compare_benchmarks(baseline=[{ids['baseline']}], candidate="
+        f"[{ids['candidate']}]): with the two calls already made the {first} brackets the {second} (A B B A), "
+        "so drift hits both sides"
     )
 
 

@@ -113,11 +113,14 @@ def explain_noise(
     rates: tuple[Sequence[float], Sequence[float]],
     settle: str,
     changed: str | None = None,
+    afresh: str | None = None,
 ) -> list[str]:
     """The lines that say why ``comparison`` could not tell and what to run next; empty when it could.
 
     ``changed``: what makes the thread count the compared change (`thread_change`); the next call then
-    keeps each side's own count rather than pinning one."""
+    keeps each side's own count rather than pinning one. ``afresh``: the calls that settle it without the
+    calls already made, where ``settle`` reuses them; an over-subscribed run is not reused (its threads,
+    or the CPUs it had, are what the next calls change)."""
     if comparison.verdict not in ("within_noise", "insufficient_launches"):
         return []
     out: list[str] = []
@@ -175,5 +178,5 @@ def explain_noise(
         )
     else:
         pin = f'pin threads on both sides (env {{"OMP_NUM_THREADS": "{min(pins)}"}} in every call), then '
-    out.append("next: " + pin + settle)
+    out.append("next: " + pin + (afresh or settle if pins else settle))
     return out
