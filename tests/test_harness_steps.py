@@ -90,6 +90,46 @@ def test_a_manual_update_loop_without_an_optimizer_is_timed_step_by_step(tmp_pat
     assert rec["windows"][0]["backward_calls"] == 5
 
 
+# The same loop writing, right after update 3 (its ``step``), what the capture names: its parameters, and its
+# gradients after clipping; ``zero_in_place`` clears them as ``grad.zero_()`` would, not by ``zero_grad()``.
+SELF_DUMP = """
+    if i + 1 == 3:
+        from perfgate.harness import dump_tensors
+        named = list(model.named_parameters())
+        dump_tensors("self.safetensors", {**dict(named), **{f"grad/{n}": q.grad for n, q in named}})
+"""
+
+
+@pytest.mark.parametrize("zero_in_place", [False, True])
+def test_a_capture_at_a_manual_update_is_what_the_script_would_dump(
+    tmp_path: Path, zero_in_place: bool
+) -> None:
+    from safetensors.torch import load_file
+
+    script = MANUAL_LOOP.replace('    print("update", i, flush=True)\n', SELF_DUMP)
+    if zero_in_place:
+        script = script.replace(
+            "    model.zero_grad()\n",
+            "    for q in model.parameters():\n        q.grad is None or q.grad.zero_()\n",
+        )
+    capture = {
+        "PERFGATE_CAPTURE_STEP": "3",
+        "PERFGATE_CAPTURE_WHAT": "parameters,gradients",
+        "PERFGATE_CAPTURE_PATH": "captured.safetensors",
+    }
+    out, records = _run(tmp_path, script, ["12"], ["--warmup-steps", "5", "--measure-steps", "5"], capture)
+    assert out.returncode == 0, out.stderr
+    notes = " ".join(_record(records).get("notes", []))
+    if zero_in_place:
+        # the step's gradients are zeros by the time the step ends: said, not written as the step's
+        assert not (tmp_path / "captured.safetensors").exists()
+        assert "zeroed its gradients in place" in notes, notes
+        return
+    own, script_dump = load_file(tmp_path / "captured.safetensors"), load_file(tmp_path / "self.safetensors")
+    assert set(own) == set(script_dump) and any(k.startswith("grad/") for k in own), sorted(own)
+    assert all(own[k].equal(script_dump[k]) for k in own), notes
+
+
 TRAINER_LOOP = """
 import sys, torch
 from torch.utils.data import DataLoader, TensorDataset

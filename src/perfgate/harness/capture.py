@@ -7,6 +7,11 @@ update that completes step ``capture_step`` (the moment a script would call ``du
 ``optimizer.step()``), `on_optimizer_step` writes the file through `perfgate.harness.dump.dump_tensors`:
 the same file format, the same entry in the record (path, digest, size, step), the same ``{label}``,
 ``{launch}`` and ``{rank}`` fields, and the same rule that a dump inside a measured window discards it.
+A loop that updates by hand (no optimizer) has its step ended by the gradient rule (`perfgate.harness.steps`)
+at the next forward or backward, after its gradients were cleared: `on_manual_update` writes the parameters
+then and the gradients the rule held after the step's backward (their values after clipping and the update,
+as an optimizer's capture sees them); a loop that zeroes its gradients in place leaves none to write, and
+the record's notes say so.
 
 Names: a parameter under its ``named_parameters()`` name (the module inside a ``torch.compile``, DDP or
 DataParallel wrapper, so a wrapped and an unwrapped run name alike), its gradient as ``grad/<name>``, its
@@ -26,7 +31,16 @@ from typing import Any
 
 from perfgate.harness._state import ActiveWindow
 
-__all__ = ["capture_mapping", "current_module", "on_optimizer_step", "replica_digest", "saw_module", "unwrap"]
+__all__ = [
+    "capture_mapping",
+    "current_module",
+    "gradients_for",
+    "on_manual_update",
+    "on_optimizer_step",
+    "replica_digest",
+    "saw_module",
+    "unwrap",
+]
 
 _module: weakref.ReferenceType[Any] | None = None
 _first_optimizer: int | None = None
@@ -58,8 +72,11 @@ def unwrap(module: Any) -> Any:
     return module
 
 
-def capture_mapping(module: Any, optimizer: Any, what: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
-    """The tensors to write, by name, and what could not be captured (empty when everything was)."""
+def capture_mapping(
+    module: Any, optimizer: Any, what: tuple[str, ...], grads: dict[str, Any] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """The tensors to write, by name, and what could not be captured (empty when everything was).
+    ``grads``: the gradients by parameter name where the parameters no longer hold them (a manual update)."""
     torch: Any = sys.modules["torch"]
     out: dict[str, Any] = {}
     missing: list[str] = []
@@ -73,11 +90,13 @@ def capture_mapping(module: Any, optimizer: Any, what: tuple[str, ...]) -> tuple
     if "parameters" in what:
         out.update(named)
     if "gradients" in what and inner is not None:
-        grads = {f"grad/{n}": p.grad for n, p in named if p.grad is not None}
-        if not grads:
+        held = {f"grad/{n}": g for n, g in (grads or {n: p.grad for n, p in named}).items() if g is not None}
+        if not held:
             missing.append("no parameter held a gradient after the optimizer step")
-        out.update(grads)
-    if "optimizer_state" in what:
+        out.update(held)
+    if "optimizer_state" in what and optimizer is None:
+        missing.append("no optimizer holds state: the loop updates its parameters by hand")
+    elif "optimizer_state" in what:
         names = {id(p): n for n, p in named}
         before = len(out)
         for g, group in enumerate(optimizer.param_groups):
@@ -121,6 +140,49 @@ def on_optimizer_step(window: ActiveWindow, optimizer: Any) -> None:
     module = None if _module is None else _module()
     try:
         mapping, missing = capture_mapping(module, optimizer, cfg.capture_what)
+        if missing:
+            raise LookupError("; ".join(missing))
+        dump_tensors(_path(cfg.capture_path), mapping)
+    except Exception as exc:  # noqa: BLE001 -- a capture that cannot be made is noted, never fatal to training
+        window.note(
+            f"tensor capture at step {step} wrote nothing: {exc}. Call perfgate.harness.dump_tensors in the "
+            "training script for what the harness cannot find"
+        )
+
+
+def gradients_for(window: ActiveWindow) -> dict[str, Any]:
+    """The module's gradients by name when the step in progress is the one to capture and gradients are
+    wanted; else empty (nothing is held)."""
+    module = current_module()
+    if _done or module is None or window.config.capture_step != window.steps_completed + 1:
+        return {}
+    if "gradients" not in window.config.capture_what:
+        return {}
+    return {n: p.grad for n, p in unwrap(module).named_parameters() if p.grad is not None}
+
+
+def on_manual_update(window: ActiveWindow, grads: dict[str, Any]) -> None:
+    """After a step the gradient rule ended (no optimizer): write the capture if it is the chosen step, with
+    ``grads`` (held after its backward) as the gradients. Gradients still attached to the parameters were
+    zeroed in place by the loop: not the step's, so they are not written."""
+    global _done
+    cfg = window.config
+    step = cfg.capture_step
+    if step is None or _done or _first_optimizer is not None or window.steps_completed != step:
+        return
+    _done = True
+    from perfgate.harness.dump import dump_tensors
+
+    module = current_module()
+    attached = {id(p.grad) for p in unwrap(module).parameters()} if module is not None else set[int]()
+    fresh = {n: g for n, g in grads.items() if id(g) not in attached}
+    try:
+        if "gradients" in cfg.capture_what and not fresh:
+            raise LookupError(
+                "the loop zeroed its gradients in place after its manual update, so the step's gradients "
+                "are gone by the time the harness sees the step end (zero_grad() with set_to_none keeps them)"
+            )
+        mapping, missing = capture_mapping(module, None, cfg.capture_what, fresh)
         if missing:
             raise LookupError("; ".join(missing))
         dump_tensors(_path(cfg.capture_path), mapping)

@@ -203,7 +203,7 @@ def _patch_backward(torch: Any) -> None:
         finally:
             window.add_backward(_now() - start)
         if finds_steps:
-            steps.after_backward()
+            steps.after_backward(window)
         return out
 
     # Tensor.backward looks this attribute up at call time, so loss.backward() is covered too.

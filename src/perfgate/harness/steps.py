@@ -18,6 +18,10 @@ Not covered: gradients cleared through ``.data`` (``p.grad.data.zero_()`` has it
 later ``zero_grad()`` or ``set_to_none`` is seen), gradients taken with ``torch.autograd.grad`` (no
 ``.grad`` is written), and in-place changes of the gradients between micro-batches of one accumulated step
 (each reads as a step). Those loops add ``perfgate.harness.step()`` at the end of each iteration.
+
+A tensor capture at a step the rule ends (`perfgate.harness.capture.on_manual_update`) needs that step's
+gradients after the update, when the loop has already cleared them: after each ``backward()`` of the step
+to capture, the rule holds the module's gradient tensors, which ``zero_grad()`` detaches intact.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import weakref
 from collections import deque
 from typing import Any, cast
 
+from perfgate.harness import capture
 from perfgate.harness._state import ActiveWindow
 
 __all__ = ["LOOKED_FOR", "after_backward", "before_backward", "before_forward", "update_ran"]
@@ -43,6 +48,8 @@ _grad: weakref.ref[Any] | None = None
 _grad_version = 0
 _pending = False
 """A backward() wrote gradients that no step has consumed yet."""
+_held: dict[str, Any] = {}
+"""The module's gradients after the last backward() of the step a capture wants, by parameter name."""
 
 
 def before_backward(window: ActiveWindow, tensors: Any) -> None:
@@ -55,9 +62,11 @@ def before_backward(window: ActiveWindow, tensors: Any) -> None:
         _leaf = None if leaf is None else weakref.ref(leaf)
 
 
-def after_backward() -> None:
-    """A ``backward()`` returned: note the watched leaf's gradient."""
-    global _grad, _grad_version, _pending, _leaf
+def after_backward(window: ActiveWindow) -> None:
+    """A ``backward()`` returned: note the watched leaf's gradient (and hold the module's, for a capture of
+    the step in progress)."""
+    global _grad, _grad_version, _pending, _leaf, _held
+    _held = capture.gradients_for(window)
     leaf = _leaf() if _leaf is not None else None
     grad = getattr(leaf, "grad", None)
     if grad is None:
@@ -80,7 +89,7 @@ def update_ran() -> None:
 
 
 def _check(window: ActiveWindow) -> None:
-    global _pending
+    global _pending, _held
     if not _pending:
         return
     leaf = _leaf() if _leaf is not None else None
@@ -91,6 +100,8 @@ def _check(window: ActiveWindow) -> None:
     if grad is None or _grad is None or grad is not _grad() or int(grad._version) != _grad_version:
         _pending = False
         window.boundary("gradients")
+        capture.on_manual_update(window, _held)
+        _held = {}
 
 
 def _find_leaf(tensors: Any) -> Any:

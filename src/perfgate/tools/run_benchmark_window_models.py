@@ -74,7 +74,8 @@ class TensorCapture(BaseModel):
         int,
         Field(
             ge=1,
-            description="Optimizer steps completed when the file is written (right after that update). Below "
+            description="Steps completed when the file is written (right after that update: an optimizer's, or "
+            "one by hand, whose gradients are written as the update left them). Below "
             "warmup_steps keeps the windows as planned; inside a window it discards that window, which restarts "
             "after a fresh warm-up.",
         ),
