@@ -145,3 +145,50 @@ def test_a_cancelled_comparison_leaves_no_thread_reading(
     assert done < 2 * (7 + AHEAD + 1)  # the reader stopped a queue's worth past the cancel, not at the end
     time.sleep(0.02)
     assert len(reads) == done
+
+
+def test_a_second_thread_that_does_not_pay_gives_way_to_one_then_is_tried_again() -> None:
+    layout = _engine._Layout()  # pyright: ignore[reportPrivateUsage]
+    assert layout.read_ahead()
+    layout.measured(1.9)  # it got nearly two cores: keep it
+    assert layout.read_ahead()
+    layout.measured(1.0)  # the two threads shared one core: one thread does everything
+    retry = _engine._RETRY_AFTER  # pyright: ignore[reportPrivateUsage]
+    assert [layout.read_ahead() for _ in range(retry + 1)] == [False] * retry + [True]
+
+
+def test_switching_layouts_between_tensors_changes_no_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(5)
+    ref: dict[str, np.ndarray[Any, Any]] = {
+        f"t{i}": rng.standard_normal(6_000).astype(np.float32) for i in range(8)
+    }
+    cand: dict[str, np.ndarray[Any, Any]] = {
+        k: v + np.float32(1e-3) * rng.standard_normal(v.size).astype(np.float32) for k, v in ref.items()
+    }
+    dump_tensors(tmp_path / "r.safetensors", ref)
+    dump_tensors(tmp_path / "c.safetensors", cand)
+    layouts: list[bool] = []
+    read_ahead = _engine._Layout.read_ahead  # pyright: ignore[reportPrivateUsage]
+
+    def recorded(self: Any) -> bool:
+        layouts.append(read_ahead(self))
+        return layouts[-1]
+
+    monkeypatch.setattr(_engine._Layout, "read_ahead", recorded)  # pyright: ignore[reportPrivateUsage]
+    monkeypatch.setattr(_engine, "_MEASURED_CHUNKS", 1)
+    reports: list[ComparisonReport] = []
+    for paying in (0.0, float("inf")):  # every measure pays; none does
+        monkeypatch.setattr(_engine, "_PAYING_PARALLELISM", paying)
+        with (
+            open_tensor_source(tmp_path / "r.safetensors") as r,
+            open_tensor_source(tmp_path / "c.safetensors") as c,
+        ):
+            r.start_digests(["blake3"])
+            options = CompareOptions(atol=1e-3, rtol=0.0, chunk_elements=500, workers=2)
+            reports.append(compare_sources(r, c, options))
+    assert layouts[:8] == [True] * 8
+    assert layouts[8:] == [True, False, False, False, False, True, False, False]
+    assert reports[0] == reports[1]
+    assert 0 < (reports[0].tensors[0].mismatched or 0) < 6_000

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +32,9 @@ class Engine:
     whole chunk, and each thread has about half the work (per 128 MiB tensor, ~0.2 s of CPU each). Measured
     on 2 cores (busy), the compare_tensors tool in process, this layout and the pool layout alternating,
     four rounds: 1.76-2.35 s against 2.71-3.18 s on 2 x 1 GiB float32, 2.42-2.98 s against 2.73-4.01 s on a
-    2 x 1 GiB bfloat16 model in 4 shards.
+    2 x 1 GiB bfloat16 model in 4 shards. That holds while the second core is free: where other jobs hold
+    the cores the two threads share one and cost more CPU than one alone, so a tensor read ahead whose
+    threads got too little parallelism sends the next ones to the calling thread alone (`_Layout`).
 
     Otherwise (bare reads are cheap; more CPUs) the reading thread hands out chunk pairs to ``workers - 1``
     pool threads and folds finished chunks in order, keeping at most two chunks per thread in flight. When
@@ -49,6 +52,7 @@ class Engine:
         self._pool = ThreadPoolExecutor(pooled, thread_name_prefix="perfgate-compare") if pooled else None
         self._depth = 2 * workers
         self._local = threading.local()
+        self._layout = _Layout()
 
     def __enter__(self) -> Engine:
         return self
@@ -83,7 +87,8 @@ class Engine:
 
         offset = 0
         pairs: Iterable[tuple[np.ndarray, np.ndarray]] = zip(ref, cand, strict=True)
-        reader = _ReadAhead(pairs) if self._read_ahead else None
+        reader = _ReadAhead(pairs) if self._read_ahead and self._layout.read_ahead() else None
+        clock = _Clock()
         try:
             for ref_chunk, cand_chunk in reader or pairs:
                 n = ref_chunk.shape[0]
@@ -102,6 +107,8 @@ class Engine:
             while pending:
                 self._help(pending)
                 fold_ready()
+            if reader is not None and offset >= _MEASURED_CHUNKS * self._chunk_elements:
+                self._layout.measured(clock.parallelism())
         finally:
             # Never leave a thread reading a file that the caller is about to close.
             if reader is not None:
@@ -160,6 +167,53 @@ class _Pending:
     def settle(self) -> None:
         if not self.future.cancelled():
             self.future.exception()
+
+
+_MEASURED_CHUNKS = 16
+"""Chunks a tensor read ahead needs before its parallelism decides the layout (fewer: too short to tell)."""
+_PAYING_PARALLELISM = 1.3
+"""CPU seconds per wall second the two-thread layout must reach to pay. On a 2-core host it costs more CPU
+than one thread doing everything (chunks handed between cores, the interpreter lock passed back and forth
+about twenty times a chunk): measured with the compare_tensors tool on 2 x 512 MiB float32 on a loaded
+host, 0.95-1.19 s of CPU against 0.78-0.91 s on one thread. So it is faster only where it gets clearly
+more than one core: about 1.7 on a quiet host, 1.0-1.3 where other jobs hold the cores."""
+_RETRY_AFTER = 4
+"""Tensors computed on one thread before the two-thread layout is measured again (the load may have gone)."""
+
+
+class _Clock:
+    """The process's CPU seconds per wall second since it was made: how many cores its threads got."""
+
+    def __init__(self) -> None:
+        self._cpu = time.process_time()
+        self._wall = time.perf_counter()
+
+    def parallelism(self) -> float:
+        wall = time.perf_counter() - self._wall
+        return (time.process_time() - self._cpu) / wall if wall > 0 else 0.0
+
+
+class _Layout:
+    """Whether the next tensor whose reads hash is read ahead on a thread of its own (`_ReadAhead`) or read,
+    hashed and computed on the calling thread alone, decided from what the last tensor read ahead got.
+
+    The second thread pays only while a second core is free: where other jobs hold the cores, the two
+    threads take turns on one and wait on each other's hand-offs (`_PAYING_PARALLELISM`). Which layout
+    computed a chunk never changes a figure: totals fold in chunk order and digests hash in file order."""
+
+    def __init__(self) -> None:
+        self._alone = -1
+        """Tensors computed on one thread since the two-thread layout last failed to pay; -1: it pays."""
+
+    def read_ahead(self) -> bool:
+        if self._alone < 0 or self._alone >= _RETRY_AFTER:
+            return True
+        self._alone += 1
+        return False
+
+    def measured(self, parallelism: float) -> None:
+        """Record the parallelism a tensor read ahead reached."""
+        self._alone = -1 if parallelism >= _PAYING_PARALLELISM else 0
 
 
 _READ_AHEAD = 4
