@@ -181,6 +181,11 @@ async def test_a_smaller_model_is_faster_and_refused_at_keep(tmp_path: Path) -> 
             lines=4,
         )
         assert got.get("comparison_id"), agent.transcript[-1]
+        # each side's own window warnings reach the pair's answer, marked by side
+        answer = "\n".join(got["warnings"])
+        for side, rid in (("A", got["baseline_id"]), ("B", got["candidate_id"])):
+            for warning in _record(ws, rid).result.get("warnings", []):
+                assert f"{side}: {warning}" in answer or warning in answer, (side, warning)
         keep = await _keep(agent, exp, env, got, "a smaller hidden layer")
     assert keep.get("accepted") is not True, keep
     assert "correctness" in keep["error"] or "same_training" in keep["error"], keep
@@ -197,6 +202,12 @@ async def test_a_failed_launch_stops_the_run_and_compares_nothing(tmp_path: Path
         got["order"] == "AB" and got["comparison_id"] is None and "launch 0" in (got["failure_reason"] or "")
     )
     assert got["baseline_id"] and got["candidate_id"]
+
+
+def _record(ws: Path, rid: str) -> Any:
+    from perfgate.evidence import Ledger
+
+    return next(r for r in Ledger(ws).records() if r.id == rid)
 
 
 async def _ledger(ws: Path) -> list[dict[str, Any]]:

@@ -516,10 +516,25 @@ async def _answer(
         warnings=[
             *([last.describe()] if last is not None else []),
             *(compared.warnings if compared is not None else []),
+            *_side_warnings(outs, compared.warnings if compared is not None else []),
         ],
         next=next_call,
     )
     return await rt.commit(ev, out)
+
+
+def _side_warnings(
+    outs: list[run_benchmark_window.RunBenchmarkWindowOutput | None], already: list[str]
+) -> list[str]:
+    """Each side's window warnings (a capture that wrote nothing, a contract the run contradicted, a busy
+    neighbour), marked A or B, that the comparison did not already give."""
+    return [
+        f"{'AB'[i]}: {w}"
+        for i, out in enumerate(outs)
+        if out is not None
+        for w in out.warnings
+        if w not in already
+    ]
 
 
 def _brief(out: RunBenchmarkPairOutput) -> list[str]:
