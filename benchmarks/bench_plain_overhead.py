@@ -2,7 +2,9 @@
 step) and per-step time, run plainly and under the harness (``python -m perfgate.harness -- script``, the whole
 job kept), interleaved (plain, harness, harness, plain, ...). The script stamps its own steps on the system's
 monotonic clock (the same stamps in both modes), and the parent reads its clock just before starting it.
-Goal: the harness within 3% of the plain run on both (issue 58 item 6); the report says by how much it differs.
+Goal: the harness within 3% of the plain run on both (issue 58 item 6); the report says by how much it differs,
+and beside it what the harness says its own code took (the record's ``harness_own``: per step, and the
+launcher's start-up with torch's import left out), the figure run_benchmark_window's answer states.
 
 Run: python benchmarks/bench_plain_overhead.py [--quick] [--json results.json]
 """
@@ -47,8 +49,8 @@ print(" ".join(map(str, stamps)))
 """
 
 
-def _once(script: Path, steps: int, harness: bool, records: Path) -> tuple[float, float]:
-    """(start-up ms, median step ms) of one run."""
+def _once(script: Path, steps: int, harness: bool, records: Path) -> tuple[float, float, dict[str, Any]]:
+    """(start-up ms, median step ms, the harness's account of its own time: empty for a plain run)."""
     from perfgate.harness import HarnessConfig
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("PERFGATE")}
@@ -63,12 +65,15 @@ def _once(script: Path, steps: int, harness: bool, records: Path) -> tuple[float
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
     stamps = [int(t) for t in out.split()[-(steps + 1) :]]
     steps_ms = [(b - a) / 1e6 for a, b in itertools.pairwise(stamps)]
-    return (stamps[0] - started) / 1e6, statistics.median(steps_ms)
+    own: dict[str, Any] = {}
+    if harness:
+        own = json.loads((records / "rank0.json").read_text())["harness_own"]
+    return (stamps[0] - started) / 1e6, statistics.median(steps_ms), own
 
 
 def measure(rounds: int, steps: int) -> dict[str, Any]:
     """Interleaved plain and harness runs; medians and the harness's ratio to plain."""
-    got: dict[str, list[tuple[float, float]]] = {"plain": [], "harness": []}
+    got: dict[str, list[tuple[float, float, dict[str, Any]]]] = {"plain": [], "harness": []}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "tiny_train.py"
         script.write_text(SCRIPT)
@@ -79,9 +84,19 @@ def measure(rounds: int, steps: int) -> dict[str, Any]:
     out: dict[str, Any] = {"rounds": rounds, "steps": steps, "goal": GOAL}
     for mode, runs in got.items():
         out[mode] = {
-            "startup_ms": statistics.median(s for s, _ in runs),
-            "step_ms": statistics.median(t for _, t in runs),
+            "startup_ms": statistics.median(s for s, _, _ in runs),
+            "step_ms": statistics.median(t for _, t, _ in runs),
+            "step_ms_range": [min(t for _, t, _ in runs), max(t for _, t, _ in runs)],
         }
+    owns = [own for _, _, own in got["harness"]]
+    out["harness_own"] = {
+        "step_us": statistics.median(o["median_step_ns"] for o in owns) / 1e3,
+        "step_us_range": [
+            min(o["median_step_ns"] for o in owns) / 1e3,
+            max(o["median_step_ns"] for o in owns) / 1e3,
+        ],
+        "startup_ms": statistics.median(o["startup_ns"] for o in owns) / 1e6,
+    }
     startup = out["harness"]["startup_ms"] / out["plain"]["startup_ms"]
     step = out["harness"]["step_ms"] / out["plain"]["step_ms"]
     out["ratio"] = {"startup": startup, "step": step}
@@ -99,7 +114,16 @@ def main() -> None:
     report = measure(2, 20) if args.quick else measure(8, 300)
     for mode in ("plain", "harness"):
         r = report[mode]
-        print(f"{mode:8s} start-up {r['startup_ms']:8.1f} ms   step {r['step_ms']:.3f} ms")
+        lo, hi = r["step_ms_range"]
+        print(
+            f"{mode:8s} start-up {r['startup_ms']:8.1f} ms   step {r['step_ms']:.3f} ms ({lo:.3f}..{hi:.3f})"
+        )
+    own = report["harness_own"]
+    lo, hi = own["step_us_range"]
+    print(
+        f"harness's own account: {own['step_us']:.1f} us of each step (runs {lo:.1f}..{hi:.1f}), "
+        f"{own['startup_ms']:.0f} ms of start-up (torch's import left out)"
+    )
     ratio = report["ratio"]
     print(
         f"harness / plain: start-up {ratio['startup']:.3f}x, step {ratio['step']:.3f}x "

@@ -25,7 +25,10 @@ def test_the_benchmark_reports_start_up_and_per_step_overhead(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
     for mode in ("plain", "harness"):
-        assert set(report[mode]) == {"startup_ms", "step_ms"}
-        assert all(v > 0 for v in report[mode].values())
+        assert set(report[mode]) == {"startup_ms", "step_ms", "step_ms_range"}
+        assert report[mode]["startup_ms"] > 0 and report[mode]["step_ms"] > 0
+    own = report["harness_own"]
+    assert 0 < own["step_us"] < report["harness"]["step_ms"] * 1e3
+    assert own["startup_ms"] > 0
     assert set(report["ratio"]) == set(report["within_goal"]) == {"startup", "step"}
     assert "harness / plain: start-up" in done.stdout

@@ -23,6 +23,7 @@ __all__ = [
     "BatchLayoutRecord",
     "CheckpointFileRecord",
     "DeviceRecord",
+    "HarnessOwnRecord",
     "JobRecord",
     "ModelRecord",
     "OutsideRecord",
@@ -187,6 +188,19 @@ class StartupRecord(msgspec.Struct, frozen=True):
     )
 
 
+class HarnessOwnRecord(msgspec.Struct, frozen=True):
+    """The time perfgate's own code took in the launch, as the harness timed itself (not a measurement of
+    the script: a figure the harness reports about itself)."""
+
+    median_step_ns: _Ns | None = None
+    """Median over the steps after warm-up of the time spent inside perfgate's probes during each step."""
+    max_step_ns: _Ns | None = None
+    steps: _Count = 0
+    startup_ns: _Ns | None = None
+    """The launcher's start-up: from importing ``perfgate.harness`` to the script's first line, torch's
+    import left out (the script does it itself)."""
+
+
 class JobRecord(msgspec.Struct, frozen=True):
     """What the harness saw of the whole job: where training began and the phases beside the steps."""
 
@@ -299,6 +313,8 @@ class RankRecord(msgspec.Struct, frozen=True):
     """Autocast dtypes of the training forwards before the first window ("none": without autocast)."""
     startup: StartupRecord | None = None
     """Where start-up spent its time, by line (None: not sampled)."""
+    harness_own: HarnessOwnRecord | None = None
+    """What perfgate's own code took of the launch (None: an older harness)."""
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,14 @@ result reads what its supervisor left, and both end in `measure_windows`, so the
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Mapping
+import statistics
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio.to_thread
+from pydantic import BaseModel, Field
 
 from perfgate.benchmarking.collect import (
     WindowFailure,
@@ -41,7 +43,65 @@ if TYPE_CHECKING:
     from perfgate.execution.service import ArtifactWriter
     from perfgate.execution.ticks import LaunchTicks
 
-__all__ = ["LaunchFn", "Launched", "WindowRun", "measure_windows"]
+__all__ = [
+    "OWN_SHARE_WARN",
+    "HarnessOverhead",
+    "LaunchFn",
+    "Launched",
+    "WindowRun",
+    "harness_overhead",
+    "measure_windows",
+]
+
+OWN_SHARE_WARN = 0.03
+"""perfgate's own share of the median step above which the answer warns that the step time includes it."""
+
+
+class HarnessOverhead(BaseModel):
+    """What perfgate's own code took of the launches, as the harness timed itself: a figure it reports about
+    itself, not a measurement of the script, and no gate reads it."""
+
+    step_us: float = Field(
+        description="Median over launches and ranks of each one's median time inside perfgate's own probes "
+        "per step after warm-up (step boundaries, forward and backward probes, pipe writes), microseconds."
+    )
+    share: float = Field(description="step_us over the run's median step time (0.02 = 2%).")
+    startup_ms: float | None = Field(
+        default=None,
+        description="The launcher's own start-up: importing perfgate.harness to the script's first line, "
+        "torch's import left out (median over launches; None where the launcher did not run the script).",
+    )
+    note: str = Field(description="The figure in one line, labelled as the harness's own account.")
+
+
+def harness_overhead(records: Sequence[RankRecord], median_step_ms: float) -> HarnessOverhead | None:
+    """perfgate's own time per step and at start-up from the records' self-timing (None: none reported)."""
+    own = [r.harness_own for r in records if r.harness_own is not None]
+    steps = [o.median_step_ns for o in own if o.median_step_ns is not None]
+    if not steps or median_step_ms <= 0:
+        return None
+    step_us = statistics.median(steps) / 1e3
+    share = step_us / (median_step_ms * 1e3)
+    starts = [o.startup_ns for o in own if o.startup_ns is not None]
+    startup_ms = statistics.median(starts) / 1e6 if starts else None
+    note = (
+        f"perfgate's own code took {step_us:.1f} µs of each step ({share:.1%} of the median step), "
+        "as the harness timed itself"
+    )
+    if startup_ms is not None:
+        note += f"; its start-up added {startup_ms:.0f} ms before the script's first line"
+    return HarnessOverhead(step_us=step_us, share=share, startup_ms=startup_ms, note=note)
+
+
+def _overhead_warning(overhead: HarnessOverhead) -> str:
+    return (
+        f"the step time includes perfgate: its own code took {overhead.step_us:.1f} µs of each step "
+        f"({overhead.share:.1%} > {OWN_SHARE_WARN:.0%}), as the harness timed itself. Its probes cost a fixed "
+        "few µs per step (the model's forward hook, the backward wrapper, the optimizer hook, the boundary "
+        "write), so steps this short carry a visible share of it, on both sides of a comparison; for a "
+        "figure closer to the script alone, give each step more work (a larger batch or more micro-batches "
+        "per step)"
+    )
 
 
 @dataclass(frozen=True)
@@ -80,6 +140,8 @@ class WindowRun:
     sample_streams: list[str | None] = field(default_factory=list[str | None])
     health: tuple[HealthSummary, int, int] | None = None
     """Training health over the measured windows, with the first and last step it covers."""
+    harness_overhead: HarnessOverhead | None = None
+    """perfgate's own time per step and at start-up, as the harness timed itself (no gate reads it)."""
     job_health: HealthSummary | None = None
     """Training health over every step the launches recorded (warm-up and steps after the windows too)."""
     timing_checks: list[TimingCheck] = field(default_factory=list[TimingCheck])
@@ -238,6 +300,9 @@ async def measure_windows(
         # first: these figures cannot support a keep, whatever else the answer says
         warnings.insert(0, "timing not corroborated, no keep can rest on this run: " + " | ".join(distrusted))
     if out.summary is not None:
+        out.harness_overhead = harness_overhead(all_records, out.summary.stats.median_ms)
+        if out.harness_overhead is not None and out.harness_overhead.share > OWN_SHARE_WARN:
+            warnings.append(_overhead_warning(out.harness_overhead))
         out.health = window_health(all_records)
         out.job_health = job_health_of_launches(launches)
     if out.job_health is not None and out.job_health.job_verdict == "unhealthy":

@@ -1,3 +1,4 @@
+# ruff: noqa: E402
 """In-process harness: times training steps from inside the user's training process.
 
 Importing this package is cheap: it never imports mcp, and imports torch only where a function needs
@@ -28,6 +29,12 @@ A phase of the job the harness cannot find by itself, in one line (reported with
 """
 
 from __future__ import annotations
+
+import time
+
+IMPORT_STARTED_NS = time.perf_counter_ns()
+"""When this package's import began: the launcher's own start-up is counted from here (the imports below
+come after it on purpose)."""
 
 from typing import TYPE_CHECKING
 

@@ -25,11 +25,24 @@ __all__ = [
     "launcher_active",
     "set_launcher_config",
     "set_startup",
+    "set_startup_own",
     "startup",
+    "startup_own_ns",
 ]
 
 _launcher_config: HarnessConfig | None = None
 _startup: StartupSampler | None = None
+_startup_own_ns: int | None = None
+
+
+def set_startup_own(elapsed_ns: int) -> None:
+    """The launcher's own start-up: from the import of ``perfgate.harness`` to the script's first line."""
+    global _startup_own_ns
+    _startup_own_ns = elapsed_ns
+
+
+def startup_own_ns() -> int | None:
+    return _startup_own_ns
 
 
 def set_startup(sampler: StartupSampler | None) -> None:
@@ -64,6 +77,8 @@ class ActiveWindow(Protocol):
     rank: RankInfo
     timing: str
     job: bool
+    own_ns: int
+    """Time spent in perfgate's own code during the step in progress: each probe adds what it took."""
 
     @property
     def origin_unix_ns(self) -> int: ...

@@ -65,6 +65,8 @@ _SEQUENCE_FIRST = ("RNNBase", "MultiheadAttention")
 """torch.nn classes whose ``batch_first=False`` instances take (sequence, batch, ...) inputs; the
 Transformer layers hold a MultiheadAttention."""
 _eval_start: int | None = None
+_autocast_seen: set[str | None] = set()
+"""Autocast dtypes already noted on the active window (cleared when another window activates)."""
 """Start of the evaluation forward in progress (a job run only)."""
 
 
@@ -73,6 +75,9 @@ def activate(window: ActiveWindow, *, data_wait: bool = True, backward: bool = T
 
     torch is never imported here: a script that does not use torch gets no probes.
     """
+    if active_window() is not window:
+        steps.watch()  # a new window: its step source is not known yet
+        _autocast_seen.clear()
     _state.activate(window)
     torch = sys.modules.get("torch")
     if torch is None:
@@ -102,14 +107,18 @@ def install_optimizer_hook() -> None:
 
 
 def _on_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
+    start = _now()
     steps.update_ran()
     window = active_window()
-    if window is not None:
-        computed.saw_optimizer(optimizer)
-    if window is not None and window.timing == "optimizer":
+    if window is None:
+        return
+    computed.saw_optimizer(optimizer)
+    if window.timing == "optimizer":
         window.optimizer_step(optimizer)
+        steps.stand_down()  # a torch optimizer delimits steps from here on: the gradient rule has no say
         if window.config.capture_step is not None:
             capture.on_optimizer_step(window, optimizer)
+    window.own_ns += _now() - start
 
 
 def batch_size(batch: object) -> int | None:
@@ -171,10 +180,13 @@ def _patch_data_loader() -> None:
         window = active_window()
         if window is None:
             return original(self)
+        entered = _now()
         window.work_starts()  # after the last window: the script ends before its next batch
         start = _now()
         batch = original(self)
-        window.add_data_wait(_now() - start, _loader_batch(self, batch))
+        end = _now()
+        window.add_data_wait(end - start, _loader_batch(self, batch))
+        window.own_ns += start - entered + _now() - end
         return batch
 
     base.__next__ = timed_next
@@ -192,8 +204,9 @@ def _patch_backward(torch: Any) -> None:
         window = active_window()
         if window is None:
             return original(*args, **kwargs)
+        entered = _now()
         tensors = args[0] if args else kwargs.get("tensors")
-        finds_steps = window.timing == "optimizer"
+        finds_steps = window.timing == "optimizer" and steps.watching()
         if finds_steps:
             steps.before_backward(window, tensors)  # first: the loss belongs to the step it starts
         window.add_loss(tensors)
@@ -201,9 +214,11 @@ def _patch_backward(torch: Any) -> None:
         try:
             out = original(*args, **kwargs)
         finally:
-            window.add_backward(_now() - start)
+            end = _now()
+            window.add_backward(end - start)
         if finds_steps:
             steps.after_backward(window)
+        window.own_ns += start - entered + _now() - end
         return out
 
     # Tensor.backward looks this attribute up at call time, so loss.backward() is covered too.
@@ -496,24 +511,39 @@ def _count_forward(module: Any, args: tuple[Any, ...]) -> None:
     window = active_window()
     if window is None:
         return
-    if window.timing == "optimizer":
+    start = _now()
+    try:
+        _count_into(window, module, args)
+    finally:
+        window.own_ns += _now() - start
+
+
+def _count_into(window: ActiveWindow, module: Any, args: tuple[Any, ...]) -> None:
+    """The top-level forward's work, kept short: it runs once per micro-batch inside the measured steps."""
+    global _top_shape
+    if window.timing == "optimizer" and steps.watching():
         steps.before_forward(window)  # first: this forward belongs to the step it starts
     window.work_starts()  # any forward of the model, evaluation included, is new work
-    if not sys.modules["torch"].is_grad_enabled():
+    torch = sys.modules["torch"]
+    if not torch.is_grad_enabled():
         if window.job:
             _eval_starts()
         return
-    global _top_shape
     capture.saw_module(module)
-    item = _first_tensor(args)
-    shape: Any = getattr(item, "shape", None)
-    _top_shape = tuple(int(d) for d in shape[:2]) if shape is not None else ()
+    first = args[0] if args else None
+    shape: Any = getattr(first, "shape", None)
+    if shape is None:
+        shape = getattr(_first_tensor(args), "shape", None)
+    _top_shape = () if shape is None else tuple(map(int, shape[:2]))
     window.add_model_samples(
         _top_shape[_batch_dim] if len(_top_shape) > _batch_dim else None,
         _top_shape[1] if len(_top_shape) > 1 else None,
     )
     if not window.windows_done:
-        window.note_autocast(_autocast_dtype(sys.modules["torch"]))
+        dtype = _autocast_dtype(torch)
+        if dtype not in _autocast_seen:
+            _autocast_seen.add(dtype)
+            window.note_autocast(dtype)
     wanted = window.stream_rows_wanted()
     if wanted:
         window.add_stream(*_input_rows(args, wanted))
@@ -542,7 +572,9 @@ def _eval_ends(*_: object) -> None:
     if start is not None:
         window = active_window()
         if window is not None:
-            window.phase_ran("eval", start, _now())
+            end = _now()
+            window.phase_ran("eval", start, end)
+            window.own_ns += _now() - end
 
 
 def _input_rows(args: tuple[Any, ...], wanted: int) -> tuple[str, bytes | None, int]:

@@ -33,7 +33,16 @@ from typing import Any, cast
 from perfgate.harness import capture
 from perfgate.harness._state import ActiveWindow
 
-__all__ = ["LOOKED_FOR", "after_backward", "before_backward", "before_forward", "update_ran"]
+__all__ = [
+    "LOOKED_FOR",
+    "after_backward",
+    "before_backward",
+    "before_forward",
+    "stand_down",
+    "update_ran",
+    "watch",
+    "watching",
+]
 
 LOOKED_FOR = (
     "torch.optim optimizer steps, gradients that backward() wrote and the script then cleared or replaced "
@@ -50,6 +59,8 @@ _pending = False
 """A backward() wrote gradients that no step has consumed yet."""
 _held: dict[str, Any] = {}
 """The module's gradients after the last backward() of the step a capture wants, by parameter name."""
+_stood_down = False
+"""A torch optimizer delimits the active window's steps: the rule watches nothing more (`stand_down`)."""
 
 
 def before_backward(window: ActiveWindow, tensors: Any) -> None:
@@ -80,6 +91,24 @@ def after_backward(window: ActiveWindow) -> None:
 def before_forward(window: ActiveWindow) -> None:
     """A forward of the top-level module starts: a step ends here if the gradients were consumed."""
     _check(window)
+
+
+def watching() -> bool:
+    """Whether the rule still looks for boundaries (the backward hook skips it, and its cost, when not)."""
+    return not _stood_down
+
+
+def stand_down() -> None:
+    """A torch optimizer stepped as the window's step source: a gradient boundary could never count again
+    (`perfgate.harness.window.Window.boundary`), so the rule stops watching until another window activates."""
+    global _stood_down, _pending, _held
+    _stood_down, _pending, _held = True, False, {}
+
+
+def watch() -> None:
+    """A window activates: the rule watches again (its step source is not known yet)."""
+    global _stood_down
+    _stood_down = False
 
 
 def update_ran() -> None:

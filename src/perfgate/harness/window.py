@@ -30,6 +30,7 @@ import itertools
 import math
 import os
 import re
+import statistics
 import sys
 import threading
 import time
@@ -142,7 +143,10 @@ class _StepScope:
         tb: TracebackType | None,
     ) -> None:
         if exc_type is None:
-            self.window.mark_step(self.samples, self.tokens)
+            start = _now()
+            w = self.window
+            w.mark_step(self.samples, self.tokens)
+            w.own_ns += _now() - start
 
 
 class Window:
@@ -207,6 +211,10 @@ class Window:
         self._first_start_ns = self._origin_ns
         self._count = 0
         self._steps: list[_Step] = []
+        self.own_ns = 0
+        """perfgate's own time in the step in progress (the probes add to it; each boundary moves it on)."""
+        self._own_steps: list[int] = []
+        """Per step: the time perfgate's own code took inside it (`own_ns` at its boundary)."""
         self._window_starts: dict[int, int] = {}
         self._cur_wait = 0
         self._cur_backward = 0
@@ -497,6 +505,8 @@ class Window:
         self._cur_model_samples = None
         self._second_dim.append(None if self._cur_second == -1 else self._cur_second)
         self._cur_second = None
+        self._own_steps.append(self.own_ns)
+        self.own_ns = 0
         if self._scaler_steps:
             self._count_skips(n)
 
@@ -517,6 +527,9 @@ class Window:
         once a torch optimizer steps the gradient rule stands down, and once the script marks its own steps
         the marker alone delimits them, so no update is counted twice."""
         current = self._step_source
+        if source == current:  # the common case, every step: no ranking to do
+            self.mark_step(samples, tokens)
+            return
         if current is not None and _STEP_SOURCES.index(source) < _STEP_SOURCES.index(current):
             return
         if (
@@ -613,7 +626,7 @@ class Window:
         """Called by the backward hook with the host time one ``backward()`` call took."""
         self._cur_backward += elapsed_ns
         self._backward_calls += 1
-        if not self._trained.is_set():
+        if self._backward_calls == 1:
             self._trained.set()
 
     def add_loss(self, tensor: Any) -> None:
@@ -627,8 +640,9 @@ class Window:
             return
         numel = getattr(tensor, "numel", None)
         if numel is not None and numel() == 1:
-            self._losses.append((self._count, tensor.detach()))
-            computed.saw_loss(self._losses[-1][1])
+            loss = tensor.detach()
+            self._losses.append((self._count, loss))
+            computed.saw_loss(loss)
             if self._done and len(self._losses) >= _JOB_LOSS_BATCH:
                 self._read_outside()  # a job run after its windows: bounded device memory, one read per batch
 
@@ -759,6 +773,7 @@ class Window:
             "sample_stream": self._inputs.hexdigest() if self._inputs_read and self._inputs_known else None,
             "model": self._model,
             "startup": None if (sampler := _state.startup()) is None else sampler.describe(),
+            "harness_own": self._own_time(),
             "job": {
                 "measured": self.job,
                 "train_start_ns": None if self._train_start_ns is None else self._train_start_ns - origin,
@@ -781,6 +796,19 @@ class Window:
         }
 
     # ------------------------------------------------------------------ internals
+
+    def _own_time(self) -> dict[str, Any]:
+        """What perfgate's own code took of this process, as the harness timed itself: the median over the
+        steps after warm-up (all steps where there are none) of each step's share, and the launcher's
+        start-up (importing the harness to the script's first line; None without the launcher). Its probes'
+        dispatch by torch, and the time a hook keeps the script from running on another core, are not in it."""
+        steady = self._own_steps[self.config.warmup_steps :] or self._own_steps
+        return {
+            "median_step_ns": int(statistics.median(steady)) if steady else None,
+            "max_step_ns": max(steady, default=None),
+            "steps": len(steady),
+            "startup_ns": _state.startup_own_ns(),
+        }
 
     def _schedule_next(self) -> None:
         """Set the step count at which the next boundary leaves the fast path."""
@@ -833,6 +861,8 @@ class Window:
         self._cur_model_samples = None
         self._second_dim.append(None if self._cur_second == -1 else self._cur_second)
         self._cur_second = None
+        self._own_steps.append(self.own_ns)
+        self.own_ns = 0
         if self._scaler_steps:
             self._count_skips(n)
         if self._runtime_env is None:
@@ -1149,7 +1179,9 @@ def step(samples: int | None = None, tokens: int | None = None) -> bool:
     window = _state.active_window()
     if window is None:
         return False
+    start = _now()
     window.boundary("explicit", samples, tokens)
+    window.own_ns += _now() - start
     return True
 
 

@@ -459,6 +459,7 @@ def _render(
         "warnings": got.warnings,
         "timing_checks": got.timing_checks,
         "replicas": got.replicas,
+        "harness_overhead": got.harness_overhead,
         "health": health_model(health[0], None, None, health[1], health[2]) if health is not None else None,
         "job_health": job_health_model(got.job_health, HARNESS_COVERS)
         if got.job_health is not None

@@ -21,6 +21,7 @@ from perfgate.benchmarking.replicas import ReplicaCheck
 from perfgate.benchmarking.results import ModelFacts, RankResult, Throughput, WindowResult
 from perfgate.benchmarking.saved_state import SavedState
 from perfgate.benchmarking.window_plan import Timing
+from perfgate.benchmarking.window_run import HarnessOverhead
 from perfgate.evidence import EvidenceState
 from perfgate.execution.hang import HangDiagnosis
 from perfgate.traces.models import HostLoad
@@ -418,6 +419,12 @@ class RunBenchmarkWindowOutput(BaseModel):
         "clock on each step boundary as it arrived, the launch's duration) and the windows against the steady "
         "steps around them. A launch that is untrusted or measurement_dependent supports no keep; a noisy one "
         "does, and its `next` says what settles it.",
+    )
+    harness_overhead: HarnessOverhead | None = Field(
+        default=None,
+        description="perfgate's own time per step and at start-up, as the harness timed itself (its `note` "
+        "says it in one line): a figure the harness reports about itself, which no gate reads. Above 3% of "
+        "the median step the warnings say so.",
     )
     replicas: list[ReplicaCheck] = Field(
         default_factory=list[ReplicaCheck],
