@@ -1,5 +1,7 @@
-"""Process-wide harness state: whether the launcher runs this process and with which settings, and the
-window the probes, tensor dumps and sample records report to.
+"""Process-wide harness state: whether the launcher runs this process and with which settings, the
+window the probes, tensor dumps and sample records report to, and the top-level training module the
+forward probe saw (which the tensor capture, the dump's classification of what the training computes and
+the replica digest all read: here, so none of them imports another for it).
 
 `ActiveWindow` is what they may call on that window (`perfgate.harness.window.Window` is the one
 implementation): they reach it through here, so none of them imports the window module, which installs
@@ -8,6 +10,7 @@ them.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,13 +24,16 @@ __all__ = [
     "activate",
     "active_window",
     "current_config",
+    "current_module",
     "deactivate",
     "launcher_active",
+    "saw_module",
     "set_launcher_config",
     "set_startup",
     "set_startup_own",
     "startup",
     "startup_own_ns",
+    "unwrap",
 ]
 
 _launcher_config: HarnessConfig | None = None
@@ -137,3 +143,31 @@ def deactivate(window: ActiveWindow) -> None:
     global _active
     if _active is window:
         _active = None
+
+
+_module: weakref.ReferenceType[Any] | None = None
+
+
+def saw_module(module: Any) -> None:
+    """The forward probe's top-level training module (kept weakly: the harness never keeps a model alive)."""
+    global _module
+    if _module is None or _module() is not module:
+        _module = weakref.ref(module)
+
+
+def current_module() -> Any:
+    """The top-level training module the forward probe saw, while it lives; else None."""
+    return None if _module is None else _module()
+
+
+def unwrap(module: Any) -> Any:
+    """The module a wrapper trains: torch.compile's ``_orig_mod``, DDP's and DataParallel's ``module``."""
+    for _ in range(4):
+        name = type(module).__name__
+        if name == "OptimizedModule" and hasattr(module, "_orig_mod"):
+            module = module._orig_mod
+        elif name in ("DistributedDataParallel", "DataParallel") and hasattr(module, "module"):
+            module = module.module
+        else:
+            break
+    return module

@@ -26,50 +26,14 @@ from __future__ import annotations
 import os
 import re
 import sys
-import weakref
 from typing import Any
 
-from perfgate.harness._state import ActiveWindow
+from perfgate.harness._state import ActiveWindow, current_module, unwrap
 
-__all__ = [
-    "capture_mapping",
-    "current_module",
-    "gradients_for",
-    "on_manual_update",
-    "on_optimizer_step",
-    "replica_digest",
-    "saw_module",
-    "unwrap",
-]
+__all__ = ["capture_mapping", "gradients_for", "on_manual_update", "on_optimizer_step", "replica_digest"]
 
-_module: weakref.ReferenceType[Any] | None = None
 _first_optimizer: int | None = None
 _done = False
-
-
-def saw_module(module: Any) -> None:
-    """The forward probe's top-level training module (kept weakly: the capture never keeps a model alive)."""
-    global _module
-    if _module is None or _module() is not module:
-        _module = weakref.ref(module)
-
-
-def current_module() -> Any:
-    """The top-level training module the forward probe saw, while it lives; else None."""
-    return None if _module is None else _module()
-
-
-def unwrap(module: Any) -> Any:
-    """The module a wrapper trains: torch.compile's ``_orig_mod``, DDP's and DataParallel's ``module``."""
-    for _ in range(4):
-        name = type(module).__name__
-        if name == "OptimizedModule" and hasattr(module, "_orig_mod"):
-            module = module._orig_mod
-        elif name in ("DistributedDataParallel", "DataParallel") and hasattr(module, "module"):
-            module = module.module
-        else:
-            break
-    return module
 
 
 def capture_mapping(
@@ -137,7 +101,7 @@ def on_optimizer_step(window: ActiveWindow, optimizer: Any) -> None:
     _done = True
     from perfgate.harness.dump import dump_tensors
 
-    module = None if _module is None else _module()
+    module = current_module()
     try:
         mapping, missing = capture_mapping(module, optimizer, cfg.capture_what)
         if missing:
@@ -199,7 +163,7 @@ def replica_digest() -> str | None:
     it): per parameter, in name order, the float64 sum and sum of squares, computed where the parameter lives
     and read back in one transfer. Sharded parameters (DTensor) are left out; None when no module was found,
     it holds no plain parameter, or torch cannot compute it."""
-    module = _module() if _module is not None else None
+    module = current_module()
     torch: Any = sys.modules.get("torch")
     if module is None or torch is None:
         return None

@@ -52,7 +52,7 @@ def saw_loss(loss: Any) -> None:
 
 
 def _references(module: Any, updated: bool) -> list[tuple[str, Any]]:
-    from perfgate.harness.capture import unwrap
+    from perfgate.harness._state import unwrap
 
     named = [p for _, p in unwrap(module).named_parameters() if p.requires_grad]
     refs: list[tuple[str, Any]] = [("parameter", p.detach()) for p in named] if updated else []

@@ -202,10 +202,11 @@ def dump_tensors(
 
 def _computed(mapping: Mapping[str, Any], steps: int) -> dict[str, int] | None:
     """What of ``mapping`` the training computes (`perfgate.harness.computed`); None when it cannot be told."""
-    from perfgate.harness import capture, computed
+    from perfgate.harness import computed
+    from perfgate.harness._state import current_module
 
     try:
-        return computed.classify(mapping, capture.current_module(), steps)
+        return computed.classify(mapping, current_module(), steps)
     except Exception:  # noqa: BLE001 -- an unclassified dump is still written (the gates then cannot judge it)
         return None
 

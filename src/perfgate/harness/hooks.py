@@ -529,7 +529,7 @@ def _count_into(window: ActiveWindow, module: Any, args: tuple[Any, ...]) -> Non
         if window.job:
             _eval_starts()
         return
-    capture.saw_module(module)
+    _state.saw_module(module)
     first = args[0] if args else None
     shape: Any = getattr(first, "shape", None)
     if shape is None:
