@@ -199,9 +199,9 @@ def worker_perfgate_tool(ref: Path, cand: Path) -> dict[str, Any]:
     import perfgate.tensors  # noqa: F401  # pyright: ignore[reportUnusedImport]
     from _mcp import trust_env
     from perfgate.evidence import Ledger
+    from perfgate.security.trustroot import TrustRoot
     from perfgate.serving.runtime import ServerConfig, ToolRuntime
     from perfgate.tools.compare_tensors import CompareTensorsInput, run
-    from perfgate.trust import TrustRoot
 
     if ref.is_dir():  # bfloat16: as for the library, imports are outside the time
         import ml_dtypes  # noqa: F401  # pyright: ignore[reportUnusedImport]

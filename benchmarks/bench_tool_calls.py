@@ -48,7 +48,7 @@ RATIO_ARGS: dict[str, Any] = {"flops": 1e14, "seconds": 0.5, "peak_tflops": 989.
 
 def ledger_appends(folder: Path, n: int) -> list[float]:
     from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
-    from perfgate.trust import TrustRoot
+    from perfgate.security.trustroot import TrustRoot
 
     ws = folder / "ledger-ws"
     ws.mkdir()

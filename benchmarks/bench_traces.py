@@ -17,7 +17,7 @@ rotates (interleaved, so machine load falls on every contender alike):
   (``HTA lib``).
 - ``tool warm``: ``analyze_trace`` through MCP over stdio on a ``perfgate serve`` started once
   (the whole call: request, analysis, findings, plot, ledger record, answer). The server keeps the parse
-  of a trace it read (by content digest, `perfgate.traces.parsecache`), as in a session where the agent
+  of a trace it read (by content digest, `perfgate.traces.reading.parsecache`), as in a session where the agent
   analyses a trace again with other options: after the untimed first call, every timed one reads the
   kept table.
 - ``tool first``: the same call on a second running server started with ``PERFGATE_TRACE_CACHE_MB=0``:
@@ -61,7 +61,7 @@ if str(REPO / "benchmarks") not in sys.path:  # `_mcp`, when this file is loaded
     sys.path.insert(0, str(REPO / "benchmarks"))
 
 from perfgate.traces import AnalysisOptions, analyze_trace, classify_device, isal_available  # noqa: E402
-from perfgate.traces.phases import phase_of_name  # noqa: E402
+from perfgate.traces.analyses.phases import phase_of_name  # noqa: E402
 
 HTA_FIELDS = ("idle_time(us)", "compute_time(us)", "non_compute_time(us)", "kernel_time(us)")
 LARGE_BYTES = 1_000_000

@@ -1,4 +1,4 @@
-"""A one-tool server on `perfgate._stdio.run_stdio`, for the transport's tests: ``python THIS``.
+"""A one-tool server on `perfgate.transports.stdio.run_stdio`, for the transport's tests: ``python THIS``.
 
 Its ``probe`` tool writes to fd 1 and reads fd 0 as a careless tool or child would, and says what it
 saw and whether anyio worker threads exist (the SDK's transport reads stdin in one). After serving it
@@ -15,8 +15,8 @@ import threading
 
 from mcp.server import MCPServer
 
-import perfgate._stdio
-from perfgate._stdio import run_stdio
+import perfgate.transports.stdio
+from perfgate.transports.stdio import run_stdio
 
 # as perfgate's build_server does: plain lines, not the SDK's rich handler (which wraps at 80 columns)
 logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[logging.StreamHandler(sys.stderr)])
@@ -37,6 +37,6 @@ async def probe(echo: str = "", size: int = 0) -> dict[str, object]:
 
 if __name__ == "__main__":
     if "PROBE_LINE_LIMIT" in os.environ:  # a small limit, to send an over-long message cheaply
-        perfgate._stdio._LINE_LIMIT = int(os.environ["PROBE_LINE_LIMIT"])  # pyright: ignore[reportPrivateUsage]
+        perfgate.transports.stdio._LINE_LIMIT = int(os.environ["PROBE_LINE_LIMIT"])  # pyright: ignore[reportPrivateUsage]
     run_stdio(server)
     os.write(1, f"served; blocking {os.get_blocking(0)} {os.get_blocking(1)}\n".encode())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from perfgate.trust import TrustRoot
+from perfgate.security.trustroot import TrustRoot
 
 
 def operator_policy(text: str) -> Path:

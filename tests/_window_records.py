@@ -11,9 +11,9 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from perfgate.benchmarking.records import DeviceRecord, RankRecord, StepColumns, WindowRecord
+from perfgate.benchmarking.reading.records import DeviceRecord, RankRecord, StepColumns, WindowRecord
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION
-from perfgate.redaction import Scrubber
+from perfgate.security.scrubber import Scrubber
 
 STEP_NS = 10_000_000
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from perfgate.security.trustroot import TrustRoot
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from perfgate.trust import TrustRoot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,9 +47,9 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(autouse=True)
 def fresh_parse_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test starts with an empty cache of parsed traces (`perfgate.traces.parsecache`): a trace one
+    """Every test starts with an empty cache of parsed traces (`perfgate.traces.reading.parsecache`): a trace one
     test read is read again by the next."""
-    from perfgate.traces import parsecache
+    from perfgate.traces.reading import parsecache
 
     monkeypatch.setattr(parsecache, "_cache", None)
 

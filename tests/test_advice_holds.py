@@ -22,9 +22,9 @@ import pytest
 from mcp import Client
 
 from _trust import operator_policy
-from perfgate.benchmarking.compare import Comparison
-from perfgate.benchmarking.differences import Difference
-from perfgate.benchmarking.noise import explain_noise, thread_change
+from perfgate.benchmarking.comparing.compare import Comparison
+from perfgate.benchmarking.comparing.differences import Difference
+from perfgate.benchmarking.comparing.noise import explain_noise, thread_change
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 

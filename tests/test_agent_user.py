@@ -31,9 +31,9 @@ import perfgate.tools
 from _gated_tool import SPEC
 from perfgate.evidence import Ledger
 from perfgate.execution.approvals import ApprovalStatus, ApprovalStore
+from perfgate.security.trustroot import TrustRoot
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from perfgate.trust import TrustRoot
 
 pytestmark = pytest.mark.anyio
 

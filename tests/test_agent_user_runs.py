@@ -24,9 +24,9 @@ import pytest
 from mcp import Client
 
 from _trust import operator_policy
+from perfgate.security.trustroot import TrustRoot
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from perfgate.trust import TrustRoot
 from test_agent_user import Agent, _give_to_agent, agent, agent_workspace  # pyright: ignore[reportPrivateUsage]  # noqa: F401  # the fixtures
 
 pytestmark = pytest.mark.anyio

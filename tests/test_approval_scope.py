@@ -365,7 +365,7 @@ def test_one_scope_covers_timing_profiling_and_capturing_the_same_command(tmp_pa
     """perfgate's harness variables (windows, profile schedule, capture, output folders) say how it measures
     the approved command, not what runs: they leave the template. The agent cannot set them itself, and a
     variable of its own, or perfgate's log pattern, still changes the template."""
-    from perfgate.benchmarking.launch import BenchmarkError, launch_env
+    from perfgate.benchmarking.windows.launch import BenchmarkError, launch_env
     from perfgate.execution.request import CommandRequest
     from perfgate.execution.scope import request_print, template_digest
 

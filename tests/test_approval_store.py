@@ -204,7 +204,7 @@ def test_limits_bind_every_path_and_a_broken_policy_disables_commands(
 def test_opening_a_new_store_waits_out_another_connections_write_lock(tmp_path: Path) -> None:
     # The server and `perfgate approve` may create the store at the same moment; the one that finds the
     # other holding the lock waits (SQLite refuses the switch to WAL at once, without its busy handler).
-    from perfgate.trust import TrustRoot
+    from perfgate.security.trustroot import TrustRoot
 
     trust = TrustRoot.locate()
     folder = trust.workspace_dir(tmp_path)
@@ -232,7 +232,7 @@ def test_processes_opening_an_unsigned_store_at_once_both_open_it(
     import contextlib
 
     from perfgate.execution.approvals import _SCHEMA  # pyright: ignore[reportPrivateUsage]
-    from perfgate.trust import TrustRoot
+    from perfgate.security.trustroot import TrustRoot
 
     folder = tmp_path / "store"
     folder.mkdir()

@@ -51,7 +51,7 @@ def test_every_lazy_export_resolves() -> None:
 
 
 def test_a_stale_lazy_name_is_reported() -> None:
-    from perfgate._lazy import lazy_exports
+    from perfgate.helpers.lazy import lazy_exports
 
     namespace: dict[str, object] = {"__all__": ["gone"]}
     getattr_, _ = lazy_exports("fake", {"gone": "perfgate.errors"}, namespace)

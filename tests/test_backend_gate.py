@@ -24,7 +24,7 @@ from _trust import operator_policy
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import profile_segment
-from perfgate.traces.backends import exchange_of
+from perfgate.traces.analyses.backends import exchange_of
 from test_evidence_gate import window
 from test_record_decision import _open, _shown_gate, _text
 
@@ -266,7 +266,7 @@ async def test_a_log_that_says_deepep_ran_never_passes_without_a_trace(workspace
 
 def test_moe_token_settings_are_no_secret_names_but_tokens_still_are() -> None:
     """--moe-token-dispatcher-type's value was redacted as a credential: the sides' argv then never compared."""
-    from perfgate.secretscan import is_secret_name
+    from perfgate.security.secretscan import is_secret_name
 
     for name in ("--moe-token-dispatcher-type", "moe_token_drop_policy", "token_dispatcher"):
         assert not is_secret_name(name), name

@@ -15,7 +15,7 @@ from perfgate.benchmarking import (
     summarize_run,
     summarize_window,
 )
-from perfgate.benchmarking.aggregate import windows_from_series
+from perfgate.benchmarking.comparing.aggregate import windows_from_series
 from perfgate.harness import HarnessConfig, Window
 from perfgate.harness import window as window_mod
 
@@ -140,7 +140,7 @@ def test_runs_pool_windows_as_total_work_over_total_time() -> None:
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
 def test_log_parsed_negative_or_non_finite_step_times_are_invalid(bad: float) -> None:
-    from perfgate.benchmarking.aggregate import windows_from_series
+    from perfgate.benchmarking.comparing.aggregate import windows_from_series
 
     with pytest.raises(BenchmarkError, match="invalid step time"):
         windows_from_series([10.0, bad, 10.0])

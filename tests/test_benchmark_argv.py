@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfgate.benchmarking.argv import (
+from perfgate.benchmarking.workload.argv import (
     argv_changes,
     argv_degrees,
     argv_options,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from perfgate.benchmarking import BenchmarkError, WindowSample, compare_windows, decide
-from perfgate.benchmarking.compare import bootstrap_interval, choose_unit, pooled_throughput
+from perfgate.benchmarking.comparing.compare import bootstrap_interval, choose_unit, pooled_throughput
 
 
 def _windows(

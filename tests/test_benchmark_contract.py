@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perfgate.benchmarking import Contract, ContractError, check_contract, diff_contracts
-from perfgate.benchmarking.contract import check_observed, data_parallel_size, same_contract
+from perfgate.benchmarking.workload.contract import check_observed, data_parallel_size, same_contract
 
 
 def _c(inv: dict[str, object] | None = None, exe: dict[str, object] | None = None) -> Contract:
@@ -106,7 +106,7 @@ def test_a_global_batch_declared_alone_is_left_to_the_measured_batch() -> None:
     # microbatch x accumulation with no data-parallel size is one process's: 16, not the declared 32
     (problem,) = check_contract(_c({"global_batch": 32}, {"microbatch": 8, "accumulation": 2}))
     assert "x data_parallel 1 = 16" in problem
-    from perfgate.benchmarking.contract import check_observed
+    from perfgate.benchmarking.workload.contract import check_observed
 
     (observed,) = check_observed(_c({"global_batch": 32}, {}), world_size=1, samples_per_step=64)
     assert "declares global_batch 32 but the ranks processed 64" in observed

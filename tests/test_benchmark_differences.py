@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from perfgate.benchmarking.ab import compare_evidence
-from perfgate.benchmarking.comparability import busy_neighbours, comparability, side_reasons
-from perfgate.benchmarking.contract import diff_contracts
-from perfgate.benchmarking.differences import Difference, find_differences
-from perfgate.benchmarking.drift import launch_infos
-from perfgate.benchmarking.sides import per_device, record_contract
-from perfgate.benchmarking.training import caution
+from perfgate.benchmarking.comparing.ab import compare_evidence
+from perfgate.benchmarking.comparing.comparability import busy_neighbours, comparability, side_reasons
+from perfgate.benchmarking.comparing.differences import Difference, find_differences
+from perfgate.benchmarking.comparing.drift import launch_infos
+from perfgate.benchmarking.comparing.sides import per_device, record_contract
+from perfgate.benchmarking.runs.training import caution
+from perfgate.benchmarking.workload.contract import diff_contracts
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, EvidenceState, Ledger
 
 CONTRACT: dict[str, Any] = {
@@ -334,7 +334,7 @@ def test_compare_evidence_reads_the_series_and_gives_a_verdict(tmp_path: Path) -
 
 
 def test_per_device_samples_scale_step_times_by_the_measured_world_size() -> None:
-    from perfgate.benchmarking.compare import WindowSample
+    from perfgate.benchmarking.comparing.compare import WindowSample
 
     windows = [WindowSample([0.1, 0.2], launch="a:0")]
     assert per_device(windows, record("a", world_size=4))[0].step_s == pytest.approx([0.4, 0.8])

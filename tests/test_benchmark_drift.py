@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from perfgate.benchmarking.compare import WindowSample, compare_windows
-from perfgate.benchmarking.drift import LaunchInfo, LaunchRate, bracketing_plan, fold, measure_drift
+from perfgate.benchmarking.comparing.compare import WindowSample, compare_windows
+from perfgate.benchmarking.comparing.drift import LaunchInfo, LaunchRate, bracketing_plan, fold, measure_drift
 
 
 def _side(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from perfgate.benchmarking import BenchmarkError
-from perfgate.benchmarking.launch import (
+from perfgate.benchmarking.windows.launch import (
     ENTRY_SOURCE,
     harness_entry,
     harness_pythonpath,
@@ -120,7 +120,7 @@ def test_calls_racing_to_replace_an_edited_copy_never_remove_the_fresh_one(
     second moved aside (and deleted) the fresh copy the first had just made for its command to import."""
     import threading
 
-    from perfgate.benchmarking import launch
+    from perfgate.benchmarking.windows import launch
 
     target = prepare_harness_path(harness_pythonpath(tmp_path))
     (target / "perfgate" / "sitecustomize.py").write_text("print('planted')\n")

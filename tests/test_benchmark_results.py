@@ -1,5 +1,5 @@
 """Windows, ranks, nodes and the trained model as benchmark records report them
-(`perfgate.benchmarking.results`), and the run's tensor dumps (`perfgate.benchmarking.dumps`)."""
+(`perfgate.benchmarking.comparing.results`), and the run's tensor dumps (`perfgate.benchmarking.runs.dumps`)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import pytest
 
 from _window_records import rank_record
 from perfgate.benchmarking import summarize_run, summarize_window
-from perfgate.benchmarking.dumps import tensor_dumps
-from perfgate.benchmarking.records import DeviceRecord, ModelRecord, RankRecord, TensorDumpRecord
-from perfgate.benchmarking.results import (
+from perfgate.benchmarking.comparing.results import (
     attach_nodes,
     model_facts,
     rank_results,
     run_throughput,
     window_result,
 )
+from perfgate.benchmarking.reading.records import DeviceRecord, ModelRecord, RankRecord, TensorDumpRecord
+from perfgate.benchmarking.runs.dumps import tensor_dumps
 
 
 def _with_peak(record: RankRecord, peak: int | None) -> RankRecord:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from perfgate.benchmarking import BenchmarkError, step_stats
-from perfgate.benchmarking.logparse import compile_pattern, log_window, parse_step_log
+from perfgate.benchmarking.reading.logparse import compile_pattern, log_window, parse_step_log
 
 
 def test_median_p95_and_iqr_follow_linear_interpolation() -> None:

@@ -15,7 +15,7 @@ from mcp import Client
 import perfgate.tools
 from _ports import free_port
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.verdict import decide
+from perfgate.benchmarking.comparing.verdict import decide
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig

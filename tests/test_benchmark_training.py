@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perfgate.benchmarking.training import LOSS_RTOL, ModelShape, SideTraining, training_differences
+from perfgate.benchmarking.runs.training import LOSS_RTOL, ModelShape, SideTraining, training_differences
 
 GPT = ModelShape("model.GPT", 1_000_000, "a" * 32)
 LOSSES = {10: 2.5, 11: 2.45, 12: 2.41}

@@ -25,8 +25,8 @@ from mcp.types import CallToolResult
 from pydantic import BaseModel, Field, ValidationError
 
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, EvidenceState, Ledger, canonical_json
-from perfgate.redaction import Scrubber
-from perfgate.redactor import placeholder
+from perfgate.security.envredactor import placeholder
+from perfgate.security.scrubber import Scrubber
 from perfgate.serving.adapter import compact_schema, inline_refs
 from perfgate.serving.catalog import CatalogTool
 from perfgate.serving.runtime import ServerConfig, ToolRuntime
@@ -446,17 +446,17 @@ def test_the_clean_string_sets_are_emptied_when_full_and_scrubbers_keep_working(
 ) -> None:
     """The remembered clean strings stay bounded in all: full, every set is emptied, and a scrubber made
     before starts its set again (never adding to one no longer counted or kept)."""
-    from perfgate import redaction
+    from perfgate.security import scrubber
 
-    monkeypatch.setattr(redaction, "_CLEAN_MAX_ENTRIES", 5)
-    monkeypatch.setattr(redaction, "_CLEAN", {})
-    monkeypatch.setattr(redaction, "_clean_entries", 0)
+    monkeypatch.setattr(scrubber, "_CLEAN_MAX_ENTRIES", 5)
+    monkeypatch.setattr(scrubber, "_CLEAN", {})
+    monkeypatch.setattr(scrubber, "_clean_entries", 0)
     early = Scrubber()
     for i in range(12):
         assert early.text(f"clean text {i}") == f"clean text {i}"
-        assert sum(len(v) for v in redaction._CLEAN.values()) <= 5
-    assert redaction._CLEAN[early._clean_key] is early._clean  # pyright: ignore[reportPrivateUsage]
-    assert "clean text 11" in redaction._CLEAN[early._clean_key]  # pyright: ignore[reportPrivateUsage]
+        assert sum(len(v) for v in scrubber._CLEAN.values()) <= 5
+    assert scrubber._CLEAN[early._clean_key] is early._clean  # pyright: ignore[reportPrivateUsage]
+    assert "clean text 11" in scrubber._CLEAN[early._clean_key]  # pyright: ignore[reportPrivateUsage]
     assert _bare(early.text(f"x {SECRET}")) == "x <redacted>"
     assert _bare(Scrubber(secrets=["clean text 11"]).text("clean text 11")) == "<redacted>"
 
@@ -483,7 +483,7 @@ def test_a_mac_is_the_hmac_of_its_purpose_and_message() -> None:
     """MACs start from a copy of the keyed HMAC: each must equal a fresh HMAC (nothing carried over)."""
     import hmac
 
-    from perfgate.trust import SigningKey
+    from perfgate.security.trustroot import SigningKey
 
     key = SigningKey(bytes(range(32)))
     for purpose, message in [("a", "m"), ("a", "m"), ("b", "m"), ("a", "é" * 100), ("a", "")]:

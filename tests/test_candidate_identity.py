@@ -17,7 +17,7 @@ import pytest
 from mcp import Client
 
 from _trust import operator_policy
-from perfgate.benchmarking.outputs import argv_paths, written_outputs
+from perfgate.benchmarking.workload.outputs import argv_paths, written_outputs
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from test_job_phases import PY

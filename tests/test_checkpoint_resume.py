@@ -28,8 +28,8 @@ import pytest
 from mcp import Client
 
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.checkpoint_resume import check_resume
-from perfgate.benchmarking.records import read_record
+from perfgate.benchmarking.reading.records import read_record
+from perfgate.benchmarking.runs.checkpoint_resume import check_resume
 from perfgate.decisions.checkpoint_code import checkpoint_calls
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from perfgate.benchmarking.provenance import diff_sections
+from perfgate.benchmarking.workload.provenance import diff_sections
 from perfgate.envprobe.codefiles import import_roots, resolve_program
 from perfgate.envprobe.provenance import code_state, git_snapshot
 
@@ -314,7 +314,7 @@ def test_the_written_diff_has_git_s_layout(repo: Path) -> None:
 
 
 def test_a_run_s_provenance_binds_its_python_path_and_its_workspace_python(repo: Path) -> None:
-    from perfgate.benchmarking.provenance import run_code_scope
+    from perfgate.benchmarking.workload.provenance import run_code_scope
 
     (repo / ".lib").mkdir()
     (repo / ".lib" / "helper.py").write_text("X = 'from PYTHONPATH'\n")

@@ -25,11 +25,11 @@ from _trust import operator_policy
 from perfgate.envprobe import compare_fingerprints, probe_script
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
+from perfgate.security.trustroot import TrustRoot
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig, ToolRuntime
 from perfgate.tools import collect_env
 from perfgate.tools.collect_env import CollectEnvInput, CollectEnvOutput, command, run
-from perfgate.trust import TrustRoot
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

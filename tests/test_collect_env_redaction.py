@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from perfgate.evidence import Ledger
-from perfgate.redactor import REDACTED, Redactor, is_secret_name
+from perfgate.security.envredactor import REDACTED, Redactor, is_secret_name
 from perfgate.serving.runtime import ServerConfig, ToolRuntime
 from perfgate.tools.collect_env import CollectEnvInput, run
 

@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.protocol import IMPORTED_FIELDS, LAUNCHED_FIELDS
+from perfgate.benchmarking.workload.protocol import IMPORTED_FIELDS, LAUNCHED_FIELDS
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig

@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 
 from perfgate.benchmarking import Contract, ContractError, check_contract
-from perfgate.benchmarking.vocabulary import (
+from perfgate.benchmarking.workload.vocabulary import (
     NOT_KEYS,
     VOCABULARY,
     VOCABULARY_URI,
@@ -179,7 +179,7 @@ async def test_a_refused_contract_names_the_vocabulary_resource_and_the_resource
 
 
 def test_command_line_degrees_are_read_through_the_vocabulary() -> None:
-    from perfgate.benchmarking.argv import argv_degrees
+    from perfgate.benchmarking.workload.argv import argv_degrees
 
     argv = ["python", "train.py", "--tensor-model-parallel-size", "2", "--pp_degree=3", "--lr", "1"]
     argv += [
@@ -245,8 +245,8 @@ def test_command_line_degrees_are_read_through_the_vocabulary() -> None:
 def test_routing_spellings_of_the_moe_frameworks_are_semantic_members_of_moe_routing(
     spelling: str, member: str
 ) -> None:
-    from perfgate.benchmarking.observed import option_name
-    from perfgate.benchmarking.vocabulary import classify
+    from perfgate.benchmarking.workload.observed import option_name
+    from perfgate.benchmarking.workload.vocabulary import classify
 
     key = option_name(spelling)  # a command-line option is read as the comparison reads it
     assert vocabulary_name(key) == member
@@ -263,7 +263,7 @@ def test_a_routing_key_declared_as_an_execution_setting_is_refused_as_a_training
 
 
 def test_padding_experts_to_capacity_is_an_execution_setting_of_its_own() -> None:
-    from perfgate.benchmarking.vocabulary import classify
+    from perfgate.benchmarking.workload.vocabulary import classify
 
     assert vocabulary_name("moe-pad-expert-input-to-capacity") == "expert_padding"
     assert classify("moe_pad_expert_input_to_capacity")[0] == "execution"

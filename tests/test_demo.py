@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 def test_an_inconclusive_comparison_is_recorded_explained_and_not_a_failure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from perfgate.benchmarking import compare
+    from perfgate.benchmarking.comparing import compare
     from perfgate.demo import run_demo
 
     monkeypatch.setattr(compare, "decide", lambda *args, **kwargs: "within_noise")

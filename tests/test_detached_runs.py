@@ -16,9 +16,9 @@ from mcp import Client
 from _ports import free_port
 from _trust import any_code_rules, operator_policy
 from perfgate.evidence import Ledger
+from perfgate.security.trustroot import TrustRoot
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from perfgate.trust import TrustRoot
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

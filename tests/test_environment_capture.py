@@ -22,7 +22,7 @@ from perfgate.envprobe.capture import (
 from perfgate.envprobe.probe import InterpreterError, ProbeOutput, resolve_interpreter
 from perfgate.envprobe.provenance import GitSnapshot
 from perfgate.execution.executor import CommandResult, StreamCapture
-from perfgate.redactor import Redactor
+from perfgate.security.envredactor import Redactor
 
 SECRET = "hunter2-very-secret-token"
 

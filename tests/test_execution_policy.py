@@ -22,7 +22,7 @@ from perfgate.execution.policy import (
 )
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.target import Target, command_target, user_argv
-from perfgate.trust import TrustRoot
+from perfgate.security.trustroot import TrustRoot
 
 
 def req(

@@ -20,7 +20,7 @@ from mcp import Client
 
 from _trust import any_code_rules, operator_policy
 from perfgate.harness.dump import dump_tensors
-from perfgate.quoting import FENCE_CLOSE, FENCE_OPEN, MAX_QUOTED_CHARS, file_text
+from perfgate.security.quoting import FENCE_CLOSE, FENCE_OPEN, MAX_QUOTED_CHARS, file_text
 from perfgate.server import INSTRUCTIONS, build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.skills.catalog import SKILL_DIR, SKILL_FILE

@@ -44,8 +44,8 @@ from perfgate.audit.expected import read_expected
 from perfgate.audit.ids import StringPool
 from perfgate.audit.read import read_observed
 from perfgate.benchmarking.errors import BenchmarkError, RecordError
-from perfgate.benchmarking.logparse import compile_pattern, parse_step_log
-from perfgate.benchmarking.records import read_record
+from perfgate.benchmarking.reading.logparse import compile_pattern, parse_step_log
+from perfgate.benchmarking.reading.records import read_record
 from perfgate.harness.dump import dump_tensors
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig

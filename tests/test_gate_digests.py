@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 from safetensors.numpy import save_file
 
-from perfgate.digests import entry_digest, parse
+from perfgate.security.digests import entry_digest, parse
 from test_record_decision import Evidence, _drop, _honest, _keep, _open, _text
 
 pytestmark = pytest.mark.anyio
@@ -205,7 +205,7 @@ async def test_compare_tensors_binds_by_the_producer_records_own_algorithm(
 def test_harness_records_name_their_digest_and_older_ones_read_as_sha256() -> None:
     import msgspec
 
-    from perfgate.benchmarking.records import TensorDumpRecord
+    from perfgate.benchmarking.reading.records import TensorDumpRecord
 
     new = msgspec.convert(
         {"path": "/w/a.safetensors", "digest": f"blake3:{X}", "size_bytes": 8}, TensorDumpRecord

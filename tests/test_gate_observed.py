@@ -1,5 +1,5 @@
 """A declared change is exempt exactly where it shows (issue 47 item 1): the keep's same_environment gate and
-compare_benchmarks both read benchmarking.observed, so a thread change accepted as declared is not refused
+compare_benchmarks both read benchmarking.workload.observed, so a thread change accepted as declared is not refused
 at keep, and every field the declared setting does not set must still match."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from perfgate.benchmarking.observed import EXECUTION_KEYS, WHERE_SHOWN, entries_showing, explains
+from perfgate.benchmarking.workload.observed import EXECUTION_KEYS, WHERE_SHOWN, entries_showing, explains
 from perfgate.decisions.binding import TOPOLOGY
 from perfgate.harness.runtime_env import ENV_VARS
 from test_evidence_gate import FP, window

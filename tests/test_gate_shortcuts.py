@@ -349,7 +349,7 @@ async def test_a_code_change_is_compared_and_kept_through_the_real_comparison(
     the experiment that changed 'code' accepts that comparison."""
     import json
 
-    from perfgate.benchmarking.series import SERIES_NAME, SERIES_SCHEMA
+    from perfgate.benchmarking.comparing.series import SERIES_NAME, SERIES_SCHEMA
     from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 
     ledger = Ledger(workspace)
@@ -601,7 +601,7 @@ def _series_window(ledger: Any, command: list[str], launch: int) -> str:
     """A launched window as run_benchmark_window records it (its step series artifact included)."""
     import json
 
-    from perfgate.benchmarking.series import SERIES_NAME, SERIES_SCHEMA
+    from perfgate.benchmarking.comparing.series import SERIES_NAME, SERIES_SCHEMA
     from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 
     eid = Ledger.new_id()

@@ -1,6 +1,6 @@
 """What ran, checked against the contract on a real tiny CPU run: the batch of a sequence-first LSTM read
 from the dimension that holds it, and a declared precision the parameters did not run in, both failing the
-window run itself (`perfgate.benchmarking.measured.observe_batch`), not only a later keep."""
+window run itself (`perfgate.benchmarking.runs.measured.observe_batch`), not only a later keep."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 
 from _window_records import Artifacts
 from perfgate.benchmarking import Contract
-from perfgate.benchmarking.window_plan import WindowPlan
-from perfgate.benchmarking.window_run import Launched, LaunchFn, WindowRun, measure_windows
+from perfgate.benchmarking.windows.window_plan import WindowPlan
+from perfgate.benchmarking.windows.window_run import Launched, LaunchFn, WindowRun, measure_windows
 from test_harness_steps import MANUAL_LOOP
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]

@@ -12,8 +12,8 @@ import pytest
 from mcp import Client
 
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.records import HarnessOwnRecord, RankRecord
-from perfgate.benchmarking.window_run import OWN_SHARE_WARN, harness_overhead
+from perfgate.benchmarking.reading.records import HarnessOwnRecord, RankRecord
+from perfgate.benchmarking.windows.window_run import OWN_SHARE_WARN, harness_overhead
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from perfgate.benchmarking.collect import no_step_failure
+from perfgate.benchmarking.windows.collect import no_step_failure
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch")

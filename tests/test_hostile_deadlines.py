@@ -13,12 +13,12 @@ import anyio.to_thread
 import pytest
 from mcp import Client
 
-from perfgate import _deadline
-from perfgate._deadline import DeadlineExceeded, ParseLimits, checkpoint, deadline
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.read import read_observed
 from perfgate.audit.read_csv import MAX_ROW_BYTES
 from perfgate.evidence import Ledger
+from perfgate.helpers import deadline as deadline_module
+from perfgate.helpers.deadline import DeadlineExceeded, ParseLimits, checkpoint, deadline
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.traces import AnalysisOptions, TraceTooLargeError, analyze_trace
@@ -71,7 +71,7 @@ def test_the_readers_reach_a_checkpoint_block_by_block(
     # A reader that checked only once (before or after the whole file) would make as few checkpoints
     # for a large file as for a tiny one.
     clock = _Clock()
-    monkeypatch.setattr(_deadline.time, "monotonic", clock)
+    monkeypatch.setattr(deadline_module.time, "monotonic", clock)
 
     def checkpoints(read: Any, path: Path) -> float:
         before = clock.now
@@ -148,7 +148,7 @@ async def test_the_trace_tools_read_under_a_cancellable_deadline(
     real = pool.load_table
 
     def watched(path: Path, options: AnalysisOptions) -> Any:
-        seen.append(_deadline._current.get())  # pyright: ignore[reportPrivateUsage]
+        seen.append(deadline_module._current.get())  # pyright: ignore[reportPrivateUsage]
         return real(path, options)
 
     monkeypatch.setattr(pool, "load_table", watched)  # the read (its parse is then kept for later calls)

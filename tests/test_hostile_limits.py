@@ -20,7 +20,7 @@ from perfgate.audit.ids import MAX_ID_CHARS
 from perfgate.audit.read import read_observed
 from perfgate.audit.read_jsonl import MAX_LINE_BYTES
 from perfgate.benchmarking.errors import RecordError
-from perfgate.benchmarking.records import load_records, read_record
+from perfgate.benchmarking.reading.records import load_records, read_record
 from perfgate.evidence import Ledger
 from perfgate.harness.dump import dump_tensors
 from perfgate.tensors import TensorInputError

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from perfgate._loglines import capped_lines
+from perfgate.helpers.cappedlines import capped_lines
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from mcp import Client
 
-from perfgate._safeopen import UnsafeFileError, open_file
 from perfgate.evidence import Ledger
 from perfgate.harness.dump import dump_tensors
+from perfgate.helpers.safeopen import UnsafeFileError, open_file
 from perfgate.serving.runtime import ToolRuntime
 
 pytestmark = pytest.mark.anyio

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from perfgate.benchmarking.errors import BenchmarkError
-from perfgate.benchmarking.logparse import compile_pattern, parse_step_log
-from perfgate.benchmarking.userregex import (
+from perfgate.benchmarking.reading.logparse import compile_pattern, parse_step_log
+from perfgate.benchmarking.reading.userregex import (
     MAX_PATTERN_CHARS,
     UserRegexError,
     compile_user_regex,
@@ -49,7 +49,7 @@ def test_unusable_patterns_are_refused_with_the_reason(pattern: str, expected: s
 
 def test_an_overlong_pattern_is_refused_before_compiling() -> None:
     with pytest.raises(
-        UserRegexError, match=r"the limit is 2000 \(benchmarking.userregex.MAX_PATTERN_CHARS\)"
+        UserRegexError, match=r"the limit is 2000 \(benchmarking.reading.userregex.MAX_PATTERN_CHARS\)"
     ):
         compile_user_regex("a" * (MAX_PATTERN_CHARS + 1), field="log_pattern")
 

@@ -21,8 +21,8 @@ from mcp import Client
 
 import perfgate.tools
 from _trust import any_code_rules, operator_policy
-from perfgate import _statefs
-from perfgate._safeopen import UnsafeFileError
+from perfgate.helpers import statefs
+from perfgate.helpers.safeopen import UnsafeFileError
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import run_benchmark_window
@@ -161,7 +161,7 @@ def test_remove_tree_removes_links_inside_and_never_what_they_name(tmp_path: Pat
     (tree / "records" / "to-dir").symlink_to(outside, target_is_directory=True)
     (tree / "to-file").symlink_to(outside / "precious.txt")
     before = _snapshot(outside)
-    _statefs.remove_tree(tree.resolve())
+    statefs.remove_tree(tree.resolve())
     assert not tree.exists() and _snapshot(outside) == before
 
 
@@ -171,11 +171,11 @@ def test_a_link_above_the_path_is_refused_by_every_operation(tmp_path: Path, out
     before = _snapshot(outside)
     target = base / "state" / "records"
     for operation in (
-        lambda: _statefs.remove_tree(target),
-        lambda: _statefs.fresh_dir(target),
-        lambda: _statefs.make_dirs(target / "deeper"),
-        lambda: _statefs.write_file(base / "state" / "new.txt", b"x"),
-        lambda: os.close(_statefs.open_lock(base / "state" / "new.lock")),
+        lambda: statefs.remove_tree(target),
+        lambda: statefs.fresh_dir(target),
+        lambda: statefs.make_dirs(target / "deeper"),
+        lambda: statefs.write_file(base / "state" / "new.txt", b"x"),
+        lambda: os.close(statefs.open_lock(base / "state" / "new.lock")),
     ):
         with pytest.raises(UnsafeFileError, match="symbolic link"):
             operation()
@@ -189,7 +189,7 @@ def test_a_planted_lock_file_is_replaced_by_the_servers_own(tmp_path: Path, outs
     os.link(outside / "precious.txt", base / "hard.lock")
     os.mkfifo(base / "fifo.lock")
     for name in ("hard.lock", "fifo.lock"):
-        fd = _statefs.open_lock(base / name)
+        fd = statefs.open_lock(base / name)
         try:
             st = os.fstat(fd)
             assert st.st_nlink == 1 and st.st_ino != (outside / "precious.txt").stat().st_ino

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from perfgate.benchmarking.importing import expand_steps, health_of
-from perfgate.benchmarking.logformats import parse_log
+from perfgate.benchmarking.reading.logformats import parse_log
+from perfgate.benchmarking.windows.importing import expand_steps, health_of
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 

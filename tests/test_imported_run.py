@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from perfgate.benchmarking import BenchmarkError, Contract
-from perfgate.benchmarking.aggregate import windows_from_series
-from perfgate.benchmarking.importcheck import assess_import, peak_memory, rank_figures
-from perfgate.benchmarking.imported import (
+from perfgate.benchmarking.comparing.aggregate import windows_from_series
+from perfgate.benchmarking.reading.logformats import ParsedLog
+from perfgate.benchmarking.windows.importcheck import assess_import, peak_memory, rank_figures
+from perfgate.benchmarking.windows.imported import (
     ImportedRun,
     ImportRequest,
     WorldSize,
@@ -19,7 +20,6 @@ from perfgate.benchmarking.imported import (
     read_import,
     world_size_of_logs,
 )
-from perfgate.benchmarking.logformats import ParsedLog
 
 EMPTY = Contract({}, {})
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from perfgate.benchmarking.health import health_of, job_health_of_launches, loss_spikes
-from perfgate.benchmarking.logformats import parse_log
-from perfgate.benchmarking.loglines import read_log_lines
-from perfgate.benchmarking.records import decode_record
+from perfgate.benchmarking.reading.logformats import parse_log
+from perfgate.benchmarking.reading.loglines import read_log_lines
+from perfgate.benchmarking.reading.records import decode_record
+from perfgate.benchmarking.runs.health import health_of, job_health_of_launches, loss_spikes
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 

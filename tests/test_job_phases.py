@@ -21,8 +21,8 @@ import pytest
 from mcp import Client
 
 from _trust import operator_policy
-from perfgate.benchmarking.job import compare_jobs, job_timing
-from perfgate.benchmarking.records import read_record
+from perfgate.benchmarking.reading.records import read_record
+from perfgate.benchmarking.runs.job import compare_jobs, job_timing
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 
@@ -262,7 +262,7 @@ async def test_the_whole_job_is_measured_compared_and_gated(ws: Path) -> None:
 
 
 def _timing(launch: int, wall: float, parts: dict[str, float], inside: int = 0) -> Any:
-    from perfgate.benchmarking.job import JobPart, JobTiming
+    from perfgate.benchmarking.runs.job import JobPart, JobTiming
 
     return JobTiming(
         launch=launch,

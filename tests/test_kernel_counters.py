@@ -14,8 +14,8 @@ from perfgate.evidence import Ledger
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.traces import TraceFormatError
-from perfgate.traces import counters as counters_module
-from perfgate.traces.counters import (
+from perfgate.traces.reading import counters as counters_module
+from perfgate.traces.reading.counters import (
     KernelCounterTable,
     import_counter_csv,
     is_counter_csv,

@@ -15,7 +15,7 @@ from mcp import Client
 
 from _trust import operator_policy
 from perfgate.benchmarking.errors import BenchmarkError
-from perfgate.benchmarking.launch import launch_env
+from perfgate.benchmarking.windows.launch import launch_env
 from perfgate.evidence import Ledger
 from perfgate.execution.launches import COUNTER_FILE, launch_variables, next_launch_id
 from perfgate.harness import samples

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from perfgate.benchmarking import BenchmarkError
-from perfgate.benchmarking.launch import wrap_command
+from perfgate.benchmarking.windows.launch import wrap_command
 from perfgate.execution.launcher import TORCHRUN_FLAGS, TORCHRUN_VALUED, parse_python
 from perfgate.execution.target import Target, command_target
 

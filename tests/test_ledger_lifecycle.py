@@ -25,9 +25,9 @@ from perfgate.cli import main as cli_main
 from perfgate.evidence import Ledger
 from perfgate.evidence._database import FORMAT, LedgerFormatError
 from perfgate.execution.approve_cli import EXIT_NO_TTY
+from perfgate.security.trustroot import TrustRoot
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from perfgate.trust import TrustRoot
 from test_record_decision import (
     Evidence,
     _honest,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from perfgate.benchmarking.logformats import ParsedLog, compile_user_pattern, parse_log
-from perfgate.benchmarking.loglines import read_log_lines, strip_prefix
+from perfgate.benchmarking.reading.logformats import ParsedLog, compile_user_pattern, parse_log
+from perfgate.benchmarking.reading.loglines import read_log_lines, strip_prefix
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 

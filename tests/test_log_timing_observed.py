@@ -18,9 +18,9 @@ import pytest
 from mcp import Client
 
 from _trust import any_code_rules, operator_policy
-from perfgate._loglines import placed_lines
-from perfgate.benchmarking.corroborate import corroborate_log
+from perfgate.benchmarking.windows.corroborate import corroborate_log
 from perfgate.execution.linestamps import OutputStamps
+from perfgate.helpers.cappedlines import placed_lines
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 
@@ -149,7 +149,7 @@ def _stamped(data: bytes, step_ms: list[float], scale: float = 1.0) -> OutputSta
 
 
 def _check(data: bytes, stamps: OutputStamps | None, windows: list[tuple[int, int]]) -> Any:
-    from perfgate.benchmarking.logparse import compile_pattern, parse_placed_log
+    from perfgate.benchmarking.reading.logparse import compile_pattern, parse_placed_log
 
     placed = parse_placed_log(placed_lines(io.BufferedReader(io.BytesIO(data))), compile_pattern(PATTERN))
     return corroborate_log(0, placed, windows, stamps)

@@ -16,7 +16,7 @@ from mcp import Client
 
 import perfgate.tools
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.logsettings import parse_logged_settings, read_logged_settings
+from perfgate.benchmarking.reading.logsettings import parse_logged_settings, read_logged_settings
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import run_benchmark_window

@@ -1,5 +1,5 @@
 """What the harness measured beyond step times: the batch, samples and backward passes per step, the data
-stream, the environment, and their check against the contract (`perfgate.benchmarking.measured`)."""
+stream, the environment, and their check against the contract (`perfgate.benchmarking.runs.measured`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import msgspec
 
 from _window_records import rank_record
 from perfgate.benchmarking import Contract
-from perfgate.benchmarking.measured import (
+from perfgate.benchmarking.reading.records import DeviceRecord
+from perfgate.benchmarking.runs.measured import (
     backward_per_step,
     launch_stream,
     measured_batch,
@@ -16,7 +17,6 @@ from perfgate.benchmarking.measured import (
     samples_per_step,
     window_health,
 )
-from perfgate.benchmarking.records import DeviceRecord
 
 
 def test_samples_per_step_sum_the_ranks_over_the_measured_steps_only() -> None:

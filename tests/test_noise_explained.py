@@ -22,11 +22,11 @@ import pytest
 from mcp import Client
 
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.compare import Comparison
-from perfgate.benchmarking.noise import explain_noise, oversubscription, pinned_threads
+from perfgate.benchmarking.comparing.compare import Comparison
+from perfgate.benchmarking.comparing.noise import explain_noise, oversubscription, pinned_threads
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from perfgate.traces.hostload import _perfgate_service
+from perfgate.traces.diagnosis.hostload import _perfgate_service
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ import pytest
 
 from perfgate.envprobe.provenance import code_state
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
-from perfgate.trust import TrustRoot
+from perfgate.security.trustroot import TrustRoot
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
 COPY = "state/harness/0123456789abcdef"

@@ -12,8 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from perfgate.benchmarking.sequential import MIN_PAIRS, look, t_quantile
-from perfgate.benchmarking.stats import t975
+from perfgate.benchmarking.comparing.sequential import MIN_PAIRS, look, t_quantile
+from perfgate.benchmarking.comparing.stats import t975
 
 
 def _launch_median(rng: np.random.Generator, step_ms: float, steps: int = 20) -> float:

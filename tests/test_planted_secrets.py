@@ -18,10 +18,10 @@ from mcp import Client
 import perfgate.tools
 from _gated_tool import SPEC
 from _trust import any_code_rules, operator_policy
-from perfgate.redaction import install_log_filter
+from perfgate.security.scrubber import install_log_filter
+from perfgate.security.trustroot import TrustRoot
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from perfgate.trust import TrustRoot
 
 pytestmark = pytest.mark.anyio
 

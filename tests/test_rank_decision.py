@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from perfgate.benchmarking import WindowSample, compare_windows
-from perfgate.benchmarking.drift import LaunchInfo
-from perfgate.benchmarking.robust import _critical, rank_shift
+from perfgate.benchmarking.comparing.drift import LaunchInfo
+from perfgate.benchmarking.comparing.robust import _critical, rank_shift
 
 
 def _side(step_ms: list[float], tag: str, steps: int = 20, seed: int = 0) -> list[WindowSample]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from perfgate.redaction import REDACTED, Scrubber
+from perfgate.security.scrubber import REDACTED, Scrubber
 
 _PLACEHOLDER = re.compile(r"<redacted:[a-z0-9-]+:[0-9a-f]{8}>")
 

@@ -19,7 +19,7 @@ from mcp import Client
 
 from _ports import free_port
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.replicas import replica_check
+from perfgate.benchmarking.runs.replicas import replica_check
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from test_record_decision import Evidence, _text
@@ -125,7 +125,7 @@ def _with(digests: list[str | None], structure: str = "0" * 32) -> list[Any]:
     """One record per rank whose last window holds ``digests[rank]``."""
     import msgspec
 
-    from perfgate.benchmarking.records import ModelRecord
+    from perfgate.benchmarking.reading.records import ModelRecord
 
     model = ModelRecord(name="m", parameters=1, trainable_parameters=1, structure=structure)
     out = []

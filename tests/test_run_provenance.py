@@ -1,4 +1,4 @@
-"""What a launched run was (`perfgate.benchmarking.provenance.run_provenance`), and the run directory a
+"""What a launched run was (`perfgate.benchmarking.workload.provenance.run_provenance`), and the run directory a
 call's input names and holds (`perfgate.execution.rundir`)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from _window_records import Artifacts
-from perfgate.benchmarking.provenance import run_provenance
+from perfgate.benchmarking.workload.provenance import run_provenance
 from perfgate.errors import ToolError
 from perfgate.execution.rundir import hold_run_dir, input_run_dir, one_run
 

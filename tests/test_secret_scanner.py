@@ -11,9 +11,9 @@ import pytest
 
 from perfgate.evidence import Ledger
 from perfgate.execution.request import CommandRequest, redact_request
-from perfgate.redaction import Scrubber
-from perfgate.redactor import Redactor, placeholder, redact_env_values, request_secrets
-from perfgate.secretscan import find_secrets, random_like, value_secrets
+from perfgate.security.envredactor import Redactor, placeholder, redact_env_values, request_secrets
+from perfgate.security.scrubber import Scrubber
+from perfgate.security.secretscan import find_secrets, random_like, value_secrets
 
 FOUND = {
     "aws-access-key-id": "id AKIAIOSFODNN7EXAMPLE here",

@@ -25,10 +25,10 @@ from _gated_tool import SPEC
 from _trust import any_code_rules, operator_policy
 from perfgate.evidence import Ledger
 from perfgate.execution.approvals import ApprovalStore
+from perfgate.security.trustroot import TrustRoot
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.tools import run_benchmark_window
-from perfgate.trust import TrustRoot
 
 pytestmark = pytest.mark.anyio
 

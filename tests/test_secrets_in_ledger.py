@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from perfgate.evidence import EvidenceState, Ledger
 from perfgate.execution.audit import Decision, How, record_decision
 from perfgate.execution.request import CommandRequest
-from perfgate.redactor import placeholder
+from perfgate.security.envredactor import placeholder
 from perfgate.serving.runtime import ServerConfig, ToolRuntime
 
 pytestmark = pytest.mark.anyio

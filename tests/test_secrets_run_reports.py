@@ -20,8 +20,8 @@ import pytest
 from mcp import Client
 
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.records import decode_record
-from perfgate.redaction import Scrubber
+from perfgate.benchmarking.reading.records import decode_record
+from perfgate.security.scrubber import Scrubber
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 

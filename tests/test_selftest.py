@@ -147,8 +147,8 @@ def test_the_selftest_pre_approves_exactly_its_own_commands(tmp_path: Path, devi
     from perfgate.execution import load_policy
     from perfgate.execution.binding import bind_code
     from perfgate.execution.request import CommandRequest
+    from perfgate.security.trustroot import TrustRoot
     from perfgate.selftest import _commands, _write_workspace  # pyright: ignore[reportPrivateUsage]
-    from perfgate.trust import TrustRoot
 
     policy_file = _write_workspace(tmp_path, device, quick=True)
     policy = load_policy(tmp_path, TrustRoot.locate(policy=policy_file))

@@ -399,7 +399,7 @@ async def test_what_the_skill_says_of_the_profiled_flag_is_what_trace_analysis_r
 
 
 def test_the_required_invariants_the_skill_names_are_the_ones_the_gate_requires() -> None:
-    vocabulary = pytest.importorskip("perfgate.benchmarking.vocabulary")
+    vocabulary = pytest.importorskip("perfgate.benchmarking.workload.vocabulary")
     required: tuple[str, ...] = vocabulary.REQUIRED_INVARIANTS
     row = next(line for line in _skill().splitlines() if line.startswith("| `required_invariants` |"))
     assert set(re.findall(r"`([a-z_]+)`", row)) - {"required_invariants"} == set(required)

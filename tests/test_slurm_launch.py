@@ -23,9 +23,9 @@ from mcp.types import ElicitRequestParams, ElicitResult
 
 from _trust import any_code_rules, operator_policy
 from perfgate.evidence import Ledger
+from perfgate.security.trustroot import TrustRoot
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from perfgate.trust import TrustRoot
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

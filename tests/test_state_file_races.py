@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from perfgate._http import TokenError, http_token
+from perfgate.transports.http import TokenError, http_token
 
 
 def test_servers_starting_at_once_serve_the_one_generated_token(

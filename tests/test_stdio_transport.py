@@ -1,4 +1,4 @@
-"""`perfgate serve`'s stdio transport (`perfgate._stdio`), at the byte level of its pipes.
+"""`perfgate serve`'s stdio transport (`perfgate.transports.stdio`), at the byte level of its pipes.
 
 The server reads and writes its pipes on the event loop, without a thread per message; everything else
 falls back to the SDK's transport. Either way the standard streams are diverted while it serves and

@@ -550,7 +550,7 @@ def test_a_hash_slower_than_the_comparison_still_digests_the_bytes_compared(
 
     import blake3
 
-    from perfgate import digests
+    from perfgate.security import digests
     from perfgate.tensors import _mapped
 
     sizes: list[int] = []
@@ -652,7 +652,7 @@ def test_on_two_cpus_the_reading_thread_hashes_each_chunk_it_reads(
 
     import blake3
 
-    from perfgate import digests
+    from perfgate.security import digests
     from perfgate.tensors import _mapped
 
     hashing_threads: set[str] = set()

@@ -18,8 +18,8 @@ import pytest
 from mcp import Client
 
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.corroborate import corroborate_launch
-from perfgate.benchmarking.records import RankRecord, StepColumns, WindowRecord
+from perfgate.benchmarking.reading.records import RankRecord, StepColumns, WindowRecord
+from perfgate.benchmarking.windows.corroborate import corroborate_launch
 from perfgate.execution.ticks import LaunchTicks
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig

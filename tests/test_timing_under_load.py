@@ -20,7 +20,7 @@ import pytest
 from mcp import Client
 
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.corroborate import corroborate_launch
+from perfgate.benchmarking.windows.corroborate import corroborate_launch
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from test_timing_corroboration import SKIP_WHILE_MEASURED, TRAIN

@@ -13,8 +13,9 @@ from mcp import Client
 
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
-from perfgate.traces import AnalysisOptions, TraceTooLargeError, analyze_trace, parsecache, pool
-from perfgate.traces.parsecache import CACHE_ENV, ParseCache, Parsed, parse_cache, table_bytes
+from perfgate.traces import AnalysisOptions, TraceTooLargeError, analyze_trace, pool
+from perfgate.traces.reading import parsecache
+from perfgate.traces.reading.parsecache import CACHE_ENV, ParseCache, Parsed, parse_cache, table_bytes
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 TRACES = [

@@ -16,10 +16,10 @@ from perfgate.traces import (
     analyze_trace,
     analyze_traces,
     classify_device,
-    ops,
 )
-from perfgate.traces.intervals import intersection_length, merge, union_length
-from perfgate.traces.ops import self_times
+from perfgate.traces.analyses import ops
+from perfgate.traces.analyses.intervals import intersection_length, merge, union_length
+from perfgate.traces.analyses.ops import self_times
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 MUSA = FIXTURES / "musa_s4000_rank1.json"

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perfgate.traces import Finding, analyze_traces, code
-from perfgate.traces.code import MISSING_STACKS, find_loops, module_names, nearest, user_frame
+from perfgate.traces import Finding, analyze_traces
+from perfgate.traces.analyses import code
+from perfgate.traces.analyses.code import MISSING_STACKS, find_loops, module_names, nearest, user_frame
 
 FIXTURES = Path(__file__).parent / "fixtures"
 JOBS = FIXTURES / "code_jobs.py"

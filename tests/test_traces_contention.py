@@ -20,7 +20,7 @@ from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.tools.trace_analysis import trace_brief
 from perfgate.traces import analyze_traces, combine
-from perfgate.traces.diagnose import _OP_LEVEL, THRESHOLDS  # pyright: ignore[reportPrivateUsage]
+from perfgate.traces.diagnosis.diagnose import _OP_LEVEL, THRESHOLDS  # pyright: ignore[reportPrivateUsage]
 from perfgate.traces.models import HostLoad, OtherProcess
 
 PLANTED = Path(__file__).parent / "fixtures" / "traces" / "planted"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from perfgate.traces import analyze_trace, analyze_traces
-from perfgate.traces.diagnose import THRESHOLDS
+from perfgate.traces.diagnosis.diagnose import THRESHOLDS
 
 PLANTED = Path(__file__).parent / "fixtures" / "traces" / "planted"
 
@@ -99,7 +99,7 @@ def test_the_lightweight_critical_path_partitions_each_step_and_names_the_side(h
 
 def test_the_diff_of_dataloader_workers_0_to_2_shows_the_change_where_it_happened() -> None:
     from perfgate.traces import AnalysisOptions
-    from perfgate.traces.diff import diff_profiles
+    from perfgate.traces.diagnosis.diff import diff_profiles
 
     options = AnalysisOptions(top_k=30)
     before = analyze_traces(planted("slow_loader"), options)
@@ -116,7 +116,7 @@ def test_the_diff_of_dataloader_workers_0_to_2_shows_the_change_where_it_happene
 
 
 def test_the_diff_of_two_real_traces_finds_the_added_sync_and_copies(hta_traces: Path) -> None:
-    from perfgate.traces.diff import diff_profiles
+    from perfgate.traces.diagnosis.diff import diff_profiles
 
     control = analyze_traces([hta_traces / "trace_diff_control_control.json.gz"])
     test = analyze_traces([hta_traces / "trace_diff_test_test.json.gz"])

@@ -9,10 +9,10 @@ import pytest
 
 from perfgate.hardware.peaks import lookup_peak
 from perfgate.traces import analyze_trace, combine
+from perfgate.traces.analyses.efficiency import op_efficiency
 from perfgate.traces.analyze import AnalysisOptions, load_table
-from perfgate.traces.efficiency import op_efficiency
 from perfgate.traces.models import OpEfficiency, OpEfficiencySummary
-from perfgate.traces.prepare import prepare
+from perfgate.traces.reading.prepare import prepare
 
 PLANTED = Path(__file__).parent / "fixtures" / "traces" / "planted"
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from perfgate.traces import _group, prepare
-from perfgate.traces.table import Columns
+from perfgate.traces.reading import _group, prepare
+from perfgate.traces.reading.table import Columns
 
 keys = st.lists(st.integers(-5, 60), max_size=200) | st.lists(st.integers(0, 2**40), max_size=50)
 

@@ -164,7 +164,7 @@ _INT64 = st.integers(-(2**63), 2**63 - 1)
 def test_stream_keys_are_equal_exactly_when_the_pairs_are_and_ordered_as_them(
     pairs: list[tuple[int, int]], narrow: bool
 ) -> None:
-    from perfgate.traces._group import pair_keys
+    from perfgate.traces.reading._group import pair_keys
 
     if narrow:  # ids of a real trace: the keys are numbers over the ids' ranges
         pairs = [(a % 5 - 1, b % 70) for a, b in pairs]
@@ -179,7 +179,7 @@ def test_stream_keys_are_equal_exactly_when_the_pairs_are_and_ordered_as_them(
 
 @pytest.mark.parametrize("values", [[2**53, 2**53 + 1, None], [2**63 - 1, 1.5], [7, 2**53 + 1]])
 def test_an_int_column_holds_ids_beyond_float64_exactly(values: list[Any]) -> None:
-    from perfgate.traces.table import _ints  # pyright: ignore[reportPrivateUsage]
+    from perfgate.traces.reading.table import _ints  # pyright: ignore[reportPrivateUsage]
 
     expected = [-1 if v is None else int(v) for v in values]
     assert _ints(values).tolist() == expected

@@ -22,8 +22,8 @@ import pytest
 
 from perfgate.evidence import Ledger
 from perfgate.traces import RankProfile, analyze_traces
+from perfgate.traces.analyses.intervals import union_length
 from perfgate.traces.classify import category_kind, classify_device, host_call_role, is_polling_call
-from perfgate.traces.intervals import union_length
 
 pytest.importorskip("torch")
 

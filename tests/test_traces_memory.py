@@ -10,11 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from perfgate.traces import AnalysisOptions, analyze_trace, ops, phases
+from perfgate.traces import AnalysisOptions, analyze_trace
+from perfgate.traces.analyses import ops, phases
+from perfgate.traces.analyses.intervals import clip, difference, merge, merge_merged
 from perfgate.traces.analyze import load_table
-from perfgate.traces.intervals import clip, difference, merge, merge_merged
-from perfgate.traces.prepare import prepare
-from perfgate.traces.table import Columns
+from perfgate.traces.reading.prepare import prepare
+from perfgate.traces.reading.table import Columns
 
 MUSA = Path(__file__).parent / "fixtures" / "traces" / "musa_s4000_rank1.json"
 

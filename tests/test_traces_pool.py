@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from perfgate._deadline import DeadlineExceeded
+from perfgate.helpers.deadline import DeadlineExceeded
 from perfgate.traces import AnalysisOptions, TraceError, analyze_trace, pool
 from perfgate.traces.pool import Deadline, analyze_many, estimated_peak_bytes, worker_count
 

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perfgate.traces import TraceFormatError, TraceStream, TraceTooLargeError, isal_available
-from perfgate.traces._events import decode_args
+from perfgate.traces.reading._events import decode_args
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 MUSA = FIXTURES / "musa_s4000_rank1.json"
@@ -327,7 +327,7 @@ def test_an_array_of_other_values_is_still_cut_between_them(tmp_path: Path) -> N
     st.booleans(),
 )
 def test_arg_columns_convert_each_value_as_one_by_one(values: list[Any], absent: bool) -> None:
-    from perfgate.traces import table
+    from perfgate.traces.reading import table
 
     if absent:  # an arg no event of the batch has: the shortcut
         values = [None] * len(values)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from perfgate.traces import AnalysisOptions, analyze_trace, discover_trace_files
-from perfgate.traces.phases import phase_of_name
+from perfgate.traces.analyses.phases import phase_of_name
 
 pytest.importorskip("torch")
 

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from perfgate.harness.config import ProfileConfig
-from perfgate.traces.external import capture_plans
-from perfgate.traces.segment import (
+from perfgate.traces.diagnosis.segment import (
     annotate_profiles,
     capture_failure,
     keep_trace,
@@ -22,6 +21,7 @@ from perfgate.traces.segment import (
     segment_state,
     segment_warnings,
 )
+from perfgate.traces.reading.external import capture_plans
 
 
 def test_the_harness_measures_one_step_and_traces_on_the_schedule(tmp_path: Path) -> None:
@@ -35,7 +35,7 @@ def test_the_harness_measures_one_step_and_traces_on_the_schedule(tmp_path: Path
 
 
 def test_captures_are_the_vendors_or_those_installed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import perfgate.traces.external as external
+    import perfgate.traces.reading.external as external
 
     monkeypatch.setattr(external.shutil, "which", lambda name: "/usr/bin/ncu" if name == "ncu" else None)
     chosen = capture_plans(["system", "kernel"], "auto", ["python", "train.py"], tmp_path)

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from mcp import Client
 
-from perfgate._deadline import DeadlineExceeded
+from perfgate.helpers.deadline import DeadlineExceeded
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.traces import AnalysisOptions, TraceError, analyze_trace, pool
 from perfgate.traces.analyze import load_table
-from perfgate.traces.parsecache import CACHE_ENV
-from perfgate.traces.reader import TraceStream
-from perfgate.traces.table import Columns
+from perfgate.traces.reading.parsecache import CACHE_ENV
+from perfgate.traces.reading.reader import TraceStream
+from perfgate.traces.reading.table import Columns
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 PLANTED = FIXTURES / "planted"

@@ -17,11 +17,11 @@ import perfgate.tools
 from _trust import operator_policy
 from perfgate.errors import ToolError
 from perfgate.evidence import Ledger
+from perfgate.security.trustroot import TrustRoot
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig, ToolRuntime
 from perfgate.tools import profile_segment
 from perfgate.tools.profile_segment import ProfileSegmentInput, ProfileSegmentOutput, run
-from perfgate.trust import TrustRoot
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from perfgate.trust import KEY_BYTES, SigningKey, TrustRoot, TrustRootError
+from perfgate.security.trustroot import KEY_BYTES, SigningKey, TrustRoot, TrustRootError
 
 
 def _root(tmp_path: Path) -> TrustRoot:

@@ -19,7 +19,7 @@ from mcp import Client
 from perfgate.cli import main as cli_main
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.evidence.records import GENESIS_HASH
-from perfgate.trust import TrustRoot
+from perfgate.security.trustroot import TrustRoot
 from test_record_decision import Evidence, _honest, _keep, _open, _text
 
 pytestmark = pytest.mark.anyio

@@ -11,7 +11,7 @@ import pytest
 from mcp import Client
 
 from _trust import any_code_rules, operator_policy
-from perfgate.benchmarking.dumps import dump_call_lines
+from perfgate.benchmarking.runs.dumps import dump_call_lines
 from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 

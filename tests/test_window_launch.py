@@ -1,5 +1,5 @@
 """The approved launch of a window run: harness in front, its settings in the environment, the tick FIFO,
-the log pattern, a Slurm submission (`perfgate.benchmarking.window_launch`)."""
+the log pattern, a Slurm submission (`perfgate.benchmarking.windows.window_launch`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,13 @@ from pathlib import Path
 import pytest
 
 from perfgate.benchmarking import BenchmarkError, Contract
-from perfgate.benchmarking.window_launch import LOG_PATTERN_ENV, WindowLaunch, record_dir, window_launch
-from perfgate.benchmarking.window_plan import Capture, WindowPlan
+from perfgate.benchmarking.windows.window_launch import (
+    LOG_PATTERN_ENV,
+    WindowLaunch,
+    record_dir,
+    window_launch,
+)
+from perfgate.benchmarking.windows.window_plan import Capture, WindowPlan
 from perfgate.execution.slurm import SUBMIT_PROGRAMS, SlurmResources, missing_programs, steering_env
 from perfgate.harness import HarnessConfig
 from perfgate.harness.ticks import TICKS_ENV

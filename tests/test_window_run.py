@@ -1,5 +1,5 @@
 """A window run from its launches to its figures, without the MCP layer: launches are faked by writing
-what a launch leaves (rank records, a stdout log) (`perfgate.benchmarking.window_run`)."""
+what a launch leaves (rank records, a stdout log) (`perfgate.benchmarking.windows.window_run`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from _window_records import Artifacts, rank_record, write_records
 from perfgate.benchmarking import Contract
-from perfgate.benchmarking.records import RankRecord
-from perfgate.benchmarking.window_plan import WindowPlan
-from perfgate.benchmarking.window_run import Launched, LaunchFn, measure_windows
+from perfgate.benchmarking.reading.records import RankRecord
+from perfgate.benchmarking.windows.window_plan import WindowPlan
+from perfgate.benchmarking.windows.window_run import Launched, LaunchFn, measure_windows
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NoReturn, cast
 
 if TYPE_CHECKING:
     from perfgate.evidence import Ledger
-    from perfgate.trust import TrustRoot
+    from perfgate.security.trustroot import TrustRoot
 
 __all__ = ["main"]
 
@@ -71,7 +71,7 @@ def _positive_int(raw: str) -> int:
 
 
 def _trust(args: argparse.Namespace) -> TrustRoot:
-    from perfgate.trust import TrustRoot
+    from perfgate.security.trustroot import TrustRoot
 
     return TrustRoot.locate(state_dir=args.state_dir, config_dir=args.config_dir, policy=args.policy)
 
@@ -89,7 +89,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             f"workspace {workspace} is not a directory", "create it, or pass --workspace DIR of your project"
         )
         return 2
-    from perfgate._deadline import ParseLimits
+    from perfgate.helpers.deadline import ParseLimits
 
     try:
         limits = ParseLimits.from_env()
@@ -117,11 +117,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         gc.freeze()
         if collecting:
             gc.enable()
-    from perfgate.redaction import install_log_filter
+    from perfgate.security.scrubber import install_log_filter
 
     install_log_filter()  # the server's own log never carries a secret
     if args.transport == "stdio":
-        from perfgate._stdio import ClientGone, run_stdio
+        from perfgate.transports.stdio import ClientGone, run_stdio
 
         try:
             run_stdio(server)
@@ -129,7 +129,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             _fail(str(exc), "reconnect from the agent host; the evidence recorded so far is kept")
             return 1
         return 0
-    from perfgate._http import TokenError, allowed_hosts, http_token, serve_http
+    from perfgate.transports.http import TokenError, allowed_hosts, http_token, serve_http
 
     try:
         token, source = http_token(os.environ.get("PERFGATE_TOKEN"), args.token_file, config.trust.state_dir)
@@ -168,7 +168,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _existing_ledger(args: argparse.Namespace) -> Ledger | None:
     """The workspace's ledger, or None (with a message) when it has none: reading never creates one."""
     from perfgate.evidence import STATE_DIR_NAME, Ledger
-    from perfgate.trust import CorruptKeyError
+    from perfgate.security.trustroot import CorruptKeyError
 
     workspace: Path = args.workspace
     if not (workspace / STATE_DIR_NAME / "ledger.db").exists():
@@ -202,7 +202,7 @@ def _cmd_ledger_retire(args: argparse.Namespace, tty_path: str = "/dev/tty") -> 
     ledgers are gone. An agent has neither: no terminal, and the trust root is not its to write."""
     from perfgate.evidence import Ledger
     from perfgate.execution.approve_cli import EXIT_NO_TTY
-    from perfgate.trust import TrustRootError
+    from perfgate.security.trustroot import TrustRootError
 
     workspace: Path = args.workspace.resolve()
     if not workspace.is_dir():
@@ -412,7 +412,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from perfgate._safeopen import UnsafeFileError
+    from perfgate.helpers.safeopen import UnsafeFileError
     from perfgate.report.html import write_report
 
     ledger = _existing_ledger(args)

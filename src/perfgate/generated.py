@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from perfgate.benchmarking.vocabulary import render_vocabulary
+from perfgate.benchmarking.workload.vocabulary import render_vocabulary
 from perfgate.decisions.gates.table import with_gate_table
 from perfgate.schemas import SCHEMA_DIR
 from perfgate.server import build_server, tool_for

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfgate._lazy import lazy_exports
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.formats import EXPECTED_SUFFIXES, OBSERVED_SUFFIXES
 from perfgate.audit.report import (
@@ -25,6 +24,7 @@ from perfgate.audit.report import (
     RankCount,
     Severity,
 )
+from perfgate.helpers.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from perfgate.audit.audit import audit_records
@@ -98,10 +98,10 @@ def audit_path(
     Raises:
         AuditInputError: unreadable inputs, or both expected forms given.
     """
-    from perfgate._deadline import checkpoint
     from perfgate.audit.audit import audit_records
     from perfgate.audit.expected import IdRange, read_expected
     from perfgate.audit.read import read_observed
+    from perfgate.helpers.deadline import checkpoint
 
     if expected is not None and expected_range is not None:
         raise AuditInputError("give either expected (a file) or expected_range, not both")

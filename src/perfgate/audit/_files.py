@@ -9,8 +9,8 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from perfgate._safeopen import open_file
 from perfgate.audit.errors import AuditInputError
+from perfgate.helpers.safeopen import open_file
 
 __all__ = ["MAX_GZIP_RATIO", "RATIO_EXEMPT_BYTES", "open_binary"]
 

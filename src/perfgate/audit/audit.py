@@ -7,7 +7,6 @@ from collections.abc import Iterator
 import numpy as np
 from numpy.typing import NDArray
 
-from perfgate._deadline import checkpoint
 from perfgate.audit.codes import IdCodes, encode_ids
 from perfgate.audit.coverage import EpochCoverage, OwnerTable, epoch_coverage
 from perfgate.audit.errors import AuditInputError
@@ -29,6 +28,7 @@ from perfgate.audit.report import (
 from perfgate.audit.resume import ResumeFindings, find_resumes
 from perfgate.audit.runs import select_records
 from perfgate.audit.shards import aligned_repeats
+from perfgate.helpers.deadline import checkpoint
 
 __all__ = ["audit_records"]
 

@@ -15,13 +15,13 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
-from perfgate._deadline import past_memory_budget
-from perfgate._safeopen import open_file
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.formats import EXPECTED_SUFFIXES
 from perfgate.audit.ids import IdValue, SampleIds, StringPool, parse_text_id
 from perfgate.audit.read_npz import ids_from_array, load_array_file
 from perfgate.audit.read_parquet import read_parquet_ids
+from perfgate.helpers.deadline import past_memory_budget
+from perfgate.helpers.safeopen import open_file
 
 __all__ = ["EXPECTED_SUFFIXES", "ExpectedIds", "IdRange", "read_expected"]
 

@@ -13,7 +13,7 @@ from perfgate.audit.coverage import EpochCoverage
 from perfgate.audit.findings import FindingCollector
 from perfgate.audit.records import ObservedRecords
 from perfgate.audit.report import AuditPolicy
-from perfgate.quoting import file_text
+from perfgate.security.quoting import file_text
 
 __all__ = ["check_epoch", "check_inputs"]
 

@@ -10,11 +10,11 @@ from typing import BinaryIO, Protocol
 
 import numpy as np
 
-from perfgate._deadline import checkpoint
 from perfgate.audit._files import open_binary
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import IdValue, SampleIds, parse_text_id
 from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
+from perfgate.helpers.deadline import checkpoint
 
 __all__ = ["MAX_ROW_BYTES", "read_csv"]
 

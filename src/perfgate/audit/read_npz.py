@@ -11,11 +11,11 @@ from typing import IO, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from perfgate._safeopen import open_file
 from perfgate.audit._files import MAX_GZIP_RATIO, RATIO_EXEMPT_BYTES
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import SampleIds, StringPool
 from perfgate.audit.records import REQUIRED_COLUMNS, RecordBuilder
+from perfgate.helpers.safeopen import open_file
 
 __all__ = ["check_array_file", "ids_from_array", "load_array_file", "read_npz"]
 
@@ -68,7 +68,7 @@ def check_array_file(path: Path, f: IO[bytes]) -> None:
     Each array's declared size must match what the file (or the member's declared size) holds, and a
     deflated member may expand at most MAX_GZIP_RATIO times (the same cap as ``.gz`` record files).
 
-    ``f`` is the open file (`perfgate._safeopen.open_file`); it is left at an unspecified position.
+    ``f`` is the open file (`perfgate.helpers.safeopen.open_file`); it is left at an unspecified position.
 
     Raises:
         AuditInputError: naming the file, the member and the limit.

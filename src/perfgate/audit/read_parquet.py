@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from perfgate._deadline import checkpoint
-from perfgate._safeopen import open_file
 from perfgate.audit._files import MAX_GZIP_RATIO, RATIO_EXEMPT_BYTES
 from perfgate.audit.errors import AuditInputError
 from perfgate.audit.ids import SampleIds, StringPool
 from perfgate.audit.records import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, RecordBuilder
+from perfgate.helpers.deadline import checkpoint
+from perfgate.helpers.safeopen import open_file
 
 __all__ = ["parquet_available", "read_parquet", "read_parquet_ids"]
 
@@ -51,7 +51,7 @@ _PROC_FD = Path("/proc/self/fd")
 
 def _open(path: Path) -> Any:
     pq = _arrow("pyarrow.parquet")
-    f = open_file(path)  # no link followed, a regular file of its own (`perfgate._safeopen`)
+    f = open_file(path)  # no link followed, a regular file of its own (`perfgate.helpers.safeopen`)
     try:
         if _PROC_FD.is_dir():
             # pyarrow reopens exactly the checked file through /proc, at native speed, and keeps its own handle.
@@ -118,7 +118,7 @@ def _read_batches(pf: Any, columns: list[str], source: str, builder: RecordBuild
     reasons: list[str] = []
     pos = 0
     for batch in pf.iter_batches(batch_size=_BATCH_ROWS, columns=columns):
-        checkpoint()  # the parsing deadline (perfgate._deadline), per batch of rows
+        checkpoint()  # the parsing deadline (perfgate.helpers.deadline), per batch of rows
         m = int(batch.num_rows)
         valid = np.ones(m, dtype=np.bool_)
         for name in REQUIRED_COLUMNS:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from perfgate._deadline import checkpoint
 from perfgate.audit.ids import SampleIds, StringPool
+from perfgate.helpers.deadline import checkpoint
 
 __all__ = [
     "OPTIONAL_COLUMNS",
@@ -146,7 +146,7 @@ class RecordBuilder:
         `step_lacking` is how many of the chunk's records have no step when `step` is None
         (default: all of them); it only feeds the note that says why step checks are off.
 
-        Each chunk is also a deadline checkpoint (`perfgate._deadline`).
+        Each chunk is also a deadline checkpoint (`perfgate.helpers.deadline`).
         """
         checkpoint()
         bad = (epoch < 0) | (epoch > _INT32_MAX) | (rank < 0) | (rank > _INT32_MAX)

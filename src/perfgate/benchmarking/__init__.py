@@ -10,22 +10,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from perfgate._lazy import lazy_exports
-from perfgate.benchmarking.contract import Contract, ContractDiff, check_contract, diff_contracts
+from perfgate.benchmarking.comparing.verdict import decide
 from perfgate.benchmarking.errors import BenchmarkError, ContractError, RecordError
-from perfgate.benchmarking.verdict import decide
+from perfgate.benchmarking.workload.contract import Contract, ContractDiff, check_contract, diff_contracts
+from perfgate.helpers.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from perfgate.benchmarking.aggregate import (
+    from perfgate.benchmarking.comparing.aggregate import (
         RankWindow,
         RunSummary,
         WindowSummary,
         summarize_run,
         summarize_window,
     )
-    from perfgate.benchmarking.compare import Comparison, WindowSample, compare_windows
-    from perfgate.benchmarking.records import RankRecord, RecordSet, load_records, read_record
-    from perfgate.benchmarking.stats import NOISY_IQR_RATIO, StepStats, step_stats
+    from perfgate.benchmarking.comparing.compare import Comparison, WindowSample, compare_windows
+    from perfgate.benchmarking.comparing.stats import NOISY_IQR_RATIO, StepStats, step_stats
+    from perfgate.benchmarking.reading.records import RankRecord, RecordSet, load_records, read_record
 
 __all__ = [
     "NOISY_IQR_RATIO",
@@ -55,21 +55,21 @@ __all__ = [
 
 # Names served lazily: attribute -> module that defines it.
 _LAZY: dict[str, str] = {
-    "RankWindow": "perfgate.benchmarking.aggregate",
-    "RunSummary": "perfgate.benchmarking.aggregate",
-    "WindowSummary": "perfgate.benchmarking.aggregate",
-    "summarize_run": "perfgate.benchmarking.aggregate",
-    "summarize_window": "perfgate.benchmarking.aggregate",
-    "Comparison": "perfgate.benchmarking.compare",
-    "WindowSample": "perfgate.benchmarking.compare",
-    "compare_windows": "perfgate.benchmarking.compare",
-    "RankRecord": "perfgate.benchmarking.records",
-    "RecordSet": "perfgate.benchmarking.records",
-    "load_records": "perfgate.benchmarking.records",
-    "read_record": "perfgate.benchmarking.records",
-    "NOISY_IQR_RATIO": "perfgate.benchmarking.stats",
-    "StepStats": "perfgate.benchmarking.stats",
-    "step_stats": "perfgate.benchmarking.stats",
+    "RankWindow": "perfgate.benchmarking.comparing.aggregate",
+    "RunSummary": "perfgate.benchmarking.comparing.aggregate",
+    "WindowSummary": "perfgate.benchmarking.comparing.aggregate",
+    "summarize_run": "perfgate.benchmarking.comparing.aggregate",
+    "summarize_window": "perfgate.benchmarking.comparing.aggregate",
+    "Comparison": "perfgate.benchmarking.comparing.compare",
+    "WindowSample": "perfgate.benchmarking.comparing.compare",
+    "compare_windows": "perfgate.benchmarking.comparing.compare",
+    "RankRecord": "perfgate.benchmarking.reading.records",
+    "RecordSet": "perfgate.benchmarking.reading.records",
+    "load_records": "perfgate.benchmarking.reading.records",
+    "read_record": "perfgate.benchmarking.reading.records",
+    "NOISY_IQR_RATIO": "perfgate.benchmarking.comparing.stats",
+    "StepStats": "perfgate.benchmarking.comparing.stats",
+    "step_stats": "perfgate.benchmarking.comparing.stats",
 }
 
 

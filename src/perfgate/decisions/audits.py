@@ -53,7 +53,7 @@ def _launch_ids(ids: list[str], lookup: Lookup) -> set[int]:
 def declares_replacement(record: EvidenceRecord) -> bool:
     """The window's contract declares sampling with replacement (invariant ``replacement`` true, or
     ``sampling`` naming it)."""
-    from perfgate.benchmarking.vocabulary import vocabulary_name
+    from perfgate.benchmarking.workload.vocabulary import vocabulary_name
 
     raw = (
         record.result.get("contract") if record.tool == "import_benchmark" else record.inputs.get("contract")

@@ -39,8 +39,8 @@ def _on(value: Any) -> bool:
 
 def _settings(record: EvidenceRecord) -> dict[str, str]:
     """The dispatcher and graph settings a window's command line and contract name, by vocabulary name."""
-    from perfgate.benchmarking.argv import argv_options, launched_argv
-    from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key, vocabulary_name
+    from perfgate.benchmarking.workload.argv import argv_options, launched_argv
+    from perfgate.benchmarking.workload.vocabulary import VOCABULARY, canonical_key, vocabulary_name
 
     out: dict[str, str] = {}
     command = launched_argv(record.inputs)
@@ -103,7 +103,7 @@ def _side_settings(ids: list[str], lookup: Lookup) -> tuple[dict[str, str], list
 def _log_says(records: list[EvidenceRecord]) -> str | None:
     """What the candidate windows' logs listed, quoted for a refusal ("the candidate's log says ..."),
     or None."""
-    from perfgate.benchmarking.vocabulary import vocabulary_name
+    from perfgate.benchmarking.workload.vocabulary import vocabulary_name
 
     logged: dict[str, str] = {}
     for record in records:
@@ -144,7 +144,7 @@ def _wanted(
     exp: Experiment, comparison: EvidenceRecord, base: dict[str, str], cand: dict[str, str]
 ) -> tuple[str | None, bool, list[str]]:
     """(dispatcher wanted or 'any', graphs wanted, why each applies)."""
-    from perfgate.benchmarking.vocabulary import VOCABULARY
+    from perfgate.benchmarking.workload.vocabulary import VOCABULARY
     from perfgate.decisions.binding import named_changes
 
     named = named_changes(exp, comparison)

@@ -65,7 +65,7 @@ _GENERIC = {"code", "argv"}
 
 def canonical_name(name: str) -> str:
     """A change's vocabulary name (``env:`` dropped, synonyms resolved), else its canonical key."""
-    from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
+    from perfgate.benchmarking.workload.vocabulary import VOCABULARY, canonical_key
 
     key = canonical_key(name[4:] if name.lower().startswith("env:") else name)
     term = VOCABULARY.get(key)
@@ -97,7 +97,7 @@ def named_changes(exp: Experiment, comparison: EvidenceRecord) -> set[str]:
 def declaration_for(changed_variable: str) -> list[str]:
     """What a comparison declares for this changed variable: the vocabulary names and kinds ('code',
     'argv') it mentions, else the variable as written."""
-    from perfgate.benchmarking.vocabulary import VOCABULARY
+    from perfgate.benchmarking.workload.vocabulary import VOCABULARY
 
     tokens = [t for t in re.split(r"[^A-Za-z0-9_:.]+", changed_variable) if t]
     known = {VOCABULARY[t].name for t in map(canonical_name, [changed_variable, *tokens]) if t in VOCABULARY}

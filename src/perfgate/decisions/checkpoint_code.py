@@ -2,7 +2,7 @@
 the change's name nor from lines it left alone.
 
 The files a change touched are those whose code differs between the compared windows' recorded code
-states (`perfgate.benchmarking.provenance.code_differences`: the sections of each side's diff against its
+states (`perfgate.benchmarking.workload.provenance.code_differences`: the sections of each side's diff against its
 commit) and the workspace files the commands name whose digests differ. Its changed lines are read from
 each side's section of its ``code.diff`` artifact (hash-checked; the lines both sides' diffs changed alike
 are no difference between them) and, when the sides ran different commits, from the files changed between
@@ -146,7 +146,7 @@ def touched_checkpointing(
     save or load checkpoints; and the files whose changed lines cannot be read though the file calls a
     saver or loader (or why the change cannot be read at all). Both empty when the change touched none, or
     no side recorded its code. An unchanged saving line of a changed file is never counted."""
-    from perfgate.benchmarking.provenance import code_differences
+    from perfgate.benchmarking.workload.provenance import code_differences
 
     sides = [
         next(

@@ -46,7 +46,7 @@ def _stream(ids: list[str], lookup: Lookup) -> str | None:
 
 
 def _changed_paths(comparison: EvidenceRecord, lookup: Lookup) -> list[str]:
-    from perfgate.benchmarking.provenance import code_differences
+    from perfgate.benchmarking.workload.provenance import code_differences
 
     paths = [
         str(d.get("field"))[len("file:") :]

@@ -9,7 +9,7 @@ lines save or load checkpoints (`perfgate.decisions.checkpoint_code`); a saving 
 never enough. Where no save was observed on both sides, a changed file whose changed lines cannot be read and
 which saves or loads counts too, and measuring both sides with job=true settles it. It reads the latest
 resume launch of a candidate window (`run_benchmark_window(resume_of=...)`, judged by
-`perfgate.benchmarking.checkpoint_resume`) and, where both runs captured tensors at one aligned step, a
+`perfgate.benchmarking.runs.checkpoint_resume`) and, where both runs captured tensors at one aligned step, a
 tensor check of exactly that pair.
 """
 
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
+from perfgate.benchmarking.workload.vocabulary import VOCABULARY, canonical_key
 from perfgate.decisions.binding import TOPOLOGY, declaration_for, declared_for_experiment
 from perfgate.decisions.checkpoint_code import saving_files, touched_checkpointing
 from perfgate.decisions.equivalence import stricter_than_defaults
@@ -125,7 +125,7 @@ def _incompatible(state: StateDifference, command: list[str]) -> Check:
 def resume_check(exp: Experiment, comparison: EvidenceRecord, ledger: Ledger, lookup: Lookup) -> Check:
     """A checkpoint the baseline saved loads into the candidate (`perfgate.decisions.saved_state`); and a
     layout or checkpointing change resumes from its own checkpoint: the latest resume launch of a candidate
-    window (`run_benchmark_window(resume_of=...)`, `perfgate.benchmarking.checkpoint_resume`) loaded a file
+    window (`run_benchmark_window(resume_of=...)`, `perfgate.benchmarking.runs.checkpoint_resume`) loaded a file
     that run saved and trained on as the uninterrupted run did."""
     state = saved_state_difference(comparison, lookup)
     windows = [r for i in str_list(comparison.inputs.get("candidate")) if (r := lookup(i)) is not None]

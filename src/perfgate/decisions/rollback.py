@@ -225,7 +225,7 @@ def _effects(workspace: Path, rollback: str) -> _Effects:
 
 
 def _option_restored(name: str, value: str | None, tokens: list[str]) -> bool:
-    from perfgate.benchmarking.argv import argv_options
+    from perfgate.benchmarking.workload.argv import argv_options
 
     spelled = [t for t in tokens if t.startswith("-") and t.lstrip("-").replace("-", "_").lower() == name]
     if value is None:  # added by the candidate: naming it is all a rollback can say ("drop --compile")

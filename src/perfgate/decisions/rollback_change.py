@@ -84,12 +84,12 @@ def commit_range(workspace: Path, old: str, new: str) -> tuple[list[str], str | 
 
 def candidate_change(workspace: Path, base: EvidenceRecord, cand: EvidenceRecord) -> CandidateChange | None:
     """The recorded difference between a baseline and a candidate window, less what the runs themselves
-    wrote (`perfgate.benchmarking.identity`: an output path is no setting to restore); None when a side
+    wrote (`perfgate.benchmarking.comparing.identity`: an output path is no setting to restore); None when a side
     has no recorded code state (its difference cannot be known)."""
-    from perfgate.benchmarking.argv import argv_options
-    from perfgate.benchmarking.identity import ran_argv, written_by
-    from perfgate.benchmarking.outputs import output_paths
-    from perfgate.benchmarking.sides import record_provenance
+    from perfgate.benchmarking.comparing.identity import ran_argv, written_by
+    from perfgate.benchmarking.comparing.sides import record_provenance
+    from perfgate.benchmarking.workload.argv import argv_options
+    from perfgate.benchmarking.workload.outputs import output_paths
 
     b_prov, c_prov = record_provenance(base), record_provenance(cand)
     b_code, c_code = as_dict(b_prov.get("code")), as_dict(c_prov.get("code"))

@@ -1,6 +1,6 @@
 """Does the change alter what a checkpoint holds, and does a checkpoint the baseline saved still load?
 
-Read from the states the windows' checkpoint writers were handed (`perfgate.benchmarking.saved_state`, the
+Read from the states the windows' checkpoint writers were handed (`perfgate.benchmarking.runs.saved_state`, the
 ``saved_states`` of each window record, as the ledger holds them): a side's saved state is every key, with
 its shapes and dtypes, over the distinct states its windows saved. Where both sides saved, the states are
 equal (the change needs no resume on their account) or they differ: then a checkpoint the baseline saved

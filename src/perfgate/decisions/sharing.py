@@ -9,7 +9,7 @@ workspace's state folder, never in the exported folder, so `restore_text` can pu
 Placeholders: ``<workspace>`` and ``<home>`` for those two folders; ``<redacted:KIND:TAG>`` for a host
 (``host``), a user name (``user``), a dataset location (``dataset``) and the folder of any other absolute
 path (``path``; the file's own name stays: ``<redacted:path:1a2b3c4d>/python3``). TAG is
-`perfgate.redactor.placeholder`'s keyed digest of the value, so one value gets one placeholder in every
+`perfgate.security.envredactor.placeholder`'s keyed digest of the value, so one value gets one placeholder in every
 export of the workspace, and nobody without the map (or the trust root's key) can test guesses against it.
 """
 
@@ -22,10 +22,10 @@ from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
-from perfgate.benchmarking.argv import is_number
-from perfgate.benchmarking.vocabulary import vocabulary_name
+from perfgate.benchmarking.workload.argv import is_number
+from perfgate.benchmarking.workload.vocabulary import vocabulary_name
 from perfgate.evidence import EvidenceRecord
-from perfgate.redactor import placeholder
+from perfgate.security.envredactor import placeholder
 
 __all__ = ["HOME", "SHARED_USERS", "WORKSPACE", "Sanitizer", "restore_text"]
 

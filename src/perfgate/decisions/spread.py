@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from perfgate.decisions.equivalence import Ceiling, Limit, ceiling, maximum
-from perfgate.digests import entry_digest, format_digest
 from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, as_list, str_list
+from perfgate.security.digests import entry_digest, format_digest
 
 __all__ = ["SPREAD_FACTOR", "BaselineSpread", "baseline_spread", "ceiling_for", "check_step"]
 

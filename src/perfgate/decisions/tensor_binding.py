@@ -13,9 +13,9 @@ from typing import Any
 
 from perfgate.decisions.binding import Lookup, canonical_name
 from perfgate.decisions.experiments import Experiment
-from perfgate.digests import KNOWN_ALGORITHMS, entry_digest, format_digest, parse
 from perfgate.evidence import EvidenceRecord
 from perfgate.evidence.access import as_dict, as_list, str_list
+from perfgate.security.digests import KNOWN_ALGORITHMS, entry_digest, format_digest, parse
 
 __all__ = [
     "before_change_problems",

@@ -30,9 +30,9 @@ class ValidationVerdict:
 
 
 def _command(record: EvidenceRecord) -> tuple[str, ...]:
-    """The command as it ran, less the output paths the run wrote (`benchmarking.identity.ran_argv`): a
+    """The command as it ran, less the output paths the run wrote (`benchmarking.comparing.identity.ran_argv`): a
     validation run may write its dump or log elsewhere."""
-    from perfgate.benchmarking.identity import ran_argv
+    from perfgate.benchmarking.comparing.identity import ran_argv
 
     return tuple(ran_argv(record) or str_list(record.inputs.get("command")))
 

@@ -121,9 +121,9 @@ def _contract(workers: int) -> dict[str, Any]:
 async def _demo(workspace: Path, say: Callable[[str], None], policy: Path) -> DemoResult:
     from mcp import Client
 
+    from perfgate.security.trustroot import TrustRoot
     from perfgate.server import build_server
     from perfgate.serving.config import ServerConfig
-    from perfgate.trust import TrustRoot
 
     evidence: dict[str, str] = {}
     server = build_server(ServerConfig.create(workspace, trust=TrustRoot.locate(policy=policy)))

@@ -8,7 +8,7 @@
 - `visibility`: devices the process sees against the visibility variables and the host.
 - `topology`: NVLink (nvidia-smi), RDMA ports and GPUDirect RDMA (sysfs): what DeepEP/HybridEP need.
 - `fingerprint`: the facts that decide whether two measurements are comparable.
-- `collect`: all of the above merged into one record, sanitised by `perfgate.redactor`.
+- `collect`: all of the above merged into one record, sanitised by `perfgate.security.envredactor`.
 - `capture`: one collect_env call's capture: host facts, the probe run judged, the record's artifacts.
 
 Nothing here imports torch; the probe imports it in its own process.
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from perfgate._lazy import lazy_exports
 from perfgate.envprobe.visibility import count_listed, visibility  # eager: the function shadows its module
+from perfgate.helpers.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from perfgate.envprobe.collect import (

@@ -14,8 +14,8 @@ from perfgate.envprobe.probe import ProbeOutput
 from perfgate.envprobe.provenance import GitSnapshot, container_provenance, git_snapshot
 from perfgate.envprobe.systools import collect_system_tools
 from perfgate.envprobe.topology import collect_topology
-from perfgate.quoting import file_text
-from perfgate.redactor import Redactor
+from perfgate.security.envredactor import Redactor
+from perfgate.security.quoting import file_text
 
 
 class _Tail(Protocol):

@@ -32,7 +32,7 @@ from perfgate.envprobe.probe import ProbeOutput
 from perfgate.envprobe.provenance import GitSnapshot
 from perfgate.envprobe.topology import fingerprint_facts, topology_notes
 from perfgate.envprobe.visibility import visibility
-from perfgate.redactor import HOSTNAME, Redactor
+from perfgate.security.envredactor import HOSTNAME, Redactor
 
 __all__ = [
     "SCHEMA_VERSION",

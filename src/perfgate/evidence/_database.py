@@ -21,10 +21,10 @@ import weakref
 from collections.abc import Generator
 from pathlib import Path
 
-from perfgate._safeopen import UnsafeFileError
-from perfgate._sqlite import retry_while_busy
-from perfgate._statefs import make_dirs
 from perfgate.evidence._held import this_pid
+from perfgate.helpers.safeopen import UnsafeFileError
+from perfgate.helpers.sqlite import retry_while_busy
+from perfgate.helpers.statefs import make_dirs
 
 __all__ = ["FORMAT", "SCHEMA", "Connection", "LedgerFormatError", "connection"]
 

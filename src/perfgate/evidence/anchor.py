@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from perfgate.evidence._database import Connection
 from perfgate.evidence._held import CLOEXEC, NOFOLLOW, HeldFile, any_file, this_pid
-from perfgate.trust import SigningKey, TrustRoot, TrustRootError, write_private
+from perfgate.security.trustroot import SigningKey, TrustRoot, TrustRootError, write_private
 
 __all__ = ["Anchor"]
 

@@ -17,8 +17,8 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
 
-from perfgate._safeopen import UnsafeFileError, open_file
 from perfgate.evidence.records import Artifact
+from perfgate.helpers.safeopen import UnsafeFileError, open_file
 
 __all__ = [
     "ArtifactChanged",

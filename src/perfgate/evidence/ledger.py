@@ -36,7 +36,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from perfgate._statefs import make_dirs, write_file
 from perfgate.evidence._database import connection
 from perfgate.evidence._held import CLOEXEC, NOFOLLOW, NONBLOCK, HeldFile, own_plain_file
 from perfgate.evidence.anchor import Anchor
@@ -51,8 +50,9 @@ from perfgate.evidence.records import (
 )
 from perfgate.evidence.signing import RecordSigner
 from perfgate.evidence.verify import VerifyReport, verify_ledger
-from perfgate.redaction import Scrubber
-from perfgate.trust import SigningKey, TrustRoot, TrustRootError
+from perfgate.helpers.statefs import make_dirs, write_file
+from perfgate.security.scrubber import Scrubber
+from perfgate.security.trustroot import SigningKey, TrustRoot, TrustRootError
 
 __all__ = ["STATE_DIR_NAME", "Ledger"]
 

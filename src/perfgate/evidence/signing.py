@@ -2,7 +2,7 @@
 id, the record's sequence number and its hash.
 
 The workspace is writable by the agent, so the hash chain alone proves nothing: anyone can recompute it.
-The key lives in the trust root (`perfgate.trust`, outside the workspace), so a MAC that verifies tells
+The key lives in the trust root (`perfgate.security.trustroot`, outside the workspace), so a MAC that verifies tells
 a record the server wrote from an edited one, a recomputed chain or a record written without the key (a
 forgery), and a record signed by a key the trust root no longer has (key lost or replaced: unverifiable).
 """
@@ -13,7 +13,7 @@ import hashlib
 import os
 
 from perfgate.evidence.records import EvidenceRecord
-from perfgate.trust import SigningKey, TrustRoot, TrustRootError
+from perfgate.security.trustroot import SigningKey, TrustRoot, TrustRootError
 
 __all__ = ["RecordSigner"]
 

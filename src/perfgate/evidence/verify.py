@@ -22,7 +22,7 @@ from perfgate.evidence.anchor import Anchor
 from perfgate.evidence.artifacts import ArtifactChanged, check_artifact
 from perfgate.evidence.records import GENESIS_HASH, EvidenceRecord
 from perfgate.evidence.signing import RecordSigner
-from perfgate.trust import CorruptKeyError, SigningKey, TrustRootError
+from perfgate.security.trustroot import CorruptKeyError, SigningKey, TrustRootError
 
 __all__ = ["VerifyReport", "verify_ledger"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from perfgate._lazy import lazy_exports
+from perfgate.helpers.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from perfgate.execution.approvals import Approval, ApprovalStatus, ApprovalStore, ApprovalStoreError

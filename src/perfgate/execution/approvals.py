@@ -28,10 +28,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from perfgate._sqlite import retry_while_busy
 from perfgate.execution.request import CommandRequest, redact_request
 from perfgate.execution.scope import ApprovalScope, request_print
-from perfgate.trust import SigningKey, TrustRoot
+from perfgate.helpers.sqlite import retry_while_busy
+from perfgate.security.trustroot import SigningKey, TrustRoot
 
 __all__ = ["Approval", "ApprovalStatus", "ApprovalStore", "ApprovalStoreError"]
 

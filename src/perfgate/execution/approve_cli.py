@@ -26,7 +26,7 @@ from perfgate.execution.audit import Decision, How, operator_identity, record_de
 from perfgate.execution.gate import ApprovalGate, approval_view, approve_command, change_store
 from perfgate.execution.policy import ExecutionPolicy, PolicyError, load_policy
 from perfgate.execution.scope import ApprovalScope, measuring_variable
-from perfgate.trust import TrustRoot, TrustRootError
+from perfgate.security.trustroot import TrustRoot, TrustRootError
 
 __all__ = ["EXIT_NO_TTY", "approve", "list_approvals"]
 

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from perfgate.evidence import EvidenceDraft, EvidenceState, Ledger
 from perfgate.execution.request import CommandRequest
-from perfgate.redactor import redact_env_values
+from perfgate.security.envredactor import redact_env_values
 
 __all__ = ["APPROVAL_TOOL", "Decision", "How", "operator_identity", "record_decision"]
 

@@ -253,7 +253,7 @@ class ChangeStore:
     def save(self, tree: CodeTree, texts: Mapping[str, bytes]) -> None:
         """Keep ``tree`` and the text of its files; a file's content is scrubbed and scanned for perfgate
         internals once (what is kept already is not written or read again)."""
-        from perfgate.redaction import Scrubber
+        from perfgate.security.scrubber import Scrubber
 
         manifest = self._private(self.folder / "trees") / f"{tree.digest}.json"
         if manifest.exists():
@@ -534,7 +534,7 @@ def _old_text(store: ChangeStore, workspace: Path, base: _Base, rel: str) -> str
     data = _git(workspace, ["cat-file", "blob", key], MAX_BLOB_BYTES + 1)
     if data is None or len(data) > MAX_BLOB_BYTES or b"\0" in data:
         return None
-    from perfgate.redaction import Scrubber
+    from perfgate.security.scrubber import Scrubber
 
     return Scrubber().text(data.decode("utf-8", errors="replace"))
 

@@ -25,9 +25,9 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from perfgate._statefs import make_dirs, remove_tree, write_file
 from perfgate.execution.changes import git_output
 from perfgate.execution.request import CodeRef
+from perfgate.helpers.statefs import make_dirs, remove_tree, write_file
 
 __all__ = ["SWAP_DIR", "CodeSwap", "SwapRefusedError", "plan_swap", "recover", "recovered", "restore"]
 

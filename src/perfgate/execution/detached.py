@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from perfgate._statefs import fresh_dir, remove_tree, write_file
 from perfgate.execution.launches import launch_variables, next_launch_id
 from perfgate.execution.linestamps import LOG_PATTERN_ENV, OutputStamps, stamps_path
 from perfgate.execution.ticks import TickListener
+from perfgate.helpers.statefs import fresh_dir, remove_tree, write_file
 
 __all__ = ["DETACHED_DIR", "RunNotFoundError", "cancel", "main", "read_status", "run_dir", "start"]
 
@@ -212,8 +212,8 @@ def cancel(directory: Path) -> bool:
 def _scancel_jobs(directory: Path) -> bool:
     """``scancel`` the Slurm jobs a launch of this run announced (its launcher is gone with the
     supervisor, so nothing else would release them); True when there was one."""
-    from perfgate._loglines import capped_lines
     from perfgate.execution.slurm import job_ids_in
+    from perfgate.helpers.cappedlines import capped_lines
 
     jobs: list[str] = []
     for log in sorted(directory.glob("launch*_stderr.log")):

@@ -112,7 +112,7 @@ def approval_view(
     internals, untracked importable files, what changed in the code, the argv and the environment since
     ``base``, the last approved run; ``printed``: the print of a stored request), the scope, the request, then the bounded diff. Secrets the request
     carries are scrubbed from the text shown."""
-    from perfgate.redaction import Scrubber
+    from perfgate.security.scrubber import Scrubber
 
     code = request.code
     against = request.code_ref.commit if request.code_ref is not None else None

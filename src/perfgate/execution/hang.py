@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 from perfgate.execution.hang_read import FlightEntry, RankPlace, last_flight_entry, parse_stacks, place
 from perfgate.execution.ticks import LaunchTicks
 from perfgate.harness.stacks import HANG_DIR
-from perfgate.quoting import file_text
+from perfgate.security.quoting import file_text
 
 __all__ = [
     "CAPTURE_WAIT_S",

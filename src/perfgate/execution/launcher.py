@@ -1,7 +1,7 @@
 """One reading of a command's launcher options, for approval and for launch alike.
 
 What a human (or an allowlist rule) approves is the script a command runs (`perfgate.execution.target`),
-and where perfgate puts its harness is in front of that same script (`perfgate.benchmarking.launch`). Both
+and where perfgate puts its harness is in front of that same script (`perfgate.benchmarking.windows.launch`). Both
 read the command here, so the two can never disagree on which token is the script: a launcher option read
 as a flag on one side and as taking a value on the other would let approval see ``train.py`` while
 ``evil.py`` runs.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from perfgate._filelock import held
+from perfgate.helpers.filelock import held
 
 __all__ = ["COUNTER_FILE", "GIVEN_ENV", "LAUNCH_ENV", "launch_variables", "next_launch_id"]
 

@@ -4,7 +4,7 @@ A log-timed launch (``timing='log'``) reports its step times in lines the traini
 process's own clock. The server reads the process's stdout through a pipe and stamps every read that holds a
 line end with ``time.monotonic_ns()``, a clock the process cannot rebind, as the read happens. A step line's
 arrival is the stamp of the first read that reached the line's end; lines that arrive in one read share it.
-`perfgate.benchmarking.corroborate.corroborate_log` then holds the reported step times against the time
+`perfgate.benchmarking.windows.corroborate.corroborate_log` then holds the reported step times against the time
 that passed between the lines on the server's clock.
 
 What it holds is bounded (`MAX_STAMPS` reads); a launch with more keeps the first ones and counts the rest.

@@ -1,6 +1,6 @@
 """The operator's execution policy: what may run without asking, and the limits on every run.
 
-The policy is operator configuration kept in the trust root (`perfgate.trust`), outside the workspace the
+The policy is operator configuration kept in the trust root (`perfgate.security.trustroot`), outside the workspace the
 agent writes: ``~/.config/perfgate/policy.toml`` (``$PERFGATE_CONFIG_DIR/policy.toml``, or the file named by
 ``$PERFGATE_POLICY`` / ``--policy``). A ``perfgate.toml`` or ``.perfgate/policy.toml`` in the workspace is
 never obeyed: the agent could have written it. When one holds an ``[execution]`` table it is reported
@@ -46,7 +46,7 @@ from typing import Any, cast
 
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.target import command_target, is_slurm_submission, user_argv
-from perfgate.trust import TrustRoot
+from perfgate.security.trustroot import TrustRoot
 
 
 def _file_sha256(path: Path) -> str:

@@ -241,13 +241,13 @@ class RunList:
         )
 
     def _write(self, entries: list[dict[str, Any]]) -> None:
-        from perfgate.trust import write_private
+        from perfgate.security.trustroot import write_private
 
         write_private(self.path, (json.dumps(entries) + "\n").encode())
 
     @contextlib.contextmanager
     def _locked(self):  # type: ignore[no-untyped-def]  # a generator context manager
-        from perfgate._filelock import held
+        from perfgate.helpers.filelock import held
 
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with held(self._lock):

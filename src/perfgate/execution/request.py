@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from perfgate.redaction import Scrubber
+from perfgate.security.scrubber import Scrubber
 
 __all__ = ["DIGEST_VERSION", "CodeBinding", "CodeRef", "CommandRequest", "redact_request"]
 

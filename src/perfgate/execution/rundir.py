@@ -7,7 +7,7 @@ before its launch and removes it afterwards, so one run would read the other's r
 find its own deleted. A run therefore holds an exclusive lock on ``<run dir>.lock`` (beside the folder,
 which is removed and made again) for as long as it uses the folder; the lock goes with the process that
 holds it, also when that process is killed. The run directory is in the agent-writable ``.perfgate/``: its
-lock and folders are opened following no link (`perfgate._statefs`).
+lock and folders are opened following no link (`perfgate.helpers.statefs`).
 
 Stdlib only: the detached supervisor imports it.
 """
@@ -22,7 +22,7 @@ from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
-from perfgate._filelock import held
+from perfgate.helpers.filelock import held
 
 __all__ = ["RunDirBusyError", "hold_run_dir", "input_run_dir", "lock_path", "one_run", "run_dir_of"]
 

@@ -29,7 +29,7 @@ BOUND_HARNESS_ENV = (LOG_PATTERN_ENV,)
 
 def measuring_variable(name: str) -> bool:
     """Whether ``name`` is one of the variables perfgate sets to configure its harness (windows, profile
-    schedule, capture, output folders). The agent cannot set these (`perfgate.benchmarking.launch.launch_env`
+    schedule, capture, output folders). The agent cannot set these (`perfgate.benchmarking.windows.launch.launch_env`
     refuses them); they say how perfgate measures the approved command, not what runs, so a scope's
     template leaves them out: one grant covers a window, a profile and a capture of the same command."""
     return name.startswith(ENV_PREFIX) and name not in BOUND_HARNESS_ENV

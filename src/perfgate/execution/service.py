@@ -42,7 +42,7 @@ from perfgate.execution.reaper import RunList, become_subreaper
 if TYPE_CHECKING:
     from perfgate.execution.gate import ApprovalGate, ElicitAction, Grant
     from perfgate.execution.request import CommandRequest
-    from perfgate.redaction import Scrubber
+    from perfgate.security.scrubber import Scrubber
 
 __all__ = [
     "ArtifactSink",
@@ -377,7 +377,7 @@ def _publish(result: CommandResult, artifacts: ArtifactSink, names: tuple[str, s
 
 def _scrub_result(result: CommandResult, request: CommandRequest) -> CommandResult:
     """The command's logs (kept as artifacts) and tails without the secrets it was given or printed."""
-    from perfgate.redaction import Scrubber, scrub_file
+    from perfgate.security.scrubber import Scrubber, scrub_file
 
     scrub = Scrubber.for_values(request.env, request.argv)
     for capture in (result.stdout, result.stderr):

@@ -28,9 +28,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, cast
 
-from perfgate._cpus import usable_cpus
-from perfgate._filelock import held
-from perfgate._statefs import make_dirs, write_file
+from perfgate.helpers.cpus import usable_cpus
+from perfgate.helpers.filelock import held
+from perfgate.helpers.statefs import make_dirs, write_file
 
 __all__ = [
     "CPU_PRECISIONS",

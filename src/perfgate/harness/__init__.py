@@ -38,10 +38,10 @@ come after it on purpose)."""
 
 from typing import TYPE_CHECKING
 
-from perfgate._lazy import lazy_exports
 from perfgate.harness.config import ConfigError, HarnessConfig, ProfileConfig
 from perfgate.harness.record import RECORD_SCHEMA, RECORD_VERSION, record_path
 from perfgate.harness.window import NoStepFound, Window, WindowComplete, phase, report_metric, step
+from perfgate.helpers.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from perfgate.harness.dump import dump_tensors

@@ -84,7 +84,7 @@ class HarnessConfig:
     progress_every: int = 0
     guard_steps: int = 0
     """Steps timed after the last window: steady-state steps the server compares the windows with, so work the
-    script does differently while it is measured shows (`perfgate.benchmarking.corroborate`; the server asks
+    script does differently while it is measured shows (`perfgate.benchmarking.windows.corroborate`; the server asks
     for them, see `default_guard_steps`). None under a profile."""
     label: str | None = None
     profile: ProfileConfig | None = field(default=None)

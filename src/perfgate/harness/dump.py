@@ -32,8 +32,8 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from perfgate.digests import ALGORITHM, format_digest, new_hasher
 from perfgate.harness._state import ActiveWindow, active_window
+from perfgate.security.digests import ALGORITHM, format_digest, new_hasher
 
 __all__ = ["dump_tensors"]
 

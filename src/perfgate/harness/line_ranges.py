@@ -6,7 +6,7 @@ frame (module-level code, a ``main()``): every op it runs would carry the line w
 started (often the optimizer step, where the harness starts it), so forward, backward and the update
 could not be told apart. While the profiler records, `LineRanges` opens a record_function range
 ``perfgate.line: <file>(<line>): <function>`` for each line the loop's code executes and closes it at
-the next line: the analysis (`perfgate.traces.code`) reads the loop's line for every op inside.
+the next line: the analysis (`perfgate.traces.analyses.code`) reads the loop's line for every op inside.
 
 The loop is the innermost user frame (outside torch, perfgate, the standard library and installed
 packages) around the first profiler step, which the harness takes in the optimizer step: the code

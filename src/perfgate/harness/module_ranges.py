@@ -3,7 +3,7 @@
 torch.profiler's ``with_modules`` records the module hierarchy for TorchScript only; in eager mode the
 Python tracer (``with_stack``) names module *instances* (``Linear_1``), not where they sit in the model.
 These ranges carry the qualified name (``Net.blocks.3.mlp``) into any trace, stacks or not, so the
-analysis (`perfgate.traces.code`) can say which module owns the time at stake.
+analysis (`perfgate.traces.analyses.code`) can say which module owns the time at stake.
 
 Qualified names are learnt as modules are called: a module first seen with no known name is a root
 (named by its class), and calling a module names its direct children ``parent.child``. Global forward

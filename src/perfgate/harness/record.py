@@ -2,7 +2,7 @@
 
 A record is one JSON object per rank (``rank<N>.json``). Its layout is documented on
 :func:`perfgate.harness.window.Window.to_record`; the server reads it with
-``perfgate.benchmarking.records``.
+``perfgate.benchmarking.reading.records``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A job whose start-up dominates (a slow tokenization, a dataset built in Python) 
 of the user's own code on its stack (`perfgate.harness.line_ranges.loop_frame`: outside torch, perfgate, the
 standard library and installed packages), so an ``import torch`` counts at the script's import line and a
 ``time.sleep`` at the line that sleeps. It stops at the first training forward or step (the end of
-start-up as `perfgate.benchmarking.job` reads it); the window's record carries the `TOP_LINES` lines with
+start-up as `perfgate.benchmarking.runs.job` reads it); the window's record carries the `TOP_LINES` lines with
 the most time. Memory is bounded: at most `MAX_LINES` distinct lines are counted, the rest as other.
 """
 

@@ -5,7 +5,7 @@ as that code lets them be: a candidate that rebinds the harness's clock, or skip
 timed, reports what it likes. Each boundary therefore also goes, as it happens, to a FIFO the server
 listens on (``PERFGATE_TICKS``): one line ``<rank> <boundary>\\n`` per step, where boundary ``n`` ends
 step ``n - 1``. The server stamps each line when it arrives and checks the record's step and window
-times against its own (see :mod:`perfgate.benchmarking.corroborate`).
+times against its own (see :mod:`perfgate.benchmarking.windows.corroborate`).
 
 A line is one ``write`` far below ``PIPE_BUF``, so ranks sharing the FIFO never cut into each other's
 lines. The FIFO is opened non-blocking: when the server is not listening (a script run by hand) nothing is

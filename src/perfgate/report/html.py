@@ -12,13 +12,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from perfgate._statefs import make_dirs, write_file
 from perfgate.decisions.experiments import Experiment, load_experiments
 from perfgate.decisions.gates.environment import window_fingerprint
 from perfgate.decisions.gates.registry import evaluate_keep
 from perfgate.evidence import EvidenceRecord, Ledger
 from perfgate.evidence.access import str_list
 from perfgate.evidence.artifacts import ArtifactChanged, read_artifact
+from perfgate.helpers.statefs import make_dirs, write_file
 
 __all__ = ["render_experiment_page", "render_index", "write_report"]
 
@@ -173,13 +173,13 @@ def render_index(experiments: list[Experiment]) -> str:
 def write_report(ledger: Ledger, which: str, out: Path) -> list[Path]:
     """Write ``<id>.html`` for one experiment (or every one for ``all``) plus ``index.html``.
 
-    ``out`` is a resolved path, written following no link (`perfgate._statefs`): the default,
+    ``out`` is a resolved path, written following no link (`perfgate.helpers.statefs`): the default,
     ``.perfgate/report``, is the agent's to replace with a link, which must not make the operator's
     ``perfgate report`` write elsewhere.
 
     Raises:
         KeyError: ``which`` names no experiment.
-        perfgate._safeopen.UnsafeFileError: ``out`` or a folder above it is a link.
+        perfgate.helpers.safeopen.UnsafeFileError: ``out`` or a folder above it is a link.
     """
     experiments = load_experiments(ledger)
     if which != "all" and which not in experiments:

@@ -260,9 +260,9 @@ async def _run(
 ) -> SelftestResult:
     from mcp import Client
 
+    from perfgate.security.trustroot import TrustRoot
     from perfgate.server import build_server
     from perfgate.serving.config import ServerConfig
-    from perfgate.trust import TrustRoot
 
     server = build_server(ServerConfig.create(workspace, trust=TrustRoot.locate(policy=policy)))
     checks: list[Check] = []
@@ -521,7 +521,7 @@ def _finish(
 def _commands(device: str, quick: bool) -> list[tuple[str, list[str]]]:
     """Every launch the selftest may make (as the tools will run them), for both workload sizes; the
     harness entry is a stand-in (rules see the user's command, without it)."""
-    from perfgate.benchmarking.launch import wrap_command
+    from perfgate.benchmarking.windows.launch import wrap_command
     from perfgate.execution.target import HARNESS_ENTRY
 
     entry = Path("/harness") / HARNESS_ENTRY

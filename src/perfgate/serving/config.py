@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfgate._deadline import ParseLimits
-from perfgate.trust import TrustRoot
+from perfgate.helpers.deadline import ParseLimits
+from perfgate.security.trustroot import TrustRoot
 
 __all__ = ["ServerConfig"]
 

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from perfgate._safeopen import UnsafeFileError
+from perfgate.helpers.safeopen import UnsafeFileError
 
 __all__ = ["argument_message", "crash_message", "field_errors"]
 

@@ -16,14 +16,14 @@ from typing import Any, BinaryIO, TypeVar
 import anyio.to_thread
 from pydantic import BaseModel
 
-from perfgate._statefs import make_dirs, write_file
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceDraft, EvidenceRecord, Ledger
 from perfgate.evidence._writer import run_in_ledger_thread
 from perfgate.execution.executor import CommandResult, ProgressWatch
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.service import CommandRunner, UnapprovedCommandError
-from perfgate.redaction import Scrubber, scrub_stream
+from perfgate.helpers.statefs import make_dirs, write_file
+from perfgate.security.scrubber import Scrubber, scrub_stream
 from perfgate.serving.config import ServerConfig
 
 __all__ = ["EvidenceBuilder", "ProgressFn", "ServerConfig", "ToolRuntime"]
@@ -41,7 +41,7 @@ class EvidenceBuilder:
     """A record being assembled: its id is fixed up front so artifacts can be written under it.
 
     Text written as an artifact (`write_text`, `write_json`, `copy_in`) passes the scrubber the ledger
-    applies to the record (`perfgate.redaction.Scrubber.for_tree` of the tool's ``inputs``, whose env and
+    applies to the record (`perfgate.security.scrubber.Scrubber.for_tree` of the tool's ``inputs``, whose env and
     argv secrets it adds): a string a run reported (a tensor key, a path, a metric name) is kept in no
     artifact raw. `write_bytes` writes as given (images; text its caller scrubbed).
     """
@@ -199,7 +199,7 @@ class ToolRuntime:
 
         Symlinks are resolved before the check, so a link pointing outside the workspace is refused.
         ``kind`` is ``file``, ``dir`` or ``any``. Readers open the returned path with
-        `perfgate._safeopen.open_file`, which follows no link: a folder swapped for a link after this
+        `perfgate.helpers.safeopen.open_file`, which follows no link: a folder swapped for a link after this
         check makes the read fail instead of leaving the workspace.
 
         Raises:

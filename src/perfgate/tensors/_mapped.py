@@ -5,7 +5,7 @@ re-saving a dump while the agent compares it) kills the whole server with SIGBUS
 touched. Here every chunk is read with ``pread`` into a fresh array: a file that shrank gives a short
 read, which becomes a `TensorInputError` naming the file and the byte offset, and a file replaced by a
 rename is not seen at all (the descriptor still holds the original). The file is opened without following
-any symbolic link (`perfgate._safeopen`), so a folder swapped for a link after the path check fails. Chunks are owned arrays, so
+any symbolic link (`perfgate.helpers.safeopen`), so a folder swapped for a link after the path check fails. Chunks are owned arrays, so
 nothing stays resident after the consumer drops them; the kernel's page cache and read-ahead
 (``POSIX_FADV_SEQUENTIAL``) keep sequential reads as fast as the map was.
 """
@@ -23,9 +23,9 @@ from typing import Any, BinaryIO, Protocol, cast
 
 import numpy as np
 
-from perfgate._cpus import usable_cpus
-from perfgate._safeopen import open_nofollow
-from perfgate.digests import ALGORITHM, Algorithm, Hasher, new_hasher
+from perfgate.helpers.cpus import usable_cpus
+from perfgate.helpers.safeopen import open_nofollow
+from perfgate.security.digests import ALGORITHM, Algorithm, Hasher, new_hasher
 from perfgate.tensors._errors import ComparisonCancelled, TensorInputError
 
 __all__ = ["ChunkStream", "ChunkedFile", "FileChunks", "OwnedChunks"]

@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from perfgate.digests import Algorithm
+from perfgate.security.digests import Algorithm
 from perfgate.tensors._errors import TensorInputError
 from perfgate.tensors._mapped import ChunkedFile, ChunkStream, OwnedChunks
 from perfgate.tensors._npy import NpyHeader, read_npy_header

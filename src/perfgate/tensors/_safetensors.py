@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from perfgate.digests import Algorithm
+from perfgate.security.digests import Algorithm
 from perfgate.tensors._errors import TensorInputError
 from perfgate.tensors._mapped import ChunkedFile, ChunkStream
 from perfgate.tensors.dtypes import UNSUPPORTED_SAFETENSORS_DTYPES, safetensors_dtype

@@ -17,8 +17,8 @@ from typing import Literal
 
 import numpy as np
 
-from perfgate._cpus import usable_cpus
-from perfgate.quoting import file_text
+from perfgate.helpers.cpus import usable_cpus
+from perfgate.security.quoting import file_text
 from perfgate.tensors._engine import Engine
 from perfgate.tensors._errors import ComparisonCancelled, TensorInputError
 from perfgate.tensors._kernel import KernelParams, TensorStats

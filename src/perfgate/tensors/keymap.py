@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from perfgate.quoting import file_text
+from perfgate.security.quoting import file_text
 from perfgate.tensors._errors import TensorInputError
 
 __all__ = ["KeyMapping"]

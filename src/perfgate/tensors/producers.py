@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from perfgate.digests import ALGORITHM, Algorithm, entry_digest, format_digest
+from perfgate.security.digests import ALGORITHM, Algorithm, entry_digest, format_digest
 
 if TYPE_CHECKING:
     from perfgate.evidence import EvidenceRecord, Ledger

@@ -12,8 +12,8 @@ from typing import Any, Literal
 import anyio
 import anyio.to_thread
 
-from perfgate._cpus import usable_cpus
-from perfgate.digests import Algorithm
+from perfgate.helpers.cpus import usable_cpus
+from perfgate.security.digests import Algorithm
 from perfgate.tensors._errors import ComparisonCancelled, TensorInputError
 from perfgate.tensors.compare import CompareOptions, ComparisonReport, TensorComparison, compare_sources
 from perfgate.tensors.histogram import error_histogram

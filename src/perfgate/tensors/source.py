@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Protocol
 
-from perfgate._safeopen import UnsafeFileError, open_file
-from perfgate.digests import ALGORITHM, Algorithm, new_hasher
+from perfgate.helpers.safeopen import UnsafeFileError, open_file
+from perfgate.security.digests import ALGORITHM, Algorithm, new_hasher
 from perfgate.tensors._errors import TensorInputError
 from perfgate.tensors._mapped import ChunkStream
 from perfgate.tensors._npy import MAGIC as NPY_MAGIC

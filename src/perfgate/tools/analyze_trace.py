@@ -27,8 +27,8 @@ from perfgate.tools.trace_analysis import (
     with_counters,
 )
 from perfgate.traces import Finding, RankProfile, RankSkew
-from perfgate.traces.counters import KernelCounterTable
 from perfgate.traces.models import ProfileDiff
+from perfgate.traces.reading.counters import KernelCounterTable
 
 __all__ = ["SPEC", "AnalyzeTraceInput", "AnalyzeTraceOutput", "run"]
 
@@ -154,7 +154,7 @@ async def run(inp: AnalyzeTraceInput, rt: ToolRuntime) -> AnalyzeTraceOutput:
     tables = import_counters(counters, report.ranks, rt)
     diff = None
     if base is not None:
-        from perfgate.traces.diff import diff_profiles
+        from perfgate.traces.diagnosis.diff import diff_profiles
 
         diff = diff_profiles(base[0], report.ranks, base[1], report.findings)
     ev = rt.evidence()

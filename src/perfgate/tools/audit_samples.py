@@ -8,7 +8,6 @@ from typing import Annotated, Literal
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from perfgate._deadline import DeadlineExceeded, deadline
 from perfgate.audit import (
     EXPECTED_SUFFIXES,
     OBSERVED_SUFFIXES,
@@ -22,6 +21,7 @@ from perfgate.audit import (
 )
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
+from perfgate.helpers.deadline import DeadlineExceeded, deadline
 from perfgate.report.plots import coverage_png
 from perfgate.serving.runtime import ToolRuntime
 from perfgate.serving.spec import ToolSpec

@@ -17,8 +17,8 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfgate.benchmarking.provenance import RunProvenance
-from perfgate.benchmarking.window_run import Launched
+from perfgate.benchmarking.windows.window_run import Launched
+from perfgate.benchmarking.workload.provenance import RunProvenance
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution import detached
@@ -140,7 +140,7 @@ def _so_far(
         latest = LatestWindow(
             launch=k, median_step_ms=w.stats.median_ms, steps=w.steps, steps_per_s=w.steps_per_s
         )
-    from perfgate.benchmarking.importing import health_from_windows
+    from perfgate.benchmarking.windows.importing import health_from_windows
 
     by_rank: dict[int, list[Any]] = {}
     for r in records_all:
@@ -186,7 +186,7 @@ def _status(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path, message: s
 
 
 async def _result(rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path) -> BenchmarkRunOutput:
-    from perfgate._filelock import held_async
+    from perfgate.helpers.filelock import held_async
 
     status = await anyio.to_thread.run_sync(_status, rt, inp, directory, "")
     # Held while one call reads, or records, the run's result: calls racing on one run (two clients, two
@@ -226,8 +226,8 @@ async def _result_once(
     rt: ToolRuntime, inp: BenchmarkRunInput, directory: Path, status: BenchmarkRunOutput
 ) -> BenchmarkRunOutput:
     """`_result` under the run's recording lock."""
+    from perfgate.security.trustroot import write_private
     from perfgate.tools import run_benchmark_window as rbw
-    from perfgate.trust import write_private
 
     evidence_id = _recorded_id(directory, inp.run_id)
     if evidence_id is not None:
@@ -267,7 +267,7 @@ async def _result_once(
     timed_out: list[int] = list(st.get("timed_out", []))
     observed = _observed(directory, len(exit_codes))
 
-    from perfgate.redaction import Scrubber, scrub_file
+    from perfgate.security.scrubber import Scrubber, scrub_file
 
     scrub = Scrubber.for_values(request.env, request.argv)
 

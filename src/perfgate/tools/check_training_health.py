@@ -2,7 +2,7 @@
 
 Finite values, skipped iterations, loss spikes and the loss scale are judged over the whole job the evidence
 holds (``job_health``: every logged line, every step the harness recorded), the loss level and trend against
-a baseline over the measured windows. The rules are `perfgate.benchmarking.health`'s.
+a baseline over the measured windows. The rules are `perfgate.benchmarking.runs.health`'s.
 
 The record carries ``quality_kind: "training_health"`` so the keep gates can tell it from other
 task-quality evidence: it is the evidence behind a short screen's loss health and a winner's
@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from perfgate.benchmarking.health import SPIKE_RULE, JobHealth, TrainingHealth, job_checks
+from perfgate.benchmarking.runs.health import SPIKE_RULE, JobHealth, TrainingHealth, job_checks
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState
 from perfgate.serving.runtime import ToolRuntime

@@ -32,7 +32,7 @@ from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.executor import CommandError, CommandProgress, CommandResult, ExecLimits, execute
 from perfgate.execution.request import CommandRequest
-from perfgate.redactor import Redactor
+from perfgate.security.envredactor import Redactor
 from perfgate.serving.runtime import EvidenceBuilder, ToolRuntime
 from perfgate.serving.spec import ToolSpec
 

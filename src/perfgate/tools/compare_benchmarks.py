@@ -1,6 +1,6 @@
 """compare_benchmarks: A/B over benchmark evidence, refusing apples-to-oranges and calling noise noise.
 
-The A/B itself is `perfgate.benchmarking.ab` (comparability, differences, argv, sides behind it), imported
+The A/B itself is `perfgate.benchmarking.comparing.ab` (comparability, differences, argv, sides behind it), imported
 when called: the bootstrap (numpy) and the series reader (msgspec) stay out of server start-up.
 """
 
@@ -14,13 +14,13 @@ import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from perfgate.benchmarking import BenchmarkError
-from perfgate.benchmarking.differences import Classification, DifferenceKind
-from perfgate.benchmarking.job import JobComparison, JobTiming, compare_jobs
-from perfgate.benchmarking.screen import Screen
-from perfgate.benchmarking.sides import BENCHMARK_TOOL, IMPORT_TOOL, WINDOW_TOOLS
-from perfgate.benchmarking.training import caution
-from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
-from perfgate.benchmarking.vocabulary import vocabulary_name
+from perfgate.benchmarking.comparing.differences import Classification, DifferenceKind
+from perfgate.benchmarking.comparing.screen import Screen
+from perfgate.benchmarking.comparing.sides import BENCHMARK_TOOL, IMPORT_TOOL, WINDOW_TOOLS
+from perfgate.benchmarking.comparing.verdict import DEFAULT_MIN_EFFECT
+from perfgate.benchmarking.runs.job import JobComparison, JobTiming, compare_jobs
+from perfgate.benchmarking.runs.training import caution
+from perfgate.benchmarking.workload.vocabulary import vocabulary_name
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState
 from perfgate.report.plots import ab_distribution_png
@@ -110,7 +110,7 @@ class DriftReport(BaseModel):
 
 class RankTest(BaseModel):
     """Mann-Whitney over launch throughputs, with the Hodges-Lehmann speedup and its distribution-free
-    interval (`perfgate.benchmarking.robust`)."""
+    interval (`perfgate.benchmarking.comparing.robust`)."""
 
     speedup: float = Field(description="Median of candidate/baseline over every pair of launches.")
     ci_low: float | None = Field(
@@ -240,9 +240,9 @@ def _job_launches(records: list[EvidenceRecord]) -> list[JobTiming]:
 
 
 async def run(inp: CompareBenchmarksInput, rt: ToolRuntime) -> CompareBenchmarksOutput:
-    from perfgate.benchmarking.ab import EvidenceComparison, compare_evidence
-    from perfgate.benchmarking.screen import candidate_groups, rank_screen
-    from perfgate.traces.hostload import BUSY_NEIGHBOUR_SHARE
+    from perfgate.benchmarking.comparing.ab import EvidenceComparison, compare_evidence
+    from perfgate.benchmarking.comparing.screen import candidate_groups, rank_screen
+    from perfgate.traces.diagnosis.hostload import BUSY_NEIGHBOUR_SHARE
 
     overlap = sorted(set(inp.baseline) & set(inp.candidate))
     if overlap:

@@ -14,10 +14,10 @@ import anyio
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from perfgate.digests import ALGORITHM, format_digest
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.report.plots import tensor_errors_png
+from perfgate.security.digests import ALGORITHM, format_digest
 from perfgate.serving.runtime import ToolRuntime
 from perfgate.serving.spec import ToolSpec
 from perfgate.tools.compare_tensors_models import (
@@ -30,7 +30,7 @@ from perfgate.tools.compare_tensors_models import (
 )
 
 if TYPE_CHECKING:
-    from perfgate.digests import Algorithm
+    from perfgate.security.digests import Algorithm
     from perfgate.tensors import CompareOptions, TensorComparison
 
 __all__ = [

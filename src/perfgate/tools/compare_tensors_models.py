@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from perfgate.digests import DIGEST_PATTERN
 from perfgate.evidence import EvidenceState
+from perfgate.security.digests import DIGEST_PATTERN
 
 __all__ = [
     "MAX_LISTED",

@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from perfgate._safeopen import open_file
 from perfgate.benchmarking import BenchmarkError, Contract
-from perfgate.benchmarking.contract import BenchmarkContract
-from perfgate.benchmarking.health import JobHealth, TrainingHealth, health_model, job_health_model
-from perfgate.benchmarking.results import Throughput, WindowResult, window_result
+from perfgate.benchmarking.comparing.results import Throughput, WindowResult, window_result
+from perfgate.benchmarking.runs.health import JobHealth, TrainingHealth, health_model, job_health_model
+from perfgate.benchmarking.workload.contract import BenchmarkContract
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, file_digest
+from perfgate.helpers.safeopen import open_file
 from perfgate.serving.globs import GlobRefused, expand, has_magic, shown
 from perfgate.serving.runtime import EvidenceBuilder, ToolRuntime
 from perfgate.serving.spec import ToolSpec
 
 if TYPE_CHECKING:
-    from perfgate.benchmarking.imported import ImportRequest
+    from perfgate.benchmarking.windows.imported import ImportRequest
 
 __all__ = ["SPEC", "ImportBenchmarkInput", "ImportBenchmarkOutput", "run"]
 
@@ -269,7 +269,7 @@ def _sources(
 
 
 def _request(inp: ImportBenchmarkInput) -> ImportRequest:
-    from perfgate.benchmarking.imported import ImportRequest
+    from perfgate.benchmarking.windows.imported import ImportRequest
 
     return ImportRequest(
         format=inp.format,
@@ -288,9 +288,9 @@ def _request(inp: ImportBenchmarkInput) -> ImportRequest:
 
 
 async def run(inp: ImportBenchmarkInput, rt: ToolRuntime) -> ImportBenchmarkOutput:
-    from perfgate.benchmarking.importcheck import assess_import
-    from perfgate.benchmarking.imported import read_import
-    from perfgate.benchmarking.series import SERIES_NAME, series_document
+    from perfgate.benchmarking.comparing.series import SERIES_NAME, series_document
+    from perfgate.benchmarking.windows.importcheck import assess_import
+    from perfgate.benchmarking.windows.imported import read_import
 
     paths = await anyio.to_thread.run_sync(_expand, rt, inp.paths)  # a walk of the workspace: off the loop
     if inp.environment_id is not None:

@@ -17,22 +17,22 @@ from typing import Annotated, Literal
 import anyio.to_thread
 from pydantic import BaseModel, Field, model_validator
 
-from perfgate._statefs import fresh_dir, make_dirs, remove_tree
 from perfgate.benchmarking import BenchmarkError
-from perfgate.benchmarking.launch import (
+from perfgate.benchmarking.runs.measured import measured_environment
+from perfgate.benchmarking.windows.launch import (
     harness_entry,
     harness_pythonpath,
     launch_env,
     prepare_harness_path,
     wrap_command,
 )
-from perfgate.benchmarking.measured import measured_environment
-from perfgate.benchmarking.provenance import RunProvenance, run_provenance
+from perfgate.benchmarking.workload.provenance import RunProvenance, run_provenance
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.request import CommandRequest
 from perfgate.execution.rundir import input_run_dir, one_run
 from perfgate.harness.config import ProfileConfig
+from perfgate.helpers.statefs import fresh_dir, make_dirs, remove_tree
 from perfgate.serving.runtime import EvidenceBuilder, ToolRuntime
 from perfgate.serving.spec import ToolSpec
 from perfgate.tools.trace_analysis import (
@@ -47,16 +47,7 @@ from perfgate.tools.trace_analysis import (
     with_counters,
 )
 from perfgate.traces import Finding, RankProfile, RankSkew, TraceError
-from perfgate.traces.counters import KernelCounterTable
-from perfgate.traces.external import (
-    ExternalCapture,
-    Layer,
-    SummaryTable,
-    Vendor,
-    capture_plans,
-    import_summary_csv,
-)
-from perfgate.traces.segment import (
+from perfgate.traces.diagnosis.segment import (
     TRACE_GLOB,
     annotate_profiles,
     capture_failure,
@@ -67,6 +58,15 @@ from perfgate.traces.segment import (
     segment_reason,
     segment_state,
     segment_warnings,
+)
+from perfgate.traces.reading.counters import KernelCounterTable
+from perfgate.traces.reading.external import (
+    ExternalCapture,
+    Layer,
+    SummaryTable,
+    Vendor,
+    capture_plans,
+    import_summary_csv,
 )
 
 __all__ = ["SPEC", "ProfileSegmentInput", "ProfileSegmentOutput", "TraceFile", "command", "run"]
@@ -268,7 +268,7 @@ def _externals(inp: ProfileSegmentInput, rt: ToolRuntime) -> list[ExternalCaptur
 
 def _summaries(inp: ProfileSegmentInput, rt: ToolRuntime) -> tuple[list[SummaryTable], list[str]]:
     """The nsys/msys summaries, read, and the kernel counter exports (read once the traces are)."""
-    from perfgate.traces.counters import is_counter_csv
+    from perfgate.traces.reading.counters import is_counter_csv
 
     out: list[SummaryTable] = []
     counters: list[str] = []
@@ -330,7 +330,7 @@ async def run(inp: ProfileSegmentInput, rt: ToolRuntime) -> ProfileSegmentOutput
                 await anyio.to_thread.run_sync(
                     prepare_harness_path, harness_pythonpath(rt.ledger.trust.state_dir)
                 )
-                from perfgate.traces.hostload import HostLoadSampler
+                from perfgate.traces.diagnosis.hostload import HostLoadSampler
 
                 assert inp.command is not None
                 argv, cwd = inp.command, rt.resolve_path(inp.cwd, kind="dir")

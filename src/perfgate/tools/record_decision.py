@@ -9,7 +9,6 @@ from typing import Annotated, Literal
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from perfgate._statefs import write_file
 from perfgate.decisions.binding import EVAL_PREFIX, QUALITY_METRICS
 from perfgate.decisions.experiments import Classification, Decision, Experiment, Link, Role, load_experiments
 from perfgate.decisions.gates.base import Gate
@@ -18,6 +17,7 @@ from perfgate.decisions.gates.registry import evaluate_keep
 from perfgate.decisions.render import render_decisions
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState, Ledger
+from perfgate.helpers.statefs import write_file
 from perfgate.serving.runtime import ToolRuntime
 from perfgate.serving.spec import ToolSpec
 
@@ -323,7 +323,7 @@ def _evaluate(
 
 
 async def run(inp: RecordDecisionInput, rt: ToolRuntime) -> RecordDecisionOutput:
-    from perfgate._filelock import held_async
+    from perfgate.helpers.filelock import held_async
 
     # Held from reading an experiment to recording what was decided on it, by every record_decision call
     # on the workspace (across servers): a keep is weighed against every decision recorded before it (a

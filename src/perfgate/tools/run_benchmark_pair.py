@@ -4,7 +4,7 @@ is settled, and compared in the same call.
 The A/B an agent used to assemble by hand (a window call per side, the baseline again after the candidate,
 then compare_benchmarks; three approvals and as many minutes of waiting) is one call here: the two sides'
 launches alternate A B B A A B ..., each pair's log ratio of launch medians feeds a sequential test that
-spends the confidence across its looks (`perfgate.benchmarking.sequential`), and the run stops at the
+spends the confidence across its looks (`perfgate.benchmarking.comparing.sequential`), and the run stops at the
 first look that settles or at the launch budget. What it leaves in the ledger is what those calls would
 have left: a run_benchmark_window record per side (its launches, artifacts, provenance and timing checks,
 written by that tool's own code) and a compare_benchmarks record over them, so record_decision keeps or
@@ -23,23 +23,23 @@ from typing import Annotated, Literal
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from perfgate._cpus import usable_cpus
-from perfgate._statefs import fresh_dir, remove_tree
-from perfgate.benchmarking.collect import harness_windows, log_windows
+from perfgate.benchmarking.comparing.sequential import MIN_PAIRS, Look, look
+from perfgate.benchmarking.comparing.verdict import DEFAULT_MIN_EFFECT
 from perfgate.benchmarking.errors import BenchmarkError
-from perfgate.benchmarking.provenance import RunProvenance
-from perfgate.benchmarking.records import load_records
-from perfgate.benchmarking.sequential import MIN_PAIRS, Look, look
-from perfgate.benchmarking.verdict import DEFAULT_MIN_EFFECT
-from perfgate.benchmarking.vocabulary import vocabulary_name
-from perfgate.benchmarking.window_launch import record_dir
-from perfgate.benchmarking.window_run import Launched
+from perfgate.benchmarking.reading.records import load_records
+from perfgate.benchmarking.windows.collect import harness_windows, log_windows
+from perfgate.benchmarking.windows.window_launch import record_dir
+from perfgate.benchmarking.windows.window_run import Launched
+from perfgate.benchmarking.workload.provenance import RunProvenance
+from perfgate.benchmarking.workload.vocabulary import vocabulary_name
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceState
 from perfgate.execution.codeswap import SWAP_DIR, CodeSwap, SwapRefusedError, plan_swap, recover, recovered
 from perfgate.execution.request import CodeRef, CommandRequest
 from perfgate.execution.rundir import one_run
-from perfgate.redaction import Scrubber
+from perfgate.helpers.cpus import usable_cpus
+from perfgate.helpers.statefs import fresh_dir, remove_tree
+from perfgate.security.scrubber import Scrubber
 from perfgate.serving.runtime import ToolRuntime
 from perfgate.serving.spec import ToolSpec
 from perfgate.tools import compare_benchmarks, run_benchmark_window
@@ -277,7 +277,7 @@ def _code_ref(ref: str, rt: ToolRuntime) -> CodeRef:
 
 def _code_identity(side: RunBenchmarkWindowInput, rt: ToolRuntime) -> tuple[str | None, str | None]:
     """(commit, diff sha256) of the code the side would run now: what its window record's code state holds."""
-    from perfgate.benchmarking.provenance import run_code_scope
+    from perfgate.benchmarking.workload.provenance import run_code_scope
     from perfgate.envprobe import git_snapshot
 
     cwd = rt.resolve_path(side.cwd, kind="dir")
@@ -338,7 +338,7 @@ def _window_runtime(rt: ToolRuntime, tool: str, inputs: BaseModel) -> ToolRuntim
 
 
 async def run(inp: RunBenchmarkPairInput, rt: ToolRuntime) -> RunBenchmarkPairOutput:
-    from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path
+    from perfgate.benchmarking.windows.launch import harness_pythonpath, prepare_harness_path
 
     request = command(inp, rt)
     base_inp, cand_inp = sides(inp)

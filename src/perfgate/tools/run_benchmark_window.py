@@ -18,31 +18,30 @@ from typing import Any
 import anyio.to_thread
 from pydantic import ValidationError
 
-from perfgate._statefs import fresh_dir, remove_tree
 from perfgate.benchmarking import BenchmarkError
-from perfgate.benchmarking.checkpoint_resume import ResumeCheck, check_resume
-from perfgate.benchmarking.collect import launch_failure
-from perfgate.benchmarking.drift import host_speed_probe
-from perfgate.benchmarking.dumps import TensorDump
-from perfgate.benchmarking.errors import RecordError
-from perfgate.benchmarking.health import HARNESS_COVERS, health_model, job_health_model
-from perfgate.benchmarking.job import summarize_jobs
-from perfgate.benchmarking.launch import harness_pythonpath, prepare_harness_path
-from perfgate.benchmarking.measured import measured_environment
-from perfgate.benchmarking.provenance import RunProvenance, run_provenance
-from perfgate.benchmarking.records import RankRecord, read_record
-from perfgate.benchmarking.results import (
+from perfgate.benchmarking.comparing.drift import host_speed_probe
+from perfgate.benchmarking.comparing.results import (
     attach_nodes,
     model_facts,
     rank_results,
     run_throughput,
     window_result,
 )
-from perfgate.benchmarking.saved_state import saved_states
-from perfgate.benchmarking.sides import rank0_records
-from perfgate.benchmarking.window_launch import record_dir, window_launch
-from perfgate.benchmarking.window_plan import Capture, WindowPlan
-from perfgate.benchmarking.window_run import Launched, LaunchFn, WindowRun, measure_windows
+from perfgate.benchmarking.comparing.sides import rank0_records
+from perfgate.benchmarking.errors import RecordError
+from perfgate.benchmarking.reading.records import RankRecord, read_record
+from perfgate.benchmarking.runs.checkpoint_resume import ResumeCheck, check_resume
+from perfgate.benchmarking.runs.dumps import TensorDump
+from perfgate.benchmarking.runs.health import HARNESS_COVERS, health_model, job_health_model
+from perfgate.benchmarking.runs.job import summarize_jobs
+from perfgate.benchmarking.runs.measured import measured_environment
+from perfgate.benchmarking.runs.saved_state import saved_states
+from perfgate.benchmarking.windows.collect import launch_failure
+from perfgate.benchmarking.windows.launch import harness_pythonpath, prepare_harness_path
+from perfgate.benchmarking.windows.window_launch import record_dir, window_launch
+from perfgate.benchmarking.windows.window_plan import Capture, WindowPlan
+from perfgate.benchmarking.windows.window_run import Launched, LaunchFn, WindowRun, measure_windows
+from perfgate.benchmarking.workload.provenance import RunProvenance, run_provenance
 from perfgate.errors import ToolError
 from perfgate.evidence import EvidenceRecord, EvidenceState
 from perfgate.evidence.access import as_dict, as_list, str_list
@@ -52,6 +51,7 @@ from perfgate.execution.rundir import input_run_dir, one_run
 from perfgate.execution.slurm import SlurmResources, time_limit_minutes
 from perfgate.execution.ticks import LaunchTicks, TickListener, ticks_path
 from perfgate.harness.ticks import TICKS_ENV
+from perfgate.helpers.statefs import fresh_dir, remove_tree
 from perfgate.report.plots import step_times_png
 from perfgate.serving.runtime import EvidenceBuilder, ToolRuntime
 from perfgate.serving.spec import ToolSpec
@@ -60,7 +60,7 @@ from perfgate.tools.run_benchmark_window_models import (
     RunBenchmarkWindowOutput,
     SlurmLaunch,
 )
-from perfgate.traces.hostload import HostLoadSampler, busy_neighbour
+from perfgate.traces.diagnosis.hostload import HostLoadSampler, busy_neighbour
 from perfgate.traces.models import HostLoad
 
 __all__ = [
@@ -401,7 +401,7 @@ async def record_windows(
     launch_speeds: Sequence[float] = (),
     hangs: Sequence[HangDiagnosis] = (),
 ) -> RunBenchmarkWindowOutput:
-    """Measure every launch (`perfgate.benchmarking.window_run.measure_windows`), render the answer and commit
+    """Measure every launch (`perfgate.benchmarking.windows.window_run.measure_windows`), render the answer and commit
     it as this tool's record: the blocking call and a detached run's result both end here.
 
     ``host_loads``, ``launch_starts`` and ``launch_speeds`` (one per launch) are filled by ``launch_once``

@@ -9,19 +9,19 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from perfgate.benchmarking.checkpoint_resume import ResumeCheck
-from perfgate.benchmarking.contract import BenchmarkContract
-from perfgate.benchmarking.corroborate import TimingCheck
-from perfgate.benchmarking.dumps import TensorDump
-from perfgate.benchmarking.health import JobHealth, TrainingHealth
-from perfgate.benchmarking.job import JobSummary, JobTiming
-from perfgate.benchmarking.outputs import RunOutput
-from perfgate.benchmarking.provenance import RunProvenance
-from perfgate.benchmarking.replicas import ReplicaCheck
-from perfgate.benchmarking.results import ModelFacts, RankResult, Throughput, WindowResult
-from perfgate.benchmarking.saved_state import SavedState
-from perfgate.benchmarking.window_plan import Timing
-from perfgate.benchmarking.window_run import HarnessOverhead
+from perfgate.benchmarking.comparing.results import ModelFacts, RankResult, Throughput, WindowResult
+from perfgate.benchmarking.runs.checkpoint_resume import ResumeCheck
+from perfgate.benchmarking.runs.dumps import TensorDump
+from perfgate.benchmarking.runs.health import JobHealth, TrainingHealth
+from perfgate.benchmarking.runs.job import JobSummary, JobTiming
+from perfgate.benchmarking.runs.replicas import ReplicaCheck
+from perfgate.benchmarking.runs.saved_state import SavedState
+from perfgate.benchmarking.windows.corroborate import TimingCheck
+from perfgate.benchmarking.windows.window_plan import Timing
+from perfgate.benchmarking.windows.window_run import HarnessOverhead
+from perfgate.benchmarking.workload.contract import BenchmarkContract
+from perfgate.benchmarking.workload.outputs import RunOutput
+from perfgate.benchmarking.workload.provenance import RunProvenance
 from perfgate.evidence import EvidenceState
 from perfgate.execution.hang import HangDiagnosis
 from perfgate.traces.models import HostLoad

@@ -17,8 +17,8 @@ import anyio.from_thread
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field
 
-from perfgate._deadline import DeadlineExceeded
 from perfgate.errors import ToolError
+from perfgate.helpers.deadline import DeadlineExceeded
 from perfgate.report.plots import breakdown_png, top_ops_png
 from perfgate.serving.runtime import EvidenceBuilder, ToolRuntime
 from perfgate.traces import RankProfile, RankSkew, TraceError
@@ -26,7 +26,7 @@ from perfgate.traces.models import Finding
 
 if TYPE_CHECKING:
     from perfgate.traces import AnalysisOptions
-    from perfgate.traces.counters import KernelCounterTable
+    from perfgate.traces.reading.counters import KernelCounterTable
 
 __all__ = [
     "TraceAnalysisFields",
@@ -158,7 +158,7 @@ def import_counters(
         ToolError: a path outside the workspace, or an export that cannot be read (the message says how to
             re-export it).
     """
-    from perfgate.traces.counters import import_counter_csv, join_trace_kernels
+    from perfgate.traces.reading.counters import import_counter_csv, join_trace_kernels
 
     shares: dict[str, float] = {}
     for prof in profiles:
@@ -260,7 +260,7 @@ def trace_brief(
             lines.append(f"{i}. {f.summary}. Try: {f.candidate}. Guard: {f.guard}.")
     else:
         lines.append(
-            "walls: none passed its threshold (see traces/diagnose.py); read host phases and categories"
+            "walls: none passed its threshold (see traces/diagnosis/diagnose.py); read host phases and categories"
         )
     steps: list[str] = []
     for r in ranks[:8]:

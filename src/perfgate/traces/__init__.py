@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from perfgate._lazy import lazy_exports
+from perfgate.helpers.lazy import lazy_exports
 from perfgate.traces.classify import CATEGORIES, KINDS, Category, Kind, classify_device
 from perfgate.traces.errors import TraceError, TraceFormatError, TraceTooLargeError
 from perfgate.traces.models import (
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
         discover_trace_files,
         load_table,
     )
-    from perfgate.traces.reader import TraceStream, isal_available
+    from perfgate.traces.reading.reader import TraceStream, isal_available
     from perfgate.traces.traceset import analyze_traces, combine
 
 __all__ = [
@@ -113,8 +113,8 @@ _LAZY: dict[str, str] = {
     "combine": "perfgate.traces.traceset",
     "discover_trace_files": "perfgate.traces.analyze",
     "load_table": "perfgate.traces.analyze",
-    "TraceStream": "perfgate.traces.reader",
-    "isal_available": "perfgate.traces.reader",
+    "TraceStream": "perfgate.traces.reading.reader",
+    "isal_available": "perfgate.traces.reading.reader",
 }
 
 

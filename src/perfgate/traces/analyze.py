@@ -10,17 +10,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from perfgate._deadline import DEFAULT_MAX_TRACE_EVENTS, EVENTS_HOW, checkpoint
-from perfgate.traces._events import Header
-from perfgate.traces._group import I64, unique_counts
-from perfgate.traces._memory import TRIM_EVERY_BYTES, TRIM_ROWS, release_free_memory
-from perfgate.traces._np import int_list
-from perfgate.traces.backends import backends_seen
-from perfgate.traces.code import code_view
+from perfgate.helpers.deadline import DEFAULT_MAX_TRACE_EVENTS, EVENTS_HOW, checkpoint
+from perfgate.traces.analyses.backends import backends_seen
+from perfgate.traces.analyses.code import code_view
+from perfgate.traces.analyses.host import launch_stats, sync_stats
+from perfgate.traces.analyses.idle import idle_breakdown
+from perfgate.traces.analyses.kernels import category_stats, top_kernels
+from perfgate.traces.analyses.ops import flops_summary, top_ops
+from perfgate.traces.analyses.phases import host_breakdown
+from perfgate.traces.analyses.sequences import frequent_sequences
+from perfgate.traces.analyses.steps import step_summary
+from perfgate.traces.analyses.temporal import temporal_breakdown
 from perfgate.traces.errors import TraceError, TraceTooLargeError
-from perfgate.traces.host import launch_stats, sync_stats
-from perfgate.traces.idle import idle_breakdown
-from perfgate.traces.kernels import category_stats, top_kernels
 from perfgate.traces.models import (
     Backend,
     OpEfficiencySummary,
@@ -28,10 +29,12 @@ from perfgate.traces.models import (
     RankSource,
     TimeBasis,
 )
-from perfgate.traces.ops import flops_summary, top_ops
-from perfgate.traces.phases import host_breakdown
-from perfgate.traces.prepare import Prepared, prepare
-from perfgate.traces.reader import (
+from perfgate.traces.reading._events import Header
+from perfgate.traces.reading._group import I64, unique_counts
+from perfgate.traces.reading._memory import TRIM_EVERY_BYTES, TRIM_ROWS, release_free_memory
+from perfgate.traces.reading._np import int_list
+from perfgate.traces.reading.prepare import Prepared, prepare
+from perfgate.traces.reading.reader import (
     DEFAULT_CHUNK_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_READ_BLOCK,
@@ -39,9 +42,7 @@ from perfgate.traces.reader import (
     Decompressor,
     TraceStream,
 )
-from perfgate.traces.sequences import frequent_sequences
-from perfgate.traces.steps import step_summary
-from perfgate.traces.table import (
+from perfgate.traces.reading.table import (
     CPU_OP_CATEGORIES,
     DEVICE_CATEGORIES,
     HOST_CALL_CATEGORIES,
@@ -49,7 +50,6 @@ from perfgate.traces.table import (
     EventTable,
     TableBuilder,
 )
-from perfgate.traces.temporal import temporal_breakdown
 
 __all__ = [
     "TRACE_SUFFIXES",
@@ -121,7 +121,7 @@ def load_table(
         TraceFormatError, TraceTooLargeError: see `TraceStream`; TraceTooLargeError also for more than
             ``options.max_events`` events, raised at the batch that passes the limit.
         OSError: the file cannot be read.
-        DeadlineExceeded: the parsing deadline passed (see `perfgate._deadline`).
+        DeadlineExceeded: the parsing deadline passed (see `perfgate.helpers.deadline`).
     """
     stream = part_stream(path, options)
     builder = load_part(stream, options)
@@ -252,7 +252,7 @@ _UNHELD_MEANS = {
 
 class ReadFacts(Protocol):
     """What the analysis reads of how a trace was read: a `TraceStream`, or a parsed trace kept for later
-    calls (`perfgate.traces.parsecache.Parsed`)."""
+    calls (`perfgate.traces.reading.parsecache.Parsed`)."""
 
     @property
     def decoded_bytes(self) -> int: ...
@@ -431,7 +431,7 @@ def analyze_table(
 
 
 def _op_efficiency(prepared: Prepared, device: str, on_device: bool, k: int) -> OpEfficiencySummary | None:
-    from perfgate.traces.efficiency import op_efficiency
+    from perfgate.traces.analyses.efficiency import op_efficiency
 
     out = op_efficiency(prepared, device, on_device)
     if out is not None:

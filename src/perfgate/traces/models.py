@@ -286,7 +286,7 @@ class OpEfficiency(BaseModel):
 
 
 class OpEfficiencySummary(BaseModel):
-    """Per-op efficiency where the trace recorded shapes (see traces/efficiency.py)."""
+    """Per-op efficiency where the trace recorded shapes (see traces/analyses/efficiency.py)."""
 
     basis: str
     device: str
@@ -316,7 +316,7 @@ _UNKNOWN_LOAD = "not captured by profile_segment mode='run': the host's load dur
 
 
 class HostLoad(BaseModel):
-    """How busy the host was with other processes while the profile was captured (see traces/hostload.py)."""
+    """How busy the host was with other processes while the profile was captured (see traces/diagnosis/hostload.py)."""
 
     measured: bool = Field(description="False: the load is unknown (not zero); unknown_reason says why.")
     unknown_reason: str | None = None

@@ -51,11 +51,9 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from perfgate._cpus import usable_cpus
-from perfgate._deadline import checkpoint, deadline
-from perfgate._safeopen import open_file
-from perfgate.traces._events import Header
-from perfgate.traces._memory import TRIM_EVERY_BYTES, release_free_memory
+from perfgate.helpers.cpus import usable_cpus
+from perfgate.helpers.deadline import checkpoint, deadline
+from perfgate.helpers.safeopen import open_file
 from perfgate.traces.analyze import (
     AnalysisOptions,
     analyze_table,
@@ -67,9 +65,11 @@ from perfgate.traces.analyze import (
 )
 from perfgate.traces.errors import TraceError, TraceTooLargeError
 from perfgate.traces.models import RankProfile
-from perfgate.traces.parsecache import Parsed, file_stamp, parse_cache
-from perfgate.traces.reader import TraceStream, isal_available
-from perfgate.traces.table import EventTable, TableBuilder
+from perfgate.traces.reading._events import Header
+from perfgate.traces.reading._memory import TRIM_EVERY_BYTES, release_free_memory
+from perfgate.traces.reading.parsecache import Parsed, file_stamp, parse_cache
+from perfgate.traces.reading.reader import TraceStream, isal_available
+from perfgate.traces.reading.table import EventTable, TableBuilder
 
 __all__ = [
     "PARALLEL_MIN_BYTES",
@@ -135,7 +135,7 @@ _worker_share: _Share | None = None
 
 @dataclass(frozen=True)
 class Deadline:
-    """A parsing deadline shared by every file of a call (`perfgate._deadline`): ``seconds`` allowed,
+    """A parsing deadline shared by every file of a call (`perfgate.helpers.deadline`): ``seconds`` allowed,
     ending at ``ends_at`` on `time.monotonic` (system-wide on Linux, so worker processes share it)."""
 
     seconds: float
@@ -671,7 +671,7 @@ def _analyze_kept(
 ) -> RankProfile:
     """`analyze_trace` of one file in this process (in parts when ``split`` and it pays), its parse taken
     from this process's `parse_cache` when the same bytes were read before, and kept there for the next
-    call otherwise (see `perfgate.traces.parsecache`)."""
+    call otherwise (see `perfgate.traces.reading.parsecache`)."""
     cache = parse_cache()
     if not cache.enabled:
         if split and _split_pays(path):

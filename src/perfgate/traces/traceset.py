@@ -6,11 +6,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from perfgate.traces.analyses.steps import rank_skew
 from perfgate.traces.analyze import UNHELD, AnalysisOptions
-from perfgate.traces.diagnose import diagnose
+from perfgate.traces.diagnosis.diagnose import diagnose
 from perfgate.traces.models import RankProfile, TraceSetReport
 from perfgate.traces.pool import analyze_many
-from perfgate.traces.steps import rank_skew
 
 __all__ = ["ProgressCallback", "analyze_traces", "combine"]
 

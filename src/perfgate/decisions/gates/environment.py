@@ -86,10 +86,10 @@ def _difference(
     prints: dict[str, dict[str, Any] | None],
 ) -> Check:
     """same_environment when the fingerprints differ: each side's windows must agree entirely, and between
-    the sides only the fields the experiment's declared change shows in (benchmarking.observed) may
+    the sides only the fields the experiment's declared change shows in (benchmarking.workload.observed) may
     differ. A semantic entry (precision) is exempt only for a training_change."""
-    from perfgate.benchmarking.observed import entries_showing, explains
-    from perfgate.benchmarking.vocabulary import VOCABULARY, canonical_key
+    from perfgate.benchmarking.workload.observed import entries_showing, explains
+    from perfgate.benchmarking.workload.vocabulary import VOCABULARY, canonical_key
     from perfgate.decisions.binding import declared_for_experiment
 
     exp = keep.exp

@@ -13,7 +13,7 @@ __all__ = ["new_baseline", "same_training", "task_quality"]
 
 def same_training(keep: Keep) -> Check:
     """An equivalent speedup trains what the baseline trains: the comparison found no other model, first
-    inputs or loss at the same optimizer steps (`perfgate.benchmarking.training`, from what the harness
+    inputs or loss at the same optimizer steps (`perfgate.benchmarking.runs.training`, from what the harness
     recorded for every compared launch). What could not be checked (no loss recorded: a custom loop
     without ``backward()`` on a scalar) is named and left to the tensor and audit gates."""
     latest = keep.comparison

@@ -123,7 +123,7 @@ def window_count(keep: Keep) -> Check:
 
 
 def required_invariants(keep: Keep) -> Check:
-    from perfgate.benchmarking.vocabulary import REQUIRED_INVARIANTS, VOCABULARY, canonical_key
+    from perfgate.benchmarking.workload.vocabulary import REQUIRED_INVARIANTS, VOCABULARY, canonical_key
 
     windows = compared_windows(keep)
     lacking: dict[str, list[str]] = {}
