@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -32,6 +32,9 @@ import numpy.typing as npt
 from perfgate.traces._events import Complete, EventArgs, Scalar, decode_args
 from perfgate.traces._memory import release_free_memory
 from perfgate.traces._np import int_list
+
+if TYPE_CHECKING:
+    from perfgate.traces.shapes import ShapeMemo
 
 __all__ = [
     "CPU_OP_CATEGORIES",
@@ -494,6 +497,8 @@ class TableBuilder:
 
     _names: _Interner[str] = field(default_factory=_Interner[str])
     _shape_ids: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
+    _shape_memo: ShapeMemo = field(default_factory=dict[tuple[str, bytes, bytes], tuple[float, float, int]])
+    """FLOPs/bytes of each shape op and shapes seen so far: a training step repeats them, batch after batch."""
     _cats: _Interner[str] = field(default_factory=_Interner[str])
     _tids: _Interner[int | str | None] = field(default_factory=_Interner[int | str | None])
     _route: dict[str, int] = field(default_factory=dict[str, int])
@@ -684,7 +689,9 @@ class TableBuilder:
         if rows.size:
             picked = rows.tolist()
             lookup = list(names)
-            work = shapes_work([lookup[int(ids[i])] for i in picked], [raws[i] for i in picked])
+            work = shapes_work(
+                [lookup[int(ids[i])] for i in picked], [raws[i] for i in picked], self._shape_memo
+            )
             for i, (f, b, c) in zip(picked, work, strict=True):
                 flops[i], nbytes[i], prec[i] = f, b, c
         sparse["shape_flops"] = SparseColumn.of(flops, math.nan)
