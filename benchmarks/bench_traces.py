@@ -27,7 +27,8 @@ rotates (interleaved, so machine load falls on every contender alike):
 
 Each cell is the median over rounds with the range (min-max); ratios are HTA cold / tool warm, HTA cold /
 tool first, HTA cold / tool cold, HTA lib / lib, per trace of medians; the summary gives their geometric
-mean and the smallest over the large traces (the goal: 20x geo-mean, no trace under 15x). Agreement of the temporal breakdowns (hta_compatible) is checked too.
+mean and the smallest over the large traces (the goal: 20x geo-mean, no trace under 15x); the first line
+names the host's CPU model (the ratios move with the machine), and ``--json`` reports it with the ratios. Agreement of the temporal breakdowns (hta_compatible) is checked too.
 Part 2 times a set of ``--ranks`` copies of one rank's trace read one file at a time and in parallel
 worker processes. Part 3 builds a ~1 GB trace in /tmp from a real one (events replicated with shifted
 timestamps, correlation ids and step numbers), analyzes it in a fresh child process and reports that
@@ -60,6 +61,7 @@ sys.path.insert(0, str(REPO / "src"))
 if str(REPO / "benchmarks") not in sys.path:  # `_mcp`, when this file is loaded as a module (the tests)
     sys.path.insert(0, str(REPO / "benchmarks"))
 
+from perfgate.hardware.cpu_peak import cpu_model  # noqa: E402
 from perfgate.traces import AnalysisOptions, analyze_trace, classify_device, isal_available  # noqa: E402
 from perfgate.traces.analyses.phases import phase_of_name  # noqa: E402
 
@@ -367,7 +369,7 @@ def goals(rows: Sequence[TraceRow]) -> dict[str, Any]:
     """The large traces' ratios to HTA's cold process, warm (parse kept) and first read: geometric mean,
     smallest, per trace; and whether the goal (20x geo-mean, none under 15x) is met."""
     large = [r for r in rows if r.large]
-    out: dict[str, Any] = {"traces": len([r for r in large if r.hta_read])}
+    out: dict[str, Any] = {"traces": len([r for r in large if r.hta_read]), "cpu_model": cpu_model()}
     for who in ("warm", "first", "cold"):
         per = ratios(large, "hta", who)
         values = list(per.values())
@@ -648,7 +650,8 @@ def main() -> None:
         return
     traces = [p for p in shared_traces() if not args.only or any(o in p.name for o in args.only)]
     print(
-        f"machine: {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), load average "
+        f"machine: {cpu_model() or 'unknown CPU model'}, {os.cpu_count()} CPUs "
+        f"({len(os.sched_getaffinity(0))} usable), load average "
         f"{os.getloadavg()[0]:.1f} at start; HTA: {hta_python or 'not found (perfgate figures only)'}; "
         f"gunzip: {'python-isal' if isal_available() else 'zlib (python-isal not importable)'}"
     )

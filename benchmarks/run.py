@@ -44,7 +44,8 @@ def goal_rows(reports: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             got = traces[who]
             rows.append(
                 (
-                    f"`analyze_trace` call over MCP stdio, warm server, {what} ({traces['traces']} large shared traces)",
+                    f"`analyze_trace` call over MCP stdio, warm server, {what} ({traces['traces']} large shared "
+                    f"traces, {traces.get('cpu_model') or 'unknown CPU'})",
                     peer,
                     ">= 20x geo-mean, no trace under 15x",
                     f"{got['geomean']:.1f}x geo-mean, smallest {got['min']:.1f}x: {'met' if got['met'] else 'not met'}",

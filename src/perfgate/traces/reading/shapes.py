@@ -21,7 +21,7 @@ from typing import Any, cast
 
 import msgspec
 
-__all__ = ["ATTENTION_OPS", "COPY_OPS", "GEMM_OPS", "SHAPE_OPS", "shape_work", "shapes_work"]
+__all__ = ["ATTENTION_OPS", "COPY_OPS", "GEMM_OPS", "SHAPE_OPS", "ShapeMemo", "shape_work", "shapes_work"]
 
 GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"})
 _ATTN_FWD = (
@@ -69,8 +69,15 @@ _DECODE_RAW_ONE = msgspec.json.Decoder(_RawShapeArgs)
 _ANY = msgspec.json.Decoder()
 
 
-def shapes_work(names: list[str], raws: list[msgspec.Raw]) -> list[tuple[float, float, int]]:
-    """`shape_work` of many ops; an op whose name and shapes were seen before is not worked out again."""
+ShapeMemo = dict[tuple[str, bytes, bytes], tuple[float, float, int]]
+"""`shape_work` by (op name, raw ``Input Dims``, raw ``Input type``)."""
+
+
+def shapes_work(
+    names: list[str], raws: list[msgspec.Raw], seen: ShapeMemo | None = None
+) -> list[tuple[float, float, int]]:
+    """`shape_work` of many ops; an op whose name and shapes were seen before (in this call, or in ``seen``,
+    which is filled as it goes: a reader passes one for all the batches of a trace) is not worked out again."""
     parts = [r if r else b"{}" for r in raws]
     decoded: list[_RawShapeArgs]
     try:
@@ -82,7 +89,7 @@ def shapes_work(names: list[str], raws: list[msgspec.Raw]) -> list[tuple[float, 
                 decoded.append(_DECODE_RAW_ONE.decode(part))
             except msgspec.DecodeError:
                 decoded.append(_RawShapeArgs())
-    seen: dict[tuple[str, bytes, bytes], tuple[float, float, int]] = {}
+    seen = {} if seen is None else seen
     out: list[tuple[float, float, int]] = []
     for name, a in zip(names, decoded, strict=True):
         key = (name, bytes(a.dims), bytes(a.types))

@@ -23,7 +23,7 @@ from collections import Counter
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -32,6 +32,9 @@ import numpy.typing as npt
 from perfgate.traces.reading._events import Complete, EventArgs, Scalar, decode_args
 from perfgate.traces.reading._memory import release_free_memory
 from perfgate.traces.reading._np import int_list
+
+if TYPE_CHECKING:
+    from perfgate.traces.shapes import ShapeMemo
 
 __all__ = [
     "CPU_OP_CATEGORIES",
@@ -267,12 +270,18 @@ _SEQ = b'"Sequence number"'
 
 
 def _has_key(raws: list[msgspec.Raw], key: bytes, joined: bytes) -> Ints:
-    """1 for each raw args object that contains ``key``, else 0: ``joined`` (the raws joined), searched in C."""
+    """1 for each raw args object that contains ``key``, else 0: ``joined`` (the raws joined), searched in C.
+
+    The matches are where ``joined.split(key)`` cuts it (each piece's end, plus the keys before it): one C
+    pass and no Python object per match, where most CPU ops of a training step hold the key.
+    """
     n = len(raws)
-    if key not in joined:
+    pieces = joined.split(key)
+    if len(pieces) == 1:
         return np.zeros(n, np.int8)
     ends = np.cumsum(np.fromiter(map(len, raws), np.int64, n))
-    hits = np.fromiter((m.start() for m in re.finditer(re.escape(key), joined)), np.int64)
+    lengths = np.fromiter(map(len, pieces), np.int64, len(pieces) - 1)
+    hits = np.cumsum(lengths) + np.arange(lengths.size, dtype=np.int64) * len(key)
     out = np.zeros(n, np.int8)
     out[np.searchsorted(ends, hits, side="right")] = 1
     return out
@@ -488,6 +497,8 @@ class TableBuilder:
 
     _names: _Interner[str] = field(default_factory=_Interner[str])
     _shape_ids: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, bool))
+    _shape_memo: ShapeMemo = field(default_factory=dict[tuple[str, bytes, bytes], tuple[float, float, int]])
+    """FLOPs/bytes of each shape op and shapes seen so far: a training step repeats them, batch after batch."""
     _cats: _Interner[str] = field(default_factory=_Interner[str])
     _tids: _Interner[int | str | None] = field(default_factory=_Interner[int | str | None])
     _route: dict[str, int] = field(default_factory=dict[str, int])
@@ -678,7 +689,9 @@ class TableBuilder:
         if rows.size:
             picked = rows.tolist()
             lookup = list(names)
-            work = shapes_work([lookup[int(ids[i])] for i in picked], [raws[i] for i in picked])
+            work = shapes_work(
+                [lookup[int(ids[i])] for i in picked], [raws[i] for i in picked], self._shape_memo
+            )
             for i, (f, b, c) in zip(picked, work, strict=True):
                 flops[i], nbytes[i], prec[i] = f, b, c
         sparse["shape_flops"] = SparseColumn.of(flops, math.nan)
