@@ -34,7 +34,7 @@ from perfgate.traces.reading._memory import release_free_memory
 from perfgate.traces.reading._np import int_list
 
 if TYPE_CHECKING:
-    from perfgate.traces.shapes import ShapeMemo
+    from perfgate.traces.reading.shapes import ShapeMemo
 
 __all__ = [
     "CPU_OP_CATEGORIES",
