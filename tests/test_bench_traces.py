@@ -82,6 +82,11 @@ def test_the_goals_table_is_the_geometric_mean_and_the_smallest_ratio(
             "perfgate_cold_start_s": 0.52,
             "minimal_cold_start_s": 0.5,
         },
+        "bench_tensors": {
+            "size_gib": 0.5,
+            "kind": "float32 file",
+            "results": {"mcp_warm": {"seconds_median": 1.0}, "torch": {"seconds_median": 3.3}},
+        },
     }
     table = _load("run").goal_rows(report)
     results = [row[3] for row in table]
@@ -89,3 +94,4 @@ def test_the_goals_table_is_the_geometric_mean_and_the_smallest_ratio(
     assert results[1].startswith("37.9x geo-mean, smallest 36.0x: met")
     assert results[2] == "1.25x (2.50 vs 2.00 ms): met"
     assert results[3] == "1.04x (0.520 vs 0.500 s): not met"
+    assert table[4][2] == ">= 4x" and results[4] == "3.30x (1.00 vs 3.30 s): not met"
