@@ -67,14 +67,14 @@ def pair(
     }
 
 
-async def _open(agent: Agent, why: str) -> str:
+async def _open(agent: Agent, why: str, changed: str = "argv") -> str:
     opened = await agent.call(
         "record_decision",
         {
             "action": "open",
             "hypothesis": why,
             "classification": "system_optimization",
-            "changed_variable": "argv",
+            "changed_variable": changed,
             "tolerance": {"atol": 1e-5, "rtol": 1e-5},
         },
     )
@@ -88,7 +88,11 @@ async def _keep(
     got: dict[str, Any],
     why: str,
     rollback: str = "--sleep-ms 30",
+    *,
+    match: bool = False,
 ) -> dict[str, Any]:
+    """Each side's first captured tensors compared at the experiment's tolerance (``match``: asserted to
+    match), then the keep on the pair's comparison."""
     tensors = await agent.call(
         "compare_tensors",
         {
@@ -98,6 +102,7 @@ async def _keep(
             "rtol": 1e-5,
         },
     )
+    assert not match or tensors.get("status") == "match", agent.transcript[-1]
     return await agent.call(
         "record_decision",
         {

@@ -34,6 +34,7 @@ from perfgate.server import build_server
 from perfgate.serving.runtime import ServerConfig
 from perfgate.skills.catalog import SKILL_DIR, SKILL_FILE
 from test_nanogpt_walkthrough import Agent, Human
+from test_run_benchmark_pair import _keep, _open
 
 pytestmark = pytest.mark.anyio
 
@@ -160,13 +161,22 @@ async def test_an_edit_to_the_hand_updated_lstm_is_kept_in_one_pair_and_a_shortc
             agent,
             "anomaly detection records every op's stack and checks every gradient; off, "
             "the same training runs without that work",
+            "code",
         )
         got = await agent.call("run_benchmark_pair", pair(), lines=4)
         assert (ws / "main.py").read_bytes() == edited, "the working tree is not the edit after the pair"
         assert got.get("verdict") == "improved", agent.transcript[-1]
         _measured_step_by_step(ws, got)
         head = _git(ws, "rev-parse", "--short=12", "HEAD")
-        keep = await _keep(agent, opened, env, got, f"git checkout {head} -- main.py")
+        keep = await _keep(
+            agent,
+            opened,
+            env,
+            got,
+            "anomaly detection off; the same updates",
+            f"git checkout {head} -- main.py",
+            match=True,
+        )
         assert keep.get("accepted") is True, agent.transcript[-1]
         assert agent.calls == 5 and len(human.asked) == 1, (agent.calls, human.asked)
         await _shortcut(agent, env)
@@ -187,56 +197,9 @@ def _measured_step_by_step(ws: Path, got: dict[str, Any]) -> None:
     assert base_code["dirty"] is False and cand_code["dirty"] is True, (base_code, cand_code)
 
 
-async def _open(agent: Agent, hypothesis: str) -> str:
-    opened = await agent.call(
-        "record_decision",
-        {
-            "action": "open",
-            "hypothesis": hypothesis,
-            "classification": "system_optimization",
-            "changed_variable": "code",
-            "tolerance": {"atol": 1e-5, "rtol": 1e-5},
-        },
-    )
-    return opened["experiment_id"]
-
-
-async def _keep(
-    agent: Agent, experiment: str, env: dict[str, Any], got: dict[str, Any], rollback: str
-) -> dict[str, Any]:
-    """The pair's first captured parameters and gradients of each side compared at the experiment's
-    tolerance, then the keep on the pair's comparison."""
-    tensors = await agent.call(
-        "compare_tensors",
-        {
-            "reference": got["baseline_tensor_dumps"][0],
-            "candidate": got["candidate_tensor_dumps"][0],
-            "atol": 1e-5,
-            "rtol": 1e-5,
-        },
-    )
-    assert tensors.get("status") == "match", agent.transcript[-1]
-    return await agent.call(
-        "record_decision",
-        {
-            "action": "decide",
-            "experiment_id": experiment,
-            "decision": "keep",
-            "rationale": "anomaly detection off; the same updates",
-            "rollback": rollback,
-            "evidence": [
-                {"id": env["evidence_id"], "role": "environment"},
-                {"id": got["comparison_id"], "role": "comparison"},
-                {"id": tensors["evidence_id"], "role": "correctness"},
-            ],
-        },
-        lines=12,
-    )
-
-
 async def _shortcut(agent: Agent, env: dict[str, Any]) -> None:
     """Half the hidden size on top of the edit, kept under the same contract: faster, and another model."""
-    experiment = await _open(agent, "anomaly detection off, and 16 hidden units are enough")
+    experiment = await _open(agent, "anomaly detection off, and 16 hidden units are enough", "code")
     got = await agent.call("run_benchmark_pair", pair("--nhid", "16"), lines=4)
     keep = await agent.call(
         "record_decision",
